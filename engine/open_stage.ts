@@ -1,0 +1,53 @@
+// Opens the local stage of this process on the chosen backend (GPU engine or CPU reference).
+// The one switch point between engines; generate, worker and head all open stages here.
+
+import type { GgufModel } from "./gguf/types.ts";
+import { readHParams } from "./model/hparams.ts";
+import { openReferenceStage } from "./reference/stage.ts";
+import type { Stage } from "./stage.ts";
+
+export type Backend = "reference" | "gpu";
+
+export interface LocalStageOptions {
+  readonly backend: Backend;
+  /** GPU provider: auto, builtin or dawn (GPU backend only). */
+  readonly gpu?: string;
+  readonly allowSoftwareGpu?: boolean;
+  readonly first: number;
+  /** Defaults to the model's layer count. */
+  readonly end?: number;
+  readonly slots: number;
+  readonly ctx: number;
+  readonly maxBatch?: number;
+  readonly snapshots?: number;
+}
+
+/** Parses `--backend`; the default is the CPU reference until the GPU engine is wired in. */
+export function parseBackend(value: string | undefined): Backend {
+  if (value === undefined || value === "reference") return "reference";
+  if (value === "gpu") return "gpu";
+  throw new TypeError(`Cannot use --backend "${value}": expected "reference" or "gpu"`);
+}
+
+/** Parses `a:b` into a layer range. */
+export function parseLayers(value: string): { first: number; end: number } {
+  const m = /^(\d+):(\d+)$/.exec(value);
+  if (!m || Number(m[1]) >= Number(m[2])) {
+    throw new RangeError(`Cannot use --layers "${value}": expected a:b with a < b, e.g. 0:20`);
+  }
+  return { first: Number(m[1]), end: Number(m[2]) };
+}
+
+export async function openLocalStage(model: GgufModel, options: LocalStageOptions): Promise<Stage> {
+  const nLayer = readHParams(model.metadata).nLayer;
+  const end = options.end ?? nLayer;
+  if (end > nLayer) {
+    throw new RangeError(
+      `Cannot open layers ${options.first}:${end}: the model has ${nLayer} layers; check --layers`,
+    );
+  }
+  if (options.backend === "gpu") {
+    throw new TypeError("Cannot open a GPU stage yet: use --backend reference");
+  }
+  return await openReferenceStage(model, { ...options, end });
+}
