@@ -1,0 +1,72 @@
+// Tests for the head's sampler: SplitMix64 against its published reference outputs, greedy
+// pass-through, top-k/top-p truncation and the empirical distribution at a temperature.
+
+import assert from "node:assert/strict";
+import { sampleToken, SplitMix64 } from "./sample.ts";
+
+Deno.test("SplitMix64 matches the reference sequence for seed 1234567", () => {
+  // Reference values of Vigna's splitmix64.c for x = 1234567.
+  const rng = new SplitMix64(1234567n);
+  assert.equal(rng.nextU64(), 6457827717110365317n);
+  assert.equal(rng.nextU64(), 3203168211198807973n);
+  assert.equal(rng.nextU64(), 9817491932198370423n);
+});
+
+Deno.test("the same seed replays the same samples; another seed differs", () => {
+  const cands = [0, 1, 2, 3, 4].map((id) => ({ id, logit: -id * 0.1 }));
+  const params = { temperature: 1, topK: 0, topP: 1 };
+  const run = (seed: bigint) => {
+    const rng = new SplitMix64(seed);
+    return Array.from({ length: 40 }, () => sampleToken(0, cands, params, rng));
+  };
+  assert.deepEqual(run(7n), run(7n));
+  assert.notDeepEqual(run(7n), run(8n));
+});
+
+Deno.test("temperature 0 returns the greedy id whatever the candidates say", () => {
+  const rng = new SplitMix64(1n);
+  assert.equal(
+    sampleToken(42, [{ id: 3, logit: 9 }], { temperature: 0, topK: 0, topP: 1 }, rng),
+    42,
+  );
+});
+
+Deno.test("top_k 1 and a tiny top_p both keep only the best candidate", () => {
+  const cands = [{ id: 9, logit: 2 }, { id: 4, logit: 1.9 }, { id: 1, logit: 1.8 }];
+  const rng = new SplitMix64(3n);
+  for (let i = 0; i < 50; i++) {
+    assert.equal(sampleToken(9, cands, { temperature: 5, topK: 1, topP: 1 }, rng), 9);
+    assert.equal(sampleToken(9, cands, { temperature: 5, topK: 0, topP: 0.01 }, rng), 9);
+  }
+});
+
+Deno.test("sampled frequencies follow softmax(logit / T) over the candidates", () => {
+  const cands = [{ id: 0, logit: Math.log(6) }, { id: 1, logit: Math.log(3) }, {
+    id: 2,
+    logit: Math.log(1),
+  }];
+  const rng = new SplitMix64(99n);
+  const counts = [0, 0, 0];
+  const n = 20000;
+  for (let i = 0; i < n; i++) {
+    counts[sampleToken(0, cands, { temperature: 1, topK: 0, topP: 1 }, rng)]++;
+  }
+  // Expected 0.6 / 0.3 / 0.1; 5 standard deviations of a binomial at n = 20000 is < 0.018.
+  assert.ok(Math.abs(counts[0] / n - 0.6) < 0.018, `p0 ${counts[0] / n}`);
+  assert.ok(Math.abs(counts[1] / n - 0.3) < 0.018, `p1 ${counts[1] / n}`);
+  assert.ok(Math.abs(counts[2] / n - 0.1) < 0.018, `p2 ${counts[2] / n}`);
+});
+
+Deno.test("top_p keeps the smallest prefix whose mass reaches p", () => {
+  // Probabilities 0.6 / 0.3 / 0.1: p = 0.8 keeps ids 0 and 1 only.
+  const cands = [{ id: 0, logit: Math.log(6) }, { id: 1, logit: Math.log(3) }, {
+    id: 2,
+    logit: Math.log(1),
+  }];
+  const rng = new SplitMix64(5n);
+  const seen = new Set<number>();
+  for (let i = 0; i < 3000; i++) {
+    seen.add(sampleToken(0, cands, { temperature: 1, topK: 0, topP: 0.8 }, rng));
+  }
+  assert.deepEqual([...seen].sort(), [0, 1]);
+});
