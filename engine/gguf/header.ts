@@ -47,6 +47,7 @@ const MIN_ITEM_BYTES: ReadonlyMap<ValueType, number> = new Map([
   [ValueType.ARRAY, 4 + 8],
 ]);
 const CHUNK_BYTES = 1 << 20;
+const MAX_SAFE = BigInt(Number.MAX_SAFE_INTEGER);
 const utf8 = new TextDecoder("utf-8", { fatal: true });
 
 /** Reads exactly `length` bytes at `offset`; a short file is a SyntaxError. */
@@ -93,10 +94,15 @@ class Cursor {
     return this.fileSize - this.pos;
   }
 
+  /** Whether the window already holds `n` bytes at `pos`. */
+  has(n: number): boolean {
+    return this.pos + n <= this.#windowStart + this.#window.length;
+  }
+
   /** Makes `n` bytes at `pos` available to the synchronous readers below. */
   async need(n: number, what: string): Promise<void> {
+    if (this.has(n)) return;
     const end = this.pos + n;
-    if (end <= this.#windowStart + this.#window.length) return;
     if (end > this.fileSize) {
       throw this.error(this.pos, `the file ends at byte ${this.fileSize}, inside ${what}`);
     }
@@ -125,8 +131,17 @@ class Cursor {
 
   /** A u64 as a number, or a bigint beyond 2^53. */
   u64(): number | bigint {
-    const v = this.#view.getBigUint64(this.#at(8), true);
-    return v <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(v) : v;
+    const v = this.peekU64();
+    this.pos += 8;
+    return v;
+  }
+
+  peekU64(): number | bigint {
+    const i = this.pos - this.#windowStart;
+    const hi = this.#view.getUint32(i + 4, true);
+    // Below 2^53 the value is exact as a number; building a bigint per length costs GC time.
+    if (hi < 2 ** 21) return hi * 2 ** 32 + this.#view.getUint32(i, true);
+    return this.#view.getBigUint64(i, true);
   }
 
   bytes(n: number): Uint8Array {
@@ -157,8 +172,7 @@ class Cursor {
         return this.u64();
       case ValueType.I64: {
         const x = v.getBigInt64(this.#at(8), true);
-        const safe = x >= BigInt(Number.MIN_SAFE_INTEGER) && x <= BigInt(Number.MAX_SAFE_INTEGER);
-        return safe ? Number(x) : x;
+        return x >= -MAX_SAFE && x <= MAX_SAFE ? Number(x) : x;
       }
       case ValueType.F64:
         return v.getFloat64(this.#at(8), true);
@@ -183,6 +197,15 @@ async function readCount(c: Cursor, minBytes: number, what: string): Promise<num
   return n;
 }
 
+/** Decodes the `n` string bytes at the cursor; `at` is where the string's length field starts. */
+function decodeString(c: Cursor, n: number, at: number, what: string): string {
+  try {
+    return utf8.decode(c.bytes(n));
+  } catch (e) {
+    throw c.error(at + 8, `${what} is not valid UTF-8: ${(e as Error).message}`);
+  }
+}
+
 async function readString(c: Cursor, what: string): Promise<string> {
   const at = c.pos;
   await c.need(8, `the length of ${what}`);
@@ -191,12 +214,23 @@ async function readString(c: Cursor, what: string): Promise<string> {
     throw c.error(at, `${what} has length ${n} but only ${c.left} bytes remain in the file`);
   }
   await c.need(n, what);
-  const bytes = c.bytes(n);
-  try {
-    return utf8.decode(bytes);
-  } catch (e) {
-    throw c.error(at + 8, `${what} is not valid UTF-8: ${(e as Error).message}`);
-  }
+  return decodeString(c, n, at, what);
+}
+
+/**
+ * A fixed-size or string value read without awaiting when the window already holds all of it,
+ * else undefined (then readValue refills, or reports the problem). Keeps a 150k-token vocabulary
+ * from costing an await per token.
+ */
+function valueInWindow(c: Cursor, type: number, what: string): GgufValue | undefined {
+  const size = FIXED_SIZE.get(type);
+  if (size !== undefined) return c.has(size) ? c.fixed(type) : undefined;
+  if (type !== ValueType.STRING || !c.has(8)) return undefined;
+  const n = c.peekU64();
+  if (typeof n === "bigint" || !c.has(8 + n)) return undefined;
+  const at = c.pos;
+  c.pos += 8;
+  return decodeString(c, n, at, what);
 }
 
 async function readValue(
@@ -221,7 +255,9 @@ async function readValue(
   if (minBytes === undefined) throw c.error(typeAt, `${what} has unknown item type ${itemType}`);
   const n = await readCount(c, minBytes, `${what} item`);
   const items: GgufValue[] = new Array(n);
-  for (let i = 0; i < n; i++) items[i] = await readValue(c, itemType, depth + 1, what);
+  for (let i = 0; i < n; i++) {
+    items[i] = valueInWindow(c, itemType, what) ?? await readValue(c, itemType, depth + 1, what);
+  }
   return items;
 }
 

@@ -79,6 +79,17 @@ const INT_RANGE: Readonly<Record<IntType, readonly [bigint, bigint]>> = {
   i64: [-0x8000000000000000n, 0x7fffffffffffffffn],
 };
 
+const INT_SIZE: Readonly<Record<IntType, number>> = {
+  u8: 1,
+  i8: 1,
+  u16: 2,
+  i16: 2,
+  u32: 4,
+  i32: 4,
+  u64: 8,
+  i64: 8,
+};
+
 /** Large enough that small tensors coalesce into big sequential writes. */
 const WRITE_BUFFER_BYTES = 4 << 20;
 const utf8 = new TextEncoder();
@@ -102,15 +113,18 @@ class HeaderBytes {
   }
 
   u32(v: number): void {
-    this.#view.setUint32(this.#grow(4), v, true);
+    const at = this.#grow(4);
+    this.#view.setUint32(at, v, true);
   }
 
   u64(v: number | bigint): void {
-    this.#view.setBigUint64(this.#grow(8), BigInt(v), true);
+    const at = this.#grow(8);
+    this.#view.setBigUint64(at, BigInt(v), true);
   }
 
   raw(b: Uint8Array): void {
-    this.#bytes.set(b, this.#grow(b.length));
+    const at = this.#grow(b.length);
+    this.#bytes.set(b, at);
   }
 
   string(s: string): void {
@@ -120,30 +134,33 @@ class HeaderBytes {
   }
 
   int(type: IntType, v: bigint): void {
+    // Grow first: growing replaces the view, so it must be read afterwards.
+    const at = this.#grow(INT_SIZE[type]);
     const w = this.#view;
     switch (type) {
       case "u8":
-        return w.setUint8(this.#grow(1), Number(v));
+        return w.setUint8(at, Number(v));
       case "i8":
-        return w.setInt8(this.#grow(1), Number(v));
+        return w.setInt8(at, Number(v));
       case "u16":
-        return w.setUint16(this.#grow(2), Number(v), true);
+        return w.setUint16(at, Number(v), true);
       case "i16":
-        return w.setInt16(this.#grow(2), Number(v), true);
+        return w.setInt16(at, Number(v), true);
       case "u32":
-        return w.setUint32(this.#grow(4), Number(v), true);
+        return w.setUint32(at, Number(v), true);
       case "i32":
-        return w.setInt32(this.#grow(4), Number(v), true);
+        return w.setInt32(at, Number(v), true);
       case "u64":
-        return w.setBigUint64(this.#grow(8), v, true);
+        return w.setBigUint64(at, v, true);
       case "i64":
-        return w.setBigInt64(this.#grow(8), v, true);
+        return w.setBigInt64(at, v, true);
     }
   }
 
   float(type: "f32" | "f64", v: number): void {
-    if (type === "f32") this.#view.setFloat32(this.#grow(4), v, true);
-    else this.#view.setFloat64(this.#grow(8), v, true);
+    const at = this.#grow(type === "f32" ? 4 : 8);
+    if (type === "f32") this.#view.setFloat32(at, v, true);
+    else this.#view.setFloat64(at, v, true);
   }
 
   /** Zero-pads to a multiple of `alignment` and returns the bytes. */

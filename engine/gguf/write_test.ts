@@ -357,3 +357,52 @@ Deno.test("writeGguf refuses plans and metadata the reader could not read back",
       (e: unknown) => e instanceof RangeError && /deeper than 8/.test(e.message),
     );
   }));
+
+Deno.test("a vocabulary-sized header round-trips across header buffer growth", () =>
+  withTempDir(async (dir) => {
+    const path = `${dir}/vocab.gguf`;
+    const tokens = Array.from({ length: 30000 }, (_, i) => `Ġtok${i}`);
+    const types = Array.from({ length: 30000 }, (_, i) => i % 7 - 3);
+    const meta: GgufMetaEntry[] = [
+      { key: "tokenizer.ggml.tokens", type: "array", itemType: "string", value: tokens },
+      { key: "tokenizer.ggml.token_type", type: "array", itemType: "i32", value: types },
+      { key: "after", type: "u64", value: 2n ** 60n },
+      { key: "f", type: "f64", value: -2.5 },
+    ];
+    await writeGguf(path, meta, PLAN, (_, i) => pattern(PLAN_BYTES[i], i));
+    const model = await openGguf(path);
+    try {
+      assert.deepEqual(model.metadata.get("tokenizer.ggml.tokens"), tokens);
+      assert.deepEqual(model.metadata.get("tokenizer.ggml.token_type"), types);
+      assert.equal(model.metadata.get("after"), 2n ** 60n);
+      assert.equal(model.metadata.get("f"), -2.5);
+      assert.deepEqual(await model.readTensor("output.weight"), pattern(PLAN_BYTES[6], 6));
+    } finally {
+      model.close();
+    }
+  }));
+
+Deno.test("tensors larger than the write buffer stay in order with small ones around them", () =>
+  withTempDir(async (dir) => {
+    const path = `${dir}/large.gguf`;
+    const plan: GgufTensorPlan[] = [
+      { name: "a", shape: [3], type: GgmlType.F32 },
+      { name: "big", shape: [1024, 1300], type: GgmlType.F32 },
+      { name: "b", shape: [5], type: GgmlType.F32 },
+    ];
+    const sizes = [12, 1024 * 1300 * 4, 20];
+    await writeGguf(path, [], plan, (_, i) => pattern(sizes[i], i));
+    const bytes = await Deno.readFile(path);
+    const model = await openGguf(path);
+    try {
+      for (const [i, t] of plan.entries()) {
+        const info = model.tensors.get(t.name)!;
+        assert.deepEqual(
+          bytes.subarray(info.fileOffset, info.fileOffset + sizes[i]),
+          pattern(sizes[i], i),
+        );
+      }
+    } finally {
+      model.close();
+    }
+  }));
