@@ -1,0 +1,106 @@
+// GPU buffers: creation with 4-byte padding, uploads in bounded pieces, and readbacks.
+// Used by the weight loader (engine/weights/), the stage's state and activations, and tests.
+
+import type { GpuContext } from "./device.ts";
+
+/** A window of a buffer as a binding sees it. */
+export interface BufferSlice {
+  readonly buffer: GPUBuffer;
+  readonly offset: number;
+  readonly size: number;
+}
+export type BufferRef = GPUBuffer | BufferSlice;
+
+/** True for a slice (a GPUBuffer has no `buffer` property). */
+export function isSlice(ref: BufferRef): ref is BufferSlice {
+  return "buffer" in ref;
+}
+
+const STORAGE = GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_DST | GPUBufferUsage.COPY_SRC;
+
+/** Rounds up to a multiple of 4 (copy and binding granularity), at least 16 bytes. */
+export function paddedSize(bytes: number): number {
+  return Math.max(16, Math.ceil(bytes / 4) * 4);
+}
+
+/** A zero-filled storage buffer of at least `bytes` bytes. */
+export function createStorage(ctx: GpuContext, label: string, bytes: number): GPUBuffer {
+  const size = paddedSize(bytes);
+  if (size > ctx.limits.maxBufferSize) {
+    throw new RangeError(
+      `Cannot create GPU buffer "${label}" of ${size} bytes: the device allows ${ctx.limits.maxBufferSize}; use a smaller context or fewer slots`,
+    );
+  }
+  return ctx.device.createBuffer({ label, size, usage: STORAGE });
+}
+
+const dummies = new WeakMap<GPUDevice, GPUBuffer>();
+
+/** A 16-byte storage buffer for bindings a kernel variant does not read. */
+export function dummyStorage(ctx: GpuContext): GPUBuffer {
+  let b = dummies.get(ctx.device);
+  if (!b) {
+    b = createStorage(ctx, "unused binding", 16);
+    dummies.set(ctx.device, b);
+  }
+  return b;
+}
+
+/** Writes `data` at byte `offset`, padding a ragged tail with zeros to 4 bytes. */
+export function writeBytes(
+  ctx: GpuContext,
+  buffer: GPUBuffer,
+  offset: number,
+  data: ArrayBufferView,
+): void {
+  const bytes = new Uint8Array(data.buffer as ArrayBuffer, data.byteOffset, data.byteLength);
+  if (bytes.length % 4 === 0) {
+    ctx.device.queue.writeBuffer(buffer, offset, bytes);
+    return;
+  }
+  const padded = new Uint8Array(Math.ceil(bytes.length / 4) * 4);
+  padded.set(bytes);
+  ctx.device.queue.writeBuffer(buffer, offset, padded);
+}
+
+/** A storage buffer holding `data` (zero-padded). */
+export function uploadStorage(ctx: GpuContext, label: string, data: ArrayBufferView): GPUBuffer {
+  const buffer = createStorage(ctx, label, data.byteLength);
+  writeBytes(ctx, buffer, 0, data);
+  return buffer;
+}
+
+/** A mappable buffer for reading results back, sized to a multiple of 4. */
+export function createReadback(ctx: GpuContext, label: string, bytes: number): GPUBuffer {
+  return ctx.device.createBuffer({
+    label,
+    size: paddedSize(bytes),
+    usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+  });
+}
+
+/** Maps a readback buffer and copies out `bytes` bytes; leaves it unmapped for reuse. */
+export async function mapRead(buffer: GPUBuffer, bytes: number): Promise<ArrayBuffer> {
+  await buffer.mapAsync(GPUMapMode.READ, 0, paddedSize(bytes));
+  const copy = buffer.getMappedRange(0, paddedSize(bytes)).slice(0, bytes);
+  buffer.unmap();
+  return copy;
+}
+
+/** Reads `bytes` bytes of `src` from `offset` (one copy, one submit, one map). For tests/tools. */
+export async function readBuffer(
+  ctx: GpuContext,
+  src: GPUBuffer,
+  offset: number,
+  bytes: number,
+): Promise<ArrayBuffer> {
+  const staging = createReadback(ctx, `read ${src.label}`, bytes);
+  const enc = ctx.device.createCommandEncoder();
+  enc.copyBufferToBuffer(src, offset, staging, 0, paddedSize(bytes));
+  ctx.device.queue.submit([enc.finish()]);
+  try {
+    return await mapRead(staging, bytes);
+  } finally {
+    staging.destroy();
+  }
+}

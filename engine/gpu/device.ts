@@ -1,0 +1,135 @@
+// Opens a WebGPU device on a provider: adapter checks, limits, optional features, logging.
+// Everything GPU-side (buffers, kernels, stages) takes the GpuContext this returns.
+
+import {
+  isSoftwareAdapter,
+  type ProviderChoice,
+  type ProviderName,
+  selectProvider,
+} from "./provider.ts";
+
+/** Optional features the kernels use when present; each has a fallback path. */
+export interface GpuFeatures {
+  /** `shader-f16`: f16 arithmetic in WGSL (fallback: f16 only as packed storage). */
+  readonly f16: boolean;
+  /** `subgroups`: subgroup reductions (fallback: workgroup-memory trees). */
+  readonly subgroups: boolean;
+  /** `timestamp-query`: GPU timing of steps (fallback: wall clock). */
+  readonly timestamps: boolean;
+}
+
+/** The limits the engine sizes things by, as numbers (Deno once returned bigints). */
+export interface GpuLimits {
+  readonly maxBufferSize: number;
+  readonly maxStorageBufferBindingSize: number;
+  readonly maxComputeWorkgroupStorageSize: number;
+  readonly maxComputeInvocationsPerWorkgroup: number;
+  readonly maxComputeWorkgroupsPerDimension: number;
+  readonly minUniformBufferOffsetAlignment: number;
+  readonly minStorageBufferOffsetAlignment: number;
+  readonly maxStorageBuffersPerShaderStage: number;
+  /** Smallest subgroup size the adapter may use (0 when unknown). */
+  readonly subgroupMinSize: number;
+}
+
+export interface GpuContext {
+  readonly provider: ProviderName;
+  readonly device: GPUDevice;
+  readonly info: GPUAdapterInfo;
+  readonly software: boolean;
+  readonly features: GpuFeatures;
+  readonly limits: GpuLimits;
+  /** One-line description for logs: provider, adapter, features. */
+  readonly summary: string;
+}
+
+export interface OpenGpuOptions {
+  readonly gpu?: ProviderChoice;
+  /** Accept a CPU adapter (also allowed by TANDEM_ALLOW_SOFTWARE_GPU=1). */
+  readonly allowSoftware?: boolean;
+  /** Where start-up and device-lost lines go; default stderr. */
+  readonly log?: (line: string) => void;
+}
+
+const LIMIT_NAMES = [
+  "maxBufferSize",
+  "maxStorageBufferBindingSize",
+  "maxComputeWorkgroupStorageSize",
+  "maxComputeInvocationsPerWorkgroup",
+  "maxComputeWorkgroupSizeX",
+  "maxStorageBuffersPerShaderStage",
+] as const;
+
+function softwareAllowedByEnv(): boolean {
+  try {
+    return Deno.env.get("TANDEM_ALLOW_SOFTWARE_GPU") === "1";
+  } catch {
+    return false;
+  }
+}
+
+/**
+ * Selects the provider, takes its high-performance adapter, refuses software adapters unless
+ * allowed, and requests a device with the adapter's full buffer/workgroup limits plus those of
+ * `shader-f16`, `subgroups`, `timestamp-query` that the adapter has.
+ */
+export async function openGpu(options: OpenGpuOptions = {}): Promise<GpuContext> {
+  const log = options.log ?? ((line: string) => console.error(line));
+  const provider = await selectProvider(options.gpu ?? "auto");
+  const adapter = await provider.gpu.requestAdapter({ powerPreference: "high-performance" });
+  if (!adapter) {
+    throw new Error(
+      `Cannot open a GPU with the ${provider.name} provider: no WebGPU adapter was found; install a Vulkan driver (mesa-vulkan-drivers for a CPU adapter) or try --gpu=${
+        provider.name === "dawn" ? "builtin" : "dawn"
+      }`,
+    );
+  }
+  const info = adapter.info;
+  const software = isSoftwareAdapter(info);
+  const allowed = options.allowSoftware || softwareAllowedByEnv();
+  if (software && !allowed) {
+    throw new Error(
+      `Cannot use GPU adapter "${
+        info.description || info.vendor
+      }": it is a software (CPU) adapter; pass --allow-software-gpu or set TANDEM_ALLOW_SOFTWARE_GPU=1 to run on it anyway`,
+    );
+  }
+  const wanted: GPUFeatureName[] = ["shader-f16", "subgroups", "timestamp-query"];
+  const requiredFeatures = wanted.filter((f) => adapter.features.has(f));
+  const requiredLimits: Record<string, number> = {};
+  const adapterLimits = adapter.limits as unknown as Record<string, number | bigint>;
+  for (const name of LIMIT_NAMES) requiredLimits[name] = Number(adapterLimits[name]);
+  const device = await adapter.requestDevice({ requiredFeatures, requiredLimits });
+  const has = (f: GPUFeatureName) => device.features.has(f);
+  const features: GpuFeatures = {
+    f16: has("shader-f16"),
+    subgroups: has("subgroups"),
+    timestamps: has("timestamp-query"),
+  };
+  const dl = device.limits as unknown as Record<string, number | bigint>;
+  const n = (name: string) => Number(dl[name]);
+  const limits: GpuLimits = {
+    maxBufferSize: n("maxBufferSize"),
+    maxStorageBufferBindingSize: n("maxStorageBufferBindingSize"),
+    maxComputeWorkgroupStorageSize: n("maxComputeWorkgroupStorageSize"),
+    maxComputeInvocationsPerWorkgroup: n("maxComputeInvocationsPerWorkgroup"),
+    maxComputeWorkgroupsPerDimension: n("maxComputeWorkgroupsPerDimension"),
+    minUniformBufferOffsetAlignment: n("minUniformBufferOffsetAlignment"),
+    minStorageBufferOffsetAlignment: n("minStorageBufferOffsetAlignment"),
+    maxStorageBuffersPerShaderStage: n("maxStorageBuffersPerShaderStage"),
+    subgroupMinSize: Number((info as { subgroupMinSize?: number }).subgroupMinSize ?? 0),
+  };
+  const featureList = Object.entries(features).filter(([, on]) => on).map(([f]) => f);
+  const summary = `${provider.name} provider, adapter "${
+    info.description || info.device
+  }" (vendor ${info.vendor || "?"}, ${info.architecture || "?"}${
+    software ? ", software" : ""
+  }), features [${
+    featureList.join(", ")
+  }], max binding ${limits.maxStorageBufferBindingSize} B, max buffer ${limits.maxBufferSize} B`;
+  log(`GPU: ${summary}`);
+  device.lost.then((lost) => {
+    if (lost.reason !== "destroyed") log(`GPU device lost (${lost.reason}): ${lost.message}`);
+  });
+  return { provider: provider.name, device, info, software, features, limits, summary };
+}

@@ -1,0 +1,224 @@
+// One step's GPU work: dispatches, copies and clears recorded, then encoded in one command
+// buffer with every dispatch's Params written to a uniform arena by a single writeBuffer.
+// The forward pass (engine/forward/) records into a StepEncoder; kernel modules add dispatches.
+
+import { type BufferRef, isSlice } from "./buffers.ts";
+import type { GpuContext } from "./device.ts";
+import { type Kernel, packParams, PARAMS_SLOT_BYTES } from "./kernel.ts";
+
+/** Workgroups of a dispatch: `tiles` along x (folded into y past the per-dimension limit), z. */
+export interface Grid {
+  readonly tiles: number;
+  readonly z?: number;
+}
+
+type Command =
+  | {
+    readonly kind: "dispatch";
+    readonly kernel: Kernel;
+    readonly buffers: readonly BufferRef[];
+    readonly slot: number;
+    readonly size: readonly [number, number, number];
+  }
+  | {
+    readonly kind: "copy";
+    readonly src: GPUBuffer;
+    readonly srcOffset: number;
+    readonly dst: GPUBuffer;
+    readonly dstOffset: number;
+    readonly size: number;
+  }
+  | {
+    readonly kind: "clear";
+    readonly buffer: GPUBuffer;
+    readonly offset: number;
+    readonly size: number;
+  };
+
+const bufferIds = new WeakMap<GPUBuffer, number>();
+let nextBufferId = 1;
+
+function bufferId(b: GPUBuffer): number {
+  let id = bufferIds.get(b);
+  if (id === undefined) {
+    id = nextBufferId++;
+    bufferIds.set(b, id);
+  }
+  return id;
+}
+
+/**
+ * The uniform buffer holding every dispatch's Params for a step, plus the bind groups built
+ * over it. Dispatch i of a step always uses slot i, so a step that repeats the previous step's
+ * sequence reuses all its bind groups. One arena per stage.
+ */
+export class ParamArena {
+  #ctx: GpuContext;
+  #buffer: GPUBuffer;
+  #slots: number;
+  #host: ArrayBuffer;
+  readonly bindGroups = new Map<string, GPUBindGroup>();
+
+  constructor(ctx: GpuContext, slots = 256) {
+    this.#ctx = ctx;
+    this.#slots = slots;
+    this.#buffer = this.#create(slots);
+    this.#host = new ArrayBuffer(slots * PARAMS_SLOT_BYTES);
+  }
+
+  #create(slots: number): GPUBuffer {
+    return this.#ctx.device.createBuffer({
+      label: "params arena",
+      size: slots * PARAMS_SLOT_BYTES,
+      usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
+    });
+  }
+
+  get buffer(): GPUBuffer {
+    return this.#buffer;
+  }
+
+  /** Host view for `slots` slots, growing the arena (and dropping cached bind groups) if needed. */
+  view(slots: number): DataView {
+    if (slots > this.#slots) {
+      this.#buffer.destroy();
+      this.#slots = Math.max(slots, 2 * this.#slots);
+      this.#buffer = this.#create(this.#slots);
+      this.#host = new ArrayBuffer(this.#slots * PARAMS_SLOT_BYTES);
+      this.bindGroups.clear();
+    }
+    return new DataView(this.#host);
+  }
+
+  /** Uploads the first `slots` slots. */
+  upload(slots: number): void {
+    this.#ctx.device.queue.writeBuffer(this.#buffer, 0, this.#host, 0, slots * PARAMS_SLOT_BYTES);
+  }
+
+  destroy(): void {
+    this.#buffer.destroy();
+    this.bindGroups.clear();
+  }
+}
+
+export class StepEncoder {
+  readonly ctx: GpuContext;
+  #arena: ParamArena;
+  #commands: Command[] = [];
+  #params: { fields: Kernel["layout"]["params"]; values: Record<string, number> }[] = [];
+
+  constructor(ctx: GpuContext, arena: ParamArena) {
+    this.ctx = ctx;
+    this.#arena = arena;
+  }
+
+  /** Number of dispatches recorded so far. */
+  get dispatches(): number {
+    return this.#params.length;
+  }
+
+  /**
+   * Records one dispatch. `buffers` is keyed by the WGSL binding names of the kernel's layout
+   * (all must be given); `params` by its Params field names.
+   */
+  dispatch(
+    kernel: Kernel,
+    buffers: Readonly<Record<string, BufferRef>>,
+    params: Record<string, number>,
+    grid: Grid,
+  ): void {
+    const { layout } = kernel;
+    const refs = layout.bindings.map(([name]) => {
+      const b = buffers[name];
+      if (!b) throw new TypeError(`Cannot dispatch ${kernel.name}: buffer "${name}" is missing`);
+      return b;
+    });
+    const max = this.ctx.limits.maxComputeWorkgroupsPerDimension;
+    const z = grid.z ?? 1;
+    if (grid.tiles <= 0 || z <= 0) return;
+    const y = Math.ceil(grid.tiles / max);
+    const x = Math.ceil(grid.tiles / y);
+    if (y > max || z > max) {
+      throw new RangeError(
+        `Cannot dispatch ${kernel.name}: ${grid.tiles} x ${z} workgroups exceed the device's grid`,
+      );
+    }
+    this.#commands.push({
+      kind: "dispatch",
+      kernel,
+      buffers: refs,
+      slot: this.#params.length,
+      size: [x, y, z],
+    });
+    this.#params.push({ fields: layout.params, values: params });
+  }
+
+  /** Records a buffer-to-buffer copy (sizes and offsets multiples of 4). */
+  copy(src: GPUBuffer, srcOffset: number, dst: GPUBuffer, dstOffset: number, size: number): void {
+    if (size > 0) this.#commands.push({ kind: "copy", src, srcOffset, dst, dstOffset, size });
+  }
+
+  /** Records zero-filling `size` bytes of `buffer` from `offset`. */
+  clear(buffer: GPUBuffer, offset = 0, size = buffer.size - offset): void {
+    if (size > 0) this.#commands.push({ kind: "clear", buffer, offset, size });
+  }
+
+  #bindGroup(kernel: Kernel, refs: readonly BufferRef[], slot: number): GPUBindGroup {
+    const arena = this.#arena;
+    let key = `${kernel.layout.file}|${slot}`;
+    for (const r of refs) {
+      key += isSlice(r) ? `|${bufferId(r.buffer)}@${r.offset}+${r.size}` : `|${bufferId(r)}`;
+    }
+    let group = arena.bindGroups.get(key);
+    if (!group) {
+      const entries: GPUBindGroupEntry[] = refs.map((r, i) => ({
+        binding: i,
+        resource: isSlice(r) ? { buffer: r.buffer, offset: r.offset, size: r.size } : { buffer: r },
+      }));
+      entries.push({
+        binding: refs.length,
+        resource: {
+          buffer: arena.buffer,
+          offset: slot * PARAMS_SLOT_BYTES,
+          size: PARAMS_SLOT_BYTES,
+        },
+      });
+      group = this.ctx.device.createBindGroup({
+        label: kernel.name,
+        layout: kernel.bindGroupLayout,
+        entries,
+      });
+      arena.bindGroups.set(key, group);
+    }
+    return group;
+  }
+
+  /** Encodes everything recorded into one command buffer and submits it. */
+  submit(): void {
+    const n = this.#params.length;
+    const view = this.#arena.view(Math.max(n, 1));
+    for (let i = 0; i < n; i++) {
+      packParams(this.#params[i].fields, this.#params[i].values, view, i * PARAMS_SLOT_BYTES);
+    }
+    if (n) this.#arena.upload(n);
+    const enc = this.ctx.device.createCommandEncoder();
+    let pass: GPUComputePassEncoder | undefined;
+    for (const c of this.#commands) {
+      if (c.kind === "dispatch") {
+        pass ??= enc.beginComputePass();
+        pass.setPipeline(c.kernel.pipeline);
+        pass.setBindGroup(0, this.#bindGroup(c.kernel, c.buffers, c.slot));
+        pass.dispatchWorkgroups(c.size[0], c.size[1], c.size[2]);
+        continue;
+      }
+      pass?.end();
+      pass = undefined;
+      if (c.kind === "copy") enc.copyBufferToBuffer(c.src, c.srcOffset, c.dst, c.dstOffset, c.size);
+      else enc.clearBuffer(c.buffer, c.offset, c.size);
+    }
+    pass?.end();
+    this.ctx.device.queue.submit([enc.finish()]);
+    this.#commands = [];
+    this.#params = [];
+  }
+}

@@ -1,0 +1,169 @@
+// Weight tensors in GPU memory, still quantized, split into parts that each fit one binding.
+// Filled by engine/weights/load_stage.ts; read by the kernels (engine/kernels/*) part by part.
+//
+// A tensor of GGUF shape {cols, rows[, E]} is rows·E rows of `cols` values; a part holds whole
+// rows (whole experts for a 3-D stack) so a kernel can work on each part with its own binding.
+
+import type { GgufModel } from "../gguf/types.ts";
+import { GgmlType, rowBytes, typeName } from "../quant/types.ts";
+import { createStorage, writeBytes } from "./buffers.ts";
+import type { GpuContext } from "./device.ts";
+
+export interface TensorPart {
+  readonly buffer: GPUBuffer;
+  /** First row of the whole tensor held here (an expert boundary for a 3-D stack). */
+  readonly firstRow: number;
+  readonly rows: number;
+}
+
+export interface GpuTensor {
+  readonly name: string;
+  readonly type: GgmlType;
+  /** Values per row (GGUF shape[0]). */
+  readonly cols: number;
+  /** Rows of one matrix (GGUF shape[1]); the experts of a stack each have this many. */
+  readonly matrixRows: number;
+  /** Matrices stacked (GGUF shape[2], 1 for a plain matrix). */
+  readonly experts: number;
+  readonly rowBytes: number;
+  /** Bytes of GPU memory the parts take. */
+  readonly bytes: number;
+  readonly parts: readonly TensorPart[];
+}
+
+export interface UploadOptions {
+  /** Largest part in bytes; default: the device's binding and buffer limits. */
+  readonly maxPartBytes?: number;
+  /** Row permutation: part row r holds file row order[r] (a layout change, see weights/). */
+  readonly rowOrder?: Uint32Array;
+  /** Called with each number of bytes written, for progress reporting. */
+  readonly onBytes?: (bytes: number) => void;
+}
+
+/** File bytes read per piece while streaming a part to the GPU. */
+const PIECE_BYTES = 64 * 1024 * 1024;
+
+/** The row ranges of the parts: whole units (experts) per part, each part within `maxBytes`. */
+export function planParts(
+  rows: number,
+  unitRows: number,
+  rowBytes: number,
+  maxBytes: number,
+): { firstRow: number; rows: number }[] {
+  const unitsPerPart = Math.floor(maxBytes / (unitRows * rowBytes));
+  if (unitsPerPart < 1) {
+    throw new RangeError(
+      `Cannot split ${unitRows} rows of ${rowBytes} bytes into GPU bindings of at most ${maxBytes} bytes; the device's maxStorageBufferBindingSize is too small for this model`,
+    );
+  }
+  const per = unitsPerPart * unitRows;
+  const parts = [];
+  for (let first = 0; first < rows; first += per) {
+    parts.push({ firstRow: first, rows: Math.min(per, rows - first) });
+  }
+  return parts;
+}
+
+/** Uploads tensor `name` of `model` as it is stored (quantized), split into parts. */
+export function uploadTensor(
+  ctx: GpuContext,
+  model: GgufModel,
+  name: string,
+  options: UploadOptions = {},
+): Promise<GpuTensor> {
+  const info = model.tensors.get(name);
+  if (!info) {
+    throw new RangeError(`Cannot upload tensor "${name}": "${model.path}" has no such tensor`);
+  }
+  return uploadRows(
+    ctx,
+    { name, type: info.type, shape: info.shape },
+    (start, len) => model.readTensorBytes(name, start, len),
+    options,
+  );
+}
+
+/** Uploads a tensor held in memory (`bytes` in GGUF layout); for tests and derived tensors. */
+export function uploadTensorBytes(
+  ctx: GpuContext,
+  desc: TensorDesc,
+  bytes: Uint8Array,
+  options: UploadOptions = {},
+): Promise<GpuTensor> {
+  return uploadRows(
+    ctx,
+    desc,
+    (start, len) => Promise.resolve(bytes.subarray(start, start + len)),
+    options,
+  );
+}
+
+/** Name, type and GGUF shape of a tensor. */
+export interface TensorDesc {
+  readonly name: string;
+  readonly type: GgmlType;
+  readonly shape: readonly number[];
+}
+
+async function uploadRows(
+  ctx: GpuContext,
+  desc: TensorDesc,
+  read: (start: number, length: number) => Promise<Uint8Array>,
+  options: UploadOptions,
+): Promise<GpuTensor> {
+  const { name, type, shape } = desc;
+  const [cols, matrixRows = 1, experts = 1, extra = 1] = shape;
+  if (extra !== 1) {
+    throw new RangeError(
+      `Cannot upload tensor "${name}": shape [${shape.join(", ")}] has more than 3 dimensions`,
+    );
+  }
+  const rb = rowBytes(type, cols);
+  const rows = matrixRows * experts;
+  // Binding sizes must be multiples of 4 and the dequantizer may read one word past a row.
+  const limit = Math.min(ctx.limits.maxStorageBufferBindingSize, ctx.limits.maxBufferSize) - 8;
+  const maxBytes = Math.min(options.maxPartBytes ?? limit, limit);
+  const plan = planParts(rows, experts > 1 ? matrixRows : 1, rb, maxBytes);
+  const order = options.rowOrder;
+  if (order && (order.length !== rows || experts > 1)) {
+    throw new RangeError(
+      `Cannot reorder tensor "${name}": ${order.length} row indices for ${rows} rows of a ${shape.length}-D tensor`,
+    );
+  }
+  const whole = order ? permuteRows(await read(0, rows * rb), order, rb) : undefined;
+  const parts: TensorPart[] = [];
+  let bytes = 0;
+  for (const p of plan) {
+    const partBytes = p.rows * rb;
+    const buffer = createStorage(ctx, `${name}[${p.firstRow}+${p.rows}]`, partBytes + 4);
+    for (let at = 0; at < partBytes; at += PIECE_BYTES) {
+      const len = Math.min(PIECE_BYTES, partBytes - at);
+      const start = p.firstRow * rb + at;
+      const piece = whole ? whole.subarray(start, start + len) : await read(start, len);
+      writeBytes(ctx, buffer, at, piece);
+      options.onBytes?.(len);
+    }
+    parts.push({ buffer, firstRow: p.firstRow, rows: p.rows });
+    bytes += buffer.size;
+  }
+  return { name, type, cols, matrixRows, experts, rowBytes: rb, bytes, parts };
+}
+
+function permuteRows(src: Uint8Array, order: Uint32Array, rb: number): Uint8Array {
+  const out = new Uint8Array(src.length);
+  for (let r = 0; r < order.length; r++) {
+    out.set(src.subarray(order[r] * rb, order[r] * rb + rb), r * rb);
+  }
+  return out;
+}
+
+/** Frees a tensor's GPU memory. */
+export function destroyTensor(t: GpuTensor): void {
+  for (const p of t.parts) p.buffer.destroy();
+}
+
+/** "Q4_K [2048 x 512 x 256]" for logs and errors. */
+export function describeTensor(t: GpuTensor): string {
+  const dims = t.experts > 1 ? [t.cols, t.matrixRows, t.experts] : [t.cols, t.matrixRows];
+  return `${typeName(t.type)} [${dims.join(" x ")}]`;
+}

@@ -1,0 +1,176 @@
+// Matrix-vector and matrix-matrix products over quantized weights (wgsl/mul_mat.wgsl), plain or
+// indexed by per-token expert ids. Used for every projection of engine/forward/ and the LM head.
+//
+// Dimensions: T tokens, K input values per row (tensor cols), M output rows, Ku experts per token.
+
+import type { BufferRef } from "../gpu/buffers.ts";
+import { dummyStorage } from "../gpu/buffers.ts";
+import type { GpuContext } from "../gpu/device.ts";
+import type { StepEncoder } from "../gpu/encoder.ts";
+import { getKernel, type KernelLayout, readyKernel } from "../gpu/kernel.ts";
+import type { GpuTensor } from "../gpu/tensor.ts";
+import { GgmlType, typeName } from "../quant/types.ts";
+
+export const MUL_MAT: KernelLayout = {
+  file: "mul_mat.wgsl",
+  bindings: [["w", "read"], ["x", "read"], ["ids", "read"], ["y", "read_write"]],
+  params: [
+    ["k", "u32"],
+    ["rows", "u32"],
+    ["tokens", "u32"],
+    ["n_used", "u32"],
+    ["row_base", "u32"],
+    ["expert_first", "u32"],
+    ["expert_count", "u32"],
+    ["x_offset", "u32"],
+    ["x_stride_t", "u32"],
+    ["x_stride_i", "u32"],
+    ["up_offset", "u32"],
+    ["y_offset", "u32"],
+    ["y_stride_t", "u32"],
+    ["y_stride_i", "u32"],
+    ["ids_stride", "u32"],
+    ["row_tiles", "u32"],
+  ],
+};
+
+/** Weight types the kernel decodes (model-arch.md §6). */
+export const MUL_MAT_TYPES: readonly GgmlType[] = [
+  GgmlType.F32,
+  GgmlType.F16,
+  GgmlType.BF16,
+  GgmlType.Q8_0,
+  GgmlType.Q4_0,
+  GgmlType.Q4_1,
+  GgmlType.Q5_0,
+  GgmlType.Q5_1,
+  GgmlType.IQ4_NL,
+  GgmlType.Q2_K,
+  GgmlType.Q3_K,
+  GgmlType.Q4_K,
+  GgmlType.Q5_K,
+  GgmlType.Q6_K,
+  GgmlType.IQ4_XS,
+];
+
+/** Rows per workgroup (wgsl WG / TPR) and tokens per workgroup of the prefill variant. */
+const ROWS_PER_WG = 4;
+const PREFILL_TT = 8;
+
+export interface MulMatVariant {
+  readonly type: GgmlType;
+  /** More than one token per call (prefill tiles). */
+  readonly batched: boolean;
+  /** Weights are an expert stack indexed by `ids`. */
+  readonly id?: boolean;
+  /** The input is [gate | up] halves and the product uses silu(gate)·up. */
+  readonly swiglu?: boolean;
+  /** Accumulate into y (residual add). */
+  readonly add?: boolean;
+}
+
+function tokensPerWg(v: MulMatVariant): number {
+  return v.batched && !v.id ? PREFILL_TT : 1;
+}
+
+function variantName(v: MulMatVariant): string {
+  return `mul_mat_${typeName(v.type)}_t${tokensPerWg(v)}${v.id ? "_id" : ""}${
+    v.swiglu ? "_swiglu" : ""
+  }${v.add ? "_add" : ""}`;
+}
+
+/** Compiles a variant (once per device); mulMat can dispatch it afterwards. */
+export async function prepareMulMat(ctx: GpuContext, v: MulMatVariant): Promise<void> {
+  if (!MUL_MAT_TYPES.includes(v.type)) {
+    throw new TypeError(
+      `Cannot multiply by ${typeName(v.type)} weights: no GPU kernel for this type; supported: ${
+        MUL_MAT_TYPES.map(typeName).join(", ")
+      }`,
+    );
+  }
+  const defines: Record<string, number | true> = {
+    [`TYPE_${typeName(v.type)}`]: true,
+    TT: tokensPerWg(v),
+  };
+  if (v.id) defines.ID = true;
+  if (v.swiglu) defines.X_SWIGLU = true;
+  if (v.add) defines.ADD = true;
+  await getKernel(ctx, MUL_MAT, variantName(v), defines);
+}
+
+export interface MulMatBuffers {
+  readonly w: GpuTensor;
+  readonly x: BufferRef;
+  readonly y: BufferRef;
+  /** (T, idsStride) u32 expert ids, with `nUsed` > 0 (expert stacks only). */
+  readonly ids?: BufferRef;
+}
+
+/** Where the operands sit, in f32 elements; defaults: dense rows of K inputs and M outputs. */
+export interface MulMatOptions {
+  readonly tokens: number;
+  /** Experts per token (with ids). */
+  readonly nUsed?: number;
+  readonly idsStride?: number;
+  readonly xOffset?: number;
+  readonly xStrideT?: number;
+  /** Per expert rank (with ids), e.g. when each rank has its own input row. */
+  readonly xStrideI?: number;
+  /** Distance from a gate value to its up value (swiglu). */
+  readonly upOffset?: number;
+  readonly yOffset?: number;
+  readonly yStrideT?: number;
+  readonly yStrideI?: number;
+  readonly swiglu?: boolean;
+  readonly add?: boolean;
+}
+
+/**
+ * Records y = W·x for `tokens` tokens: one dispatch per part of W. Plain: y[t][row] for all
+ * rows of W. With ids: y[t][i][row] = W_{ids[t,i]}·x[t][i] for i < nUsed, rows of one expert.
+ */
+export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): void {
+  const { w } = b;
+  const id = b.ids !== undefined;
+  const v: MulMatVariant = {
+    type: w.type,
+    batched: o.tokens > 1,
+    id,
+    swiglu: o.swiglu,
+    add: o.add,
+  };
+  const kernel = readyKernel(enc.ctx, variantName(v));
+  const nUsed = id ? (o.nUsed ?? 1) : 1;
+  const rows = id ? w.matrixRows : 0;
+  const base = {
+    k: w.cols,
+    tokens: o.tokens,
+    n_used: nUsed,
+    x_offset: o.xOffset ?? 0,
+    x_stride_t: o.xStrideT ?? w.cols,
+    x_stride_i: o.xStrideI ?? 0,
+    up_offset: o.upOffset ?? 0,
+    y_offset: o.yOffset ?? 0,
+    y_stride_t: o.yStrideT ?? (id ? nUsed * w.matrixRows : w.matrixRows * w.experts),
+    y_stride_i: o.yStrideI ?? w.matrixRows,
+    ids_stride: o.idsStride ?? nUsed,
+  };
+  if (w.cols % 32 !== 0) {
+    throw new RangeError(
+      `Cannot multiply by tensor "${w.name}": rows of ${w.cols} values are not a multiple of 32`,
+    );
+  }
+  const ids = b.ids ?? dummyStorage(enc.ctx);
+  for (const part of w.parts) {
+    const partRows = id ? rows : part.rows;
+    const tiles = Math.ceil(partRows / ROWS_PER_WG);
+    enc.dispatch(kernel, { w: part.buffer, x: b.x, ids, y: b.y }, {
+      ...base,
+      rows: partRows,
+      row_base: id ? 0 : part.firstRow,
+      expert_first: id ? part.firstRow / w.matrixRows : 0,
+      expert_count: id ? part.rows / w.matrixRows : 0,
+      row_tiles: tiles,
+    }, { tiles, z: id ? o.tokens * nUsed : Math.ceil(o.tokens / tokensPerWg(v)) });
+  }
+}

@@ -1,0 +1,164 @@
+// GPU matrix products (engine/kernels/mul_mat.ts) against the CPU dequantizer and float64 dots.
+// Covers every weight type, decode and prefill tiles, split parts, expert ids, SwiGLU input, add.
+
+import assert from "node:assert/strict";
+import { createStorage } from "../engine/gpu/buffers.ts";
+import type { GpuContext } from "../engine/gpu/device.ts";
+import { ParamArena, StepEncoder } from "../engine/gpu/encoder.ts";
+import { uploadTensorBytes } from "../engine/gpu/tensor.ts";
+import { MUL_MAT_TYPES, mulMat, prepareMulMat } from "../engine/kernels/mul_mat.ts";
+import { dequantize } from "../engine/quant/dequant.ts";
+import { randomBlocks } from "../engine/quant/quantize.ts";
+import { GgmlType, rowBytes, typeName } from "../engine/quant/types.ts";
+import { assertClose, gpuTest, randomF32, readF32, rng, upload } from "./_gpu.ts";
+
+// f32 products summed in a different order than the float64 reference: each output is off by
+// at most ~(chunk length 32 + log2 K)·2^-24 of Σ|w·x|; 1e-5 leaves a wide margin.
+const TOL = 1e-5;
+
+/** Float64 y[t][r] = Σ w[r][i]·x[t][i] and the scale Σ|w·x| of each. */
+function reference(w: Float32Array, x: Float32Array, K: number, M: number, T: number) {
+  const y = new Float64Array(T * M);
+  const scale = new Float64Array(T * M);
+  for (let t = 0; t < T; t++) {
+    for (let r = 0; r < M; r++) {
+      let s = 0;
+      let a = 0;
+      for (let i = 0; i < K; i++) {
+        const p = w[r * K + i] * x[t * K + i];
+        s += p;
+        a += Math.abs(p);
+      }
+      y[t * M + r] = s;
+      scale[t * M + r] = a;
+    }
+  }
+  return { y, scale };
+}
+
+async function runPlain(
+  ctx: GpuContext,
+  type: GgmlType,
+  K: number,
+  M: number,
+  T: number,
+  maxPartBytes?: number,
+): Promise<void> {
+  const r = rng(1000 + type * 31 + T);
+  const bytes = randomBlocks(type, K * M, 0.5, r);
+  const w = dequantize(type, bytes, K * M);
+  const x = randomF32(T * K, r);
+  await prepareMulMat(ctx, { type, batched: T > 1 });
+  const tensor = await uploadTensorBytes(ctx, { name: "w", type, shape: [K, M] }, bytes, {
+    maxPartBytes,
+  });
+  if (maxPartBytes) assert.ok(tensor.parts.length > 1, "the tensor is split into parts");
+  const y = createStorage(ctx, "y", T * M * 4);
+  const enc = new StepEncoder(ctx, new ParamArena(ctx));
+  mulMat(enc, { w: tensor, x: upload(ctx, x), y }, { tokens: T });
+  enc.submit();
+  const got = await readF32(ctx, y, T * M);
+  const ref = reference(w, x, K, M, T);
+  assertClose(got, ref.y, ref.scale, TOL, `${typeName(type)} K=${K} M=${M} T=${T}`);
+}
+
+gpuTest("mulMat() matches the dequantized float64 product for every weight type", async (ctx) => {
+  for (const type of MUL_MAT_TYPES) {
+    await runPlain(ctx, type, 512, 37, 1);
+    await runPlain(ctx, type, 512, 37, 11);
+  }
+});
+
+gpuTest("mulMat() works on a tensor split into several parts", async (ctx) => {
+  // 37 rows of Q4_0 (K=96: 3 blocks, 54 bytes a row: rows start at unaligned bytes) in 10-row parts.
+  await runPlain(ctx, GgmlType.Q4_0, 96, 37, 3, 10 * rowBytes(GgmlType.Q4_0, 96));
+  await runPlain(ctx, GgmlType.Q6_K, 256, 37, 1, 7 * rowBytes(GgmlType.Q6_K, 256));
+});
+
+gpuTest(
+  "mulMat() with ids multiplies each token by its experts, over split stacks",
+  async (ctx) => {
+    const type = GgmlType.Q4_K;
+    const [K, M, E, T, nUsed] = [256, 21, 5, 3, 2];
+    const r = rng(7);
+    const bytes = randomBlocks(type, K * M * E, 0.5, r);
+    const w = dequantize(type, bytes, K * M * E);
+    // Per (t, i): an input row of [gate (K) | up (K)] halves: the SwiGLU input of a down projection.
+    const x = randomF32(T * nUsed * 2 * K, r);
+    const ids = Uint32Array.from([4, 0, 2, 2, 1, 3]);
+    await prepareMulMat(ctx, { type, batched: false, id: true, swiglu: true });
+    // Two experts per part: parts hold experts {0,1}, {2,3}, {4}.
+    const tensor = await uploadTensorBytes(ctx, { name: "exps", type, shape: [K, M, E] }, bytes, {
+      maxPartBytes: 2 * M * rowBytes(type, K),
+    });
+    assert.equal(tensor.parts.length, 3);
+    const y = createStorage(ctx, "y", T * nUsed * M * 4);
+    const enc = new StepEncoder(ctx, new ParamArena(ctx));
+    mulMat(enc, { w: tensor, x: upload(ctx, x), y, ids: upload(ctx, ids) }, {
+      tokens: T,
+      nUsed,
+      xStrideT: nUsed * 2 * K,
+      xStrideI: 2 * K,
+      upOffset: K,
+      swiglu: true,
+    });
+    enc.submit();
+    const got = await readF32(ctx, y, T * nUsed * M);
+    const want = new Float64Array(T * nUsed * M);
+    const scale = new Float64Array(T * nUsed * M);
+    for (let t = 0; t < T; t++) {
+      for (let i = 0; i < nUsed; i++) {
+        const e = ids[t * nUsed + i];
+        const xo = (t * nUsed + i) * 2 * K;
+        for (let row = 0; row < M; row++) {
+          let s = 0;
+          let a = 0;
+          for (let c = 0; c < K; c++) {
+            const g = x[xo + c];
+            const act = (g / (1 + Math.exp(-g))) * x[xo + K + c];
+            const p = w[(e * M + row) * K + c] * act;
+            s += p;
+            a += Math.abs(p);
+          }
+          want[(t * nUsed + i) * M + row] = s;
+          scale[(t * nUsed + i) * M + row] = a;
+        }
+      }
+    }
+    // silu uses the GPU's exp (a few ulp) on top of the f32 sums.
+    assertClose(got, want, scale, 3e-5, "expert products");
+  },
+);
+
+gpuTest("mulMat() with add accumulates into y at an offset and stride", async (ctx) => {
+  const type = GgmlType.Q8_0;
+  const [K, M, T] = [64, 9, 2];
+  const r = rng(9);
+  const bytes = randomBlocks(type, K * M, 0.5, r);
+  const w = dequantize(type, bytes, K * M);
+  const x = randomF32(T * K, r);
+  const stride = M + 5;
+  const y0 = randomF32(T * stride, r);
+  await prepareMulMat(ctx, { type, batched: true, add: true });
+  const tensor = await uploadTensorBytes(ctx, { name: "w", type, shape: [K, M] }, bytes);
+  const y = upload(ctx, y0);
+  const enc = new StepEncoder(ctx, new ParamArena(ctx));
+  mulMat(enc, { w: tensor, x: upload(ctx, x), y }, {
+    tokens: T,
+    yOffset: 3,
+    yStrideT: stride,
+    add: true,
+  });
+  enc.submit();
+  const got = await readF32(ctx, y, T * stride);
+  const ref = reference(w, x, K, M, T);
+  const want = Float64Array.from(y0);
+  const scale = new Float64Array(T * stride).fill(1e-30);
+  for (let t = 0; t < T; t++) {
+    for (let row = 0; row < M; row++) {
+      want[t * stride + 3 + row] += ref.y[t * M + row];
+      scale[t * stride + 3 + row] = ref.scale[t * M + row] + Math.abs(y0[t * stride + 3 + row]);
+    }
+  }
+  assertClose(got, want, scale, TOL, "y + W·x");
+});

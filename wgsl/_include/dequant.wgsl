@@ -1,0 +1,347 @@
+// dequant: 32 consecutive weights of one row, as f32, for every GGUF weight type the engine runs.
+// Matches engine/quant/dequant.ts (llama.cpp dequantize_row_*) exactly; layouts: model-arch.md §6.
+// Contract: the including shader declares `var<storage, read> w: array<u32>` (the weight bytes;
+// rows start at any even byte offset) and defines exactly one TYPE_<name> flag.
+// Provides BLOCK_ELEMS, BLOCK_BYTES and dequant32(row_byte, c): elements 32c..32c+31 of the row
+// starting at byte `row_byte`, as 8 vec4 (element 32c+4v+j is component j of vec4 v).
+
+// Byte `b` of the weight buffer.
+fn wbyte(b: u32) -> u32 {
+  return (w[b >> 2u] >> ((b & 3u) * 8u)) & 0xffu;
+}
+
+// The 4 bytes at any byte offset, little-endian. Part buffers carry 4 bytes of tail padding.
+fn wword(b: u32) -> u32 {
+  let i = b >> 2u;
+  let s = (b & 3u) * 8u;
+  if (s == 0u) {
+    return w[i];
+  }
+  return (w[i] >> s) | (w[i + 1u] << (32u - s));
+}
+
+// The f16 at an even byte offset, as f32.
+fn whalf(b: u32) -> f32 {
+  return unpack2x16float(w[b >> 2u] >> ((b & 2u) * 8u)).x;
+}
+
+// The four bytes of a word as a vec4.
+fn bytes4(q: u32) -> vec4<u32> {
+  return (vec4<u32>(q) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(0xffu);
+}
+
+// Low and high nibbles of a word's four bytes.
+fn lo4(q: u32) -> vec4<f32> {
+  return vec4<f32>((vec4<u32>(q) >> vec4<u32>(0u, 8u, 16u, 24u)) & vec4<u32>(15u));
+}
+fn hi4(q: u32) -> vec4<f32> {
+  return vec4<f32>((vec4<u32>(q) >> vec4<u32>(4u, 12u, 20u, 28u)) & vec4<u32>(15u));
+}
+
+// The four signed bytes of a word.
+fn i8x4(q: u32) -> vec4<f32> {
+  return vec4<f32>((vec4<i32>(bitcast<i32>(q)) << vec4<u32>(24u, 16u, 8u, 0u)) >> vec4<u32>(24u));
+}
+
+// kvalues_iq4nl (ggml-common.h), shared by IQ4_NL and IQ4_XS.
+var<private> KV_IQ4: array<f32, 16> = array<f32, 16>(
+  -127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0,
+  1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0,
+);
+
+fn iq4(nib: vec4<f32>) -> vec4<f32> {
+  return vec4<f32>(KV_IQ4[u32(nib.x)], KV_IQ4[u32(nib.y)], KV_IQ4[u32(nib.z)], KV_IQ4[u32(nib.w)]);
+}
+
+// Q4_K/Q5_K 6-bit scale and min of sub-block j from the 12 scale bytes at `s` (get_scale_min_k4).
+fn scale_min_k4(s: u32, j: u32) -> vec2<f32> {
+  if (j < 4u) {
+    return vec2<f32>(f32(wbyte(s + j) & 63u), f32(wbyte(s + j + 4u) & 63u));
+  }
+  let sc = (wbyte(s + j + 4u) & 15u) | ((wbyte(s + j - 4u) >> 6u) << 4u);
+  let m = (wbyte(s + j + 4u) >> 4u) | ((wbyte(s + j) >> 6u) << 4u);
+  return vec2<f32>(f32(sc), f32(m));
+}
+
+#ifdef TYPE_F32
+const BLOCK_ELEMS = 1u;
+const BLOCK_BYTES = 4u;
+fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+  var r: array<vec4<f32>, 8>;
+  let base = (row_byte >> 2u) + c * 32u;
+  for (var v = 0u; v < 8u; v++) {
+    let i = base + 4u * v;
+    r[v] = bitcast<vec4<f32>>(vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]));
+  }
+  return r;
+}
+#endif
+
+#ifdef TYPE_F16
+const BLOCK_ELEMS = 1u;
+const BLOCK_BYTES = 2u;
+fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+  var r: array<vec4<f32>, 8>;
+  let base = (row_byte >> 2u) + c * 16u;
+  for (var v = 0u; v < 8u; v++) {
+    r[v] = vec4<f32>(unpack2x16float(w[base + 2u * v]), unpack2x16float(w[base + 2u * v + 1u]));
+  }
+  return r;
+}
+#endif
+
+#ifdef TYPE_BF16
+const BLOCK_ELEMS = 1u;
+const BLOCK_BYTES = 2u;
+fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+  var r: array<vec4<f32>, 8>;
+  let base = (row_byte >> 2u) + c * 16u;
+  for (var v = 0u; v < 8u; v++) {
+    let a = w[base + 2u * v];
+    let b = w[base + 2u * v + 1u];
+    r[v] = bitcast<vec4<f32>>(vec4<u32>(a << 16u, a & 0xffff0000u, b << 16u, b & 0xffff0000u));
+  }
+  return r;
+}
+#endif
+
+#ifdef TYPE_Q8_0
+const BLOCK_ELEMS = 32u;
+const BLOCK_BYTES = 34u;
+fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+  var r: array<vec4<f32>, 8>;
+  let b = row_byte + c * BLOCK_BYTES;
+  let d = whalf(b);
+  for (var v = 0u; v < 8u; v++) {
+    r[v] = i8x4(wword(b + 2u + 4u * v)) * d;
+  }
+  return r;
+}
+#endif
+
+#ifdef TYPE_Q4_0
+const BLOCK_ELEMS = 32u;
+const BLOCK_BYTES = 18u;
+fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+  var r: array<vec4<f32>, 8>;
+  let b = row_byte + c * BLOCK_BYTES;
+  let d = whalf(b);
+  for (var v = 0u; v < 4u; v++) {
+    let q = wword(b + 2u + 4u * v);
+    r[v] = (lo4(q) - 8.0) * d;
+    r[v + 4u] = (hi4(q) - 8.0) * d;
+  }
+  return r;
+}
+#endif
+
+#ifdef TYPE_Q4_1
+const BLOCK_ELEMS = 32u;
+const BLOCK_BYTES = 20u;
+fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+  var r: array<vec4<f32>, 8>;
+  let b = row_byte + c * BLOCK_BYTES;
+  let d = whalf(b);
+  let m = whalf(b + 2u);
+  for (var v = 0u; v < 4u; v++) {
+    let q = wword(b + 4u + 4u * v);
+    r[v] = lo4(q) * d + m;
+    r[v + 4u] = hi4(q) * d + m;
+  }
+  return r;
+}
+#endif
+
+#ifdef TYPE_Q5_0
+const BLOCK_ELEMS = 32u;
+const BLOCK_BYTES = 22u;
+fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+  var r: array<vec4<f32>, 8>;
+  let b = row_byte + c * BLOCK_BYTES;
+  let d = whalf(b);
+  let qh = wword(b + 2u);
+  for (var v = 0u; v < 4u; v++) {
+    let q = wword(b + 6u + 4u * v);
+    let j = vec4<u32>(4u * v) + vec4<u32>(0u, 1u, 2u, 3u);
+    let hl = vec4<f32>(((vec4<u32>(qh) >> j) & vec4<u32>(1u)) << vec4<u32>(4u));
+    let hh = vec4<f32>(((vec4<u32>(qh) >> (j + 16u)) & vec4<u32>(1u)) << vec4<u32>(4u));
+    r[v] = (lo4(q) + hl - 16.0) * d;
+    r[v + 4u] = (hi4(q) + hh - 16.0) * d;
+  }
+  return r;
+}
+#endif
+
+#ifdef TYPE_Q5_1
+const BLOCK_ELEMS = 32u;
+const BLOCK_BYTES = 24u;
+fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+  var r: array<vec4<f32>, 8>;
+  let b = row_byte + c * BLOCK_BYTES;
+  let d = whalf(b);
+  let m = whalf(b + 2u);
+  let qh = wword(b + 4u);
+  for (var v = 0u; v < 4u; v++) {
+    let q = wword(b + 8u + 4u * v);
+    let j = vec4<u32>(4u * v) + vec4<u32>(0u, 1u, 2u, 3u);
+    let hl = vec4<f32>(((vec4<u32>(qh) >> j) & vec4<u32>(1u)) << vec4<u32>(4u));
+    let hh = vec4<f32>(((vec4<u32>(qh) >> (j + 16u)) & vec4<u32>(1u)) << vec4<u32>(4u));
+    r[v] = (lo4(q) + hl) * d + m;
+    r[v + 4u] = (hi4(q) + hh) * d + m;
+  }
+  return r;
+}
+#endif
+
+#ifdef TYPE_IQ4_NL
+const BLOCK_ELEMS = 32u;
+const BLOCK_BYTES = 18u;
+fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+  var r: array<vec4<f32>, 8>;
+  let b = row_byte + c * BLOCK_BYTES;
+  let d = whalf(b);
+  for (var v = 0u; v < 4u; v++) {
+    let q = wword(b + 2u + 4u * v);
+    r[v] = iq4(lo4(q)) * d;
+    r[v + 4u] = iq4(hi4(q)) * d;
+  }
+  return r;
+}
+#endif
+
+#ifdef TYPE_Q2_K
+const BLOCK_ELEMS = 256u;
+const BLOCK_BYTES = 84u;
+// Chunk c: half n = c/4 of the super-block, bit pair j = c%4 of qs[32n .. 32n+31]; elements
+// 0..15 use scale byte 8n+2j, elements 16..31 scale byte 8n+2j+1 (low nibble scale, high min).
+fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+  var r: array<vec4<f32>, 8>;
+  let b = row_byte + (c >> 3u) * BLOCK_BYTES;
+  let sub = c & 7u;
+  let n = sub >> 2u;
+  let shift = 2u * (sub & 3u);
+  let d = whalf(b + 80u);
+  let dmin = whalf(b + 82u);
+  for (var v = 0u; v < 8u; v++) {
+    let sc = wbyte(b + 8u * n + 2u * (sub & 3u) + v / 4u);
+    let dl = d * f32(sc & 15u);
+    let ml = dmin * f32(sc >> 4u);
+    let q = vec4<f32>((bytes4(wword(b + 16u + 32u * n + 4u * v)) >> vec4<u32>(shift)) & vec4<u32>(3u));
+    r[v] = dl * q - ml;
+  }
+  return r;
+}
+#endif
+
+#ifdef TYPE_Q3_K
+const BLOCK_ELEMS = 256u;
+const BLOCK_BYTES = 110u;
+// Chunk c: half n = c/4, bit pair j = c%4 of qs[32n + l]; high bit from hmask[l] bit 4n+j
+// (value −4 when clear); 6-bit signed scales 8n+2j (l < 16) and 8n+2j+1 (l ≥ 16).
+fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+  var r: array<vec4<f32>, 8>;
+  let b = row_byte + (c >> 3u) * BLOCK_BYTES;
+  let sub = c & 7u;
+  let n = sub >> 2u;
+  let j = sub & 3u;
+  let d = whalf(b + 108u);
+  for (var v = 0u; v < 8u; v++) {
+    let is = 8u * n + 2u * j + v / 4u;
+    var low: u32;
+    if (is < 8u) {
+      low = wbyte(b + 96u + is) & 15u;
+    } else {
+      low = wbyte(b + 96u + is - 8u) >> 4u;
+    }
+    let high = (wbyte(b + 96u + 8u + (is % 4u)) >> (2u * (is / 4u))) & 3u;
+    let dl = d * f32(i32(low | (high << 4u)) - 32);
+    let q = (bytes4(wword(b + 32u + 32u * n + 4u * v)) >> vec4<u32>(2u * j)) & vec4<u32>(3u);
+    let h = (bytes4(wword(b + 4u * v)) >> vec4<u32>(4u * n + j)) & vec4<u32>(1u);
+    r[v] = dl * (vec4<f32>(q) - 4.0 * (1.0 - vec4<f32>(h)));
+  }
+  return r;
+}
+#endif
+
+#ifdef TYPE_Q4_K
+const BLOCK_ELEMS = 256u;
+const BLOCK_BYTES = 144u;
+// Chunk c = sub-block c: nibble (c%2) of qs[32·(c/2) + l], scale/min pair c.
+fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+  var r: array<vec4<f32>, 8>;
+  let b = row_byte + (c >> 3u) * BLOCK_BYTES;
+  let sub = c & 7u;
+  let sm = scale_min_k4(b + 4u, sub);
+  let d1 = whalf(b) * sm.x;
+  let m1 = whalf(b + 2u) * sm.y;
+  let shift = 4u * (sub & 1u);
+  for (var v = 0u; v < 8u; v++) {
+    let q = (bytes4(wword(b + 16u + 32u * (sub >> 1u) + 4u * v)) >> vec4<u32>(shift)) & vec4<u32>(15u);
+    r[v] = d1 * vec4<f32>(q) - m1;
+  }
+  return r;
+}
+#endif
+
+#ifdef TYPE_Q5_K
+const BLOCK_ELEMS = 256u;
+const BLOCK_BYTES = 176u;
+// As Q4_K (qs at 48) plus a fifth bit: bit c of qh[l].
+fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+  var r: array<vec4<f32>, 8>;
+  let b = row_byte + (c >> 3u) * BLOCK_BYTES;
+  let sub = c & 7u;
+  let sm = scale_min_k4(b + 4u, sub);
+  let d1 = whalf(b) * sm.x;
+  let m1 = whalf(b + 2u) * sm.y;
+  let shift = 4u * (sub & 1u);
+  for (var v = 0u; v < 8u; v++) {
+    let q = (bytes4(wword(b + 48u + 32u * (sub >> 1u) + 4u * v)) >> vec4<u32>(shift)) & vec4<u32>(15u);
+    let h = (bytes4(wword(b + 16u + 4u * v)) >> vec4<u32>(sub)) & vec4<u32>(1u);
+    r[v] = d1 * vec4<f32>(q + 16u * h) - m1;
+  }
+  return r;
+}
+#endif
+
+#ifdef TYPE_Q6_K
+const BLOCK_ELEMS = 256u;
+const BLOCK_BYTES = 210u;
+// Chunk c: half n = c/4, quarter k = c%4: low 4 bits from ql[64n + 32(k%2) + l] (nibble k/2),
+// high 2 bits from qh[32n + l] bits 2k; int8 scales 8n+2k (l < 16) and 8n+2k+1 (l ≥ 16).
+fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+  var r: array<vec4<f32>, 8>;
+  let b = row_byte + (c >> 3u) * BLOCK_BYTES;
+  let sub = c & 7u;
+  let n = sub >> 2u;
+  let k = sub & 3u;
+  let d = whalf(b + 208u);
+  for (var v = 0u; v < 8u; v++) {
+    let sc = f32((i32(wbyte(b + 192u + 8u * n + 2u * k + v / 4u)) << 24u) >> 24u);
+    let ql = (bytes4(wword(b + 64u * n + 32u * (k & 1u) + 4u * v)) >> vec4<u32>(4u * (k >> 1u))) & vec4<u32>(15u);
+    let qh = (bytes4(wword(b + 128u + 32u * n + 4u * v)) >> vec4<u32>(2u * k)) & vec4<u32>(3u);
+    r[v] = d * sc * (vec4<f32>(ql | (qh << vec4<u32>(4u))) - 32.0);
+  }
+  return r;
+}
+#endif
+
+#ifdef TYPE_IQ4_XS
+const BLOCK_ELEMS = 256u;
+const BLOCK_BYTES = 136u;
+// Chunk c = sub-block ib: 6-bit scale from scales_l nibble and 2 bits of scales_h, offset −32.
+fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+  var r: array<vec4<f32>, 8>;
+  let b = row_byte + (c >> 3u) * BLOCK_BYTES;
+  let ib = c & 7u;
+  let scales_h = wword(b) >> 16u;
+  let ls = ((wbyte(b + 4u + ib / 2u) >> (4u * (ib % 2u))) & 15u) | (((scales_h >> (2u * ib)) & 3u) << 4u);
+  let dl = whalf(b) * f32(i32(ls) - 32);
+  for (var v = 0u; v < 4u; v++) {
+    let q = wword(b + 8u + 16u * ib + 4u * v);
+    r[v] = iq4(lo4(q)) * dl;
+    r[v + 4u] = iq4(hi4(q)) * dl;
+  }
+  return r;
+}
+#endif

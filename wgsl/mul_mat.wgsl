@@ -1,0 +1,134 @@
+// mul_mat: y[t,i][row] (= or +=) W_e[row] · x[t,i] for every weight type; decode (TT = 1) and
+// prefill (TT tokens per workgroup); with ID, e = ids[t, i] picks an expert of a stacked tensor.
+// Matches engine/reference/math.ts matVec over engine/quant/dequant.ts rows (f32 accumulation).
+// Bindings: 0 w: weight bytes of one part (rows of `k` values, quantized) | 1 x (f32)
+//   | 2 ids (u32, ID only; a dummy otherwise) | 3 y (f32) | 4 params.
+// Dispatch: (row_tiles folded to 2-D, z) with z = token tiles, or T·n_used slots under ID.
+//   WG = 64 threads = ROWS rows of TPR threads; a row's threads stride its 32-value chunks.
+// Variants: TYPE_<type> (one), TT (tokens per workgroup), ID, X_SWIGLU (x = silu(g)·u with
+//   u at g + up_offset), ADD (y += result).
+
+#include "_include/dequant.wgsl"
+
+struct Params {
+  k: u32,
+  rows: u32,
+  tokens: u32,
+  n_used: u32,
+  row_base: u32,
+  expert_first: u32,
+  expert_count: u32,
+  x_offset: u32,
+  x_stride_t: u32,
+  x_stride_i: u32,
+  up_offset: u32,
+  y_offset: u32,
+  y_stride_t: u32,
+  y_stride_i: u32,
+  ids_stride: u32,
+  row_tiles: u32,
+}
+
+@group(0) @binding(0) var<storage, read> w: array<u32>;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> ids: array<u32>;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<uniform> params: Params;
+
+const WG = 64u;
+const TPR = 16u;
+const ROWS = WG / TPR;
+
+var<workgroup> partial: array<f32, WG * TT>;
+var<workgroup> chosen: u32;
+
+fn xval(i: u32) -> f32 {
+#ifdef X_SWIGLU
+  let g = x[i];
+  return g / (1.0 + exp(-g)) * x[i + params.up_offset];
+#else
+  return x[i];
+#endif
+}
+
+fn x4(i: u32) -> vec4<f32> {
+  return vec4<f32>(xval(i), xval(i + 1u), xval(i + 2u), xval(i + 3u));
+}
+
+@compute @workgroup_size(WG)
+fn main(
+  @builtin(workgroup_id) wid: vec3<u32>,
+  @builtin(num_workgroups) nwg: vec3<u32>,
+  @builtin(local_invocation_index) lid: u32,
+) {
+  let tile = wid.x + wid.y * nwg.x;
+  if (tile >= params.row_tiles) {
+    return;
+  }
+  let lane = lid % TPR;
+  let r = tile * ROWS + lid / TPR;
+#ifdef ID
+  // Slot wid.z = (token t, expert rank i); only the part holding that expert computes it.
+  let t0 = wid.z / params.n_used;
+  let i = wid.z % params.n_used;
+  if (lid == 0u) {
+    chosen = ids[t0 * params.ids_stride + i];
+  }
+  let e = workgroupUniformLoad(&chosen);
+  if (e < params.expert_first || e >= params.expert_first + params.expert_count) {
+    return;
+  }
+  let row_in_part = (e - params.expert_first) * params.rows + r;
+  let y_row = r;
+#else
+  let t0 = wid.z * TT;
+  let i = 0u;
+  let row_in_part = r;
+  let y_row = params.row_base + r;
+#endif
+  var acc: array<f32, TT>;
+  let chunks = params.k / 32u;
+  if (r < params.rows) {
+    let row_byte = row_in_part * ((params.k / BLOCK_ELEMS) * BLOCK_BYTES);
+    for (var c = lane; c < chunks; c += TPR) {
+      let wv = dequant32(row_byte, c);
+      for (var tt = 0u; tt < TT; tt++) {
+        let t = t0 + tt;
+        if (t < params.tokens) {
+          let xb = params.x_offset + t * params.x_stride_t + i * params.x_stride_i + 32u * c;
+          var s = 0.0;
+          for (var v = 0u; v < 8u; v++) {
+            s += dot(wv[v], x4(xb + 4u * v));
+          }
+          acc[tt] += s;
+        }
+      }
+    }
+  }
+  // Reduce each row's TPR partial sums: a tree in workgroup memory laid out [row][lane][tt].
+  for (var tt = 0u; tt < TT; tt++) {
+    partial[lid * TT + tt] = acc[tt];
+  }
+  workgroupBarrier();
+  for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+    if (lane < s) {
+      for (var tt = 0u; tt < TT; tt++) {
+        partial[lid * TT + tt] += partial[(lid + s) * TT + tt];
+      }
+    }
+    workgroupBarrier();
+  }
+  if (lane == 0u && r < params.rows) {
+    for (var tt = 0u; tt < TT; tt++) {
+      let t = t0 + tt;
+      if (t < params.tokens) {
+        let o = params.y_offset + t * params.y_stride_t + i * params.y_stride_i + y_row;
+#ifdef ADD
+        y[o] += partial[lid * TT + tt];
+#else
+        y[o] = partial[lid * TT + tt];
+#endif
+      }
+    }
+  }
+}
