@@ -1,0 +1,487 @@
+// Frames between stages: the byte layout, encode and decode (pure, over DataView, little-endian).
+// Used by lib/wire/frame_stream.ts (TCP bytes ↔ frames), lib/wire/peer.ts (head side), stage_server.ts.
+//
+// The connection opens with the client's 36-byte greeting (not a frame): u32 MAGIC, 32-byte
+// nonce. Everything after it, both ways, is a frame: a 20-byte header of five u32 words, then a
+// payload whose length follows from the op and the header alone (so it is known, and capped,
+// before a byte of it is read). Words an op does not use must be 0.
+//
+// | op   | name      | dir | slot | n            | base          | topk      | payload                          |
+// |------|-----------|-----|------|--------------|---------------|-----------|----------------------------------|
+// | 1    | RUN       | →   | slot | rows, 1..max | first pos.    | pairs     | n·D f32 hidden rows [base,base+n)|
+// | 2    | CLOSE     | →   | 0    | 0            | 0             | 0         | none                             |
+// | 3    | SAVE      | →   | slot | 0            | snapshot idx  | 0         | none                             |
+// | 4    | RESTORE   | →   | slot | 0            | snapshot idx  | 0         | none                             |
+// | 5    | AUTH      | →   | 0    | 0            | 0             | 0         | 32-byte HMAC proof (zeros: none) |
+// | 0x81 | IDS       | ←   | slot | ids, 1..max  | first pos.    | pairs     | n u32 greedy ids, then topk ×    |
+// |      |           |     |      |              |               |           | (u32 id, f32 logit), descending  |
+// | 0x83 | SAVED     | ←   | slot | 0            | snapshot idx  | 0         | none                             |
+// | 0x84 | RESTORED  | ←   | slot | position     | snapshot idx  | 0         | none                             |
+// | 0x85 | CHALLENGE | ←   | 0    | 0            | 0             | 0         | u32 MAGIC, u32 auth, 32-byte     |
+// |      |           |     |      |              |               |           | nonce (40 bytes)                 |
+// | 0x86 | HELLO     | ←   | 0    | 0            | 0             | 0         | 7 × u32 (first, end, nLayer,     |
+// |      |           |     |      |              |               |           | nEmbd, slots, ctx, maxBatch),    |
+// |      |           |     |      |              |               |           | 32-byte fingerprint, 32-byte     |
+// |      |           |     |      |              |               |           | proof (92 bytes)                 |
+// | 0xFF | ERROR     | ←   | 0    | message bytes| 0             | 0         | u32 code, then n bytes UTF-8     |
+//
+// → client to worker, ← worker to client. D (n_embd) and the largest n are the worker's, learnt
+// by the client from HELLO. `end` in HELLO is one past the last layer served through that
+// connection (the whole chain behind it). RESTORED's n is the position the slot continues from.
+
+import type { TopEntry } from "../../engine/stage.ts";
+
+/** Greeting magic: the bytes "TDM1" on the wire. Bump it on any change to this file's layout. */
+export const MAGIC = 0x314d4454;
+export const HEADER_BYTES = 20;
+export const NONCE_BYTES = 32;
+export const GREETING_BYTES = 4 + NONCE_BYTES;
+export const PROOF_BYTES = 32;
+export const FINGERPRINT_BYTES = 32;
+/** Most (id, logit) pairs a RUN may ask for: enough for any sampler, 8 KiB per reply. */
+export const MAX_TOPK = 1024;
+/** Longest ERROR message in bytes; longer messages are cut by the encoder. */
+export const MAX_MESSAGE_BYTES = 4096;
+
+const CHALLENGE_BYTES = 8 + NONCE_BYTES;
+const HELLO_WORDS = 7;
+const HELLO_BYTES = HELLO_WORDS * 4 + FINGERPRINT_BYTES + PROOF_BYTES;
+
+export enum Op {
+  Run = 1,
+  Close = 2,
+  Save = 3,
+  Restore = 4,
+  Auth = 5,
+  Ids = 0x81,
+  Saved = 0x83,
+  Restored = 0x84,
+  Challenge = 0x85,
+  Hello = 0x86,
+  Error = 0xff,
+}
+
+/** Why a worker refused; the head maps these to its own errors. */
+export enum ErrorCode {
+  /** The bytes do not form a frame of this protocol (unknown op, bad field, short payload). */
+  Malformed = 1,
+  /** The greeting's magic is not MAGIC: the peer speaks another protocol version. */
+  Version = 2,
+  /** The client's key proof does not match. */
+  Auth = 3,
+  /** Another client holds the worker. */
+  Busy = 4,
+  /** A slot, position, length or snapshot index outside what the worker serves. */
+  Range = 5,
+  /** The next stage is down, refused the hello, or failed the request. */
+  Downstream = 6,
+  /** The stage engine failed. */
+  Engine = 7,
+  /** The client did not finish the handshake in time. */
+  Timeout = 8,
+}
+
+/** 0: the worker takes anyone (loopback or --insecure); 1: HMAC-SHA256 challenge-response. */
+export enum AuthMode {
+  None = 0,
+  HmacSha256 = 1,
+}
+
+/** What a worker (and the chain behind it) serves, as told in HELLO. */
+export interface HelloInfo {
+  readonly first: number;
+  readonly end: number;
+  readonly nLayer: number;
+  readonly nEmbd: number;
+  readonly slots: number;
+  readonly ctx: number;
+  readonly maxBatch: number;
+  readonly fingerprint: Uint8Array;
+}
+
+export type Frame =
+  | {
+    readonly op: Op.Run;
+    readonly slot: number;
+    readonly base: number;
+    readonly n: number;
+    readonly topk: number;
+    readonly rows: Float32Array;
+  }
+  | { readonly op: Op.Close }
+  | { readonly op: Op.Save | Op.Restore; readonly slot: number; readonly idx: number }
+  | { readonly op: Op.Auth; readonly proof: Uint8Array }
+  | {
+    readonly op: Op.Ids;
+    readonly slot: number;
+    readonly base: number;
+    readonly ids: Uint32Array;
+    readonly top: readonly TopEntry[];
+  }
+  | { readonly op: Op.Saved; readonly slot: number; readonly idx: number }
+  | {
+    readonly op: Op.Restored;
+    readonly slot: number;
+    readonly idx: number;
+    readonly position: number;
+  }
+  | {
+    readonly op: Op.Challenge;
+    readonly magic: number;
+    readonly auth: AuthMode;
+    readonly nonce: Uint8Array;
+  }
+  | { readonly op: Op.Hello; readonly info: HelloInfo; readonly proof: Uint8Array }
+  | { readonly op: Op.Error; readonly code: ErrorCode; readonly message: string };
+
+/** The five header words as sent. */
+export interface Header {
+  readonly op: number;
+  readonly slot: number;
+  readonly n: number;
+  readonly base: number;
+  readonly topk: number;
+}
+
+/** Sizes that bound a frame: the D of RUN rows and the largest n of RUN and IDS. */
+export interface FrameLimits {
+  readonly nEmbd: number;
+  readonly maxBatch: number;
+}
+
+const U32_MAX = 0xffff_ffff;
+const utf8 = new TextEncoder();
+const utf8Strict = new TextDecoder("utf-8", { fatal: true });
+
+export function decodeHeader(bytes: Uint8Array): Header {
+  if (bytes.length !== HEADER_BYTES) {
+    throw new SyntaxError(
+      `Cannot decode frame header: got ${bytes.length} bytes, expected ${HEADER_BYTES}`,
+    );
+  }
+  const v = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  return {
+    op: v.getUint32(0, true),
+    slot: v.getUint32(4, true),
+    n: v.getUint32(8, true),
+    base: v.getUint32(12, true),
+    topk: v.getUint32(16, true),
+  };
+}
+
+function opName(op: number): string {
+  return Op[op] ?? `0x${op.toString(16)}`;
+}
+
+function requireZero(h: Header, fields: readonly (keyof Header)[]): void {
+  for (const f of fields) {
+    if (h[f] !== 0) {
+      throw new SyntaxError(
+        `Cannot decode ${opName(h.op)} frame: header field ${f} is ${h[f]}, expected 0`,
+      );
+    }
+  }
+}
+
+function requireCount(h: Header, limits: FrameLimits): void {
+  if (h.n < 1 || h.n > limits.maxBatch) {
+    throw new RangeError(
+      `Cannot decode ${opName(h.op)} frame: n is ${h.n}, expected 1..${limits.maxBatch} ` +
+        `(split longer runs into chunks of at most ${limits.maxBatch})`,
+    );
+  }
+  if (h.topk > MAX_TOPK) {
+    throw new RangeError(
+      `Cannot decode ${opName(h.op)} frame: topk is ${h.topk}, expected at most ${MAX_TOPK}`,
+    );
+  }
+  if (h.base + h.n > U32_MAX) {
+    throw new RangeError(
+      `Cannot decode ${opName(h.op)} frame: positions ${h.base}+${h.n} overflow a u32`,
+    );
+  }
+}
+
+/**
+ * Payload bytes that follow `h`, after checking every header word against the op and `limits`.
+ * Throws SyntaxError (unknown op, nonzero unused word) or RangeError (a count above its cap), so
+ * nothing is ever allocated from an unchecked number.
+ */
+export function payloadLength(h: Header, limits: FrameLimits): number {
+  switch (h.op) {
+    case Op.Run:
+      requireCount(h, limits);
+      return h.n * limits.nEmbd * 4;
+    case Op.Ids:
+      requireCount(h, limits);
+      return h.n * 4 + h.topk * 8;
+    case Op.Close:
+    case Op.Challenge:
+    case Op.Hello:
+      requireZero(h, ["slot", "n", "base", "topk"]);
+      return h.op === Op.Close ? 0 : h.op === Op.Challenge ? CHALLENGE_BYTES : HELLO_BYTES;
+    case Op.Auth:
+      requireZero(h, ["slot", "n", "base", "topk"]);
+      return PROOF_BYTES;
+    case Op.Save:
+    case Op.Restore:
+    case Op.Saved:
+      requireZero(h, ["n", "topk"]);
+      return 0;
+    case Op.Restored:
+      requireZero(h, ["topk"]);
+      return 0;
+    case Op.Error:
+      requireZero(h, ["slot", "base", "topk"]);
+      if (h.n > MAX_MESSAGE_BYTES) {
+        throw new RangeError(
+          `Cannot decode Error frame: message is ${h.n} bytes, expected at most ${MAX_MESSAGE_BYTES}`,
+        );
+      }
+      return 4 + h.n;
+    default:
+      throw new SyntaxError(`Cannot decode frame: unknown op ${opName(h.op)}`);
+  }
+}
+
+function decodeRows(v: DataView, n: number, nEmbd: number): Float32Array {
+  const rows = new Float32Array(n * nEmbd);
+  for (let i = 0; i < rows.length; i++) {
+    const x = v.getFloat32(i * 4, true);
+    if (!Number.isFinite(x)) {
+      throw new SyntaxError(
+        `Cannot decode Run frame: hidden value ${i % nEmbd} of row ${
+          Math.floor(i / nEmbd)
+        } is ${x}; a stage only passes finite activations`,
+      );
+    }
+    rows[i] = x;
+  }
+  return rows;
+}
+
+function decodeHello(v: DataView, bytes: Uint8Array): Frame {
+  const w = (i: number) => v.getUint32(i * 4, true);
+  const at = HELLO_WORDS * 4;
+  return {
+    op: Op.Hello,
+    info: {
+      first: w(0),
+      end: w(1),
+      nLayer: w(2),
+      nEmbd: w(3),
+      slots: w(4),
+      ctx: w(5),
+      maxBatch: w(6),
+      fingerprint: bytes.slice(at, at + FINGERPRINT_BYTES),
+    },
+    proof: bytes.slice(at + FINGERPRINT_BYTES, HELLO_BYTES),
+  };
+}
+
+/** Decodes the payload of a header already checked by payloadLength. */
+export function decodePayload(h: Header, payload: Uint8Array, limits: FrameLimits): Frame {
+  const expected = payloadLength(h, limits);
+  if (payload.length !== expected) {
+    throw new SyntaxError(
+      `Cannot decode ${
+        opName(h.op)
+      } frame: payload is ${payload.length} bytes, expected ${expected}`,
+    );
+  }
+  const v = new DataView(payload.buffer, payload.byteOffset, payload.byteLength);
+  switch (h.op) {
+    case Op.Run:
+      return {
+        op: Op.Run,
+        slot: h.slot,
+        base: h.base,
+        n: h.n,
+        topk: h.topk,
+        rows: decodeRows(v, h.n, limits.nEmbd),
+      };
+    case Op.Ids: {
+      const ids = new Uint32Array(h.n);
+      for (let i = 0; i < h.n; i++) ids[i] = v.getUint32(i * 4, true);
+      const top: TopEntry[] = [];
+      for (let i = 0; i < h.topk; i++) {
+        const at = h.n * 4 + i * 8;
+        top.push({ id: v.getUint32(at, true), logit: v.getFloat32(at + 4, true) });
+      }
+      return { op: Op.Ids, slot: h.slot, base: h.base, ids, top };
+    }
+    case Op.Close:
+      return { op: Op.Close };
+    case Op.Save:
+    case Op.Restore:
+      return { op: h.op, slot: h.slot, idx: h.base };
+    case Op.Saved:
+      return { op: Op.Saved, slot: h.slot, idx: h.base };
+    case Op.Restored:
+      return { op: Op.Restored, slot: h.slot, idx: h.base, position: h.n };
+    case Op.Auth:
+      return { op: Op.Auth, proof: payload.slice() };
+    case Op.Challenge: {
+      const auth = v.getUint32(4, true);
+      if (auth !== AuthMode.None && auth !== AuthMode.HmacSha256) {
+        throw new SyntaxError(`Cannot decode Challenge frame: unknown auth mode ${auth}`);
+      }
+      return { op: Op.Challenge, magic: v.getUint32(0, true), auth, nonce: payload.slice(8) };
+    }
+    case Op.Hello:
+      return decodeHello(v, payload);
+    default: {
+      // payloadLength admitted only the ops above and Error.
+      let message: string;
+      try {
+        message = utf8Strict.decode(payload.subarray(4));
+      } catch {
+        throw new SyntaxError("Cannot decode Error frame: the message is not valid UTF-8");
+      }
+      return { op: Op.Error, code: v.getUint32(0, true), message };
+    }
+  }
+}
+
+/** Decodes exactly one frame from `bytes`; a short buffer or trailing bytes are errors. */
+export function decodeFrame(bytes: Uint8Array, limits: FrameLimits): Frame {
+  if (bytes.length < HEADER_BYTES) {
+    throw new SyntaxError(
+      `Cannot decode frame: got ${bytes.length} bytes, shorter than the ${HEADER_BYTES}-byte header`,
+    );
+  }
+  const h = decodeHeader(bytes.subarray(0, HEADER_BYTES));
+  const length = payloadLength(h, limits);
+  if (bytes.length !== HEADER_BYTES + length) {
+    const what = bytes.length < HEADER_BYTES + length ? "short" : "followed by trailing bytes";
+    throw new SyntaxError(
+      `Cannot decode ${opName(h.op)} frame: ${bytes.length} bytes is ${what}; ` +
+        `the header announces ${HEADER_BYTES + length}`,
+    );
+  }
+  return decodePayload(h, bytes.subarray(HEADER_BYTES), limits);
+}
+
+function headerOf(f: Frame, messageBytes: number): Header {
+  const zero = { slot: 0, n: 0, base: 0, topk: 0 };
+  switch (f.op) {
+    case Op.Run:
+      return { op: f.op, slot: f.slot, n: f.n, base: f.base, topk: f.topk };
+    case Op.Ids:
+      return { op: f.op, slot: f.slot, n: f.ids.length, base: f.base, topk: f.top.length };
+    case Op.Save:
+    case Op.Restore:
+    case Op.Saved:
+      return { ...zero, op: f.op, slot: f.slot, base: f.idx };
+    case Op.Restored:
+      return { ...zero, op: f.op, slot: f.slot, n: f.position, base: f.idx };
+    case Op.Error:
+      return { ...zero, op: f.op, n: messageBytes };
+    default:
+      return { ...zero, op: f.op };
+  }
+}
+
+/** The UTF-8 bytes of an error message, cut at a character boundary to MAX_MESSAGE_BYTES. */
+function messageBytesOf(message: string): Uint8Array {
+  const bytes = utf8.encode(message);
+  if (bytes.length <= MAX_MESSAGE_BYTES) return bytes;
+  let end = MAX_MESSAGE_BYTES;
+  while ((bytes[end] & 0xc0) === 0x80) end--;
+  return bytes.subarray(0, end);
+}
+
+function checkFixed(what: string, bytes: Uint8Array, length: number): void {
+  if (bytes.length !== length) {
+    throw new RangeError(`Cannot encode ${what}: it is ${bytes.length} bytes, expected ${length}`);
+  }
+}
+
+/**
+ * Encodes a frame. `nEmbd` is D for RUN rows. Throws RangeError for values that do not fit the
+ * layout (a row count that is not n·D, a fingerprint of the wrong size).
+ */
+export function encodeFrame(f: Frame, nEmbd = 0): Uint8Array {
+  const message = f.op === Op.Error ? messageBytesOf(f.message) : new Uint8Array();
+  const h = headerOf(f, message.length);
+  for (const [k, x] of Object.entries(h)) {
+    if (!Number.isInteger(x) || x < 0 || x > U32_MAX) {
+      throw new RangeError(`Cannot encode ${opName(h.op)} frame: ${k} is ${x}, not a u32`);
+    }
+  }
+  const length = payloadLength(h, { nEmbd, maxBatch: U32_MAX });
+  if (f.op === Op.Run && f.rows.length !== f.n * nEmbd) {
+    throw new RangeError(
+      `Cannot encode Run frame: ${f.rows.length} values is not n·D = ${f.n}·${nEmbd}`,
+    );
+  }
+  const bytes = new Uint8Array(HEADER_BYTES + length);
+  const v = new DataView(bytes.buffer);
+  [h.op, h.slot, h.n, h.base, h.topk].forEach((x, i) => v.setUint32(i * 4, x, true));
+  const p = HEADER_BYTES;
+  switch (f.op) {
+    case Op.Run:
+      f.rows.forEach((x, i) => v.setFloat32(p + i * 4, x, true));
+      break;
+    case Op.Ids:
+      f.ids.forEach((id, i) => v.setUint32(p + i * 4, id, true));
+      f.top.forEach((t, i) => {
+        v.setUint32(p + f.ids.length * 4 + i * 8, t.id, true);
+        v.setFloat32(p + f.ids.length * 4 + i * 8 + 4, t.logit, true);
+      });
+      break;
+    case Op.Auth:
+      checkFixed("Auth proof", f.proof, PROOF_BYTES);
+      bytes.set(f.proof, p);
+      break;
+    case Op.Challenge:
+      checkFixed("Challenge nonce", f.nonce, NONCE_BYTES);
+      v.setUint32(p, f.magic, true);
+      v.setUint32(p + 4, f.auth, true);
+      bytes.set(f.nonce, p + 8);
+      break;
+    case Op.Hello:
+      bytes.set(encodeHelloInfo(f.info), p);
+      checkFixed("Hello proof", f.proof, PROOF_BYTES);
+      bytes.set(f.proof, p + HELLO_BYTES - PROOF_BYTES);
+      break;
+    case Op.Error:
+      v.setUint32(p, f.code, true);
+      bytes.set(message, p + 4);
+      break;
+  }
+  return bytes;
+}
+
+/** HELLO's payload without the proof: the bytes the worker's proof signs. */
+export function encodeHelloInfo(info: HelloInfo): Uint8Array {
+  checkFixed("Hello fingerprint", info.fingerprint, FINGERPRINT_BYTES);
+  const bytes = new Uint8Array(HELLO_BYTES - PROOF_BYTES);
+  const v = new DataView(bytes.buffer);
+  const words = [
+    info.first,
+    info.end,
+    info.nLayer,
+    info.nEmbd,
+    info.slots,
+    info.ctx,
+    info.maxBatch,
+  ];
+  words.forEach((x, i) => {
+    if (!Number.isInteger(x) || x < 0 || x > U32_MAX) {
+      throw new RangeError(`Cannot encode Hello frame: word ${i} is ${x}, not a u32`);
+    }
+    v.setUint32(i * 4, x, true);
+  });
+  bytes.set(info.fingerprint, HELLO_WORDS * 4);
+  return bytes;
+}
+
+/** The client's greeting: MAGIC and a fresh nonce. */
+export function encodeGreeting(nonce: Uint8Array, magic = MAGIC): Uint8Array {
+  checkFixed("greeting nonce", nonce, NONCE_BYTES);
+  const bytes = new Uint8Array(GREETING_BYTES);
+  new DataView(bytes.buffer).setUint32(0, magic, true);
+  bytes.set(nonce, 4);
+  return bytes;
+}
