@@ -50,6 +50,11 @@ const CHUNK_BYTES = 1 << 20;
 const MAX_SAFE = BigInt(Number.MAX_SAFE_INTEGER);
 const utf8 = new TextDecoder("utf-8", { fatal: true });
 
+/** A name from the file, quoted and cut short, so a hostile 60 MB key cannot flood a message. */
+export function quote(name: string): string {
+  return JSON.stringify(name.length > 80 ? `${name.slice(0, 80)}…` : name);
+}
+
 /** Reads exactly `length` bytes at `offset`; a short file is a SyntaxError. */
 export async function readAt(
   file: Deno.FsFile,
@@ -90,8 +95,15 @@ class Cursor {
     return new SyntaxError(`Cannot read "${this.path}" as GGUF: ${problem} (at byte ${at})`);
   }
 
-  get left(): number {
-    return this.fileSize - this.pos;
+  /** Bytes the header may still take: the rest of the file, capped by MAX_HEADER_BYTES. */
+  get room(): number {
+    return Math.min(this.fileSize, MAX_HEADER_BYTES) - this.pos;
+  }
+
+  roomText(): string {
+    return this.fileSize <= MAX_HEADER_BYTES
+      ? `only ${this.room} remain in the file`
+      : `the header may take only ${this.room} more (limit ${MAX_HEADER_BYTES} bytes)`;
   }
 
   /** Whether the window already holds `n` bytes at `pos`. */
@@ -187,11 +199,11 @@ async function readCount(c: Cursor, minBytes: number, what: string): Promise<num
   const at = c.pos;
   await c.need(8, `the ${what} count`);
   const n = c.u64();
-  if (typeof n === "bigint" || n * minBytes > c.left) {
+  if (typeof n === "bigint" || n * minBytes > c.room) {
     throw c.error(
       at,
-      `${what} count ${n} needs at least ${BigInt(n) * BigInt(minBytes)} bytes but only ` +
-        `${c.left} remain in the file`,
+      `${what} count ${n} needs at least ${BigInt(n) * BigInt(minBytes)} bytes but ` +
+        c.roomText(),
     );
   }
   return n;
@@ -210,8 +222,8 @@ async function readString(c: Cursor, what: string): Promise<string> {
   const at = c.pos;
   await c.need(8, `the length of ${what}`);
   const n = c.u64();
-  if (typeof n === "bigint" || n > c.left) {
-    throw c.error(at, `${what} has length ${n} but only ${c.left} bytes remain in the file`);
+  if (typeof n === "bigint" || n > c.room) {
+    throw c.error(at, `${what} has length ${n} bytes but ${c.roomText()}`);
   }
   await c.need(n, what);
   return decodeString(c, n, at, what);
@@ -267,15 +279,16 @@ async function readMetadata(c: Cursor, count: number): Promise<[Map<string, Gguf
   for (let i = 0; i < count; i++) {
     const keyAt = c.pos;
     const key = await readString(c, `metadata key ${i}`);
-    if (metadata.has(key)) throw c.error(keyAt, `metadata key "${key}" appears twice`);
+    const label = quote(key);
+    if (metadata.has(key)) throw c.error(keyAt, `metadata key ${label} appears twice`);
     const typeAt = c.pos;
-    await c.need(4, `the value type of "${key}"`);
+    await c.need(4, `the value type of ${label}`);
     const type = c.u32();
     if (!MIN_ITEM_BYTES.has(type)) {
-      throw c.error(typeAt, `metadata key "${key}" has unknown value type ${type}`);
+      throw c.error(typeAt, `metadata key ${label} has unknown value type ${type}`);
     }
     const valueAt = c.pos;
-    const value = await readValue(c, type, 0, `the value of "${key}"`);
+    const value = await readValue(c, type, 0, `the value of ${label}`);
     if (key === KEY_ALIGNMENT) {
       if (typeof value !== "number" || !isPowerOfTwo(value)) {
         throw c.error(valueAt, `"${KEY_ALIGNMENT}" is ${value}; it must be a power of two`);
@@ -298,19 +311,20 @@ interface RawTensor {
 async function readTensorInfo(c: Cursor, index: number, names: Set<string>): Promise<RawTensor> {
   const at = c.pos;
   const name = await readString(c, `the name of tensor ${index}`);
-  if (names.has(name)) throw c.error(at, `tensor "${name}" appears twice`);
+  const label = quote(name);
+  if (names.has(name)) throw c.error(at, `tensor ${label} appears twice`);
   names.add(name);
-  await c.need(4, `the dimension count of "${name}"`);
+  await c.need(4, `the dimension count of ${label}`);
   const nDims = c.u32();
   if (nDims < 1 || nDims > MAX_DIMS) {
-    throw c.error(at, `tensor "${name}" has ${nDims} dimensions; GGUF allows 1 to ${MAX_DIMS}`);
+    throw c.error(at, `tensor ${label} has ${nDims} dimensions; GGUF allows 1 to ${MAX_DIMS}`);
   }
-  await c.need(8 * nDims + 4 + 8, `the info of "${name}"`);
+  await c.need(8 * nDims + 4 + 8, `the info of ${label}`);
   const shape: number[] = [];
   for (let d = 0; d < nDims; d++) {
     const ne = c.u64();
     if (typeof ne === "bigint") {
-      throw c.error(at, `tensor "${name}" has dimension ${ne}, beyond 2^53`);
+      throw c.error(at, `tensor ${label} has dimension ${ne}, beyond 2^53`);
     }
     shape.push(ne);
   }
@@ -318,15 +332,15 @@ async function readTensorInfo(c: Cursor, index: number, names: Set<string>): Pro
   if (!blockGeometry(type)) {
     throw c.error(
       at,
-      `tensor "${name}" has type ${typeName(type)}, which this engine cannot read; ` +
+      `tensor ${label} has type ${typeName(type)}, which this engine cannot read; ` +
         `use a file quantized to a supported type (engine/quant/types.ts)`,
     );
   }
   const problem = shapeProblem(shape, type);
-  if (problem) throw c.error(at, `tensor "${name}" cannot be stored: ${problem}`);
+  if (problem) throw c.error(at, `tensor ${label} cannot be stored: ${problem}`);
   const offset = c.u64();
   if (typeof offset === "bigint") {
-    throw c.error(at, `tensor "${name}" has data offset ${offset}, beyond 2^53`);
+    throw c.error(at, `tensor ${label} has data offset ${offset}, beyond 2^53`);
   }
   return { at, name, shape, type, offset };
 }
@@ -342,7 +356,9 @@ function placeTensors(
     if (t.offset % alignment !== 0) {
       throw c.error(
         t.at,
-        `tensor "${t.name}" has data offset ${t.offset}, not a multiple of the alignment ${alignment}`,
+        `tensor ${
+          quote(t.name)
+        } has data offset ${t.offset}, not a multiple of the alignment ${alignment}`,
       );
     }
     const nbytes = tensorBytes(t.shape, t.type);
@@ -350,7 +366,9 @@ function placeTensors(
     if (fileOffset + nbytes > c.fileSize) {
       throw c.error(
         t.at,
-        `tensor "${t.name}" occupies bytes ${fileOffset}..${fileOffset + nbytes} but the file ` +
+        `tensor ${quote(t.name)} occupies bytes ${fileOffset}..${
+          fileOffset + nbytes
+        } but the file ` +
           `ends at byte ${c.fileSize}; the file is truncated`,
       );
     }
@@ -362,7 +380,7 @@ function placeTensors(
     if (t.fileOffset < prev.fileOffset + prev.nbytes) {
       throw c.error(
         t.at,
-        `tensor "${t.name}" at byte ${t.fileOffset} overlaps tensor "${prev.name}" ` +
+        `tensor ${quote(t.name)} at byte ${t.fileOffset} overlaps tensor ${quote(prev.name)} ` +
           `(bytes ${prev.fileOffset}..${prev.fileOffset + prev.nbytes})`,
       );
     }

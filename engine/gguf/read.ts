@@ -1,7 +1,7 @@
 // Opens a GGUF model, one file or all shards of a gguf-split, and reads tensor bytes on demand.
 // Start of the weight path: header.ts parses each file; loaders call readTensor per stage.
 
-import { type Header, readAt, readHeader } from "./header.ts";
+import { type Header, quote, readAt, readHeader } from "./header.ts";
 import {
   KEY_SPLIT_COUNT,
   KEY_SPLIT_NO,
@@ -177,7 +177,7 @@ function indexTensors(headers: readonly Header[], paths: readonly string[]) {
       const seen = tensors.get(t.name);
       if (seen) {
         throw new SyntaxError(
-          `Cannot combine the shards of "${paths[0]}": tensor "${t.name}" is in both ` +
+          `Cannot combine the shards of "${paths[0]}": tensor ${quote(t.name)} is in both ` +
             `"${paths[seen.shard]}" and "${paths[shard]}"`,
         );
       }

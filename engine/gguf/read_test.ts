@@ -82,17 +82,17 @@ const HOSTILE: [string, Bytes, RegExp][] = [
   [
     "key length beyond the file",
     new Bytes().header(0, 1).u64(2n ** 40n).zeros(20),
-    /metadata key 0 has length 1099511627776 but only 20 bytes remain in the file \(at byte 24\)/,
+    /metadata key 0 has length 1099511627776 bytes but only 20 remain in the file \(at byte 24\)/,
   ],
   [
     "key length beyond 2^53",
     new Bytes().header(0, 1).u64(2n ** 62n).zeros(20),
-    /has length 4611686018427387904 but only 20/,
+    /has length 4611686018427387904 bytes but only 20/,
   ],
   [
     "string value beyond the file",
     new Bytes().header(0, 1).str("k").u32(8).u64(100).zeros(10),
-    /the value of "k" has length 100 but only 10 bytes remain in the file \(at byte 37\)/,
+    /the value of "k" has length 100 bytes but only 10 remain in the file \(at byte 37\)/,
   ],
   [
     "array count beyond the file",
@@ -256,7 +256,7 @@ Deno.test("arrays nested nine deep are refused; eight deep are read", () =>
     );
   }));
 
-Deno.test("a header running past the header limit is refused without reading it", () =>
+Deno.test("a header running past the header limit is refused without reading or allocating it", () =>
   withTempDir(async (dir) => {
     const path = await put(
       dir,
@@ -265,7 +265,23 @@ Deno.test("a header running past the header limit is refused without reading it"
     );
     // Sparse: the file claims its size without the disk holding it.
     await Deno.truncate(path, 2 * MAX_HEADER_BYTES);
-    await assertOpenFails(path, SyntaxError, /ends past byte 67108864, the limit for metadata/);
+    await assertOpenFails(
+      path,
+      SyntaxError,
+      /metadata key 0 has length 67108864 bytes but the header may take only 67108832 more/,
+    );
+    // A count the file could hold but the header limit cannot: refused before allocating.
+    const manyItems = await put(
+      dir,
+      "many_items.gguf",
+      new Bytes().header(0, 1).str("k").u32(9).u32(0).u64(100_000_000).bytes(),
+    );
+    await Deno.truncate(manyItems, 2 * MAX_HEADER_BYTES);
+    await assertOpenFails(
+      manyItems,
+      SyntaxError,
+      /item count 100000000 needs at least 100000000 bytes but the header may take only 67108815 more \(limit 67108864 bytes\) \(at byte 41\)/,
+    );
   }));
 
 Deno.test("a file cut anywhere before its last tensor byte is refused as truncated", () =>
