@@ -94,15 +94,25 @@ export async function put(dir: string, name: string, bytes: Uint8Array): Promise
   return path;
 }
 
-/** Asserts that opening `path` rejects with `kind` and a message matching `pattern`. */
+/** Open file descriptors of this process (Linux); Deno's test runner does not track leaks. */
+export async function openFileCount(): Promise<number> {
+  return (await Array.fromAsync(Deno.readDir("/proc/self/fd"))).length;
+}
+
+/**
+ * Asserts that opening `path` rejects with `kind` and a message matching `pattern`, leaving no
+ * file open behind it.
+ */
 export async function assertOpenFails(
   path: string,
   kind: new (...args: never[]) => Error,
   pattern: RegExp,
 ): Promise<void> {
+  const before = await openFileCount();
   await assert.rejects(openGguf(path), (e: unknown) => {
     assert.ok(e instanceof kind, `expected ${kind.name}, got ${String(e)}`);
     assert.match(e.message, pattern);
     return true;
   });
+  assert.equal(await openFileCount(), before, `opening "${path}" left a file open`);
 }

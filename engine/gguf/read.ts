@@ -88,7 +88,7 @@ function splitKeys(h: Header, path: string): SplitKeys | undefined {
     const v = h.metadata.get(key);
     if (typeof v !== "number" || !Number.isInteger(v) || v < 0 || v > max) {
       throw new SyntaxError(
-        `Cannot read "${path}" as a GGUF split: "${key}" is ${JSON.stringify(String(v))}, ` +
+        `Cannot read "${path}" as a GGUF split: "${key}" is ${quote(String(v))}, ` +
           `expected an integer 0..${max}`,
       );
     }
@@ -150,27 +150,34 @@ async function openOtherShard(
       { cause: e },
     );
   }
-  const keys = splitKeys(opened[1], path);
-  const problem = !keys
-    ? `it has no "${KEY_SPLIT_COUNT}" key`
-    : keys.count !== first.count
-    ? `it is one of ${keys.count} shards, the first shard says ${first.count}`
-    : keys.tensors !== first.tensors
-    ? `it says the model has ${keys.tensors} tensors, the first shard says ${first.tensors}`
-    : keys.no !== index
-    ? `it holds shard ${keys.no + 1}, expected ${index + 1}; the shard files were renamed`
-    : undefined;
-  if (problem) {
+  try {
+    const keys = splitKeys(opened[1], path);
+    const problem = !keys
+      ? `it has no "${KEY_SPLIT_COUNT}" key`
+      : keys.count !== first.count
+      ? `it is one of ${keys.count} shards, the first shard says ${first.count}`
+      : keys.tensors !== first.tensors
+      ? `it says the model has ${keys.tensors} tensors, the first shard says ${first.tensors}`
+      : keys.no !== index
+      ? `it holds shard ${keys.no + 1}, expected ${index + 1}; the shard files were renamed`
+      : undefined;
+    if (problem) {
+      throw new SyntaxError(
+        `Cannot use "${path}" as shard ${index + 1} of "${firstPath}": ${problem}; ` +
+          `the shards must all come from one gguf-split of one model`,
+      );
+    }
+    return opened;
+  } catch (e) {
     opened[0].file.close();
-    throw new SyntaxError(
-      `Cannot use "${path}" as shard ${index + 1} of "${firstPath}": ${problem}; ` +
-        `the shards must all come from one gguf-split of one model`,
-    );
+    throw e;
   }
-  return opened;
 }
 
-function indexTensors(headers: readonly Header[], paths: readonly string[]) {
+function indexTensors(
+  headers: readonly Header[],
+  paths: readonly string[],
+): Map<string, GgufTensorInfo> {
   const tensors = new Map<string, GgufTensorInfo>();
   headers.forEach((h, shard) => {
     for (const t of h.tensors) {

@@ -159,3 +159,18 @@ Deno.test("split keys of the wrong type or out of range are refused", () =>
       /"split\.count" is "2", expected an integer 0\.\.65535/,
     );
   }));
+
+Deno.test("a later shard with malformed split keys is refused and closed", () =>
+  withTempDir(async (dir) => {
+    const first = await put(dir, "m-00001-of-00002.gguf", shard(0, 2, 1, ["a"]));
+    const badNo = new Bytes().header(0, 3)
+      .str("split.no").u32(8).str("one")
+      .str("split.count").u32(2).u16(2)
+      .str("split.tensors.count").u32(5).u32(1);
+    await put(dir, "m-00002-of-00002.gguf", badNo.bytes());
+    await assertOpenFails(
+      first,
+      SyntaxError,
+      /".*m-00002-of-00002\.gguf" as a GGUF split: "split\.no" is "one", expected an integer/,
+    );
+  }));
