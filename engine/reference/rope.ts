@@ -64,9 +64,9 @@ export function ropeAnglesImrope(
 ): RopeAngles {
   const [s0, s1, s2, s3] = [0, 1, 2, 3].map((i) => sections[i] ?? 0);
   const sectDims = s0 + s1 + s2 + s3;
-  if (sectDims <= 0 || sectDims > nRot / 2) {
+  if (!(sectDims > 0)) {
     throw new RangeError(
-      `Cannot build IMROPE angles: sections [${sections.join(", ")}] must sum to 1..${nRot / 2}`,
+      `Cannot build IMROPE angles: sections [${sections.join(", ")}] must have a positive sum`,
     );
   }
   const half = nRot / 2;
