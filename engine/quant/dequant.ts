@@ -57,11 +57,13 @@ function dequantQ4_1(src: Uint8Array, nb: number, y: Float32Array): void {
   }
 }
 
-/** Q5_0 (`base` −16) and Q5_1 (`base` 0, plus the f16 min): qh bit j is element j's fifth bit. */
+/**
+ * Q5_0 (q − 16)·d and Q5_1 q·d + m; bit j of qh is element j's fifth bit. Q5_0 must not add a
+ * zero min: C's 0·(negative d) is −0, and −0 + 0 would turn it into +0.
+ */
 function dequantQ5(src: Uint8Array, nb: number, y: Float32Array, hasMin: boolean): void {
   const size = hasMin ? 24 : 22;
   const qhAt = hasMin ? 4 : 2;
-  const base = hasMin ? 0 : -16;
   for (let i = 0, o = 0, yo = 0; i < nb; i++, o += size, yo += 32) {
     const d = readF16(src, o);
     const m = hasMin ? readF16(src, o + 2) : 0;
@@ -71,8 +73,13 @@ function dequantQ5(src: Uint8Array, nb: number, y: Float32Array, hasMin: boolean
       const q = src[o + qhAt + 4 + j];
       const lo = (q & 15) | (((qh >>> j) & 1) << 4);
       const hi = (q >> 4) | (((qh >>> (j + 16)) & 1) << 4);
-      y[yo + j] = (lo + base) * d + m;
-      y[yo + j + 16] = (hi + base) * d + m;
+      if (hasMin) {
+        y[yo + j] = lo * d + m;
+        y[yo + j + 16] = hi * d + m;
+      } else {
+        y[yo + j] = (lo - 16) * d;
+        y[yo + j + 16] = (hi - 16) * d;
+      }
     }
   }
 }

@@ -298,6 +298,26 @@ Deno.test("IQ4_XS: 6-bit scales from scales_l nibbles and scales_h pairs, minus 
   assert.equal(y[40], 0.25 * 31 * -35);
 });
 
+Deno.test("a zero level times a negative scale is −0, as in C", () => {
+  // C computes x·d with x = 0 and d < 0, giving −0; a float64 reference or a GPU comparison that
+  // checks bits must see the same sign. d = −1 throughout; the level that decodes to 0 is 8 for
+  // Q4_0 (nibble 8), 16 for Q5_0 (nibble 0 with the fifth bit set), 0 for Q8_0.
+  const q4 = dequantize(
+    GgmlType.Q4_0,
+    block(18, [[0, H.minusOne]], [[2, range(16, () => 0x88)]]),
+    32,
+  );
+  assert.ok(q4.every((v) => Object.is(v, -0)));
+  const q5 = dequantize(
+    GgmlType.Q5_0,
+    block(22, [[0, H.minusOne]], [[2, [255, 255, 255, 255]]]),
+    32,
+  );
+  assert.ok(q5.every((v) => Object.is(v, -0)));
+  const q8 = dequantize(GgmlType.Q8_0, block(34, [[0, H.minusOne]]), 32);
+  assert.ok(q8.every((v) => Object.is(v, -0)));
+});
+
 Deno.test("dequantize rejects unknown types, partial blocks, short input and short output", () => {
   assert.throws(
     () => dequantize(GgmlType.Q8_K, new Uint8Array(292), 256),
