@@ -1,0 +1,314 @@
+// Client side of one connection to the next stage: connect, hello checks, then RUN / SAVE /
+// RESTORE frames with replies in order. Used by remote_stage.ts (head, generate, middle workers).
+
+import type { TopEntry } from "../../engine/stage.ts";
+import { deadline } from "./deadline.ts";
+import {
+  AuthMode,
+  encodeFrame,
+  encodeGreeting,
+  ErrorCode,
+  type Frame,
+  type FrameLimits,
+  type HelloInfo,
+  MAGIC,
+  Op,
+} from "./frame.ts";
+import { FrameReader, writeAll } from "./frame_stream.ts";
+import {
+  type ChainExpectation,
+  clientProof,
+  freshNonce,
+  helloMismatch,
+  NO_PROOF,
+  verifyWorkerProof,
+} from "./hello.ts";
+
+/**
+ * The next stage cannot serve: unreachable, refused the hello, sent an error, timed out or
+ * closed the connection. `code` is the worker's ErrorCode when it sent one; `reason` is the
+ * worker's (or this side's) explanation without the address prefix.
+ */
+export class StageUnavailableError extends Error {
+  override name = "StageUnavailableError";
+  readonly address: string;
+  readonly reason: string;
+  readonly code: ErrorCode | undefined;
+
+  constructor(address: string, reason: string, code?: ErrorCode, options?: ErrorOptions) {
+    super(`Cannot use the stage at ${address}: ${reason}`, options);
+    this.address = address;
+    this.reason = reason;
+    this.code = code;
+  }
+}
+
+export interface PeerOptions {
+  /** The shared secret, when the worker runs with --key-file. */
+  readonly key?: CryptoKey;
+  /** TCP connect plus handshake. Default 10 s. */
+  readonly connectTimeoutMs?: number;
+  /** Waiting for one reply. Default 10 min: a long prefill on the CPU reference is slow. */
+  readonly replyTimeoutMs?: number;
+}
+
+export interface RunReply {
+  readonly ids: Uint32Array;
+  readonly top: readonly TopEntry[];
+}
+
+/** Parses "host:port" or "[v6]:port". */
+export function parseAddress(text: string): { hostname: string; port: number } {
+  const m = /^(?:\[([^\]]+)\]|([^:\[\]]+)):(\d{1,5})$/.exec(text);
+  const port = m ? Number(m[3]) : NaN;
+  if (!m || port < 1 || port > 65535) {
+    throw new TypeError(`Cannot parse address "${text}": expected host:port, e.g. 10.0.0.2:9000`);
+  }
+  return { hostname: m[1] ?? m[2], port };
+}
+
+function magicName(magic: number): string {
+  const bytes = new Uint8Array(4);
+  new DataView(bytes.buffer).setUint32(0, magic, true);
+  const text = String.fromCharCode(...bytes).replace(/[^\x20-\x7e]/g, "?");
+  return `0x${magic.toString(16).padStart(8, "0")} ("${text}")`;
+}
+
+const HANDSHAKE_LIMITS: FrameLimits = { nEmbd: 0, maxBatch: 0 };
+
+/** Reads one frame that is not ERROR; ERROR, EOF and bad bytes become StageUnavailableError. */
+async function readReply(
+  reader: FrameReader,
+  limits: FrameLimits,
+  address: string,
+): Promise<Frame> {
+  let frame: Frame | null;
+  try {
+    frame = await reader.readFrame(limits);
+  } catch (e) {
+    const reason = e instanceof Deno.errors.Interrupted || e instanceof Deno.errors.BadResource
+      ? "the connection was closed by this side"
+      : `reading its reply failed: ${(e as Error).message}`;
+    throw new StageUnavailableError(address, reason, undefined, { cause: e });
+  }
+  if (frame === null) throw new StageUnavailableError(address, "it closed the connection");
+  if (frame.op === Op.Error) throw new StageUnavailableError(address, frame.message, frame.code);
+  return frame;
+}
+
+async function handshake(
+  conn: Deno.Conn,
+  reader: FrameReader,
+  address: string,
+  key: CryptoKey | undefined,
+): Promise<HelloInfo> {
+  const fail = (reason: string) => new StageUnavailableError(address, reason);
+  const nonceC = freshNonce();
+  await writeAll(conn, encodeGreeting(nonceC));
+  const challenge = await readReply(reader, HANDSHAKE_LIMITS, address);
+  if (challenge.op !== Op.Challenge) {
+    throw fail(`it sent op ${challenge.op} instead of a challenge`);
+  }
+  if (challenge.magic !== MAGIC) {
+    throw fail(
+      `it speaks wire version ${magicName(challenge.magic)}, this side ${magicName(MAGIC)}; ` +
+        `run the same tandem version on both`,
+    );
+  }
+  if (challenge.auth === AuthMode.HmacSha256 && !key) {
+    throw fail("it requires a shared key; pass --key-file with the worker's key");
+  }
+  if (challenge.auth === AuthMode.None && key) {
+    throw fail(
+      "it checks no key (it runs without --key-file) but this side has one; start the worker " +
+        "with the same --key-file",
+    );
+  }
+  const proof = key ? await clientProof(key, nonceC, challenge.nonce) : NO_PROOF;
+  await writeAll(conn, encodeFrame({ op: Op.Auth, proof }));
+  const hello = await readReply(reader, HANDSHAKE_LIMITS, address);
+  if (hello.op !== Op.Hello) throw fail(`it sent op ${hello.op} instead of a hello`);
+  if (key && !await verifyWorkerProof(key, nonceC, challenge.nonce, hello.info, hello.proof)) {
+    throw fail("its hello is not signed with this side's key; both sides need the same key file");
+  }
+  return hello.info;
+}
+
+/**
+ * Opens a connection, runs the handshake and checks the worker's HELLO against `want`. Every
+ * failure, a mismatch included, is a StageUnavailableError whose reason names both values.
+ */
+export async function connectPeer(
+  address: string,
+  want: ChainExpectation,
+  options: PeerOptions = {},
+): Promise<Peer> {
+  const { hostname, port } = parseAddress(address);
+  const ms = options.connectTimeoutMs ?? 10_000;
+  const abort = new AbortController();
+  let conn: Deno.TcpConn;
+  try {
+    conn = await deadline(
+      Deno.connect({ hostname, port, signal: abort.signal }),
+      ms,
+      () => new Error(`no answer within ${ms} ms`),
+    );
+  } catch (e) {
+    abort.abort();
+    throw new StageUnavailableError(address, `cannot connect: ${(e as Error).message}`, undefined, {
+      cause: e,
+    });
+  }
+  conn.setNoDelay(true);
+  conn.setKeepAlive(true);
+  const reader = new FrameReader(conn);
+  try {
+    const info = await deadline(
+      handshake(conn, reader, address, options.key),
+      ms,
+      () => new StageUnavailableError(address, `no hello within ${ms} ms`),
+    );
+    const mismatch = helloMismatch(info, want);
+    if (mismatch) throw new StageUnavailableError(address, mismatch);
+    return new Peer(address, conn, reader, info, options.replyTimeoutMs ?? 600_000);
+  } catch (e) {
+    conn.close();
+    if (e instanceof StageUnavailableError) throw e;
+    throw new StageUnavailableError(
+      address,
+      `the hello failed: ${(e as Error).message}`,
+      undefined,
+      {
+        cause: e,
+      },
+    );
+  }
+}
+
+/**
+ * One live connection. Requests may overlap: frames go out in call order and replies are
+ * matched in the same order. Any failure (an ERROR frame included: the worker closes after it)
+ * ends the connection, and every pending and later request rejects with the same error.
+ */
+export class Peer {
+  readonly address: string;
+  readonly info: HelloInfo;
+  readonly #conn: Deno.Conn;
+  readonly #reader: FrameReader;
+  readonly #replyTimeoutMs: number;
+  readonly #limits: FrameLimits;
+  #writes: Promise<void> = Promise.resolve();
+  #reads: Promise<unknown> = Promise.resolve();
+  #failure: StageUnavailableError | undefined;
+
+  constructor(
+    address: string,
+    conn: Deno.Conn,
+    reader: FrameReader,
+    info: HelloInfo,
+    replyTimeoutMs: number,
+  ) {
+    this.address = address;
+    this.info = info;
+    this.#conn = conn;
+    this.#reader = reader;
+    this.#replyTimeoutMs = replyTimeoutMs;
+    this.#limits = { nEmbd: info.nEmbd, maxBatch: info.maxBatch };
+  }
+
+  /** True once the connection has failed or been closed; a new Peer is needed then. */
+  get closed(): boolean {
+    return this.#failure !== undefined;
+  }
+
+  /** Runs positions [base, base+n) of `slot` through the chain; ids plus `topk` candidates. */
+  async run(
+    slot: number,
+    rows: Float32Array,
+    n: number,
+    base: number,
+    topk: number,
+  ): Promise<RunReply> {
+    if (n > this.info.maxBatch) {
+      throw new RangeError(
+        `Cannot send ${n} rows to ${this.address}: it takes at most ${this.info.maxBatch} per frame`,
+      );
+    }
+    const reply = await this.#exchange({ op: Op.Run, slot, base, n, topk, rows });
+    if (
+      reply.op !== Op.Ids || reply.slot !== slot || reply.base !== base ||
+      reply.ids.length !== n || reply.top.length > topk
+    ) {
+      throw this.#fail(`it answered Run (slot ${slot}, base ${base}, n ${n}) with op ${reply.op}`);
+    }
+    return { ids: reply.ids, top: reply.top };
+  }
+
+  /** Snapshots `slot` into `idx` on every stage behind this connection. */
+  async save(slot: number, idx: number): Promise<void> {
+    const reply = await this.#exchange({ op: Op.Save, slot, idx });
+    if (reply.op !== Op.Saved || reply.slot !== slot || reply.idx !== idx) {
+      throw this.#fail(`it answered Save (slot ${slot}, idx ${idx}) with op ${reply.op}`);
+    }
+  }
+
+  /** Restores snapshot `idx` into `slot`; the position the slot continues from. */
+  async restore(slot: number, idx: number): Promise<number> {
+    const reply = await this.#exchange({ op: Op.Restore, slot, idx });
+    if (reply.op !== Op.Restored || reply.slot !== slot || reply.idx !== idx) {
+      throw this.#fail(`it answered Restore (slot ${slot}, idx ${idx}) with op ${reply.op}`);
+    }
+    return reply.position;
+  }
+
+  /** Sends CLOSE after the frames already queued (waiting at most 1 s) and closes the socket. */
+  close(): void {
+    if (this.#failure) return;
+    this.#failure = new StageUnavailableError(
+      this.address,
+      "the connection was closed by this side",
+    );
+    const bytes = encodeFrame({ op: Op.Close });
+    const sent = this.#writes.then(() => writeAll(this.#conn, bytes));
+    deadline(sent, 1000, () => new Error("CLOSE not sent in time"))
+      .catch(() => undefined) // The worker treats a dropped connection like CLOSE.
+      .finally(() => this.#conn.close());
+  }
+
+  #exchange(frame: Frame): Promise<Frame> {
+    if (this.#failure) return Promise.reject(this.#failure);
+    const bytes = encodeFrame(frame, this.info.nEmbd);
+    const sent = this.#writes.then(() => {
+      if (this.#failure) throw this.#failure;
+      return writeAll(this.#conn, bytes);
+    });
+    this.#writes = sent.catch(() => undefined);
+    const reply = this.#reads.then(async () => {
+      await sent;
+      if (this.#failure) throw this.#failure;
+      return await deadline(
+        readReply(this.#reader, this.#limits, this.address),
+        this.#replyTimeoutMs,
+        () => new StageUnavailableError(this.address, `no reply within ${this.#replyTimeoutMs} ms`),
+      );
+    });
+    this.#reads = reply.catch(() => undefined);
+    return reply.catch((e) => {
+      throw this.#fail(e);
+    });
+  }
+
+  /** Ends the connection with its first failure and returns that failure. */
+  #fail(cause: unknown): StageUnavailableError {
+    if (!this.#failure) {
+      this.#failure = cause instanceof StageUnavailableError ? cause : new StageUnavailableError(
+        this.address,
+        cause instanceof Error ? cause.message : String(cause),
+        undefined,
+        { cause },
+      );
+      this.#conn.close();
+    }
+    return this.#failure;
+  }
+}

@@ -1,0 +1,193 @@
+// "The rest of the chain" as a Stage: layers [first, nLayer) served by a worker behind a Peer.
+// Composed after a local stage by generate, the head, and middle workers (stage_server.ts).
+
+import type { GgufModel } from "../../engine/gguf/types.ts";
+import type {
+  Stage,
+  StageInput,
+  StageOutput,
+  StageRunOptions,
+  TopEntry,
+} from "../../engine/stage.ts";
+import type { HelloInfo } from "./frame.ts";
+import { type ChainExpectation, modelFingerprint } from "./hello.ts";
+import { connectPeer, type Peer, type PeerOptions, StageUnavailableError } from "./peer.ts";
+
+/**
+ * Connects lazily (on first use, and again after any failure). The worker keeps no state across
+ * connections, so every connection is an epoch: a sequence started, or a snapshot saved, in an
+ * earlier epoch is refused here with a StageUnavailableError instead of failing on the worker,
+ * and the caller restarts that sequence at base 0.
+ */
+export class RemoteStage implements Stage {
+  readonly address: string;
+  readonly first: number;
+  readonly end: number;
+  readonly nLayer: number;
+  readonly nEmbd: number;
+  readonly slots: number;
+  readonly ctx: number;
+  /** Any length fits: a run is cut into frames of the worker's own limit. */
+  readonly maxBatch: number;
+  readonly #want: ChainExpectation;
+  readonly #options: PeerOptions;
+  readonly #slotEpoch: Int32Array;
+  readonly #snapshotEpoch = new Map<number, number>();
+  #peer: Peer | undefined;
+  #connecting: Promise<Peer> | undefined;
+  #epoch = 0;
+  #closed = false;
+
+  constructor(address: string, want: ChainExpectation, options: PeerOptions = {}) {
+    this.address = address;
+    this.first = want.first;
+    this.end = want.nLayer;
+    this.nLayer = want.nLayer;
+    this.nEmbd = want.nEmbd;
+    this.slots = want.slots;
+    this.ctx = want.ctx;
+    this.maxBatch = want.ctx;
+    this.#want = want;
+    this.#options = options;
+    this.#slotEpoch = new Int32Array(want.slots).fill(-1);
+  }
+
+  /** Number of connections made so far; remote state belongs to the current one. */
+  get epoch(): number {
+    return this.#epoch;
+  }
+
+  /** The live connection's hello, connecting if there is none. */
+  async connect(): Promise<HelloInfo> {
+    return (await this.#live()).info;
+  }
+
+  /** Drops the live connection; the next call opens a new one (and a new epoch). */
+  disconnect(): void {
+    this.#peer?.close();
+    this.#peer = undefined;
+  }
+
+  async run(
+    slot: number,
+    input: StageInput,
+    n: number,
+    base: number,
+    options: StageRunOptions = {},
+  ): Promise<StageOutput> {
+    if (input.kind !== "hidden" || input.rows.length !== n * this.nEmbd) {
+      throw new TypeError(
+        `Cannot run layers ${this.first}..${this.end} remotely: expected ${n}·${this.nEmbd} ` +
+          `hidden values, got ${input.kind === "hidden" ? input.rows.length : "token ids"}`,
+      );
+    }
+    this.#checkSlot(slot);
+    const peer = await this.#live();
+    if (base !== 0) this.#requireCurrent(this.#slotEpoch[slot], `slot ${slot}'s sequence`);
+    this.#slotEpoch[slot] = this.#epoch;
+    const ids = new Uint32Array(n);
+    let top: readonly TopEntry[] = [];
+    const chunk = peer.info.maxBatch;
+    for (let at = 0; at < n; at += chunk) {
+      const m = Math.min(chunk, n - at);
+      const last = at + m === n;
+      const rows = input.rows.subarray(at * this.nEmbd, (at + m) * this.nEmbd);
+      const reply = await peer.run(slot, rows, m, base + at, last ? options.topk ?? 0 : 0);
+      ids.set(reply.ids, at);
+      if (last) top = reply.top;
+    }
+    return { kind: "ids", ids, top };
+  }
+
+  async save(slot: number, idx: number): Promise<void> {
+    this.#checkSlot(slot);
+    const peer = await this.#live();
+    this.#requireCurrent(this.#slotEpoch[slot], `slot ${slot}'s sequence`);
+    await peer.save(slot, idx);
+    this.#snapshotEpoch.set(idx, this.#epoch);
+  }
+
+  async restore(slot: number, idx: number): Promise<number> {
+    this.#checkSlot(slot);
+    const peer = await this.#live();
+    this.#requireCurrent(this.#snapshotEpoch.get(idx) ?? -1, `snapshot ${idx}`);
+    const position = await peer.restore(slot, idx);
+    this.#slotEpoch[slot] = this.#epoch;
+    return position;
+  }
+
+  close(): void {
+    this.#closed = true;
+    this.disconnect();
+  }
+
+  #checkSlot(slot: number): void {
+    if (!Number.isInteger(slot) || slot < 0 || slot >= this.slots) {
+      throw new RangeError(
+        `Cannot use slot ${slot} of layers ${this.first}..${this.end}: expected 0..${
+          this.slots - 1
+        }`,
+      );
+    }
+  }
+
+  #requireCurrent(epoch: number, what: string): void {
+    if (epoch !== this.#epoch) {
+      throw new StageUnavailableError(
+        this.address,
+        epoch < 0
+          ? `${what} was never started on it; start the sequence at base 0`
+          : `${what} was lost when the connection was re-established; restart it at base 0`,
+      );
+    }
+  }
+
+  async #live(): Promise<Peer> {
+    if (this.#closed) {
+      throw new StageUnavailableError(this.address, "this remote stage was closed");
+    }
+    if (this.#peer && !this.#peer.closed) return this.#peer;
+    this.#connecting ??= connectPeer(this.address, this.#want, this.#options)
+      .then((peer) => {
+        if (this.#closed) {
+          peer.close();
+          throw new StageUnavailableError(this.address, "this remote stage was closed");
+        }
+        this.#peer = peer;
+        this.#epoch++;
+        return peer;
+      })
+      .finally(() => {
+        this.#connecting = undefined;
+      });
+    return await this.#connecting;
+  }
+}
+
+export interface ConnectRemoteOptions extends PeerOptions {
+  /** The stage this process runs just before the remote part. */
+  readonly local: Stage;
+  /** The model the local stage was opened from: its fingerprint must match the worker's. */
+  readonly model: GgufModel;
+}
+
+/**
+ * A RemoteStage for the layers after `local`, connected once now so that a wrong worker fails
+ * at start-up; later connections are lazy.
+ */
+export async function connectRemoteStage(
+  address: string,
+  options: ConnectRemoteOptions,
+): Promise<RemoteStage> {
+  const { local, model, ...peerOptions } = options;
+  const remote = new RemoteStage(address, {
+    first: local.end,
+    nLayer: local.nLayer,
+    nEmbd: local.nEmbd,
+    slots: local.slots,
+    ctx: local.ctx,
+    fingerprint: await modelFingerprint(model),
+  }, peerOptions);
+  await remote.connect();
+  return remote;
+}

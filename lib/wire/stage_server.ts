@@ -1,0 +1,368 @@
+// The worker's side of the wire: accepts one client at a time, runs the handshake, and answers
+// RUN / SAVE / RESTORE frames with its stage (plus the rest of the chain behind `next`).
+// Started by worker.ts; every failure becomes an ERROR frame and a clean close, never a crash.
+
+import type { Stage } from "../../engine/stage.ts";
+import { deadline } from "./deadline.ts";
+import { AuthMode, ErrorCode, type Frame, type HelloInfo, MAGIC, Op } from "./frame.ts";
+import { FrameReader, writeFrame } from "./frame_stream.ts";
+import { freshNonce, NO_PROOF, verifyClientProof, workerProof } from "./hello.ts";
+import { StageUnavailableError } from "./peer.ts";
+import type { RemoteStage } from "./remote_stage.ts";
+
+export interface StageServerOptions {
+  /** This worker's own layers. */
+  readonly stage: Stage;
+  readonly fingerprint: Uint8Array;
+  /** When set, clients must prove they hold it (and this worker proves it to them). */
+  readonly key?: CryptoKey;
+  /** The rest of the chain, for a stage that does not own the last layer. */
+  readonly next?: RemoteStage;
+  /** Time a new client has to finish the handshake. Default 10 s. */
+  readonly handshakeTimeoutMs?: number;
+  readonly log?: (line: string) => void;
+}
+
+export interface StageServer {
+  /** What HELLO tells clients. */
+  readonly info: HelloInfo;
+  /** Settles when the listener has closed and the last client is gone. */
+  readonly finished: Promise<void>;
+  /** Closes the listener and the current client. */
+  close(): void;
+}
+
+/** A refusal carries its code to the ERROR frame. */
+class Refusal extends Error {
+  readonly code: ErrorCode;
+  constructor(code: ErrorCode, message: string) {
+    super(message);
+    this.code = code;
+  }
+}
+
+/** Per-connection state: what each slot has seen, and which snapshots this client saved. */
+interface Session {
+  readonly seen: number[];
+  readonly saved: Map<number, number>;
+}
+
+const REFUSAL_MS = 1000;
+/** Socket errors that mean the client is gone (or this side closed it): nothing to answer. */
+const GONE = [
+  Deno.errors.BrokenPipe,
+  Deno.errors.ConnectionReset,
+  Deno.errors.Interrupted,
+  Deno.errors.BadResource,
+];
+/** How long a newcomer waits for the current client to finish before it is refused as busy. */
+const BUSY_GRACE_MS = 1000;
+/** Newcomers waiting or being refused at once; more are closed without an answer. */
+const MAX_PENDING = 8;
+
+function chainInfo(options: StageServerOptions): HelloInfo {
+  const { stage, next } = options;
+  if (!next && stage.end !== stage.nLayer) {
+    throw new RangeError(
+      `Cannot serve layers ${stage.first}..${stage.end}: the model has ${stage.nLayer} layers and ` +
+        `no next stage is given; pass --next host:port for the worker of layers ${stage.end}..`,
+    );
+  }
+  if (next && (next.first !== stage.end || stage.end === stage.nLayer)) {
+    throw new RangeError(
+      `Cannot chain layers ${stage.first}..${stage.end} to a next stage starting at layer ` +
+        `${next.first}; the next stage must start where this one ends, before layer ${stage.nLayer}`,
+    );
+  }
+  return {
+    first: stage.first,
+    end: stage.nLayer,
+    nLayer: stage.nLayer,
+    nEmbd: stage.nEmbd,
+    slots: stage.slots,
+    ctx: stage.ctx,
+    maxBatch: stage.maxBatch,
+    fingerprint: options.fingerprint,
+  };
+}
+
+function nameOf(conn: Deno.Conn): string {
+  const a = conn.remoteAddr as Deno.NetAddr;
+  return `${a.hostname}:${a.port}`;
+}
+
+function closeQuietly(conn: Deno.Conn): void {
+  try {
+    conn.close();
+  } catch (e) {
+    if (!(e instanceof Deno.errors.BadResource)) throw e;
+  }
+}
+
+/**
+ * Sends ERROR, then (with `drain`) half-closes and reads until the client closes, at most 1 s,
+ * so the ERROR is not lost to a reset caused by unread bytes; then closes.
+ */
+async function refuse(conn: Deno.Conn, refusal: Refusal, drain: boolean): Promise<void> {
+  const scratch = new Uint8Array(4096);
+  const limit = () => new Error("the client did not take the refusal in time");
+  const frame: Frame = { op: Op.Error, code: refusal.code, message: refusal.message };
+  try {
+    await deadline(writeFrame(conn, frame), REFUSAL_MS, limit);
+    if (drain) {
+      await conn.closeWrite();
+      await deadline(
+        (async () => {
+          while (await conn.read(scratch) !== null);
+        })(),
+        REFUSAL_MS,
+        limit,
+      );
+    }
+  } catch {
+    // The client is gone or stalled; closing below is all that is left to do for it.
+  } finally {
+    closeQuietly(conn);
+  }
+}
+
+function refusalOf(e: unknown): Refusal {
+  if (e instanceof Refusal) return e;
+  if (e instanceof StageUnavailableError) return new Refusal(ErrorCode.Downstream, e.message);
+  if (e instanceof SyntaxError) return new Refusal(ErrorCode.Malformed, e.message);
+  if (e instanceof RangeError) return new Refusal(ErrorCode.Range, e.message);
+  return new Refusal(ErrorCode.Engine, `The stage failed: ${(e as Error)?.message ?? e}`);
+}
+
+/** Starts serving `listener`. */
+export function serveStage(
+  listener: Deno.Listener<Deno.TcpConn>,
+  options: StageServerOptions,
+): StageServer {
+  const info = chainInfo(options);
+  const log = options.log ?? (() => undefined);
+  const handshakeMs = options.handshakeTimeoutMs ?? 10_000;
+  const limits = { nEmbd: info.nEmbd, maxBatch: info.maxBatch };
+  let client: Deno.Conn | undefined;
+  let idle = Promise.withResolvers<void>();
+  let pending = 0;
+  let closed = false;
+
+  /** Greeting, challenge and the client's proof; the two nonces, or null if the client left. */
+  async function handshake(
+    conn: Deno.Conn,
+    reader: FrameReader,
+  ): Promise<{ nonceC: Uint8Array; nonceS: Uint8Array } | null> {
+    const greeting = await reader.readGreeting(MAGIC);
+    if (greeting === null) return null;
+    if (greeting.magic !== MAGIC) {
+      throw new Refusal(
+        ErrorCode.Version,
+        `Cannot accept the client: its greeting starts with 0x${
+          greeting.magic.toString(16).padStart(8, "0")
+        }, expected 0x${MAGIC.toString(16)} ("TDM1"); run the same tandem version on both sides`,
+      );
+    }
+    const nonceS = freshNonce();
+    const auth = options.key ? AuthMode.HmacSha256 : AuthMode.None;
+    await writeFrame(conn, { op: Op.Challenge, magic: MAGIC, auth, nonce: nonceS });
+    const reply = await reader.readFrame(limits);
+    if (reply === null) return null;
+    if (reply.op !== Op.Auth) {
+      throw new SyntaxError(`Cannot accept the client: it sent op ${reply.op} instead of Auth`);
+    }
+    const nonceC = greeting.nonce;
+    if (options.key && !await verifyClientProof(options.key, nonceC, nonceS, reply.proof)) {
+      throw new Refusal(
+        ErrorCode.Auth,
+        "Cannot accept the client: its key proof does not match this worker's key; give both " +
+          "sides the same --key-file",
+      );
+    }
+    return { nonceC, nonceS };
+  }
+
+  async function answer(frame: Frame, session: Session): Promise<Frame | undefined> {
+    const { stage, next } = options;
+    const checkSlot = (slot: number) => {
+      if (slot >= info.slots) {
+        throw new RangeError(`Cannot use slot ${slot}: this worker has slots 0..${info.slots - 1}`);
+      }
+    };
+    switch (frame.op) {
+      case Op.Run: {
+        const { slot, base, n, topk } = frame;
+        checkSlot(slot);
+        if (base + n > info.ctx) {
+          throw new RangeError(
+            `Cannot run positions ${base}..${base + n} of slot ${slot}: the context is ${info.ctx}`,
+          );
+        }
+        if (base !== 0 && base !== session.seen[slot]) {
+          throw new RangeError(
+            `Cannot run slot ${slot} from position ${base}: it has seen ${session.seen[slot]} ` +
+              `positions on this connection; send each position once, in order, or restart at base 0`,
+          );
+        }
+        let out = await stage.run(slot, { kind: "hidden", rows: frame.rows }, n, base, { topk });
+        if (out.kind === "hidden" && next) {
+          out = await next.run(slot, { kind: "hidden", rows: out.rows }, n, base, { topk });
+        }
+        if (out.kind !== "ids") {
+          throw new TypeError(`Stage ${stage.first}..${stage.end} returned hidden rows, not ids`);
+        }
+        session.seen[slot] = base + n;
+        return { op: Op.Ids, slot, base, ids: out.ids, top: out.top };
+      }
+      case Op.Save: {
+        checkSlot(frame.slot);
+        await Promise.all([stage.save(frame.slot, frame.idx), next?.save(frame.slot, frame.idx)]);
+        session.saved.set(frame.idx, session.seen[frame.slot]);
+        return { op: Op.Saved, slot: frame.slot, idx: frame.idx };
+      }
+      case Op.Restore: {
+        const { slot, idx } = frame;
+        checkSlot(slot);
+        const expected = session.saved.get(idx);
+        if (expected === undefined) {
+          throw new RangeError(
+            `Cannot restore snapshot ${idx}: it was not saved on this connection`,
+          );
+        }
+        const [position, behind] = await Promise.all([
+          stage.restore(slot, idx),
+          next?.restore(slot, idx),
+        ]);
+        if (position !== expected || (behind !== undefined && behind !== position)) {
+          throw new TypeError(
+            `Cannot restore snapshot ${idx}: it was saved at position ${expected}, but this stage ` +
+              `restored ${position}${behind === undefined ? "" : ` and the next stage ${behind}`}`,
+          );
+        }
+        session.seen[slot] = position;
+        return { op: Op.Restored, slot, idx, position };
+      }
+      case Op.Close:
+        return undefined;
+      default:
+        throw new SyntaxError(`Cannot answer op ${frame.op}: it is not a request`);
+    }
+  }
+
+  async function serve(conn: Deno.TcpConn): Promise<void> {
+    const who = nameOf(conn);
+    conn.setNoDelay(true);
+    conn.setKeepAlive(true);
+    const reader = new FrameReader(conn);
+    try {
+      const nonces = await deadline(
+        handshake(conn, reader),
+        handshakeMs,
+        () =>
+          new Refusal(
+            ErrorCode.Timeout,
+            `Cannot accept the client: no hello within ${handshakeMs} ms`,
+          ),
+      );
+      if (nonces === null) {
+        log(`${who} left during the hello`);
+        return;
+      }
+      await options.next?.connect();
+      const proof = options.key
+        ? await workerProof(options.key, nonces.nonceC, nonces.nonceS, info)
+        : NO_PROOF;
+      await writeFrame(conn, { op: Op.Hello, info, proof });
+      log(`${who} connected`);
+      const session: Session = { seen: new Array(info.slots).fill(0), saved: new Map() };
+      while (true) {
+        const frame = await reader.readFrame(limits);
+        if (frame === null) {
+          log(`${who} went away`);
+          return;
+        }
+        const reply = await answer(frame, session);
+        if (reply === undefined) {
+          log(`${who} closed`);
+          return;
+        }
+        await writeFrame(conn, reply);
+      }
+    } catch (e) {
+      if (GONE.some((kind) => e instanceof kind)) {
+        log(`${who} went away: ${(e as Error).message}`);
+        return;
+      }
+      const refusal = refusalOf(e);
+      log(`refused ${who}: ${refusal.message}`);
+      // After a timeout a read is still pending on `conn`, so there is nothing to drain.
+      await refuse(conn, refusal, refusal.code !== ErrorCode.Timeout);
+    } finally {
+      options.next?.disconnect();
+      closeQuietly(conn);
+    }
+  }
+
+  /**
+   * Serves `conn` once no other client is served. A client that just closed is usually still
+   * being wound down here when its successor (its own reconnect) arrives, so a newcomer waits up
+   * to BUSY_GRACE_MS for the current client to finish before it is refused as busy.
+   */
+  async function admit(conn: Deno.TcpConn): Promise<void> {
+    if (client) {
+      if (pending >= MAX_PENDING) return closeQuietly(conn);
+      pending++;
+      try {
+        await deadline(idle.promise, BUSY_GRACE_MS, () => new Error("busy")).catch(() => undefined);
+        if (client) {
+          const busy = new Refusal(
+            ErrorCode.Busy,
+            `Cannot accept the client: this worker serves ${nameOf(client)} and takes one ` +
+              `client at a time`,
+          );
+          log(`refused ${nameOf(conn)}: busy`);
+          return await refuse(conn, busy, true);
+        }
+      } finally {
+        pending--;
+      }
+    }
+    if (closed) return closeQuietly(conn);
+    client = conn;
+    idle = Promise.withResolvers<void>();
+    try {
+      await serve(conn);
+    } finally {
+      client = undefined;
+      idle.resolve();
+    }
+  }
+
+  async function acceptAll(): Promise<void> {
+    const running = new Set<Promise<void>>();
+    try {
+      for await (const conn of listener) {
+        const task = admit(conn).finally(() => running.delete(task));
+        running.add(task);
+      }
+    } catch (e) {
+      if (!(e instanceof Deno.errors.BadResource)) throw e;
+    }
+    await Promise.all(running);
+  }
+
+  const finished = acceptAll();
+  return {
+    info,
+    finished,
+    close() {
+      closed = true;
+      try {
+        listener.close();
+      } catch (e) {
+        if (!(e instanceof Deno.errors.BadResource)) throw e;
+      }
+      if (client) closeQuietly(client);
+    },
+  };
+}
