@@ -5,6 +5,7 @@
 
 import { readBuffer, uploadStorage } from "../engine/gpu/buffers.ts";
 import { type GpuContext, openGpu } from "../engine/gpu/device.ts";
+import { ParamArena, StepEncoder } from "../engine/gpu/encoder.ts";
 
 async function open(): Promise<GpuContext | undefined> {
   try {
@@ -22,6 +23,13 @@ export const ignore = opened === undefined;
 /** Registers a GPU test that receives the shared device. */
 export function gpuTest(name: string, fn: (ctx: GpuContext) => Promise<void>): void {
   Deno.test({ name, ignore, fn: () => fn(opened!) });
+}
+
+/** Records GPU work with `record` and submits it as one step. */
+export function submit(ctx: GpuContext, record: (enc: StepEncoder) => void): void {
+  const enc = new StepEncoder(ctx, new ParamArena(ctx, 16));
+  record(enc);
+  enc.submit();
 }
 
 /** Uniforms in [0, 1) from a 32-bit seed (mulberry32): the same seed gives the same data. */

@@ -1,0 +1,128 @@
+// qk_norm_rope: per-head RMSNorm then partial RoPE (NEOX pairing; IMROPE for text positions) of
+// attention q or k heads. q is rewritten in place; k is written as f16 into the KV cache
+// together with the matching v head. Matches engine/reference/norms.ts rmsNorm then
+// engine/reference/rope.ts ropeNeox / ropeImrope with positions [p, p, p, 0].
+// Bindings: 0 x: head h of token t at x_offset + t·x_stride_t + h·x_stride_h, f32 (q in place,
+//   or the k projection with v at v_offset) | 1 w (dh) f32 norm weight
+//   | 2 kc, 3 vc: caches (pos, heads, dh) f16 pairs in u32 (store = 1 only; dummies otherwise)
+//   | 4 params.
+// Dispatch: (tokens·heads folded); one workgroup per head row, threads stride its dims.
+// WG = 64; dh ≤ 512 and even. Variants: none (store and IMROPE are uniform params).
+
+#include "_include/reduce.wgsl"
+
+struct Params {
+  dh: u32,
+  n_rot: u32,
+  heads: u32,
+  tokens: u32,
+  x_offset: u32,
+  x_stride_t: u32,
+  x_stride_h: u32,
+  v_offset: u32,
+  pos0: u32,
+  store: u32,
+  sect0: u32,
+  sect1: u32,
+  sect2: u32,
+  sect3: u32,
+  theta_scale: f32,
+  eps: f32,
+}
+
+@group(0) @binding(0) var<storage, read_write> x: array<f32>;
+@group(0) @binding(1) var<storage, read> w: array<f32>;
+@group(0) @binding(2) var<storage, read_write> kc: array<u32>;
+@group(0) @binding(3) var<storage, read_write> vc: array<u32>;
+@group(0) @binding(4) var<uniform> params: Params;
+
+const WG = 64u;
+const MAX_DH = 512u;
+
+var<workgroup> row: array<f32, MAX_DH>;
+var<workgroup> outv: array<f32, MAX_DH>;
+
+// θ_i for pair i at position p: θ₀ = p, θ_{i+1} = θ_i·theta_scale, each product in f32 as ggml
+// builds its rope cache. IMROPE (sections set) takes pairs whose sector belongs to the 4th
+// stream from position 0 (text tokens use [p, p, p, 0]), which gives angle 0.
+fn rope_theta(p: f32, i: u32) -> f32 {
+  let sum = params.sect0 + params.sect1 + params.sect2 + params.sect3;
+  if (sum > 0u) {
+    let sector = i % sum;
+    let h = sector % 3u == 1u && sector < 3u * params.sect1;
+    let wv = sector % 3u == 2u && sector < 3u * params.sect2;
+    let t = sector % 3u == 0u && sector < 3u * params.sect0;
+    if (!(h || wv || t)) {
+      return 0.0;
+    }
+  }
+  var theta = p;
+  for (var j = 0u; j < i; j++) {
+    theta = theta * params.theta_scale;
+  }
+  return theta;
+}
+
+// Reduces an angle to about [-π, π] (Cody-Waite, 2π = 6.28125 + hi + lo) so sin/cos stay
+// accurate at large positions on GPUs whose own reduction is coarse.
+fn reduce_angle(a: f32) -> f32 {
+  let k = round(a * 0.15915494309189535);
+  return ((a - k * 6.28125) - k * 0.0019378662109375) - k * -2.559031372584286e-06;
+}
+
+@compute @workgroup_size(WG)
+fn main(
+  @builtin(workgroup_id) wid: vec3<u32>,
+  @builtin(num_workgroups) nwg: vec3<u32>,
+  @builtin(local_invocation_index) lid: u32,
+) {
+  let rowi = wid.x + wid.y * nwg.x;
+  if (rowi >= params.tokens * params.heads) {
+    return;
+  }
+  let t = rowi / params.heads;
+  let h = rowi % params.heads;
+  let dh = params.dh;
+  let xo = params.x_offset + t * params.x_stride_t + h * params.x_stride_h;
+  var ss = 0.0;
+  for (var i = lid; i < dh; i += WG) {
+    let v = x[xo + i];
+    row[i] = v;
+    ss += v * v;
+  }
+  let scale = 1.0 / sqrt(wg_sum(ss, lid) / f32(dh) + params.eps);
+  for (var i = lid; i < dh; i += WG) {
+    row[i] = row[i] * scale * w[i];
+  }
+  workgroupBarrier();
+  let half = params.n_rot / 2u;
+  let p = f32(params.pos0 + t);
+  for (var i = lid; i < dh; i += WG) {
+    var o = row[i];
+    if (i < params.n_rot) {
+      let pair = select(i - half, i, i < half);
+      let theta = reduce_angle(rope_theta(p, pair));
+      let c = cos(theta);
+      let s = sin(theta);
+      if (i < half) {
+        o = row[i] * c - row[i + half] * s;
+      } else {
+        o = row[pair] * s + row[i] * c;
+      }
+    }
+    outv[i] = o;
+  }
+  workgroupBarrier();
+  if (params.store == 0u) {
+    for (var i = lid; i < dh; i += WG) {
+      x[xo + i] = outv[i];
+    }
+    return;
+  }
+  let cw = ((params.pos0 + t) * params.heads + h) * dh / 2u;
+  let vo = params.v_offset + t * params.x_stride_t + h * params.x_stride_h;
+  for (var i = lid; i < dh / 2u; i += WG) {
+    kc[cw + i] = pack2x16float(vec2<f32>(outv[2u * i], outv[2u * i + 1u]));
+    vc[cw + i] = pack2x16float(vec2<f32>(x[vo + 2u * i], x[vo + 2u * i + 1u]));
+  }
+}
