@@ -1,0 +1,52 @@
+// Tests for lib/tokenizer/detokenize_stream.ts with real streams: characters split across tokens,
+// invalid and unfinished bytes, a leading BOM, and the generated test vocabulary end to end.
+
+import assert from "node:assert/strict";
+import { tinyTokenizer } from "./_test_utils.ts";
+import { DetokenizeStream } from "./detokenize_stream.ts";
+
+/** A stand-in tokenizer whose token i is the i-th byte array. */
+function piecesTokenizer(pieces: readonly number[][]) {
+  return { tokenBytes: (id: number) => Uint8Array.from(pieces[id]) };
+}
+
+async function deltas(
+  ids: readonly number[],
+  tokenizer: ConstructorParameters<typeof DetokenizeStream>[0],
+): Promise<string[]> {
+  return await Array.fromAsync(
+    ReadableStream.from(ids).pipeThrough(new DetokenizeStream(tokenizer)),
+  );
+}
+
+Deno.test("a character split over tokens comes out once it is complete", async () => {
+  // 😀 is F0 9F 98 80; 中 is E4 B8 AD.
+  const t = piecesTokenizer([[0xf0, 0x9f], [0x98], [0x80, 0x41], [0xe4], [0xb8, 0xad, 0x42]]);
+  assert.deepEqual(await deltas([0, 1, 2, 3, 4], t), ["😀A", "中B"]);
+  assert.deepEqual(await deltas([0, 1, 2], t), ["😀A"]);
+});
+
+Deno.test("invalid bytes become U+FFFD and an unfinished character is flushed as one", async () => {
+  const t = piecesTokenizer([[0x41], [0xff], [0xe2, 0x82], [0x42]]);
+  assert.deepEqual(await deltas([0, 1, 3], t), ["A", "\uFFFD", "B"]);
+  assert.deepEqual(await deltas([0, 2], t), ["A", "\uFFFD"]);
+  // A broken sequence followed by ASCII: the replacement and the letter come out together.
+  assert.deepEqual(await deltas([2, 3], t), ["\uFFFDB"]);
+});
+
+Deno.test("a leading BOM is kept", async () => {
+  const t = piecesTokenizer([[0xef, 0xbb], [0xbf, 0x68]]);
+  assert.deepEqual(await deltas([0, 1], t), ["\uFEFFh"]);
+});
+
+Deno.test("deltas of the test vocabulary's ids join to decode(), each whole and non-empty", async () => {
+  const { tokenizer } = tinyTokenizer();
+  const text = "Emoji 🧑🏿‍🚀🇯🇵 and 中文：今天天气很好 — naïve e\u0301 <think>ok</think>";
+  const ids = tokenizer.encode(text);
+  // The case only tests something if some token ends inside a character.
+  assert.ok(ids.some((id) => tokenizer.decode([id]).includes("\uFFFD")));
+  const out = await deltas(ids, tokenizer);
+  assert.equal(out.join(""), text);
+  assert.ok(out.every((d) => d.length > 0 && !d.includes("\uFFFD")));
+  assert.ok(out.length > 1);
+});
