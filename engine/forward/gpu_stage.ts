@@ -1,0 +1,408 @@
+// The WebGPU Stage: layers [first, end) of one model on one device, with per-slot KV caches and
+// DeltaNet states allocated once for the whole context, and numbered snapshots of them.
+// Implements engine/stage.ts like engine/reference/stage.ts; forward.ts records each step.
+
+import { createReadback, createStorage, mapRead, writeBytes } from "../gpu/buffers.ts";
+import type { GpuContext } from "../gpu/device.ts";
+import { ParamArena, StepEncoder } from "../gpu/encoder.ts";
+import { destroyTensor } from "../gpu/tensor.ts";
+import type { GgufModel } from "../gguf/types.ts";
+import { MAX_TOPK, topKScratchWords } from "../kernels/topk.ts";
+import { type HParams, readHParams } from "../model/hparams.ts";
+import type { Stage, StageInput, StageOutput, StageRunOptions, TopEntry } from "../stage.ts";
+import { loadStageWeights, type StageWeights } from "../weights/load_stage.ts";
+import {
+  type Activations,
+  encodeHead,
+  encodeLayers,
+  type ForwardPlan,
+  type LayerState,
+  prepareForward,
+} from "./forward.ts";
+
+export interface GpuStageOptions {
+  readonly first: number;
+  readonly end: number;
+  readonly slots: number;
+  readonly ctx: number;
+  /** Largest n of one run; default min(ctx, 512). */
+  readonly maxBatch?: number;
+  /** Numbered snapshot places for save/restore; default 0. */
+  readonly snapshots?: number;
+  /** Largest weight part in bytes (default: the device's binding limit); tests force splits. */
+  readonly maxPartBytes?: number;
+  /** Start-up report lines (weights, memory); default stderr. */
+  readonly log?: (line: string) => void;
+}
+
+/** Bytes of logits one LM-head chunk may take. */
+const LOGITS_BYTES = 64 * 1024 * 1024;
+
+function allocActivations(ctx: GpuContext, hp: HParams, T: number, lmChunk: number): Activations {
+  const { D, Hq, Hkv, Dh, C, Nv, Dv, E, Ku, Fe, Fs, F, V } = hp;
+  const f32 = (label: string, n: number) => createStorage(ctx, label, 4 * n);
+  return {
+    ids: f32("ids", T),
+    x: f32("x", T * D),
+    h: f32("h", T * D),
+    attn: f32("attn qkv", T * (2 * Hq * Dh + 2 * Hkv * Dh)),
+    o: f32("mixer out", T * Math.max(Hq * Dh, Nv * Dv)),
+    qkvz: f32("deltanet qkvz", T * (C + Nv * Dv)),
+    ba: f32("deltanet ba", T * 2 * Nv),
+    u: f32("conv out", T * C),
+    router: f32("router logits", T * (E + 1)),
+    route: f32("expert ids", T * Ku),
+    routeW: f32("expert weights", T * (Ku + 1)),
+    gateUp: f32("ffn gate|up", T * Math.max(Ku * 2 * Fe, 2 * F)),
+    expertOut: f32("expert out", T * Ku * D),
+    sharedGateUp: f32("shared gate|up", T * 2 * Fs),
+    sharedOut: f32("shared out", T * D),
+    logits: f32("logits", lmChunk * V),
+    greedy: f32("greedy ids", T),
+    topScratch: f32("top-k scratch", topKScratchWords(MAX_TOPK)),
+    top: f32("top-k", 2 * MAX_TOPK),
+  };
+}
+
+/** One slot's (or snapshot's) state buffers for the owned layers. */
+function allocState(
+  ctx: GpuContext,
+  hp: HParams,
+  first: number,
+  end: number,
+  positions: number,
+  label: string,
+): LayerState[] {
+  const states: LayerState[] = [];
+  for (let il = first; il < end; il++) {
+    if (hp.isDeltaNet[il]) {
+      states.push({
+        kind: "deltanet",
+        conv: createStorage(ctx, `${label} conv ${il}`, 4 * (hp.Kc - 1) * hp.C),
+        ssm: createStorage(ctx, `${label} ssm ${il}`, 4 * hp.Nv * hp.Dk * hp.Dv),
+      });
+      continue;
+    }
+    const bytes = 2 * positions * hp.Hkv * hp.Dh;
+    if (bytes > ctx.limits.maxStorageBufferBindingSize) {
+      throw new RangeError(
+        `Cannot allocate the KV cache of layer ${il} for ${positions} positions: ${bytes} bytes per K or V exceed the device's binding limit ${ctx.limits.maxStorageBufferBindingSize}; use a smaller --ctx`,
+      );
+    }
+    states.push({
+      kind: "attention",
+      kc: createStorage(ctx, `${label} k ${il}`, bytes),
+      vc: createStorage(ctx, `${label} v ${il}`, bytes),
+    });
+  }
+  return states;
+}
+
+function stateBuffers(s: LayerState): GPUBuffer[] {
+  return s.kind === "attention" ? [s.kc, s.vc] : [s.conv, s.ssm];
+}
+
+function formatBytes(n: number): string {
+  return n >= 2 ** 30 ? `${(n / 2 ** 30).toFixed(2)} GiB` : `${(n / 2 ** 20).toFixed(1)} MiB`;
+}
+
+class GpuStage implements Stage {
+  readonly nLayer: number;
+  readonly nEmbd: number;
+  readonly #gpu: GpuContext;
+  readonly #hp: HParams;
+  readonly #plan: ForwardPlan;
+  readonly #arena: ParamArena;
+  /** Slots 0..slots−1, then snapshot places. */
+  readonly #sets: readonly LayerState[][];
+  /** Positions seen per slot; per snapshot the saved position, or −1 when empty. */
+  readonly #pos: number[];
+  readonly #readbacks: GPUBuffer[] = [];
+  #closed = false;
+
+  constructor(
+    gpu: GpuContext,
+    hp: HParams,
+    plan: ForwardPlan,
+    sets: LayerState[][],
+    readonly first: number,
+    readonly end: number,
+    readonly slots: number,
+    readonly ctx: number,
+    readonly maxBatch: number,
+  ) {
+    this.#gpu = gpu;
+    this.#hp = hp;
+    this.#plan = plan;
+    this.#sets = sets;
+    this.#arena = new ParamArena(gpu);
+    this.#pos = sets.map((_, i) => (i < slots ? 0 : -1));
+    this.nLayer = hp.nLayer;
+    this.nEmbd = hp.D;
+  }
+
+  get #last(): boolean {
+    return this.end === this.nLayer;
+  }
+
+  #checkOpen(): void {
+    if (this.#closed) {
+      throw new TypeError(`Cannot use stage ${this.first}..${this.end}: it is closed`);
+    }
+  }
+
+  #checkSlot(slot: number): void {
+    this.#checkOpen();
+    if (!Number.isInteger(slot) || slot < 0 || slot >= this.slots) {
+      throw new RangeError(
+        `Cannot use slot ${slot}: this stage has ${this.slots} slots (0..${this.slots - 1})`,
+      );
+    }
+  }
+
+  #snapshot(idx: number): number {
+    const count = this.#sets.length - this.slots;
+    if (!Number.isInteger(idx) || idx < 0 || idx >= count) {
+      throw new RangeError(
+        `Cannot use snapshot ${idx}: this stage has ${count} snapshot places; open it with more snapshots`,
+      );
+    }
+    return this.slots + idx;
+  }
+
+  /** Validates a run and writes its input rows or ids. */
+  #input(slot: number, input: StageInput, n: number, base: number): void {
+    this.#checkSlot(slot);
+    if (!Number.isInteger(n) || n < 1 || n > this.maxBatch) {
+      throw new RangeError(
+        `Cannot run ${n} positions at once: this stage takes 1..${this.maxBatch}; split the prefill into chunks`,
+      );
+    }
+    const pos = this.#pos[slot];
+    if (!Number.isInteger(base) || base < 0 || (base !== 0 && base !== pos)) {
+      throw new RangeError(
+        `Cannot run slot ${slot} from position ${base}: the slot is at position ${pos}; continue from ${pos} or restart at 0`,
+      );
+    }
+    if (base + n > this.ctx) {
+      throw new RangeError(
+        `Cannot run positions ${base}..${
+          base + n
+        } of slot ${slot}: the context holds ${this.ctx} positions`,
+      );
+    }
+    const { D, V } = this.#hp;
+    const act = this.#plan.act;
+    if (this.first === 0) {
+      if (input.kind !== "ids") {
+        throw new TypeError(
+          `Cannot run the first stage on hidden rows: it embeds token ids; pass { kind: "ids" }`,
+        );
+      }
+      if (input.ids.length !== n) {
+        throw new RangeError(`Cannot run ${n} positions on ${input.ids.length} token ids`);
+      }
+      for (const id of input.ids) {
+        if (id >= V) {
+          throw new RangeError(`Cannot embed token id ${id}: the vocabulary has ${V} tokens`);
+        }
+      }
+      writeBytes(this.#gpu, act.ids, 0, input.ids);
+    } else {
+      if (input.kind !== "hidden") {
+        throw new TypeError(
+          `Cannot run stage ${this.first}..${this.end} on token ids: it continues hidden rows; pass { kind: "hidden" }`,
+        );
+      }
+      if (input.rows.length !== n * D) {
+        throw new RangeError(
+          `Cannot run ${n} positions on ${input.rows.length} hidden values: expected ${n * D}`,
+        );
+      }
+      writeBytes(this.#gpu, act.x, 0, input.rows);
+    }
+  }
+
+  #takeReadback(bytes: number): GPUBuffer {
+    const i = this.#readbacks.findIndex((b) => b.size >= bytes);
+    if (i >= 0) return this.#readbacks.splice(i, 1)[0];
+    return createReadback(this.#gpu, "stage output", Math.max(bytes, 256));
+  }
+
+  async run(
+    slot: number,
+    input: StageInput,
+    n: number,
+    base: number,
+    options: StageRunOptions = {},
+  ): Promise<StageOutput> {
+    // Everything up to submit runs synchronously, so concurrent runs reach the queue in call order.
+    const topk = options.topk ?? 0;
+    if (!Number.isInteger(topk) || topk < 0 || topk > MAX_TOPK) {
+      throw new RangeError(`Cannot return the top ${topk} logits: expected 0..${MAX_TOPK}`);
+    }
+    this.#input(slot, input, n, base);
+    const k = Math.min(topk, this.#hp.V);
+    const { act } = this.#plan;
+    const enc = new StepEncoder(this.#gpu, this.#arena);
+    if (base === 0) {
+      for (const s of this.#sets[slot]) {
+        if (s.kind === "deltanet") {
+          enc.clear(s.conv);
+          enc.clear(s.ssm);
+        }
+      }
+    }
+    encodeLayers(enc, this.#plan, this.#sets[slot], n, base);
+    const bytes = this.#last ? 4 * (n + 2 * k) : 4 * n * this.#hp.D;
+    const readback = this.#takeReadback(bytes);
+    if (this.#last) {
+      encodeHead(enc, this.#plan, n, k);
+      enc.copy(act.greedy, 0, readback, 0, 4 * n);
+      if (k > 0) enc.copy(act.top, 0, readback, 4 * n, 8 * k);
+    } else {
+      enc.copy(act.x, 0, readback, 0, bytes);
+    }
+    enc.submit();
+    this.#pos[slot] = base + n;
+    try {
+      const data = await mapRead(readback, bytes);
+      if (!this.#last) return { kind: "hidden", rows: new Float32Array(data) };
+      const words = new Uint32Array(data);
+      const floats = new Float32Array(data);
+      const top: TopEntry[] = [];
+      for (let i = 0; i < k; i++) {
+        const id = words[n + 2 * i + 1];
+        if (id !== 0xffffffff) top.push({ id, logit: floats[n + 2 * i] });
+      }
+      return { kind: "ids", ids: words.slice(0, n), top };
+    } finally {
+      this.#readbacks.push(readback);
+    }
+  }
+
+  /** Copies one state set into another: KV up to `pos` positions, DeltaNet states whole. */
+  #copy(from: number, to: number, pos: number): void {
+    const enc = new StepEncoder(this.#gpu, this.#arena);
+    const kvBytes = 2 * pos * this.#hp.Hkv * this.#hp.Dh;
+    this.#sets[from].forEach((s, i) => {
+      const d = this.#sets[to][i];
+      const src = stateBuffers(s);
+      const dst = stateBuffers(d);
+      for (let b = 0; b < src.length; b++) {
+        enc.copy(src[b], 0, dst[b], 0, s.kind === "attention" ? kvBytes : src[b].size);
+      }
+    });
+    enc.submit();
+  }
+
+  save(slot: number, idx: number): Promise<void> {
+    return new Promise((resolve) => {
+      this.#checkSlot(slot);
+      const snap = this.#snapshot(idx);
+      this.#copy(slot, snap, this.#pos[slot]);
+      this.#pos[snap] = this.#pos[slot];
+      resolve();
+    });
+  }
+
+  restore(slot: number, idx: number): Promise<number> {
+    return new Promise((resolve) => {
+      this.#checkSlot(slot);
+      const snap = this.#snapshot(idx);
+      const pos = this.#pos[snap];
+      if (pos < 0) {
+        throw new RangeError(`Cannot restore snapshot ${idx}: nothing was saved there; save first`);
+      }
+      this.#copy(snap, slot, pos);
+      this.#pos[slot] = pos;
+      resolve(pos);
+    });
+  }
+
+  close(): void {
+    if (this.#closed) return;
+    this.#closed = true;
+    const w: StageWeights = this.#plan.weights;
+    const tensors = new Set([w.embedding, w.output]);
+    for (const l of w.layers) {
+      const m = l.mixer;
+      const f = l.ffn;
+      const ps = m.kind === "attention" ? m.qkv : [...m.qkvz, ...m.ba];
+      ps.forEach((p) => tensors.add(p.w));
+      tensors.add(m.out);
+      const fs = f.kind === "moe" ? [...f.router, ...f.gateUp, ...f.sharedGateUp] : f.gateUp;
+      fs.forEach((p) => tensors.add(p.w));
+      tensors.add(f.down);
+      if (f.kind === "moe") tensors.add(f.sharedDown);
+      for (const b of [l.attnNorm, l.postNorm]) b.destroy();
+      if (m.kind === "attention") [m.qNorm, m.kNorm].forEach((b) => b.destroy());
+      else [m.conv, m.params].forEach((b) => b.destroy());
+    }
+    for (const t of tensors) if (t) destroyTensor(t);
+    w.outputNorm?.destroy();
+    for (const set of this.#sets) for (const s of set) stateBuffers(s).forEach((b) => b.destroy());
+    for (const b of Object.values(this.#plan.act)) b.destroy();
+    for (const b of this.#readbacks) b.destroy();
+    this.#arena.destroy();
+  }
+}
+
+/**
+ * Opens layers [first, end) of `model` on the GPU: uploads their weights (quantized), compiles
+ * the kernels, and allocates the state of every slot and snapshot place for `ctx` positions.
+ */
+export async function openGpuStage(
+  model: GgufModel,
+  gpu: GpuContext,
+  options: GpuStageOptions,
+): Promise<Stage> {
+  const hp = readHParams(model.metadata);
+  const { first, end, slots, ctx } = options;
+  if (
+    !Number.isInteger(first) || !Number.isInteger(end) || first < 0 || end > hp.nLayer ||
+    first >= end
+  ) {
+    throw new RangeError(
+      `Cannot open layers ${first}..${end}: the model has ${hp.nLayer} layers; check --layers`,
+    );
+  }
+  if (!Number.isInteger(slots) || slots < 1 || !Number.isInteger(ctx) || ctx < 1) {
+    throw new RangeError(
+      `Cannot open a stage with ${slots} slots of ${ctx} positions: both must be ≥ 1`,
+    );
+  }
+  const maxBatch = options.maxBatch ?? Math.min(ctx, 512);
+  const snapshots = options.snapshots ?? 0;
+  if (
+    !Number.isInteger(maxBatch) || maxBatch < 1 || !Number.isInteger(snapshots) || snapshots < 0
+  ) {
+    throw new RangeError(
+      `Cannot open a stage with maxBatch ${maxBatch} and ${snapshots} snapshots: expected maxBatch ≥ 1, snapshots ≥ 0`,
+    );
+  }
+  const log = options.log ?? ((line: string) => console.error(line));
+  const weights = await loadStageWeights(gpu, model, hp, {
+    first,
+    end,
+    maxPartBytes: options.maxPartBytes,
+    log,
+  });
+  await prepareForward(gpu, hp, weights, maxBatch);
+  const lmChunk = Math.max(1, Math.min(maxBatch, Math.floor(LOGITS_BYTES / (4 * hp.V))));
+  const act = allocActivations(gpu, hp, maxBatch, lmChunk);
+  const sets = Array.from(
+    { length: slots + snapshots },
+    (_, i) =>
+      allocState(gpu, hp, first, end, ctx, i < slots ? `slot ${i}` : `snapshot ${i - slots}`),
+  );
+  const stateBytes = sets.flat().flatMap(stateBuffers).reduce((s, b) => s + b.size, 0);
+  const actBytes = Object.values(act).reduce((s, b) => s + b.size, 0);
+  log(
+    `GPU state for ${slots} slots + ${snapshots} snapshots of ${ctx} positions: ${
+      formatBytes(stateBytes)
+    }; activations for ${maxBatch} tokens: ${formatBytes(actBytes)}`,
+  );
+  const plan: ForwardPlan = { hp, first, weights, act, lmChunk };
+  return new GpuStage(gpu, hp, plan, sets, first, end, slots, ctx, maxBatch);
+}
