@@ -4,8 +4,9 @@
 /**
  * ChatML in the style of Qwen3's template, using only common Jinja (macros, namespace, tojson,
  * string methods) so that @huggingface/jinja and minja agree:
- * - a system turn holds the system message and, with tools, a `# Tools` section listing each tool
- *   as JSON inside <tools></tools> and asking for calls as <tool_call>{"name", "arguments"}</tool_call>;
+ * - a system turn holds the system message and, with tools, a `# Tools` section listing each
+ *   tool as JSON inside <tools></tools> and asking for calls as
+ *   <tool_call>{"name": …, "arguments": …}</tool_call>;
  * - turns are `<|im_start|>role\n…<|im_end|>\n`; assistant tool calls follow the content as
  *   <tool_call> blocks; consecutive tool results share one user turn, each in <tool_response>;
  * - an assistant's `reasoning_content` (or a `<think>…</think>` prefix of its content) is rendered
@@ -30,11 +31,15 @@ export const CHAT_TEMPLATE: string = String.raw`{%- macro text_of(content) %}
     {%- if has_system %}
         {{- text_of(messages[0].content) + '\n\n' }}
     {%- endif %}
-    {{- '# Tools\n\nYou can call functions to help with the request. Their signatures are listed as JSON inside <tools></tools>:\n<tools>' }}
+    {{- '# Tools\n\nYou can call functions to help with the request. ' }}
+    {{- 'Their signatures are listed as JSON inside <tools></tools>:\n<tools>' }}
     {%- for tool in tools %}
         {{- '\n' + (tool | tojson) }}
     {%- endfor %}
-    {{- '\n</tools>\n\nTo call a function, reply with a JSON object holding its name and arguments inside <tool_call></tool_call> tags, one block per call:\n<tool_call>\n{"name": <function-name>, "arguments": <arguments-as-json-object>}\n</tool_call><|im_end|>\n' }}
+    {{- '\n</tools>\n\nTo call a function, reply with a JSON object holding its name and ' }}
+    {{- 'arguments inside <tool_call></tool_call> tags, one block per call:\n<tool_call>\n' }}
+    {{- '{"name": <function-name>, "arguments": <arguments-as-json-object>}\n</tool_call>' }}
+    {{- '<|im_end|>\n' }}
 {%- elif has_system %}
     {{- '<|im_start|>system\n' + text_of(messages[0].content) + '<|im_end|>\n' }}
 {%- endif %}

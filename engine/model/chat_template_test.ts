@@ -22,10 +22,11 @@ const WEATHER_TOOL = {
 const TOOLS_SYSTEM =
   "# Tools\n\nYou can call functions to help with the request. Their signatures " +
   "are listed as JSON inside <tools></tools>:\n<tools>\n" +
-  '{"type": "function", "function": {"name": "get_weather", "description": "Current weather for a ' +
-  'city", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, ' +
-  '"required": ["city"]}}}\n</tools>\n\nTo call a function, reply with a JSON object holding its ' +
-  "name and arguments inside <tool_call></tool_call> tags, one block per call:\n<tool_call>\n" +
+  '{"type": "function", "function": {"name": "get_weather", "description": ' +
+  '"Current weather for a city", "parameters": {"type": "object", "properties": ' +
+  '{"city": {"type": "string"}}, "required": ["city"]}}}\n</tools>\n\n' +
+  "To call a function, reply with a JSON object holding its name and arguments inside " +
+  "<tool_call></tool_call> tags, one block per call:\n<tool_call>\n" +
   '{"name": <function-name>, "arguments": <arguments-as-json-object>}\n</tool_call><|im_end|>\n';
 
 Deno.test("system, user and assistant turns in ChatML", () => {
@@ -97,7 +98,8 @@ Deno.test("tool calls follow the assistant content; consecutive results share a 
       '{"city":"Oslo"}}\n</tool_call><|im_end|>\n' +
       "<|im_start|>user\n<tool_response>\n18°C, sunny\n</tool_response>\n<tool_response>\n" +
       "4°C, snow\n</tool_response><|im_end|>\n" +
-      '<|im_start|>assistant\n<tool_call>\n{"name": "x", "arguments": {}}\n</tool_call><|im_end|>\n' +
+      '<|im_start|>assistant\n<tool_call>\n{"name": "x", "arguments": {}}\n</tool_call>' +
+      "<|im_end|>\n" +
       "<|im_start|>assistant\n",
   );
 });
@@ -138,7 +140,8 @@ Deno.test("reasoning is rendered for the current turn only, from the field or in
         { role: "user", content: "b" },
       ],
     }),
-    "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n<|im_start|>user\nb<|im_end|>\n",
+    "<|im_start|>user\na<|im_end|>\n<|im_start|>assistant\nA<|im_end|>\n" +
+      "<|im_start|>user\nb<|im_end|>\n",
   );
 });
 

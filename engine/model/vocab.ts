@@ -131,7 +131,7 @@ interface PairStats {
   readonly words: Set<number>;
 }
 
-/** Symbol ids stay below 2^16 (bytes plus at most a few thousand merges), so a pair packs in one number. */
+/** Symbol ids stay below 2^16 (bytes plus the corpus's few thousand merges): a pair is a number. */
 const PAIR = 0x10000;
 
 /**
@@ -146,6 +146,7 @@ function trainMerges(mergeCount: number): string[] {
   function symbol(text: string): number {
     let id = symbolIds.get(text);
     if (id === undefined) {
+      if (texts.length === PAIR) throw new RangeError(`Cannot train past ${PAIR} symbols`);
       id = texts.push(text) - 1;
       symbolIds.set(text, id);
     }

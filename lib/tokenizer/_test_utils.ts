@@ -1,5 +1,5 @@
-// Test helpers for lib/tokenizer: GGUF-style metadata for the generated test vocabulary and for
-// small hand-written BPE vocabularies. Used by the *_test.ts files of lib/tokenizer and engine/model.
+// Test helpers: GGUF-style tokenizer metadata for the generated test vocabulary and for small
+// hand-written BPE vocabularies. Used by the *_test.ts files of lib/tokenizer and engine/model.
 
 import type { GgufValue } from "../../engine/gguf/types.ts";
 import { CHAT_TEMPLATE } from "../../engine/model/chat_template.ts";

@@ -1,4 +1,4 @@
-// Messages + tools → prompt text, by rendering the model's Jinja chat template (tokenizer.chat_template).
+// Messages + tools → prompt text, by rendering the model's Jinja tokenizer.chat_template.
 // Called by the server with parsed requests; the result goes to lib/tokenizer/tokenizer.ts.
 
 import { Template } from "@huggingface/jinja";
@@ -77,7 +77,8 @@ export function renderChat(template: string, input: ChatInput): string {
     bos_token: input.bosToken ?? "",
     eos_token: input.eosToken ?? "",
   };
-  // Templates test `tools` for truth and `enable_thinking` with `is defined`: pass only what is set.
+  // Templates test `tools` for truth and `enable_thinking` with `is defined`: pass only what
+  // is set.
   if (input.tools !== undefined) context.tools = input.tools;
   if (input.enableThinking !== undefined) context.enable_thinking = input.enableThinking;
   try {

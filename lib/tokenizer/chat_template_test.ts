@@ -27,7 +27,8 @@ Deno.test("renderChat exposes message fields and content parts", () => {
   const template =
     "{% for m in messages %}{{ m.role }}:{% if m.content is string %}{{ m.content }}" +
     "{% else %}{% for p in m.content %}[{{ p.text }}]{% endfor %}{% endif %}" +
-    "{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments | tojson }}{% endif %};{% endfor %}";
+    "{% if m.tool_calls %}{{ m.tool_calls[0].function.arguments | tojson }}{% endif %};" +
+    "{% endfor %}";
   const out = renderChat(template, {
     messages: [
       { role: "user", content: [{ type: "text", text: "a" }, { type: "text", text: "b" }] },

@@ -39,7 +39,7 @@ Deno.test("a leading BOM is kept", async () => {
   assert.deepEqual(await deltas([0, 1], t), ["\uFEFFh"]);
 });
 
-Deno.test("deltas of the test vocabulary's ids join to decode(), each whole and non-empty", async () => {
+Deno.test("test-vocabulary deltas join to the text, each whole and non-empty", async () => {
   const { tokenizer } = tinyTokenizer();
   const text = "Emoji 🧑🏿‍🚀🇯🇵 and 中文：今天天气很好 — naïve e\u0301 <think>ok</think>";
   const ids = tokenizer.encode(text);

@@ -1,4 +1,4 @@
-// Text ↔ token ids for the byte-level BPE vocabularies of Qwen GGUFs, built from `tokenizer.*` keys.
+// Text ↔ token ids for the byte-level BPE vocabularies of Qwen GGUFs, from their tokenizer.* keys.
 // Prompt text (lib/tokenizer/chat_template.ts) → ids for the scheduler; ids → bytes for output.
 
 import { BPE } from "@huggingface/tokenizers";

@@ -115,7 +115,8 @@ const ROUND_TRIP: readonly string[] = [
   "Emoji: 😀👍🏽👩‍💻🏳️‍🌈🇫🇷 ❤️ and symbols ∑∫√∞ ≤ ≥ ≠",
   "Odd spaces:\u00a0\u2009\u3000\u0085\u2028\u2029 and \uFEFF BOM inside",
   "\uFEFFleading BOM",
-  "Specials: <|im_start|>system\nBe brief.<|im_end|>\n<think>\nhmm\n</think>\n<tool_call>{}</tool_call><|endoftext|>",
+  "Specials: <|im_start|>system\nBe brief.<|im_end|>\n<think>\nhmm\n</think>\n" +
+  "<tool_call>{}</tool_call><|endoftext|>",
   "\u0000\u0001\u001f\u007f control bytes",
 ];
 
