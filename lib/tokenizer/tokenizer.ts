@@ -35,6 +35,9 @@ const EOG_TEXTS: ReadonlySet<string> = new Set([
   "<|file_sep|>",
 ]);
 
+/** The other FIM tokens, which llama-vocab.cpp also forces to control type (not EOG). */
+const FIM_TEXTS: readonly string[] = ["<|fim_prefix|>", "<|fim_middle|>", "<|fim_suffix|>"];
+
 /** Metadata keys whose ids are end of generation when present. */
 const EOG_ID_KEYS = ["eos", "eot", "eom"].map((k) => `tokenizer.ggml.${k}_token_id`);
 
@@ -142,10 +145,10 @@ export class TextTokenizer {
       if (id !== undefined) eog.add(id);
     }
     const forcedTypes = types.slice(0, tokens.length);
-    for (const text of EOG_TEXTS) {
+    for (const text of [...EOG_TEXTS, ...FIM_TEXTS]) {
       const id = ids.get(text);
       if (id === undefined) continue;
-      eog.add(id);
+      if (EOG_TEXTS.has(text)) eog.add(id);
       forcedTypes[id] = TokenType.Control;
     }
     this.eosIds = eog;

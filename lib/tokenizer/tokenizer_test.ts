@@ -204,13 +204,25 @@ Deno.test("eosIds, bosId, eosId and token pieces come from the metadata", () => 
   assert.throws(() => t.tokenBytes(-1), /Cannot detokenize id -1/);
 });
 
-Deno.test("EOG texts are end of generation and parsed as control even if typed normal", () => {
+Deno.test("EOG and FIM texts are forced to control type, as llama.cpp does", () => {
+  // ids 256..260; the last, <|im_end|>, is eos.
   const meta = handMetadata([], {
-    extra: [["<|endoftext|>", TokenType.Normal], ["<|im_end|>", TokenType.Control]],
+    extra: [
+      ["<|endoftext|>", TokenType.Normal],
+      ["<|fim_pad|>", TokenType.UserDefined],
+      ["<|fim_prefix|>", TokenType.UserDefined],
+      ["<tool_response>", TokenType.UserDefined],
+      ["<|im_end|>", TokenType.Control],
+    ],
   });
   const t = TextTokenizer.fromGguf(meta);
-  assert.deepEqual([...t.eosIds].sort(), [256, 257]);
-  assert.deepEqual(t.encode("a<|endoftext|>"), [A, 256]);
+  assert.deepEqual([...t.eosIds].sort(), [256, 257, 260]);
+  assert.deepEqual(t.encode("a<|endoftext|><|fim_prefix|><tool_response>"), [A, 256, 258, 259]);
+  // As control tokens they are text without specials; <tool_response> stays user-defined.
+  const plain = t.encode("<|endoftext|><|fim_prefix|><tool_response>", { specials: false });
+  assert.ok(!plain.includes(256) && !plain.includes(258));
+  assert.equal(plain.at(-1), 259);
+  assert.equal(t.decode([258, 259], { specials: false }), "<tool_response>");
   assert.equal(t.bosId, null);
 });
 
