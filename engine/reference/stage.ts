@@ -62,12 +62,12 @@ export class ReferenceStage implements Stage {
   readonly nEmbd: number;
   #closed = false;
   readonly #hp: HParams;
-  readonly #layers: readonly LayerWeights[];
-  readonly #embedding: Embedding | undefined;
-  readonly #head: HeadWeights | undefined;
-  readonly #slots: readonly SlotState[];
+  #layers: readonly LayerWeights[];
+  #embedding: Embedding | undefined;
+  #head: HeadWeights | undefined;
+  #slots: readonly SlotState[];
   /** Snapshots hold the same state shapes; their KV is copied only up to their position. */
-  readonly #snapshots: (SlotState | undefined)[];
+  #snapshots: (SlotState | undefined)[];
 
   constructor(
     hp: HParams,
@@ -131,6 +131,7 @@ export class ReferenceStage implements Stage {
   }
 
   #logits(slot: number, input: StageInput, n: number, base: number): Float32Array {
+    this.#slot(slot);
     const head = this.#head;
     if (!head) {
       throw new RangeError(
@@ -174,8 +175,14 @@ export class ReferenceStage implements Stage {
     return to.pos;
   }
 
+  /** Drops weights and state so their memory can go; later calls throw. */
   close(): void {
     this.#closed = true;
+    this.#layers = [];
+    this.#slots = [];
+    this.#snapshots = [];
+    this.#embedding = undefined;
+    this.#head = undefined;
   }
 
   #newSlot(): SlotState {
