@@ -1,0 +1,348 @@
+// Gates of the WebGPU stage (engine/forward/gpu_stage.ts) on the generated tiny models:
+// greedy ids and logits against the float64 CPU reference, split == unsplit at every layer
+// boundary, interleaved slots == solo runs, snapshot/restore, split weight parts, request errors.
+
+import assert from "node:assert/strict";
+import { openGpuStage } from "../engine/forward/gpu_stage.ts";
+import { openGguf } from "../engine/gguf/read.ts";
+import type { GgufModel } from "../engine/gguf/types.ts";
+import type { GpuContext } from "../engine/gpu/device.ts";
+import { readHParams } from "../engine/model/hparams.ts";
+import { runPipeline } from "../engine/pipeline.ts";
+import { argmaxTopK } from "../engine/reference/logits.ts";
+import { openReferenceStage } from "../engine/reference/stage.ts";
+import type { Stage, TopEntry } from "../engine/stage.ts";
+import { gpuTest } from "./_gpu.ts";
+import { testModel, type TestModelSpec } from "./_models.ts";
+
+const CTX = 48;
+const MAX_BATCH = 8;
+const TOPK = 8;
+
+/**
+ * GPU vs float64 reference on the same (exactly dequantized) weights: the only difference is
+ * f32 arithmetic in another order through 4 blocks. Measured logit differences are ≤ 1e-5 on
+ * every tiny model; 2e-4 leaves 20x room. Greedy ids of quantized models are compared where
+ * the reference's own top-2 gap exceeds twice this; on F32 models at every position.
+ */
+const LOGIT_TOL = 2e-4;
+
+function label(spec: TestModelSpec): string {
+  return [spec.arch, spec.layout, spec.quant ?? "f32", spec.tied ? "tied" : ""].filter(Boolean)
+    .join(" ");
+}
+
+async function withModel(spec: TestModelSpec, body: (m: GgufModel) => Promise<void>) {
+  const model = await openGguf(await testModel(spec));
+  try {
+    await body(model);
+  } finally {
+    model.close();
+  }
+}
+
+/** A prompt of `n` ids spread over the vocabulary, different per `seed`. */
+function prompt(model: GgufModel, n: number, seed: number): Uint32Array {
+  const V = readHParams(model.metadata).V;
+  return Uint32Array.from({ length: n }, (_, i) => (i * 7919 + seed * 104729 + 13) % V);
+}
+
+/** GPU stages covering the model, cut at `cuts` (layer boundaries). */
+async function openChain(
+  gpu: GpuContext,
+  model: GgufModel,
+  cuts: readonly number[],
+  opts: { slots?: number; snapshots?: number; maxPartBytes?: number } = {},
+): Promise<Stage[]> {
+  const nLayer = readHParams(model.metadata).nLayer;
+  const bounds = [0, ...cuts, nLayer];
+  const stages: Stage[] = [];
+  for (let i = 0; i + 1 < bounds.length; i++) {
+    stages.push(
+      await openGpuStage(model, gpu, {
+        first: bounds[i],
+        end: bounds[i + 1],
+        slots: opts.slots ?? 1,
+        ctx: CTX,
+        maxBatch: MAX_BATCH,
+        snapshots: opts.snapshots,
+        maxPartBytes: opts.maxPartBytes,
+        log: () => {},
+      }),
+    );
+  }
+  return stages;
+}
+
+function closeAll(stages: readonly Stage[]): void {
+  for (const s of stages) s.close();
+}
+
+/** Every position's greedy id and the top-k after each call of a greedy session. */
+interface Trace {
+  readonly ids: number[];
+  readonly tops: (readonly TopEntry[])[];
+}
+
+/** Prefills `ids` in chunks of `chunk` from `base`, then decodes `gen` tokens greedily. */
+async function session(
+  stages: readonly Stage[],
+  slot: number,
+  ids: Uint32Array,
+  gen: number,
+  { chunk = 5, base = 0 } = {},
+): Promise<Trace> {
+  const trace: Trace = { ids: [], tops: [] };
+  let pos = base;
+  for (let at = 0; at < ids.length; at += chunk) {
+    const part = ids.subarray(at, at + chunk);
+    const out = await runPipeline(stages, slot, part, pos, { topk: TOPK });
+    trace.ids.push(...out.ids);
+    trace.tops.push(out.top);
+    pos += part.length;
+  }
+  for (let i = 0; i < gen; i++) {
+    const next = trace.ids[trace.ids.length - 1];
+    const out = await runPipeline(stages, slot, Uint32Array.of(next), pos++, { topk: TOPK });
+    trace.ids.push(...out.ids);
+    trace.tops.push(out.top);
+  }
+  return trace;
+}
+
+/**
+ * Runs a prompt (in chunks of 5, so prefill runs are not multiples of the 8-token tiles) and
+ * then the reference's greedy continuation through the GPU stage and the reference's full
+ * logits, and compares ids per position and the top-k of each call's last position.
+ */
+async function compareWithReference(gpu: GpuContext, spec: TestModelSpec): Promise<void> {
+  await withModel(spec, async (model) => {
+    const hp = readHParams(model.metadata);
+    const ref = await openReferenceStage(model, {
+      first: 0,
+      end: hp.nLayer,
+      slots: 1,
+      ctx: CTX,
+      maxBatch: MAX_BATCH,
+    });
+    const [stage] = await openChain(gpu, model, []);
+    const exact = (spec.quant ?? "f32") === "f32";
+    const name = label(spec);
+    let compared = 0;
+    try {
+      const ids = prompt(model, 12, 1);
+      let input = ids.subarray(0, 5);
+      let base = 0;
+      for (let call = 0; call < 9; call++) {
+        const n = input.length;
+        const logits = await ref.logits(0, { kind: "ids", ids: input }, n, base);
+        const out = await stage.run(0, { kind: "ids", ids: input }, n, base, { topk: TOPK });
+        if (out.kind !== "ids") throw new TypeError(`${name}: the last stage returned hidden rows`);
+        for (let t = 0; t < n; t++) {
+          const { argmax, top } = argmaxTopK(logits.subarray(t * hp.V, (t + 1) * hp.V), 2);
+          if (exact || top[0].logit - top[1].logit > 2 * LOGIT_TOL) {
+            assert.equal(out.ids[t], argmax, `${name}: greedy id at position ${base + t}`);
+            compared++;
+          }
+        }
+        const last = logits.subarray((n - 1) * hp.V, n * hp.V);
+        const refTop = argmaxTopK(last, TOPK);
+        assert.equal(out.top.length, TOPK);
+        out.top.forEach((e, i) => {
+          const where = `${name}: position ${base + n - 1}, rank ${i}`;
+          assert.ok(
+            Math.abs(e.logit - last[e.id]) <= LOGIT_TOL,
+            `${where}: id ${e.id} logit ${e.logit}, reference ${last[e.id]}`,
+          );
+          assert.ok(
+            Math.abs(e.logit - refTop.top[i].logit) <= LOGIT_TOL,
+            `${where}: logit ${e.logit}, reference's rank-${i} logit ${refTop.top[i].logit}`,
+          );
+        });
+        base += n;
+        // Prefill in chunks of 5, 5, 2; then the reference's greedy continuation, token by token.
+        input = base < ids.length ? ids.subarray(base, base + 5) : Uint32Array.of(refTop.argmax);
+      }
+    } finally {
+      stage.close();
+      ref.close();
+    }
+    assert.ok(compared >= 15, `${name}: only ${compared} positions were compared`);
+  });
+}
+
+const F32_MODELS: readonly TestModelSpec[] = [
+  { arch: "qwen3next" },
+  { arch: "qwen3next", layout: "legacy" },
+  { arch: "qwen35moe" },
+  { arch: "qwen35" },
+];
+
+const QUANT_MODELS: readonly TestModelSpec[] = [
+  { arch: "qwen35moe", quant: "q4_k_m" },
+  { arch: "qwen3next", quant: "iq4_xs", layout: "legacy" },
+  { arch: "qwen35", quant: "mixed" },
+  { arch: "qwen35moe", quant: "q8_0", tied: true },
+];
+
+gpuTest(
+  "GPU stage on F32 models: greedy ids equal the reference, logits within 2e-4",
+  async (gpu) => {
+    for (const spec of F32_MODELS) await compareWithReference(gpu, spec);
+  },
+);
+
+gpuTest(
+  "GPU stage on quantized models: ids equal the reference off near ties, logits within 2e-4",
+  async (gpu) => {
+    for (const spec of QUANT_MODELS) await compareWithReference(gpu, spec);
+  },
+);
+
+gpuTest("GPU stages split at every layer boundary equal the unsplit stage", async (gpu) => {
+  for (
+    const spec of [{ arch: "qwen3next", layout: "legacy" }, {
+      arch: "qwen35",
+      quant: "q4_k_m",
+    }] as const
+  ) {
+    await withModel(spec, async (model) => {
+      const ids = prompt(model, 11, 2);
+      const whole = await openChain(gpu, model, []);
+      const want = await session(whole, 0, ids, 5);
+      closeAll(whole);
+      for (const cut of [1, 2, 3]) {
+        const split = await openChain(gpu, model, [cut]);
+        assert.deepEqual(await session(split, 0, ids, 5), want, `${label(spec)} split at ${cut}`);
+        closeAll(split);
+      }
+    });
+  }
+});
+
+gpuTest("GPU stage: two and four interleaved slots equal solo runs", async (gpu) => {
+  await withModel({ arch: "qwen35moe" }, async (model) => {
+    const prompts = [0, 1, 2, 3].map((s) => prompt(model, 7 + s, 10 + s));
+    const solo = await openChain(gpu, model, []);
+    const want: Trace[] = [];
+    for (const p of prompts) want.push(await session(solo, 0, p, 6, { chunk: 4 }));
+    closeAll(solo);
+    for (const slots of [2, 4]) {
+      const multi = await openChain(gpu, model, [2], { slots });
+      const traces: Trace[] = prompts.slice(0, slots).map(() => ({ ids: [], tops: [] }));
+      const pos = new Array(slots).fill(0);
+      // Round robin: one call per slot per round, prefill chunks of 4 then single tokens, all
+      // submitted before any result is awaited.
+      for (let round = 0; round < 7; round++) {
+        const calls = traces.map((tr, s) => {
+          const p = prompts[s];
+          const input = pos[s] < p.length
+            ? p.subarray(pos[s], pos[s] + 4)
+            : Uint32Array.of(tr.ids[tr.ids.length - 1]);
+          const call = runPipeline(multi, s, input, pos[s], { topk: TOPK });
+          pos[s] += input.length;
+          return call;
+        });
+        (await Promise.all(calls)).forEach((out, s) => {
+          traces[s].ids.push(...out.ids);
+          traces[s].tops.push(out.top);
+        });
+      }
+      for (let s = 0; s < slots; s++) {
+        const n = traces[s].ids.length;
+        assert.deepEqual(traces[s].ids, want[s].ids.slice(0, n), `${slots} slots: slot ${s} ids`);
+        assert.deepEqual(
+          traces[s].tops,
+          want[s].tops.slice(0, traces[s].tops.length),
+          `${slots} slots: slot ${s} top-k`,
+        );
+      }
+      closeAll(multi);
+    }
+  });
+});
+
+gpuTest(
+  "GPU stage: snapshot, other work, restore and continue equals uninterrupted",
+  async (gpu) => {
+    await withModel({ arch: "qwen3next" }, async (model) => {
+      const a = prompt(model, 9, 3);
+      const b = prompt(model, 6, 4);
+      const stages = await openChain(gpu, model, [3], { slots: 2, snapshots: 2 });
+      try {
+        const want = await session(stages, 0, a, 6);
+        // Prefix, save, then clobber the slot with another prompt before restoring.
+        const head = await session(stages, 0, a, 0);
+        for (const s of stages) await s.save(0, 1);
+        await session(stages, 0, b, 3);
+        await session(stages, 1, b, 2);
+        for (const s of stages) assert.equal(await s.restore(0, 1), a.length);
+        const rest = await session(stages, 0, Uint32Array.of(head.ids[head.ids.length - 1]), 5, {
+          base: a.length,
+        });
+        assert.deepEqual([...head.ids, ...rest.ids], want.ids, "ids after restore");
+        assert.deepEqual([...head.tops, ...rest.tops], want.tops, "top-k after restore");
+        await assert.rejects(() => stages[0].restore(0, 0), /nothing was saved/);
+        await assert.rejects(() => stages[0].save(0, 2), /snapshot places/);
+      } finally {
+        closeAll(stages);
+      }
+    });
+  },
+);
+
+gpuTest("GPU stage: weights split into many small parts give the same results", async (gpu) => {
+  await withModel({ arch: "qwen35moe", quant: "q4_k_m" }, async (model) => {
+    const ids = prompt(model, 6, 5);
+    const whole = await openChain(gpu, model, []);
+    const want = await session(whole, 0, ids, 3);
+    closeAll(whole);
+    // 64 KiB parts: expert stacks (one expert per part), the embedding and the LM head span
+    // several bindings.
+    const parts = await openChain(gpu, model, [], { maxPartBytes: 65536 });
+    assert.deepEqual(await session(parts, 0, ids, 3), want);
+    closeAll(parts);
+  });
+});
+
+gpuTest(
+  "GPU stage rejects overflow, gaps, oversized runs and the wrong input kind",
+  async (gpu) => {
+    await withModel({ arch: "qwen35" }, async (model) => {
+      const [first, last] = await openChain(gpu, model, [2]);
+      try {
+        const ids = prompt(model, 8, 6);
+        await assert.rejects(() => first.run(0, { kind: "ids", ids }, 8, CTX - 4), RangeError);
+        await assert.rejects(
+          () => first.run(0, { kind: "ids", ids: prompt(model, 9, 6) }, 9, 0),
+          /takes 1\.\.8/,
+        );
+        await first.run(0, { kind: "ids", ids: ids.subarray(0, 4) }, 4, 0);
+        await assert.rejects(() => first.run(0, { kind: "ids", ids }, 8, 5), /position 4/);
+        await assert.rejects(() => first.run(1, { kind: "ids", ids }, 8, 0), /slots/);
+        await assert.rejects(() => last.run(0, { kind: "ids", ids }, 8, 0), /hidden rows/);
+        await assert.rejects(
+          () => first.run(0, { kind: "ids", ids: Uint32Array.of(1 << 30) }, 1, 0),
+          /vocabulary/,
+        );
+        // Filling the context exactly is fine; one more position is not.
+        for (let base = 0; base < CTX; base += 8) {
+          const out = await first.run(0, { kind: "ids", ids }, 8, base);
+          await last.run(
+            0,
+            out.kind === "hidden" ? out : { kind: "hidden", rows: new Float32Array() },
+            8,
+            base,
+          );
+        }
+        await assert.rejects(
+          () => first.run(0, { kind: "ids", ids: ids.subarray(0, 1) }, 1, CTX),
+          /context holds/,
+        );
+      } finally {
+        first.close();
+        last.close();
+      }
+    });
+  },
+);
