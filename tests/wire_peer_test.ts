@@ -7,7 +7,8 @@ import { openGguf } from "../engine/gguf/read.ts";
 import { openReferenceStage } from "../engine/reference/stage.ts";
 import type { Stage } from "../engine/stage.ts";
 import { serveLocal } from "../lib/wire/_test_utils.ts";
-import { ErrorCode } from "../lib/wire/frame.ts";
+import { ErrorCode, Op } from "../lib/wire/frame.ts";
+import { FrameReader } from "../lib/wire/frame_stream.ts";
 import { importKey, modelFingerprint } from "../lib/wire/hello.ts";
 import { StageUnavailableError } from "../lib/wire/peer.ts";
 import { connectRemoteStage, RemoteStage } from "../lib/wire/remote_stage.ts";
@@ -184,6 +185,30 @@ Deno.test("a new connection is a new epoch: older sequences and snapshots are re
     assert.equal(remote.epoch, 2);
   } finally {
     remote.close();
+    head.close();
+    await worker.stop();
+  }
+});
+
+Deno.test("a client that stalls in the hello is refused with a timeout; the next one is served", async () => {
+  const worker = await serveLocal(model, { first: 2, end: 4, slots: 1, ctx: CTX }, {
+    handshakeTimeoutMs: 200,
+  });
+  const head = await openReferenceStage(model, { first: 0, end: 2, slots: 1, ctx: CTX });
+  const [hostname, port] = worker.address.split(":");
+  const stalled = await Deno.connect({ hostname, port: Number(port) });
+  try {
+    const reader = new FrameReader(stalled);
+    const refusal = await reader.readFrame({ nEmbd: 0, maxBatch: 0 });
+    assert.ok(refusal?.op === Op.Error, JSON.stringify(refusal));
+    assert.equal(refusal.code, ErrorCode.Timeout);
+    assert.match(refusal.message, /no hello within 200 ms/);
+    assert.equal(await reader.readFrame({ nEmbd: 0, maxBatch: 0 }), null);
+    const remote = await connectRemoteStage(worker.address, { local: head, model });
+    await assertSameAsWhole([head, remote], [2, 4, 6], 0);
+    remote.close();
+  } finally {
+    stalled.close();
     head.close();
     await worker.stop();
   }

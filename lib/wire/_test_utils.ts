@@ -35,6 +35,8 @@ export interface WorkerOptions {
   readonly model: string;
   readonly layers: string;
   readonly port?: number;
+  /** --host; default (and the address tests connect to) 127.0.0.1. */
+  readonly host?: string;
   readonly slots?: number;
   readonly ctx?: number;
   readonly maxBatch?: number;
@@ -43,6 +45,8 @@ export interface WorkerOptions {
   readonly keyFile?: string;
   /** Flags after the usual ones, e.g. ["--host", "0.0.0.0"]. */
   readonly extra?: readonly string[];
+  /** Permission flags instead of the restricted ones, e.g. those of `deno task worker`. */
+  readonly permissions?: readonly string[];
 }
 
 export interface WorkerProcess {
@@ -56,7 +60,7 @@ export interface WorkerProcess {
 
 /** The `deno run` arguments of a worker: net only to its port and --next, read only its files. */
 export function workerArgs(options: WorkerOptions, port: number): string[] {
-  const net = [`127.0.0.1:${port}`, ...(options.next ? [options.next] : [])];
+  const net = [`${options.host ?? "127.0.0.1"}:${port}`, ...(options.next ? [options.next] : [])];
   const read = [
     ...modelFiles(options.model),
     PROJECT_ROOT,
@@ -66,6 +70,7 @@ export function workerArgs(options: WorkerOptions, port: number): string[] {
     ["--model", options.model],
     ["--layers", options.layers],
     ["--port", String(port)],
+    ...(options.host ? [["--host", options.host]] : []),
     ["--slots", String(options.slots ?? 1)],
     ["--ctx", String(options.ctx ?? 64)],
     ["--snapshots", String(options.snapshots ?? 0)],
@@ -76,8 +81,7 @@ export function workerArgs(options: WorkerOptions, port: number): string[] {
   return [
     "run",
     "--no-prompt",
-    `--allow-net=${net.join(",")}`,
-    `--allow-read=${read.join(",")}`,
+    ...(options.permissions ?? [`--allow-net=${net.join(",")}`, `--allow-read=${read.join(",")}`]),
     WORKER,
     ...flags,
     ...(options.extra ?? []),

@@ -313,7 +313,11 @@ export function serveStage(
       if (pending >= MAX_PENDING) return closeQuietly(conn);
       pending++;
       try {
-        await deadline(idle.promise, BUSY_GRACE_MS, () => new Error("busy")).catch(() => undefined);
+        const until = Date.now() + BUSY_GRACE_MS;
+        while (client && Date.now() < until) {
+          const busy = () => new Error("busy");
+          await deadline(idle.promise, until - Date.now(), busy).catch(() => undefined);
+        }
         if (client) {
           const busy = new Refusal(
             ErrorCode.Busy,

@@ -1,0 +1,75 @@
+// 2-stage and 3-stage chains of real worker.ts processes (restricted permissions, loopback TCP)
+// give the greedy ids and top-k of the single-process reference engine, for every test model arch.
+
+import assert from "node:assert/strict";
+import { generateGreedy } from "../engine/generate.ts";
+import { openGguf } from "../engine/gguf/read.ts";
+import type { GgufModel } from "../engine/gguf/types.ts";
+import { openReferenceStage } from "../engine/reference/stage.ts";
+import type { Stage } from "../engine/stage.ts";
+import { startWorker } from "../lib/wire/_test_utils.ts";
+import { connectRemoteStage } from "../lib/wire/remote_stage.ts";
+import { testModel, type TestModelSpec } from "./_models.ts";
+
+const CTX = 32;
+const PROMPT = [3, 14, 15, 92, 65, 35];
+
+/** Ids exactly; logits as the f32 the wire carries. */
+async function assertSameAsWhole(model: GgufModel, stages: readonly Stage[]): Promise<void> {
+  const whole = await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: CTX });
+  try {
+    const want = await generateGreedy([whole], PROMPT, { n: 6, topk: 5 });
+    const got = await generateGreedy(stages, PROMPT, { n: 6, topk: 5 });
+    assert.deepEqual(got.ids, want.ids);
+    assert.deepEqual(
+      got.tops,
+      want.tops.map((top) => top.map((t) => ({ id: t.id, logit: Math.fround(t.logit) }))),
+    );
+  } finally {
+    whole.close();
+  }
+}
+
+const MODELS: TestModelSpec[] = [
+  { arch: "qwen35moe", quant: "q4_k_m" },
+  { arch: "qwen3next", quant: "q4_k_m" },
+  { arch: "qwen3next", layout: "legacy", quant: "q8_0" },
+  { arch: "qwen35", quant: "q4_k_m" },
+];
+
+for (const spec of MODELS) {
+  const name = [spec.arch, spec.layout, spec.quant].filter(Boolean).join(" ");
+  Deno.test(`worker chains of 2 and 3 stages equal the whole model: ${name}`, async () => {
+    const path = await testModel(spec);
+    const model = await openGguf(path);
+    // The last worker first serves the head directly (2 stages), then the middle worker (3).
+    const last = await startWorker({ model: path, layers: "3:4", ctx: CTX, maxBatch: 4 });
+    try {
+      const head3 = await openReferenceStage(model, { first: 0, end: 3, slots: 1, ctx: CTX });
+      const remote3 = await connectRemoteStage(last.address, { local: head3, model });
+      await assertSameAsWhole(model, [head3, remote3]);
+      remote3.close();
+      head3.close();
+
+      const middle = await startWorker({
+        model: path,
+        layers: "1:3",
+        ctx: CTX,
+        maxBatch: 4,
+        next: last.address,
+      });
+      try {
+        const head1 = await openReferenceStage(model, { first: 0, end: 1, slots: 1, ctx: CTX });
+        const remote1 = await connectRemoteStage(middle.address, { local: head1, model });
+        await assertSameAsWhole(model, [head1, remote1]);
+        remote1.close();
+        head1.close();
+      } finally {
+        await middle.stop();
+      }
+    } finally {
+      await last.stop();
+      model.close();
+    }
+  });
+}
