@@ -49,7 +49,9 @@ async function main(): Promise<void> {
     fail("Give exactly one of --prompt and --prompt-ids");
   }
   const n = Number(values.n);
-  if (!Number.isInteger(n) || n < 1) fail(`Cannot use --n "${values.n}": expected a positive integer`);
+  if (!Number.isInteger(n) || n < 1) {
+    fail(`Cannot use --n "${values.n}": expected a positive integer`);
+  }
   const model = await openGguf(values.model);
   const tokenizer = TextTokenizer.fromGguf(model.metadata);
   const prompt = values.prompt !== undefined
