@@ -150,6 +150,12 @@ export interface FrameLimits {
 }
 
 const U32_MAX = 0xffff_ffff;
+
+// Hidden rows (megabytes per prefill chunk) are copied as raw bytes, which is little-endian
+// f32 exactly when the host is; every platform Deno ships for is.
+if (new Uint8Array(Uint16Array.of(1).buffer)[0] !== 1) {
+  throw new Error("Cannot use the tandem wire on a big-endian host: frames carry raw LE f32 rows");
+}
 const utf8 = new TextEncoder();
 const utf8Strict = new TextDecoder("utf-8", { fatal: true });
 
@@ -244,18 +250,17 @@ export function payloadLength(h: Header, limits: FrameLimits): number {
   }
 }
 
-function decodeRows(v: DataView, n: number, nEmbd: number): Float32Array {
+function decodeRows(payload: Uint8Array, n: number, nEmbd: number): Float32Array {
   const rows = new Float32Array(n * nEmbd);
+  new Uint8Array(rows.buffer).set(payload);
   for (let i = 0; i < rows.length; i++) {
-    const x = v.getFloat32(i * 4, true);
-    if (!Number.isFinite(x)) {
+    if (!Number.isFinite(rows[i])) {
       throw new SyntaxError(
-        `Cannot decode Run frame: hidden value ${i % nEmbd} of row ${
-          Math.floor(i / nEmbd)
-        } is ${x}; a stage only passes finite activations`,
+        `Cannot decode Run frame: hidden value ${i % nEmbd} of row ${Math.floor(i / nEmbd)} is ${
+          rows[i]
+        }; a stage only passes finite activations`,
       );
     }
-    rows[i] = x;
   }
   return rows;
 }
@@ -298,7 +303,7 @@ export function decodePayload(h: Header, payload: Uint8Array, limits: FrameLimit
         base: h.base,
         n: h.n,
         topk: h.topk,
-        rows: decodeRows(v, h.n, limits.nEmbd),
+        rows: decodeRows(payload, h.n, limits.nEmbd),
       };
     case Op.Ids: {
       const ids = new Uint32Array(h.n);
@@ -421,7 +426,7 @@ export function encodeFrame(f: Frame, nEmbd = 0): Uint8Array {
   const p = HEADER_BYTES;
   switch (f.op) {
     case Op.Run:
-      f.rows.forEach((x, i) => v.setFloat32(p + i * 4, x, true));
+      bytes.set(new Uint8Array(f.rows.buffer, f.rows.byteOffset, f.rows.byteLength), p);
       break;
     case Op.Ids:
       f.ids.forEach((id, i) => v.setUint32(p + i * 4, id, true));
