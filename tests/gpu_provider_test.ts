@@ -1,0 +1,83 @@
+// GPU providers and device opening (engine/gpu/{provider,device}.ts): software-adapter
+// detection and refusal, provider choice, and the start-up log line.
+
+import assert from "node:assert/strict";
+import { openGpu } from "../engine/gpu/device.ts";
+import { dawnProvider } from "../engine/gpu/dawn.ts";
+import { isSoftwareAdapter, type ProviderChoice, selectProvider } from "../engine/gpu/provider.ts";
+import { ignore } from "./_gpu.ts";
+
+function info(description: string, isFallbackAdapter = false): GPUAdapterInfo {
+  return {
+    vendor: "",
+    architecture: "",
+    device: "",
+    description,
+    isFallbackAdapter,
+  } as unknown as GPUAdapterInfo;
+}
+
+Deno.test("isSoftwareAdapter() flags CPU rasterisers and fallback adapters only", () => {
+  assert.ok(isSoftwareAdapter(info("llvmpipe (LLVM 15.0.6, 256 bits)")));
+  assert.ok(isSoftwareAdapter(info("SwiftShader Device (Subzero)")));
+  assert.ok(isSoftwareAdapter(info("Lavapipe")));
+  assert.ok(isSoftwareAdapter(info("Some GPU", true)));
+  assert.ok(!isSoftwareAdapter(info("NVIDIA H200")));
+  assert.ok(!isSoftwareAdapter(info("AMD Radeon RX 7900 XTX (RADV NAVI31)")));
+});
+
+Deno.test("selectProvider() rejects an unknown choice", async () => {
+  await assert.rejects(() => selectProvider("cuda" as ProviderChoice), /expected one of auto/);
+});
+
+/** Runs `body` with TANDEM_ALLOW_SOFTWARE_GPU unset, restoring it afterwards. */
+async function withoutEnvAllowance(body: () => Promise<void>): Promise<void> {
+  const saved = Deno.env.get("TANDEM_ALLOW_SOFTWARE_GPU");
+  Deno.env.delete("TANDEM_ALLOW_SOFTWARE_GPU");
+  try {
+    await body();
+  } finally {
+    if (saved !== undefined) Deno.env.set("TANDEM_ALLOW_SOFTWARE_GPU", saved);
+  }
+}
+
+Deno.test({
+  name: "openGpu() refuses a software adapter unless allowed, and logs what it opened",
+  ignore,
+  fn: () =>
+    withoutEnvAllowance(async () => {
+      const lines: string[] = [];
+      const log = (l: string) => lines.push(l);
+      const adapter = await navigator.gpu.requestAdapter({ powerPreference: "high-performance" });
+      if (adapter && isSoftwareAdapter(adapter.info)) {
+        await assert.rejects(
+          () => openGpu({ gpu: "builtin", log }),
+          /software \(CPU\) adapter; pass --allow-software-gpu or set TANDEM_ALLOW_SOFTWARE_GPU=1/,
+        );
+        Deno.env.set("TANDEM_ALLOW_SOFTWARE_GPU", "1");
+      }
+      const gpu = await openGpu({ gpu: "builtin", log });
+      assert.equal(gpu.provider, "builtin");
+      assert.equal(gpu.software, isSoftwareAdapter(gpu.info));
+      assert.equal(lines.length, 1);
+      assert.match(lines[0], /^GPU: builtin provider, adapter "/);
+      assert.ok(gpu.limits.maxStorageBufferBindingSize >= 128 * 2 ** 20);
+      gpu.device.destroy();
+    }),
+});
+
+Deno.test({
+  name: "selectProvider('auto') takes Dawn only when it has a hardware adapter",
+  ignore,
+  fn: async () => {
+    let dawnHardware = false;
+    try {
+      const adapter = await (await dawnProvider()).gpu.requestAdapter();
+      dawnHardware = adapter !== null && !isSoftwareAdapter(adapter.info);
+    } catch {
+      dawnHardware = false;
+    }
+    const chosen = await selectProvider("auto");
+    assert.equal(chosen.name, dawnHardware ? "dawn" : "builtin");
+  },
+});
