@@ -146,15 +146,14 @@ export async function connectPeer(
   const { hostname, port } = parseAddress(address);
   const ms = options.connectTimeoutMs ?? 10_000;
   const abort = new AbortController();
+  const connecting = Deno.connect({ hostname, port, signal: abort.signal });
   let conn: Deno.TcpConn;
   try {
-    conn = await deadline(
-      Deno.connect({ hostname, port, signal: abort.signal }),
-      ms,
-      () => new Error(`no answer within ${ms} ms`),
-    );
+    conn = await deadline(connecting, ms, () => new Error(`no answer within ${ms} ms`));
   } catch (e) {
     abort.abort();
+    // A connection that lands after the deadline is closed rather than leaked.
+    connecting.then((late) => late.close(), () => undefined);
     throw new StageUnavailableError(address, `cannot connect: ${(e as Error).message}`, undefined, {
       cause: e,
     });

@@ -103,7 +103,12 @@ function closeQuietly(conn: Deno.Conn): void {
  * Sends ERROR, then (with `drain`) half-closes and reads until the client closes, at most 1 s,
  * so the ERROR is not lost to a reset caused by unread bytes; then closes.
  */
-async function refuse(conn: Deno.Conn, refusal: Refusal, drain: boolean): Promise<void> {
+async function refuse(
+  conn: Deno.Conn,
+  refusal: Refusal,
+  drain: boolean,
+  log: (line: string) => void,
+): Promise<void> {
   const scratch = new Uint8Array(4096);
   const limit = () => new Error("the client did not take the refusal in time");
   const frame: Frame = { op: Op.Error, code: refusal.code, message: refusal.message };
@@ -119,8 +124,8 @@ async function refuse(conn: Deno.Conn, refusal: Refusal, drain: boolean): Promis
         limit,
       );
     }
-  } catch {
-    // The client is gone or stalled; closing below is all that is left to do for it.
+  } catch (e) {
+    log(`could not deliver the refusal to ${nameOf(conn)}: ${(e as Error).message}`);
   } finally {
     closeQuietly(conn);
   }
@@ -296,7 +301,7 @@ export function serveStage(
       const refusal = refusalOf(e);
       log(`refused ${who}: ${refusal.message}`);
       // After a timeout a read is still pending on `conn`, so there is nothing to drain.
-      await refuse(conn, refusal, refusal.code !== ErrorCode.Timeout);
+      await refuse(conn, refusal, refusal.code !== ErrorCode.Timeout, log);
     } finally {
       options.next?.disconnect();
       closeQuietly(conn);
@@ -325,7 +330,7 @@ export function serveStage(
               `client at a time`,
           );
           log(`refused ${nameOf(conn)}: busy`);
-          return await refuse(conn, busy, true);
+          return await refuse(conn, busy, true, log);
         }
       } finally {
         pending--;
