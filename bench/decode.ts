@@ -1,0 +1,337 @@
+// `deno task bench`: makes the bench model, runs our engine per GPU provider and the llama.cpp peer.
+// The project's one performance measurement (docs/PERFORMANCE.md); prints a table, writes JSON.
+//
+// Each engine and the peer run in a child process (bench/stage_bench.ts, bench/peers/llama.ts)
+// one after another, so only one of them holds the GPU at a time and a crash costs one row.
+
+import { parseArgs } from "node:util";
+import { openGguf } from "../engine/gguf/read.ts";
+import {
+  generateModel,
+  modelFileStem,
+  type ModelSpec,
+  type Quant,
+  QUANTS,
+} from "../engine/model/generate_model.ts";
+import { type Arch, ARCHS, readHParams } from "../engine/model/hparams.ts";
+import { type PresetName, PRESETS } from "../engine/model/presets.ts";
+import { parseBackend } from "../engine/open_stage.ts";
+import { Deadline } from "./measure.ts";
+import type { PeerReport } from "./peers/llama.ts";
+import { formatTable } from "./report.ts";
+import type { StageReport } from "./stage_bench.ts";
+
+const USAGE = `Usage: deno task bench [options]
+  --model M.gguf           bench this file instead of making one
+  --preset P --arch A --quant Q
+                           the model to make (default qwen35moe-35b, qwen35moe, iq4_xs)
+  --model-dir DIR          where it is made (default /tmp/tandem-bench); an existing one is reused
+  --backend gpu|reference  our engine (default gpu)
+  --gpu builtin,dawn       GPU providers to run, one child process each (default both)
+  --pp 512,2048 --tg 128   prefill lengths and decode steps
+  --slots N                slots decoding at once for the aggregate figure (default 2; 1: none)
+  --split K                also decode through layers 0:K here + K:n in a worker (default n/2)
+  --no-split --no-peers    leave out the split or the llama.cpp peer
+  --runs N                 timed runs per figure after one warm-up; the median is kept (default 3)
+  --deadline-s S           stop starting measurements after S seconds (default none)
+  --json PATH              results file (default $OUT/bench.json when $OUT is set)
+  --commit SHA             recorded commit where git is absent (the GPU box)`;
+
+function fail(message: string): never {
+  console.error(`${message}\n\n${USAGE}`);
+  Deno.exit(2);
+}
+
+function log(line: string): void {
+  console.error(`[bench] ${line}`);
+}
+
+function wholes(flag: string, text: string, min: number): number[] {
+  const values = text.split(",").map(Number);
+  if (values.some((v) => !Number.isSafeInteger(v) || v < min)) {
+    fail(`Cannot use --${flag} "${text}": expected whole numbers ≥ ${min}, comma-separated`);
+  }
+  return values;
+}
+
+function oneOf<T extends string>(flag: string, value: string, allowed: readonly T[]): T {
+  if (!allowed.includes(value as T)) {
+    fail(`Cannot use --${flag} "${value}": use one of ${allowed.join(", ")}`);
+  }
+  return value as T;
+}
+
+function parseFlags() {
+  let values;
+  try {
+    ({ values } = parseArgs({
+      args: Deno.args,
+      options: {
+        model: { type: "string" },
+        preset: { type: "string", default: "qwen35moe-35b" },
+        arch: { type: "string", default: "qwen35moe" },
+        quant: { type: "string", default: "iq4_xs" },
+        "model-dir": { type: "string", default: "/tmp/tandem-bench" },
+        backend: { type: "string", default: "gpu" },
+        gpu: { type: "string", default: "builtin,dawn" },
+        pp: { type: "string", default: "512,2048" },
+        tg: { type: "string", default: "128" },
+        slots: { type: "string", default: "2" },
+        split: { type: "string" },
+        "no-split": { type: "boolean", default: false },
+        "no-peers": { type: "boolean", default: false },
+        runs: { type: "string", default: "3" },
+        seed: { type: "string", default: "1" },
+        "deadline-s": { type: "string" },
+        json: { type: "string" },
+        commit: { type: "string" },
+        help: { type: "boolean", short: "h", default: false },
+      },
+    }));
+  } catch (e) {
+    fail(`Cannot parse the arguments: ${(e as Error).message}`);
+  }
+  if (values.help) {
+    console.log(USAGE);
+    Deno.exit(0);
+  }
+  const backend = parseBackend(values.backend);
+  const out = Deno.env.get("OUT");
+  return {
+    model: values.model,
+    spec: {
+      preset: oneOf<PresetName>("preset", values.preset, Object.keys(PRESETS) as PresetName[]),
+      arch: oneOf<Arch>("arch", values.arch, ARCHS),
+      quant: oneOf<Quant>("quant", values.quant, QUANTS),
+    } satisfies ModelSpec,
+    modelDir: values["model-dir"],
+    backend,
+    providers: backend === "gpu"
+      ? values.gpu.split(",").map((p) => oneOf("gpu", p, ["builtin", "dawn"]))
+      : ["cpu"],
+    pp: wholes("pp", values.pp, 1),
+    tg: wholes("tg", values.tg, 1)[0],
+    slots: wholes("slots", values.slots, 1)[0],
+    split: values["no-split"]
+      ? null
+      : values.split === undefined
+      ? undefined
+      : wholes("split", values.split, 1)[0],
+    peers: !values["no-peers"],
+    runs: wholes("runs", values.runs, 1)[0],
+    seed: wholes("seed", values.seed, 0)[0],
+    deadlineS: values["deadline-s"] === undefined
+      ? 1e9
+      : wholes("deadline-s", values["deadline-s"], 1)[0],
+    json: values.json ?? (out ? `${out}/bench.json` : undefined),
+    commit: values.commit,
+  };
+}
+
+type Flags = ReturnType<typeof parseFlags>;
+
+/** How the bench model came to be: made now (timed), reused from an earlier run, or given. */
+export interface ModelReport {
+  readonly path: string;
+  readonly bytes: number;
+  readonly spec?: ModelSpec;
+  readonly source: "made" | "reused" | "given";
+  readonly makeSeconds?: number;
+}
+
+async function size(path: string): Promise<number | undefined> {
+  try {
+    return (await Deno.stat(path)).size;
+  } catch (e) {
+    if (e instanceof Deno.errors.NotFound) return undefined;
+    throw e;
+  }
+}
+
+/** The given model, or the spec's model in modelDir: reused when present, else made and timed. */
+async function benchModel(flags: Flags): Promise<ModelReport> {
+  if (flags.model) {
+    const bytes = await size(flags.model);
+    if (bytes === undefined) fail(`Cannot find --model "${flags.model}"`);
+    return { path: flags.model, bytes, source: "given" };
+  }
+  const stem = modelFileStem(flags.spec);
+  const path = `${flags.modelDir}/${stem}.gguf`;
+  const existing = await size(path);
+  if (existing !== undefined) {
+    log(`reusing ${path} (${(existing / 1e9).toFixed(2)} GB)`);
+    return { path, bytes: existing, spec: flags.spec, source: "reused" };
+  }
+  await Deno.mkdir(flags.modelDir, { recursive: true });
+  // Written under a temporary name and renamed, so a run cut short leaves nothing to reuse.
+  const partial = `${flags.modelDir}/.partial-${stem}.gguf`;
+  log(`making ${path}`);
+  const start = performance.now();
+  await generateModel(partial, flags.spec);
+  const makeSeconds = (performance.now() - start) / 1000;
+  await Deno.rename(partial, path);
+  const bytes = (await size(path))!;
+  log(`made ${(bytes / 1e9).toFixed(2)} GB in ${makeSeconds.toFixed(1)} s`);
+  return { path, bytes, spec: flags.spec, source: "made", makeSeconds };
+}
+
+/** Runs a Deno child that prints one JSON object on stdout; its stderr goes to ours. */
+async function child<T>(args: string[], what: string): Promise<T | { error: string }> {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args,
+    stdout: "piped",
+    stderr: "inherit",
+  }).output();
+  const text = new TextDecoder().decode(out.stdout).trim();
+  if (out.code !== 0 || !text) {
+    return { error: `${what} exited with code ${out.code}; its log is above` };
+  }
+  try {
+    return JSON.parse(text.slice(text.lastIndexOf("\n") + 1)) as T;
+  } catch (e) {
+    return { error: `${what} printed no JSON result (${(e as Error).message})` };
+  }
+}
+
+const PEERS = new URL("./peers/", import.meta.url);
+
+/** Unpacks .gpu/peers.tar.xz (bench/peers/pack.sh) where node-llama-cpp is not installed. */
+async function ensurePeerModules(): Promise<void> {
+  if (await size(new URL("node_modules/node-llama-cpp/package.json", PEERS).pathname)) return;
+  const tarball = new URL("../.gpu/peers.tar.xz", import.meta.url).pathname;
+  if (!await size(tarball)) return;
+  log(`unpacking ${tarball}`);
+  const out = await new Deno.Command("tar", { args: ["-xJf", tarball, "-C", PEERS.pathname] })
+    .output();
+  if (out.code !== 0) {
+    throw new Error(
+      `Cannot unpack ${tarball}: tar exited with ${out.code}: ${
+        new TextDecoder().decode(out.stderr)
+      }`,
+    );
+  }
+}
+
+function run(cmd: string, args: string[]): string | undefined {
+  try {
+    const out = new Deno.Command(cmd, { args, stderr: "null" }).outputSync();
+    return out.code === 0 ? new TextDecoder().decode(out.stdout).trim() : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/** HEAD, marked when the working tree (which is what runs) differs from it. */
+function gitCommit(): string {
+  const head = run("git", ["rev-parse", "--short=12", "HEAD"]);
+  if (!head) return "unknown";
+  return run("git", ["status", "--porcelain", "--untracked-files=no"])
+    ? `${head}+uncommitted`
+    : head;
+}
+
+/** The whole result file; docs/PERFORMANCE.md is written from it. */
+export interface BenchReport {
+  readonly date: string;
+  readonly commit: string;
+  readonly command: string;
+  /** nvidia-smi's name and driver where it exists; else the first adapter's description. */
+  readonly device: string;
+  readonly model: ModelReport;
+  readonly engines: readonly (StageReport | { readonly gpu: string; readonly error: string })[];
+  readonly peers: readonly (PeerReport | { readonly name: string; readonly error: string })[];
+}
+
+async function main(): Promise<void> {
+  const flags = parseFlags();
+  const deadline = new Deadline(flags.deadlineS);
+  const command = `deno task bench ${Deno.args.join(" ")}`.trim();
+  const commit = flags.commit ?? gitCommit();
+  const model = await benchModel(flags);
+  const gguf = await openGguf(model.path);
+  const hp = readHParams(gguf.metadata);
+  gguf.close();
+  const split = flags.split === null ? undefined : flags.split ?? Math.floor(hp.nLayer / 2);
+  if (split !== undefined && (split < 1 || split >= hp.nLayer)) {
+    fail(
+      `Cannot split at layer ${split}: the model has ${hp.nLayer} layers; use 1..${hp.nLayer - 1}`,
+    );
+  }
+  const common = [
+    "--pp",
+    flags.pp.join(","),
+    "--tg",
+    String(flags.tg),
+    "--runs",
+    String(flags.runs),
+    "--seed",
+    String(flags.seed),
+  ];
+  // Children still to run share what is left of the deadline equally; a fast one leaves its
+  // unused share to the ones after it.
+  let pending = flags.providers.length + (flags.peers ? 1 : 0);
+  const share = () => String(Math.max(1, Math.floor(deadline.left / pending--)));
+  const peers: BenchReport["peers"][number][] = [];
+  if (flags.peers) {
+    const name = "llama.cpp Vulkan";
+    await ensurePeerModules();
+    const report = await child<PeerReport>([
+      "run",
+      "-A",
+      "--node-modules-dir=manual",
+      new URL("llama.ts", PEERS).pathname,
+      "--model",
+      model.path,
+      "--vocab",
+      String(hp.V),
+      "--deadline-s",
+      share(),
+      ...common,
+    ], "the llama.cpp peer");
+    peers.push("error" in report ? { name, error: report.error } : report);
+  }
+  const engines: BenchReport["engines"][number][] = [];
+  for (const gpu of flags.providers) {
+    const report = await child<StageReport>([
+      "run",
+      "-A",
+      new URL("./stage_bench.ts", import.meta.url).pathname,
+      "--model",
+      model.path,
+      "--backend",
+      flags.backend,
+      "--gpu",
+      gpu,
+      "--slots",
+      String(flags.slots),
+      "--deadline-s",
+      share(),
+      ...(split === undefined ? [] : ["--split", String(split)]),
+      ...common,
+    ], `the ${gpu} engine`);
+    engines.push(
+      "error" in report && !("figures" in report) ? { gpu, error: report.error } : report,
+    );
+  }
+  const smi = run("nvidia-smi", ["--query-gpu=name,driver_version", "--format=csv,noheader"]);
+  const firstAdapter = engines.find((e): e is StageReport => "adapter" in e && !!e.adapter)
+    ?.adapter;
+  const report: BenchReport = {
+    date: new Date().toISOString(),
+    commit,
+    command,
+    device: smi
+      ? `${smi.split("\n")[0]} (nvidia-smi)`
+      : firstAdapter ?? (flags.backend === "reference" ? "CPU" : "unknown"),
+    model,
+    engines,
+    peers,
+  };
+  if (flags.json) {
+    await Deno.writeTextFile(flags.json, JSON.stringify(report, null, 2) + "\n");
+    log(`wrote ${flags.json}`);
+  }
+  console.log(formatTable(report, flags.pp, flags.tg, flags.slots));
+}
+
+if (import.meta.main) await main();

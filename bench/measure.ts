@@ -1,0 +1,168 @@
+// Timed workloads over a chain of stages: prefill, greedy decode, concurrent decode on slots.
+// Called by bench/decode.ts for the in-process engine and for the split over loopback TCP.
+
+import { chainMaxBatch, runPipeline } from "../engine/pipeline.ts";
+import type { Stage } from "../engine/stage.ts";
+
+/** One bench figure: tokens per run and the seconds of each run, or why it is missing. */
+export interface Figure {
+  readonly tokens: number;
+  readonly timing?: Timing;
+  readonly error?: string;
+}
+
+/** Seconds of each timed run (warm-up excluded) and their median. */
+export interface Timing {
+  readonly seconds: readonly number[];
+  readonly median: number;
+}
+
+/** Median of a non-empty list (mean of the middle two for an even count). */
+export function median(values: readonly number[]): number {
+  if (values.length === 0) throw new RangeError("Cannot take the median of no values");
+  const s = [...values].sort((a, b) => a - b);
+  const mid = s.length >> 1;
+  return s.length % 2 === 1 ? s[mid] : (s[mid - 1] + s[mid]) / 2;
+}
+
+/**
+ * n token ids in [0, vocab) from a seeded xorshift32 stream: every engine and peer of a run is
+ * fed the same ids, and random ids keep the MoE router from settling on a few experts.
+ */
+export function seededIds(n: number, vocab: number, seed: number): Uint32Array {
+  if (!Number.isInteger(vocab) || vocab < 1) {
+    throw new RangeError(`Cannot draw token ids from a vocabulary of ${vocab}`);
+  }
+  let x = (seed >>> 0) || 0x9e3779b9;
+  const ids = new Uint32Array(n);
+  for (let i = 0; i < n; i++) {
+    x ^= x << 13;
+    x ^= x >>> 17;
+    x ^= x << 5;
+    x >>>= 0;
+    ids[i] = x % vocab;
+  }
+  return ids;
+}
+
+/** Runs `ids` from position 0 of `slot`, in chunks of the chain's largest batch; returns seconds. */
+export async function timePrefill(
+  stages: readonly Stage[],
+  ids: Uint32Array,
+  slot = 0,
+): Promise<number> {
+  const chunk = chainMaxBatch(stages);
+  const start = performance.now();
+  for (let at = 0; at < ids.length; at += chunk) {
+    await runPipeline(stages, slot, ids.subarray(at, at + chunk), at);
+  }
+  return (performance.now() - start) / 1000;
+}
+
+/** What one greedy decode produced and how long it took. */
+export interface DecodeRun {
+  readonly seconds: number;
+  /** The id fed at each step: `first`, then each step's greedy output. */
+  readonly fed: Uint32Array;
+}
+
+/**
+ * n one-token steps of `slot` from position 0: `first` at position 0, then each greedy output
+ * fed back, as llama-bench's tg does from an empty context.
+ */
+export async function timeDecode(
+  stages: readonly Stage[],
+  first: number,
+  n: number,
+  slot = 0,
+): Promise<DecodeRun> {
+  const fed = new Uint32Array(n);
+  fed[0] = first;
+  const start = performance.now();
+  for (let pos = 0; pos < n; pos++) {
+    const { ids } = await runPipeline(stages, slot, fed.subarray(pos, pos + 1), pos);
+    if (pos + 1 < n) fed[pos + 1] = ids[0];
+  }
+  return { seconds: (performance.now() - start) / 1000, fed };
+}
+
+/**
+ * One independent greedy decode per entry of `firsts` (slot i starts from firsts[i]), all in
+ * flight at once as separate requests would be; returns the wall time of the whole set.
+ */
+export async function timeConcurrentDecode(
+  stages: readonly Stage[],
+  firsts: readonly number[],
+  n: number,
+): Promise<{ readonly seconds: number; readonly fed: readonly Uint32Array[] }> {
+  const start = performance.now();
+  const runs = await Promise.all(firsts.map((first, slot) => timeDecode(stages, first, n, slot)));
+  return { seconds: (performance.now() - start) / 1000, fed: runs.map((r) => r.fed) };
+}
+
+/** Wall-clock limit shared by every measurement of one bench run. */
+export class Deadline {
+  readonly #end: number;
+
+  constructor(seconds: number) {
+    this.#end = performance.now() + seconds * 1000;
+  }
+
+  /** Seconds left, negative once passed. */
+  get left(): number {
+    return (this.#end - performance.now()) / 1000;
+  }
+}
+
+/** A measurement left out because the run's time was spent. */
+export class OutOfTime extends Error {
+  override name = "OutOfTime";
+}
+
+/**
+ * One untimed warm-up, then up to `runs` timed runs of `once` (which returns its own seconds).
+ * When the warm-up shows that all runs would pass the deadline, fewer are made (at least one),
+ * and the Timing says how many; with no time left at all it throws OutOfTime.
+ */
+export async function repeat(
+  runs: number,
+  once: () => Promise<number>,
+  deadline: Deadline,
+): Promise<Timing> {
+  if (deadline.left <= 0) throw new OutOfTime("no time left for a warm-up");
+  const warm = await once();
+  const affordable = Math.floor(deadline.left / Math.max(warm, 1e-6));
+  if (affordable < 1) {
+    throw new OutOfTime(
+      `the warm-up took ${warm.toFixed(1)} s and ${deadline.left.toFixed(1)} s are left`,
+    );
+  }
+  const seconds: number[] = [];
+  for (let i = 0; i < Math.min(runs, affordable); i++) seconds.push(await once());
+  return { seconds, median: median(seconds) };
+}
+
+/**
+ * A Figure from `repeat`: a failure (the engine's error, or OutOfTime) is kept as the figure's
+ * error so that one broken workload does not hide the others; `log` gets one line either way.
+ */
+export async function measure(
+  name: string,
+  tokens: number,
+  runs: number,
+  once: () => Promise<number>,
+  deadline: Deadline,
+  log: (line: string) => void,
+): Promise<Figure> {
+  try {
+    const timing = await repeat(runs, once, deadline);
+    log(
+      `${name}: ${(tokens / timing.median).toFixed(1)} tok/s, median of ${timing.seconds.length}`,
+    );
+    return { tokens, timing };
+  } catch (e) {
+    const error = e instanceof OutOfTime ? `skipped: ${e.message}` : (e as Error).message;
+    log(`${name}: ${e instanceof OutOfTime ? error : (e as Error).stack}`);
+    return { tokens, error };
+  }
+}

@@ -1,0 +1,238 @@
+// The bench's workloads on the CPU reference: what they feed, that slots and the split over a
+// worker decode the same tokens, deadlines, and the closing table (bench/measure.ts, split.ts).
+
+import assert from "node:assert/strict";
+import { openGguf } from "../engine/gguf/read.ts";
+import type { GgufModel } from "../engine/gguf/types.ts";
+import { readHParams } from "../engine/model/hparams.ts";
+import { openReferenceStage } from "../engine/reference/stage.ts";
+import { connectRemoteStage } from "../lib/wire/remote_stage.ts";
+import { testModel } from "../tests/_models.ts";
+import {
+  Deadline,
+  measure,
+  median,
+  OutOfTime,
+  repeat,
+  seededIds,
+  timeConcurrentDecode,
+  timeDecode,
+  timePrefill,
+} from "./measure.ts";
+import { formatTable } from "./report.ts";
+import { startWorker } from "./split.ts";
+
+const CTX = 48;
+
+async function withModel(body: (model: GgufModel, path: string) => Promise<void>) {
+  const path = await testModel({ arch: "qwen35moe" });
+  const model = await openGguf(path);
+  try {
+    await body(model, path);
+  } finally {
+    model.close();
+  }
+}
+
+Deno.test("median: middle value, mean of the middle two, and no values refused", () => {
+  assert.equal(median([5, 1, 3]), 3);
+  assert.equal(median([4, 1, 3, 2]), 2.5);
+  assert.throws(() => median([]), RangeError);
+});
+
+Deno.test("seededIds: in the vocabulary, the same for a seed, different across seeds", () => {
+  const a = seededIds(500, 963, 1);
+  assert.ok(a.every((id) => id < 963));
+  assert.deepEqual(seededIds(500, 963, 1), a);
+  assert.notDeepEqual(seededIds(500, 963, 2), a);
+  assert.ok(new Set(a).size > 300, "ids should spread over the vocabulary");
+  assert.throws(() => seededIds(4, 0, 1), RangeError);
+});
+
+Deno.test("timeDecode feeds back the greedy tokens of stepping the stage by hand", async () => {
+  await withModel(async (model) => {
+    const stage = await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: CTX });
+    try {
+      const first = seededIds(1, readHParams(model.metadata).V, 3)[0];
+      const run = await timeDecode([stage], first, 6);
+      assert.ok(run.seconds > 0);
+      const greedy = [first];
+      for (let pos = 0; pos < 5; pos++) {
+        const out = await stage.run(0, { kind: "ids", ids: Uint32Array.of(greedy[pos]) }, 1, pos);
+        greedy.push(out.kind === "ids" ? out.ids[0] : -1);
+      }
+      assert.deepEqual(Array.from(run.fed), greedy);
+    } finally {
+      stage.close();
+    }
+  });
+});
+
+Deno.test("timePrefill chunks by maxBatch and leaves the slot at the prompt's end", async () => {
+  await withModel(async (model) => {
+    const ids = seededIds(20, readHParams(model.metadata).V, 5);
+    const next = Uint32Array.of(ids[0]);
+    const after: number[] = [];
+    for (const maxBatch of [8, 32]) {
+      const stage = await openReferenceStage(model, {
+        first: 0,
+        end: 4,
+        slots: 1,
+        ctx: CTX,
+        maxBatch,
+      });
+      try {
+        await timePrefill([stage], ids);
+        const out = await stage.run(0, { kind: "ids", ids: next }, 1, ids.length);
+        assert.equal(out.kind, "ids");
+        after.push(out.kind === "ids" ? out.ids[0] : -1);
+        await assert.rejects(() => stage.run(0, { kind: "ids", ids: next }, 1, ids.length + 5));
+      } finally {
+        stage.close();
+      }
+    }
+    assert.equal(after[0], after[1], "chunked and whole prefill should reach the same state");
+  });
+});
+
+Deno.test("timeConcurrentDecode: each slot decodes as it would alone", async () => {
+  await withModel(async (model) => {
+    const stage = await openReferenceStage(model, { first: 0, end: 4, slots: 2, ctx: CTX });
+    try {
+      const firsts = Array.from(seededIds(2, readHParams(model.metadata).V, 9));
+      const both = await timeConcurrentDecode([stage], firsts, 5);
+      for (const [slot, first] of firsts.entries()) {
+        assert.deepEqual(both.fed[slot], (await timeDecode([stage], first, 5)).fed);
+      }
+      assert.notDeepEqual(both.fed[0], both.fed[1]);
+    } finally {
+      stage.close();
+    }
+  });
+});
+
+Deno.test("split: layers 0:2 here and 2:4 in a worker decode the tokens of one stage", async () => {
+  await withModel(async (model, path) => {
+    const first = seededIds(1, readHParams(model.metadata).V, 11)[0];
+    const whole = await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: CTX });
+    const alone = await timeDecode([whole], first, 5);
+    whole.close();
+    const worker = await startWorker({
+      model: path,
+      first: 2,
+      end: 4,
+      backend: "reference",
+      gpu: "builtin",
+      slots: 1,
+      ctx: CTX,
+      startTimeoutS: 60,
+      log: () => {},
+    });
+    const local = await openReferenceStage(model, { first: 0, end: 2, slots: 1, ctx: CTX });
+    try {
+      const remote = await connectRemoteStage(worker.address, { local, model });
+      try {
+        assert.deepEqual((await timeDecode([local, remote], first, 5)).fed, alone.fed);
+      } finally {
+        remote.close();
+      }
+    } finally {
+      local.close();
+      await worker.stop();
+    }
+  });
+});
+
+Deno.test("startWorker reports the worker's own error when it cannot start", async () => {
+  const path = await testModel({ arch: "qwen35moe" });
+  await assert.rejects(
+    () =>
+      startWorker({
+        model: path,
+        first: 2,
+        end: 9,
+        backend: "reference",
+        gpu: "builtin",
+        slots: 1,
+        ctx: CTX,
+        startTimeoutS: 60,
+        log: () => {},
+      }),
+    /exited with code 1.*\n.*the model has 4 layers/s,
+  );
+});
+
+Deno.test("repeat: warm-up excluded, runs cut to the deadline, none without time", async () => {
+  let calls = 0;
+  const plenty = await repeat(3, () => Promise.resolve([9, 1, 3, 2][calls++]), new Deadline(60));
+  assert.deepEqual(plenty.seconds, [1, 3, 2]);
+  assert.equal(plenty.median, 2);
+  const cut = await repeat(3, () => Promise.resolve(20), new Deadline(50));
+  assert.equal(cut.seconds.length, 2);
+  await assert.rejects(() => repeat(3, () => Promise.resolve(1), new Deadline(-1)), OutOfTime);
+  await assert.rejects(() => repeat(3, () => Promise.resolve(90), new Deadline(60)), OutOfTime);
+});
+
+Deno.test("measure keeps a failure as the figure's error instead of throwing", async () => {
+  const lines: string[] = [];
+  const failed = await measure(
+    "pp8",
+    8,
+    3,
+    () => {
+      throw new Error("device lost");
+    },
+    new Deadline(60),
+    (l) => lines.push(l),
+  );
+  assert.deepEqual(failed, { tokens: 8, error: "device lost" });
+  const skipped = await measure("tg8", 8, 3, () => Promise.resolve(1), new Deadline(-1), () => {});
+  assert.match(skipped.error ?? "", /^skipped: /);
+  const ok = await measure("tg8", 8, 3, () => Promise.resolve(0.5), new Deadline(60), () => {});
+  assert.equal(ok.timing?.median, 0.5);
+  assert.match(lines[0], /^pp8: .*device lost/s);
+});
+
+Deno.test("formatTable: tok/s, split ms/token, and numbered notes for missing figures", () => {
+  const t = (median: number) => ({ seconds: [median], median });
+  const table = formatTable(
+    {
+      date: "2026-11-29T10:00:00.000Z",
+      commit: "abc",
+      device: "GPU X",
+      model: { path: "m.gguf", bytes: 19.66e9, source: "made", makeSeconds: 42 },
+      engines: [
+        {
+          backend: "gpu",
+          gpu: "dawn",
+          figures: {
+            pp512: { tokens: 512, timing: t(0.5) },
+            tg128: { tokens: 128, timing: t(2) },
+            tg128x2: { tokens: 256, error: "skipped: out of time" },
+          },
+          split: { layers: "0:20 + 20:40", decode: { tokens: 128, timing: t(0.32) } },
+        },
+        { gpu: "builtin", error: "the builtin engine exited with code 1" },
+      ],
+      peers: [{
+        name: "llama.cpp",
+        figures: {
+          pp512: { tokens: 512, timing: t(0.1) },
+          tg128: { tokens: 128, timing: t(1) },
+          "tg128-nologits": { tokens: 128, timing: t(0.5) },
+        },
+      }],
+    },
+    [512],
+    128,
+    2,
+  );
+  const lines = table.split("\n");
+  assert.equal(lines[0], "2026-11-29, GPU X, commit abc");
+  assert.equal(lines[1], "model m.gguf (19.66 GB, made in 42 s)");
+  assert.equal(lines[5], "| tandem gpu dawn | 1024 | 64.0 | (1) | 2.50 (0:20 + 20:40) |");
+  assert.equal(lines[6], "| tandem gpu builtin | (2) | — | — | — |");
+  assert.equal(lines[7], "| llama.cpp | 5120 | 128 (256 without sampling) | — | — |");
+  assert.equal(lines[9], "(1) skipped: out of time");
+  assert.equal(lines[10], "(2) the builtin engine exited with code 1");
+});

@@ -1,0 +1,203 @@
+// The llama.cpp peer: pp/tg on the bench's GGUF through node-llama-cpp's prebuilt Vulkan build.
+// Spawned by bench/decode.ts under Deno with --node-modules-dir=manual; answers JSON on stdout.
+//
+// node-llama-cpp lives in bench/peers/node_modules (npm ci here, or unpacked from
+// .gpu/peers.tar.xz on the GPU box) and is imported by a computed URL, so that `deno check` and
+// CI never resolve it. Only the few calls used below are typed.
+
+import { parseArgs } from "node:util";
+import { Deadline, type Figure, measure, seededIds } from "../measure.ts";
+
+interface Sequence {
+  clearHistory(): Promise<void>;
+  evaluateWithoutGeneratingNewTokens(tokens: number[]): Promise<void>;
+  controlledEvaluate(
+    input: [number, { generateNext: { token: true } }][],
+  ): Promise<(undefined | { next: { token?: number | null } })[]>;
+}
+
+interface Context {
+  readonly contextSize: number;
+  readonly batchSize: number;
+  readonly flashAttention: boolean | string;
+  getSequence(): Sequence;
+  dispose(): Promise<void>;
+}
+
+interface Model {
+  createContext(options: {
+    contextSize: number;
+    batchSize: number;
+    sequences: number;
+    flashAttention: "auto";
+  }): Promise<Context>;
+  dispose(): Promise<void>;
+}
+
+interface Llama {
+  readonly gpu: string | false;
+  readonly buildType: string;
+  readonly llamaCppRelease: { readonly repo: string; readonly release: string };
+  getGpuDeviceNames(): Promise<string[]>;
+  loadModel(options: { modelPath: string; gpuLayers: "max" | number }): Promise<Model>;
+  dispose(): Promise<void>;
+}
+
+interface NodeLlamaCpp {
+  getLlama(options: {
+    gpu: "vulkan" | false;
+    build: "never";
+    logLevel: string;
+    logger: (level: string, message: string) => void;
+  }): Promise<Llama>;
+  readonly LlamaLogLevel: { readonly warn: string };
+}
+
+/** What this script prints: which llama.cpp ran, how, and its figures by name (pp512, tg128…). */
+export interface PeerReport {
+  readonly name: string;
+  readonly nodeLlamaCpp: string;
+  readonly llamaCpp: string;
+  readonly gpu: string | false;
+  readonly devices: readonly string[];
+  readonly settings: {
+    readonly contextSize: number;
+    readonly batchSize: number;
+    readonly flashAttention: boolean | string;
+    readonly gpuLayers: string;
+  };
+  readonly loadSeconds: number;
+  readonly figures: Readonly<Record<string, Figure>>;
+}
+
+const PACKAGE = new URL("./node_modules/node-llama-cpp/", import.meta.url);
+
+async function load(): Promise<{ nlc: NodeLlamaCpp; version: string }> {
+  let version: string;
+  try {
+    version = JSON.parse(await Deno.readTextFile(new URL("package.json", PACKAGE))).version;
+  } catch (e) {
+    throw new Error(
+      `Cannot find node-llama-cpp in ${PACKAGE.pathname} (${(e as Error).message}): run ` +
+        "`npm ci --ignore-scripts --omit=optional` in bench/peers, or unpack .gpu/peers.tar.xz",
+    );
+  }
+  const entry = new URL("dist/index.js", PACKAGE).href;
+  return { nlc: await import(entry) as NodeLlamaCpp, version };
+}
+
+function list(text: string): number[] {
+  return text.split(",").map(Number);
+}
+
+async function main(): Promise<void> {
+  const { values } = parseArgs({
+    args: Deno.args,
+    options: {
+      model: { type: "string" },
+      vocab: { type: "string" },
+      pp: { type: "string", default: "512,2048" },
+      tg: { type: "string", default: "128" },
+      runs: { type: "string", default: "3" },
+      seed: { type: "string", default: "1" },
+      batch: { type: "string", default: "512" },
+      "deadline-s": { type: "string", default: "600" },
+      "gpu-layers": { type: "string", default: "max" },
+    },
+  });
+  if (!values.model || !values.vocab) throw new Error("Missing --model or --vocab");
+  const vocab = Number(values.vocab);
+  const pps = list(values.pp);
+  const tg = Number(values.tg);
+  const runs = Number(values.runs);
+  const seed = Number(values.seed);
+  const deadline = new Deadline(Number(values["deadline-s"]));
+  const gpuLayers = values["gpu-layers"] === "max" ? "max" : Number(values["gpu-layers"]);
+  const { nlc, version } = await load();
+  const llama = await nlc.getLlama({
+    gpu: "vulkan",
+    build: "never",
+    logLevel: nlc.LlamaLogLevel.warn,
+    logger: (_level, message) => console.error(message.trimEnd()),
+  });
+  const loadStart = performance.now();
+  const model = await llama.loadModel({ modelPath: values.model, gpuLayers });
+  const loadSeconds = (performance.now() - loadStart) / 1000;
+  // One 512-token ubatch per llama_decode (node-llama-cpp sets n_ubatch = n_batch), as
+  // llama-bench's default n_ubatch: pp2048 is four of them.
+  const context = await model.createContext({
+    contextSize: Math.max(...pps, tg),
+    batchSize: Number(values.batch),
+    sequences: 1,
+    flashAttention: "auto",
+  });
+  const sequence = context.getSequence();
+  const figures: Record<string, Figure> = {};
+  const log = (line: string) => console.error(`[llama.cpp] ${line}`);
+  async function figure(name: string, tokens: number, once: () => Promise<number>) {
+    figures[name] = await measure(name, tokens, runs, once, deadline, log);
+  }
+  for (const n of pps) {
+    const ids = Array.from(seededIds(n, vocab, seed));
+    await figure(`pp${n}`, n, async () => {
+      await sequence.clearHistory();
+      const start = performance.now();
+      await sequence.evaluateWithoutGeneratingNewTokens(ids);
+      return (performance.now() - start) / 1000;
+    });
+  }
+  // tg as in bench/measure.ts timeDecode: tg one-token steps from an empty context, each
+  // sampling a greedy token (llama.cpp's CPU sampler) that the next step feeds.
+  let fed: number[] = [];
+  await figure(`tg${tg}`, tg, async () => {
+    await sequence.clearHistory();
+    fed = [seededIds(1, vocab, seed)[0]];
+    const start = performance.now();
+    for (let step = 0; step < tg; step++) {
+      const [out] = await sequence.controlledEvaluate([[fed[step], {
+        generateNext: { token: true },
+      }]]);
+      const token = out?.next.token;
+      if (token === undefined || token === null) {
+        throw new Error(`llama.cpp returned no token at step ${step}`);
+      }
+      if (step + 1 < tg) fed.push(token);
+    }
+    return (performance.now() - start) / 1000;
+  });
+  // The same token stream without sampling: llama_decode alone, no logits copied out.
+  await figure(`tg${tg}-nologits`, tg, async () => {
+    await sequence.clearHistory();
+    const start = performance.now();
+    for (const token of fed) await sequence.evaluateWithoutGeneratingNewTokens([token]);
+    return (performance.now() - start) / 1000;
+  });
+  const report: PeerReport = {
+    name: "llama.cpp Vulkan (node-llama-cpp prebuilt, under Deno)",
+    nodeLlamaCpp: version,
+    llamaCpp: `${llama.llamaCppRelease.repo}@${llama.llamaCppRelease.release}`,
+    gpu: llama.gpu,
+    devices: await llama.getGpuDeviceNames(),
+    settings: {
+      contextSize: context.contextSize,
+      batchSize: context.batchSize,
+      flashAttention: context.flashAttention,
+      gpuLayers: String(gpuLayers),
+    },
+    loadSeconds,
+    figures,
+  };
+  await context.dispose();
+  await model.dispose();
+  await llama.dispose();
+  console.log(JSON.stringify(report));
+}
+
+if (import.meta.main) {
+  try {
+    await main();
+  } catch (e) {
+    console.error(`llama.cpp peer stopped: ${(e as Error).stack ?? e}`);
+    Deno.exit(1);
+  }
+}

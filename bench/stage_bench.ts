@@ -1,0 +1,266 @@
+// One engine's figures (pp, tg, tg on several slots, split decode) in a process of its own.
+// Spawned by bench/decode.ts once per GPU provider, so that a crash or a leaked device in one
+// provider cannot take the other's figures with it; answers JSON on stdout, logs on stderr.
+
+import { parseArgs } from "node:util";
+import { openGguf } from "../engine/gguf/read.ts";
+import type { GgufModel } from "../engine/gguf/types.ts";
+import { readHParams } from "../engine/model/hparams.ts";
+import { type Backend, openLocalStage, parseBackend } from "../engine/open_stage.ts";
+import type { Stage } from "../engine/stage.ts";
+import { connectRemoteStage } from "../lib/wire/remote_stage.ts";
+import {
+  Deadline,
+  type Figure,
+  measure,
+  seededIds,
+  timeConcurrentDecode,
+  timeDecode,
+  timePrefill,
+} from "./measure.ts";
+import { startWorker } from "./split.ts";
+
+export interface StageBenchOptions {
+  readonly model: string;
+  readonly backend: Backend;
+  /** GPU provider (builtin or dawn); ignored by the reference backend. */
+  readonly gpu: string;
+  readonly pp: readonly number[];
+  readonly tg: number;
+  /** Slots decoding at once for the aggregate figure; 1 leaves it out. */
+  readonly slots: number;
+  /** Layer where the in-process stage ends and the worker begins; undefined: no split. */
+  readonly split?: number;
+  readonly runs: number;
+  readonly seed: number;
+  readonly deadlineS: number;
+}
+
+export interface SplitReport {
+  /** "0:k + k:n". */
+  readonly layers: string;
+  readonly workerStartSeconds?: number;
+  readonly openSeconds?: number;
+  readonly decode: Figure;
+}
+
+/** What this script prints for one backend/provider. */
+export interface StageReport {
+  readonly backend: Backend;
+  readonly gpu: string;
+  /** The WebGPU adapter's description (GPU backend only). */
+  readonly adapter?: string;
+  readonly openSeconds?: number;
+  readonly maxBatch?: number;
+  /** pp<n>, tg<n>, tg<n>x<slots>; keyed by name, tokens per run inside. */
+  readonly figures: Readonly<Record<string, Figure>>;
+  readonly split?: SplitReport;
+  /** Set when the stage could not be opened at all. */
+  readonly error?: string;
+}
+
+function log(line: string): void {
+  console.error(`[bench] ${line}`);
+}
+
+async function describeAdapter(gpu: string): Promise<string> {
+  const { selectProvider } = await import("../engine/gpu/provider.ts");
+  const provider = await selectProvider(gpu as "builtin" | "dawn");
+  const adapter = await provider.gpu.requestAdapter({ powerPreference: "high-performance" });
+  if (!adapter) return `${provider.name}: no adapter`;
+  const i = adapter.info;
+  return `${provider.name}: ${
+    [i.vendor, i.architecture, i.device, i.description].filter(Boolean).join(" ")
+  }`;
+}
+
+async function openTimed(
+  model: GgufModel,
+  options: StageBenchOptions,
+  first: number,
+  end: number,
+  slots: number,
+): Promise<{ stage: Stage; seconds: number }> {
+  const start = performance.now();
+  const stage = await openLocalStage(model, {
+    backend: options.backend,
+    gpu: options.gpu,
+    first,
+    end,
+    slots,
+    ctx: Math.max(...options.pp, options.tg),
+  });
+  return { stage, seconds: (performance.now() - start) / 1000 };
+}
+
+/** pp, tg and the several-slot tg on one stage owning every layer. */
+async function wholeFigures(
+  stage: Stage,
+  options: StageBenchOptions,
+  vocab: number,
+  deadline: Deadline,
+): Promise<Record<string, Figure>> {
+  const figures: Record<string, Figure> = {};
+  const { runs, tg, seed } = options;
+  for (const n of options.pp) {
+    const ids = seededIds(n, vocab, seed);
+    figures[`pp${n}`] = await measure(
+      `pp${n}`,
+      n,
+      runs,
+      () => timePrefill([stage], ids),
+      deadline,
+      log,
+    );
+  }
+  const firsts = Array.from(seededIds(options.slots, vocab, seed + 1));
+  figures[`tg${tg}`] = await measure(
+    `tg${tg}`,
+    tg,
+    runs,
+    async () => (await timeDecode([stage], firsts[0], tg)).seconds,
+    deadline,
+    log,
+  );
+  if (options.slots > 1) {
+    const name = `tg${tg}x${options.slots}`;
+    figures[name] = await measure(
+      name,
+      tg * options.slots,
+      runs,
+      async () => (await timeConcurrentDecode([stage], firsts, tg)).seconds,
+      deadline,
+      log,
+    );
+  }
+  return figures;
+}
+
+/** Decode through layers 0:k here and k:n in a worker process over loopback TCP. */
+async function splitFigure(
+  model: GgufModel,
+  options: StageBenchOptions,
+  k: number,
+  nLayer: number,
+  vocab: number,
+  deadline: Deadline,
+): Promise<SplitReport> {
+  const layers = `0:${k} + ${k}:${nLayer}`;
+  const name = `split tg${options.tg}`;
+  let worker;
+  let local: Stage | undefined;
+  let remote: Stage | undefined;
+  try {
+    worker = await startWorker({
+      model: options.model,
+      first: k,
+      end: nLayer,
+      backend: options.backend,
+      gpu: options.gpu,
+      slots: 1,
+      ctx: Math.max(...options.pp, options.tg),
+      startTimeoutS: Math.min(Math.max(deadline.left, 1), 900),
+      log: (line) => console.error(line),
+    });
+    const opened = await openTimed(model, options, 0, k, 1);
+    local = opened.stage;
+    remote = await connectRemoteStage(worker.address, { local, model });
+    const stages = [local, remote];
+    const first = seededIds(1, vocab, options.seed + 1)[0];
+    const decode = await measure(
+      name,
+      options.tg,
+      options.runs,
+      async () => (await timeDecode(stages, first, options.tg)).seconds,
+      deadline,
+      log,
+    );
+    return { layers, workerStartSeconds: worker.startSeconds, openSeconds: opened.seconds, decode };
+  } catch (e) {
+    log(`${name}: ${(e as Error).stack}`);
+    return { layers, decode: { tokens: options.tg, error: (e as Error).message } };
+  } finally {
+    remote?.close();
+    local?.close();
+    await worker?.stop();
+  }
+}
+
+/** Every figure of one backend/provider; failures are kept in the report, not thrown. */
+export async function benchStage(options: StageBenchOptions): Promise<StageReport> {
+  const deadline = new Deadline(options.deadlineS);
+  const { backend, gpu } = options;
+  const adapter = backend === "gpu" ? await describeAdapter(gpu) : undefined;
+  if (adapter) log(`adapter ${adapter}`);
+  const model = await openGguf(options.model);
+  try {
+    const hp = readHParams(model.metadata);
+    let opened;
+    try {
+      opened = await openTimed(model, options, 0, hp.nLayer, Math.max(1, options.slots));
+    } catch (e) {
+      log(`open: ${(e as Error).stack}`);
+      return { backend, gpu, adapter, figures: {}, error: (e as Error).message };
+    }
+    log(`opened ${hp.nLayer} layers in ${opened.seconds.toFixed(1)} s`);
+    let figures;
+    try {
+      figures = await wholeFigures(opened.stage, options, hp.V, deadline);
+    } finally {
+      opened.stage.close();
+    }
+    const split = options.split === undefined
+      ? undefined
+      : await splitFigure(model, options, options.split, hp.nLayer, hp.V, deadline);
+    return {
+      backend,
+      gpu,
+      adapter,
+      openSeconds: opened.seconds,
+      maxBatch: opened.stage.maxBatch,
+      figures,
+      split,
+    };
+  } finally {
+    model.close();
+  }
+}
+
+function numbers(text: string): number[] {
+  return text.split(",").map(Number);
+}
+
+if (import.meta.main) {
+  const { values } = parseArgs({
+    args: Deno.args,
+    options: {
+      model: { type: "string" },
+      backend: { type: "string", default: "gpu" },
+      gpu: { type: "string", default: "builtin" },
+      pp: { type: "string", default: "512,2048" },
+      tg: { type: "string", default: "128" },
+      slots: { type: "string", default: "2" },
+      split: { type: "string" },
+      runs: { type: "string", default: "3" },
+      seed: { type: "string", default: "1" },
+      "deadline-s": { type: "string", default: "600" },
+    },
+  });
+  if (!values.model) {
+    console.error("Missing --model (this script is started by bench/decode.ts)");
+    Deno.exit(2);
+  }
+  const report = await benchStage({
+    model: values.model,
+    backend: parseBackend(values.backend),
+    gpu: values.gpu,
+    pp: numbers(values.pp),
+    tg: Number(values.tg),
+    slots: Number(values.slots),
+    split: values.split === undefined ? undefined : Number(values.split),
+    runs: Number(values.runs),
+    seed: Number(values.seed),
+    deadlineS: Number(values["deadline-s"]),
+  });
+  console.log(JSON.stringify(report));
+}
