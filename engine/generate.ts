@@ -1,7 +1,7 @@
 // Greedy generation over a pipeline of stages: prefill in chunks, then one token per step.
 // The loop behind `deno task generate`; the head's scheduler has its own interleaved loop.
 
-import { chainMaxBatch, runPipeline } from "./pipeline.ts";
+import { chainMaxBatch, type PipelineResult, runPipeline } from "./pipeline.ts";
 import type { Stage, TopEntry } from "./stage.ts";
 
 export interface GenerateOptions {
@@ -31,7 +31,7 @@ export async function generateGreedy(
   const topk = options.topk ?? 0;
   const chunk = chainMaxBatch(stages);
   let pos = 0;
-  let last = { ids: new Uint32Array(0), top: [] as readonly TopEntry[] };
+  let last: PipelineResult = { ids: new Uint32Array(0), top: [] };
   while (pos < prompt.length) {
     const ids = Uint32Array.from(prompt.slice(pos, pos + chunk));
     last = await runPipeline(stages, slot, ids, pos, { topk });
