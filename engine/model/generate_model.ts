@@ -175,8 +175,10 @@ function planTensors(
   const add = (name: string, shape: number[], role: Role, init: Init) =>
     out.push({ name, shape, role, init });
   // Unit-variance embeddings: RMSNorm rescales them anyway, and the residual stream keeps the
-  // token's identity at the same scale as what each block adds.
-  add("token_embd.weight", [D, 0], "embd", { dist: "normal", a: 0, b: 1 });
+  // token's identity at the same scale as what each block adds. A tied head reads the residual
+  // back through the same rows, where a unit-scale e_t would make every token predict itself
+  // (e_t·e_t ≈ D); at std 0.1 the blocks' outputs dominate the residual instead.
+  add("token_embd.weight", [D, 0], "embd", { dist: "normal", a: 0, b: tied ? 0.1 : 1 });
   for (let i = 0; i < p.nLayer; i++) {
     const blk = (s: string) => `blk.${i}.${s}`;
     add(blk("attn_norm.weight"), [D], "vector", NORM);

@@ -28,8 +28,8 @@ export type Synthesis = "quantize" | "blocks";
  * bytes do not depend on how chunks are spread over threads; changing this changes every model.
  */
 const CHUNK_VALUES = 1 << 18;
-/** Chunks per worker job: enough work per message that posting costs nothing. */
-const JOB_CHUNKS = 16;
+/** Jobs per worker for one tensor: small enough jobs that the workers finish together. */
+const JOBS_PER_WORKER = 2;
 
 /**
  * xoshiro128** seeded through a splitmix32-style mix of (seed, tensor name, chunk): independent
@@ -214,9 +214,10 @@ export class ChunkPool {
   async tensor(t: SynthTensor, seed: number, synthesis: Synthesis): Promise<Uint8Array> {
     const n = chunkCount(t);
     if (n === 1) return tensorChunks(t, seed, synthesis, 0, 1);
+    const perJob = Math.ceil(n / (JOBS_PER_WORKER * this.#workers.length));
     const parts: Promise<Uint8Array>[] = [];
-    for (let first = 0; first < n; first += JOB_CHUNKS) {
-      const count = Math.min(JOB_CHUNKS, n - first);
+    for (let first = 0; first < n; first += perJob) {
+      const count = Math.min(perJob, n - first);
       parts.push(this.#run({ id: this.#nextId++, tensor: t, seed, synthesis, first, count }));
     }
     const done = await Promise.all(parts);
