@@ -10,7 +10,7 @@ import type { Stage } from "../engine/stage.ts";
 import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
 
 const USAGE = `Usage: deno task generate --model M.gguf (--prompt "text" | --prompt-ids 1,2,3) --n N
-  [--json] [--backend reference|gpu] [--gpu auto|builtin|dawn] [--layers a:b --next host:port]
+  [--json] [--backend reference|gpu] [--gpu auto|builtin|dawn] [--layers a:b --next host:port [--key-file F]]
   [--ctx N] [--ignore-eos]`;
 
 function fail(message: string): never {
@@ -39,6 +39,7 @@ async function main(): Promise<void> {
       gpu: { type: "string", default: "auto" },
       layers: { type: "string" },
       next: { type: "string" },
+      "key-file": { type: "string" },
       ctx: { type: "string" },
       "ignore-eos": { type: "boolean", default: false },
       "allow-software-gpu": { type: "boolean", default: false },
@@ -75,7 +76,9 @@ async function main(): Promise<void> {
     stages.push(local);
     if (values.next) {
       const { connectRemoteStage } = await import("../lib/wire/remote_stage.ts");
-      stages.push(await connectRemoteStage(values.next, { local, model }));
+      const { loadKeyFile } = await import("../lib/wire/hello.ts");
+      const key = values["key-file"] ? await loadKeyFile(values["key-file"]) : undefined;
+      stages.push(await connectRemoteStage(values.next, { local, model, key }));
     }
     checkChain(stages);
     const stopIds = values["ignore-eos"] ? undefined : tokenizer.eosIds;
