@@ -34,13 +34,17 @@ const MODELS_DIR = new URL("./fixtures/models/", import.meta.url);
  */
 const GENERATOR_SOURCES = [
   "../engine/model/generate_model.ts",
+  "../engine/model/weight_synth.ts",
   "../engine/model/presets.ts",
   "../engine/model/vocab.ts",
+  "../engine/model/vocab_corpus.txt",
   "../engine/model/chat_template.ts",
+  "../lib/tokenizer/pre_tokenize.ts",
   "../engine/quant/quantize.ts",
   "../engine/quant/fit.ts",
   "../engine/quant/blocks.ts",
   "../engine/quant/f16.ts",
+  "../engine/quant/types.ts",
   "../engine/gguf/write.ts",
   "../engine/gguf/format.ts",
 ];

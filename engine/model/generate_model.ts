@@ -53,7 +53,6 @@ type Role =
 
 export interface TensorDef extends SynthTensor {
   readonly role: Role;
-  readonly init: Init;
 }
 
 export interface ModelPlan {
@@ -166,6 +165,7 @@ function planTensors(
   arch: Arch,
   layout: Layout,
   tied: boolean,
+  V: number,
 ): Omit<TensorDef, "type">[] {
   const { D, Hq, Hkv, Dh, Nk, Nv, Dk, Dv, Kc, E, Fe, Fs, F } = p;
   const keyDim = Nk * Dk;
@@ -178,7 +178,7 @@ function planTensors(
   // token's identity at the same scale as what each block adds. A tied head reads the residual
   // back through the same rows, where a unit-scale e_t would make every token predict itself
   // (e_t·e_t ≈ D); at std 0.1 the blocks' outputs dominate the residual instead.
-  add("token_embd.weight", [D, 0], "embd", { dist: "normal", a: 0, b: tied ? 0.1 : 1 });
+  add("token_embd.weight", [D, V], "embd", { dist: "normal", a: 0, b: tied ? 0.1 : 1 });
   for (let i = 0; i < p.nLayer; i++) {
     const blk = (s: string) => `blk.${i}.${s}`;
     add(blk("attn_norm.weight"), [D], "vector", NORM);
@@ -229,7 +229,7 @@ function planTensors(
     }
   }
   add("output_norm.weight", [D], "vector", NORM);
-  if (!tied) add("output.weight", [D, 0], "output", proj(D));
+  if (!tied) add("output.weight", [D, V], "output", proj(D));
   return out;
 }
 
@@ -318,13 +318,9 @@ export function planModel(spec: ModelSpec): ModelPlan {
     );
   }
   const vocab = vocabOf(p);
-  const V = vocab.tokens.length;
   const chooseType = typeChooser(quant);
-  const tensors = planTensors(p, spec.arch, layout, spec.tied ?? false).map((t) => ({
-    ...t,
-    shape: t.shape.map((d) => d === 0 ? V : d),
-    type: chooseType(t.role),
-  }));
+  const tensors = planTensors(p, spec.arch, layout, spec.tied ?? false, vocab.tokens.length)
+    .map((t) => ({ ...t, type: chooseType(t.role) }));
   let dataBytes = 0;
   for (const t of tensors) {
     const g = blockGeometry(t.type)!;
