@@ -2,6 +2,7 @@
 // The one switch point between engines; generate, worker and head all open stages here.
 
 import type { GgufModel } from "./gguf/types.ts";
+import { PROVIDER_CHOICES, type ProviderChoice } from "./gpu/provider.ts";
 import { readHParams } from "./model/hparams.ts";
 import { openReferenceStage } from "./reference/stage.ts";
 import type { Stage } from "./stage.ts";
@@ -22,11 +23,19 @@ export interface LocalStageOptions {
   readonly snapshots?: number;
 }
 
-/** Parses `--backend`; the default is the CPU reference until the GPU engine is wired in. */
+/** Parses `--backend`; the GPU engine is the default, the CPU reference the slow fallback. */
 export function parseBackend(value: string | undefined): Backend {
-  if (value === undefined || value === "reference") return "reference";
-  if (value === "gpu") return "gpu";
+  if (value === undefined || value === "gpu") return "gpu";
+  if (value === "reference") return "reference";
   throw new TypeError(`Cannot use --backend "${value}": expected "reference" or "gpu"`);
+}
+
+/** Parses `--gpu`. */
+export function parseProviderChoice(value: string): ProviderChoice {
+  if ((PROVIDER_CHOICES as readonly string[]).includes(value)) return value as ProviderChoice;
+  throw new TypeError(
+    `Cannot use --gpu "${value}": expected one of ${PROVIDER_CHOICES.join(", ")}`,
+  );
 }
 
 /** Parses `a:b` into a layer range. */
@@ -46,8 +55,13 @@ export async function openLocalStage(model: GgufModel, options: LocalStageOption
       `Cannot open layers ${options.first}:${end}: the model has ${nLayer} layers; check --layers`,
     );
   }
-  if (options.backend === "gpu") {
-    throw new TypeError("Cannot open a GPU stage yet: use --backend reference");
-  }
-  return await openReferenceStage(model, { ...options, end });
+  if (options.backend === "reference") return await openReferenceStage(model, { ...options, end });
+  // Imported on demand: a reference-backend worker never loads the GPU providers (Dawn needs FFI).
+  const { openGpu } = await import("./gpu/device.ts");
+  const { openGpuStage } = await import("./forward/gpu_stage.ts");
+  const gpu = await openGpu({
+    gpu: parseProviderChoice(options.gpu ?? "auto"),
+    allowSoftware: options.allowSoftwareGpu,
+  });
+  return await openGpuStage(model, gpu, { ...options, end });
 }
