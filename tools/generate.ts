@@ -92,4 +92,11 @@ async function main(): Promise<void> {
   }
 }
 
-if (import.meta.main) await main();
+if (import.meta.main) {
+  try {
+    await main();
+  } catch (e) {
+    console.error(`generate: ${e instanceof Error ? e.message : String(e)}`);
+    Deno.exit(1);
+  }
+}
