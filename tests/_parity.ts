@@ -1,18 +1,22 @@
 // Parity of an engine's stage chain with llama.cpp's recorded greedy runs (tests/fixtures/*.json).
 // Used by tests/llama_parity_test.ts for the CPU reference; any engine that builds Stages can reuse it.
 
+import { openGguf } from "../engine/gguf/read.ts";
 import type { GgufModel } from "../engine/gguf/types.ts";
 import { chainMaxBatch, runPipeline } from "../engine/pipeline.ts";
 import type { Stage, TopEntry } from "../engine/stage.ts";
-import type { Candidate, LlamaRun } from "../tools/fixtures/driver.ts";
+import type { Candidate, LlamaRun, PerPosition } from "../tools/fixtures/driver.ts";
 import {
+  FIXTURE_DIR,
   fixtureName,
   type ModelFixture,
   type ModelSpec,
   type PromptRecord,
+  readFixture,
   RECORD_HINT,
+  TOKENIZER_FIXTURE,
 } from "../tools/fixtures/format.ts";
-import { sha256File } from "./_models.ts";
+import { sha256File, testModel } from "./_models.ts";
 
 /** Opens the chain of stages covering every layer, able to hold `ctx` positions in slot 0. */
 export type StageChainFactory = (
@@ -275,4 +279,95 @@ export async function checkParity(
     );
   }
   return report;
+}
+
+/**
+ * Exact math on F32 weights: llama.cpp multiplies F32 weights by F32 activations, so what remains
+ * is summation order and its F16 KV cache. The reference engine measured ≤ 5.9e-4
+ * (tools/fixtures/README.md).
+ */
+export const F32_TOLERANCE = 1e-3;
+
+/** Label of the comparison with llama.cpp on a quantized model's F32 twin. */
+export const TWIN_LABEL = "llama.cpp on the F32 twin";
+
+/** Bound per position: `base` plus the given per-position measurements. */
+function bound(base: number, ...terms: readonly PerPosition[]): PositionTolerance {
+  const at = (key: keyof PerPosition, i: number) => terms.reduce((sum, t) => sum + t[key][i], base);
+  return { prefill: (i) => at("prefill", i), gen: (j) => at("gen", j) };
+}
+
+/**
+ * The comparisons a model fixture asks for, with bounds derived from its measurements.
+ *
+ * Each recorded llama.cpp run carries its own noise per position (`noise`: the same tokens as one
+ * batch vs one token per call). It is ~5e-4 almost everywhere, but where an MoE router sits near
+ * a tie a rounding difference picks another expert and the logits jump (0.28 seen on an F32
+ * twin); an engine may land on either side of such a tie, so a run's bound at a position is
+ * `exact` (the engine's distance from exact math) plus that run's noise there.
+ *
+ * F32 models: one comparison with llama.cpp.
+ *
+ * Quantized models: the reference engine dequantizes exactly as llama.cpp does and keeps
+ * activations exact, while llama.cpp's CPU backend rounds activations to Q8_0/Q8_K/F16 before each
+ * dot product. Each prompt therefore carries a second llama.cpp run over the same tokens, `twin`,
+ * on the model's F32 twin (the same dequantized weights, F32 activations: exact math again), and
+ * `quantDiff`, the measured top-8 difference between the two runs at every position.
+ * 1. Against the twin: `exact` + twin noise. This pins the whole forward pass on the quantized
+ *    file (dequantization, layouts, shards) to exact math.
+ * 2. Against the quantized run, by the triangle inequality
+ *      |ours − quant| ≤ |ours − twin| + |twin − quant| ≤ exact + twin noise + quantDiff
+ *    per position. quantDiff reaches 0.11–0.16 logits on qwen35 and 0.8–1.5 on the MoE archs
+ *    (the fixture's `quantNoise`), so this is the looser check, as llama.cpp's own numbers allow.
+ * In every comparison our greedy id must equal llama.cpp's wherever its top-2 gap exceeds twice
+ * the bound: beyond that no two in-bound logits can swap order.
+ */
+export function llamaComparisons(
+  fixture: ModelFixture,
+  name: string,
+  exact: number = F32_TOLERANCE,
+): ComparisonPlan {
+  if (fixture.spec.quant === "f32") {
+    return (record) => [{ label: "llama.cpp", run: record, tolerance: bound(exact, record.noise) }];
+  }
+  return (record, p) => {
+    const { twin, quantDiff } = record;
+    if (twin === undefined || quantDiff === undefined) {
+      throw new Error(`Cannot check "${name}": prompt ${p} has no twin run; ${RECORD_HINT}`);
+    }
+    return [
+      { label: TWIN_LABEL, run: twin, tolerance: bound(exact, twin.noise) },
+      { label: "llama.cpp", run: record, tolerance: bound(exact, twin.noise, quantDiff) },
+    ];
+  };
+}
+
+/** Names of the model fixtures in tests/fixtures/, sorted. */
+export function modelFixtureNames(): string[] {
+  return [...Deno.readDirSync(FIXTURE_DIR)]
+    .map((e) => e.name)
+    .filter((n) => n.endsWith(".json") && n !== TOKENIZER_FIXTURE)
+    .sort();
+}
+
+/**
+ * Everything for one fixture file: generates its model, checks the sha256, opens it, runs
+ * checkParity with llamaComparisons, and returns the report. `exact` is the engine's bound on its
+ * distance from exact math (F32_TOLERANCE for the f64 reference).
+ */
+export async function checkFixture(
+  name: string,
+  open: StageChainFactory,
+  exact: number = F32_TOLERANCE,
+): Promise<{ fixture: ModelFixture; report: ParityReport }> {
+  const fixture = await readFixture<ModelFixture>(name);
+  const path = await testModel(fixture.spec);
+  await checkModelHash(fixture, path, name);
+  const model = await openGguf(path);
+  try {
+    const report = await checkParity(fixture, model, open, llamaComparisons(fixture, name, exact));
+    return { fixture, report };
+  } finally {
+    model.close();
+  }
 }
