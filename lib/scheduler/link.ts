@@ -1,0 +1,219 @@
+// The head's view of its next stage: liveness, last round trip, reconnect with backoff.
+// Wraps lib/wire/remote_stage.ts for the scheduler; /health reads its status.
+
+import type { TopEntry } from "../../engine/stage.ts";
+import { StageUnavailableError } from "../wire/peer.ts";
+import type { RemoteStage } from "../wire/remote_stage.ts";
+
+export interface LinkStatus {
+  readonly address: string;
+  readonly first: number;
+  readonly end: number;
+  /** Null before the first contact. */
+  readonly up: boolean | null;
+  /** Round trip of the last one-position frame (a decode step or a probe), ms. */
+  readonly lastRttMs: number | null;
+  /** Milliseconds since the stage last answered. */
+  readonly lastAnswerAgoMs: number | null;
+  readonly error: string | null;
+  /** Connections made so far; remote state (slots, snapshots) belongs to the current one. */
+  readonly epoch: number;
+}
+
+export interface LinkOptions {
+  readonly log?: (line: string) => void;
+  /** First reconnect delay after a failure; doubles up to maxBackoffMs. Default 100. */
+  readonly minBackoffMs?: number;
+  /** Default 2000. */
+  readonly maxBackoffMs?: number;
+  /** A stage silent this long is probed before it is trusted again. Default 1000. */
+  readonly idleMs?: number;
+}
+
+/** A slot lent for a probe; `release` gives it back. */
+export interface SpareSlot {
+  readonly slot: number;
+  release(): void;
+}
+
+/**
+ * Every call that reaches the worker goes through here, so a failure anywhere marks the stage
+ * down at once; a background loop then reconnects with backoff while requests fail fast.
+ */
+export class StageLink {
+  readonly remote: RemoteStage;
+  readonly #log: (line: string) => void;
+  readonly #minBackoff: number;
+  readonly #maxBackoff: number;
+  readonly #idleMs: number;
+  #up: boolean | null = null;
+  #lastAnswer: number | null = null;
+  #lastRtt: number | null = null;
+  #error: string | null = null;
+  #lastAttempt = -Infinity;
+  #retrying = false;
+  #timer: ReturnType<typeof setTimeout> | undefined;
+  #wake: (() => void) | undefined;
+  #closed = false;
+
+  constructor(remote: RemoteStage, options: LinkOptions = {}) {
+    this.remote = remote;
+    this.#log = options.log ?? (() => undefined);
+    this.#minBackoff = options.minBackoffMs ?? 100;
+    this.#maxBackoff = options.maxBackoffMs ?? 2000;
+    this.#idleMs = options.idleMs ?? 1000;
+  }
+
+  get epoch(): number {
+    return this.remote.epoch;
+  }
+
+  get up(): boolean | null {
+    return this.#up;
+  }
+
+  status(): LinkStatus {
+    return {
+      address: this.remote.address,
+      first: this.remote.first,
+      end: this.remote.end,
+      up: this.#up,
+      lastRttMs: this.#lastRtt,
+      lastAnswerAgoMs: this.#lastAnswer === null ? null : performance.now() - this.#lastAnswer,
+      error: this.#error,
+      epoch: this.remote.epoch,
+    };
+  }
+
+  /** Runs positions [base, base+n) of `slot` on the rest of the chain. */
+  async run(
+    slot: number,
+    rows: Float32Array,
+    n: number,
+    base: number,
+    topk: number,
+  ): Promise<{ ids: Uint32Array; top: readonly TopEntry[] }> {
+    const t0 = performance.now();
+    const out = await this.#watch(
+      this.remote.run(slot, { kind: "hidden", rows }, n, base, { topk }),
+    );
+    if (out.kind !== "ids") {
+      throw new TypeError(`Stage ${this.remote.address} returned hidden rows, not ids`);
+    }
+    if (n === 1) this.#lastRtt = performance.now() - t0;
+    return out;
+  }
+
+  save(slot: number, idx: number): Promise<void> {
+    return this.#watch(this.remote.save(slot, idx));
+  }
+
+  restore(slot: number, idx: number): Promise<number> {
+    return this.#watch(this.remote.restore(slot, idx));
+  }
+
+  /**
+   * Makes sure the stage answers before a request is admitted: a stage known to be down gets
+   * one immediate reconnect attempt (at most one per minBackoffMs), and one silent for longer
+   * than idleMs is probed with a one-position frame on a spare slot (base 0 resets that slot,
+   * which holds nothing). Throws StageUnavailableError when it does not answer.
+   */
+  async ensureUp(spare: () => SpareSlot | undefined): Promise<void> {
+    if (this.#up === false || this.#up === null) {
+      if (performance.now() - this.#lastAttempt < this.#minBackoff && this.#up === false) {
+        throw new StageUnavailableError(this.remote.address, this.#error ?? "it is down");
+      }
+      await this.#connect();
+      return;
+    }
+    if (this.#lastAnswer !== null && performance.now() - this.#lastAnswer < this.#idleMs) return;
+    const lent = spare();
+    if (!lent) return; // Every slot is busy, so the stage is answering frames right now.
+    try {
+      await this.probe(lent.slot);
+    } catch (e) {
+      if (!(e instanceof StageUnavailableError)) throw e;
+      // The connection was dead (the worker may have restarted while idle): one fresh try.
+      await this.#connect();
+    } finally {
+      lent.release();
+    }
+  }
+
+  /** The live connection, opening one (a new epoch) if there is none. */
+  async connect(): Promise<void> {
+    await this.#watch(this.remote.connect());
+  }
+
+  /** One zero row through the chain on `slot`, from position 0. */
+  async probe(slot: number): Promise<void> {
+    await this.run(slot, new Float32Array(this.remote.nEmbd), 1, 0, 0);
+  }
+
+  close(): void {
+    this.#closed = true;
+    clearTimeout(this.#timer);
+    this.#wake?.();
+    this.remote.close();
+  }
+
+  async #connect(): Promise<void> {
+    this.#lastAttempt = performance.now();
+    await this.#watch(this.remote.connect());
+  }
+
+  async #watch<T>(work: Promise<T>): Promise<T> {
+    try {
+      const out = await work;
+      this.#answered();
+      return out;
+    } catch (e) {
+      if (e instanceof StageUnavailableError) this.#down(e);
+      throw e;
+    }
+  }
+
+  #answered(): void {
+    this.#lastAnswer = performance.now();
+    if (this.#up !== true) {
+      if (this.#up === false) {
+        this.#log(`stage ${this.remote.address} is back (epoch ${this.epoch})`);
+      }
+      this.#up = true;
+      this.#error = null;
+    }
+  }
+
+  #down(e: StageUnavailableError): void {
+    this.#error = e.reason;
+    if (this.#up !== false) this.#log(`stage ${this.remote.address} is down: ${e.reason}`);
+    this.#up = false;
+    if (!this.#retrying && !this.#closed) this.#retry();
+  }
+
+  /** Reconnects in the background, doubling the delay, until the stage answers or close. */
+  async #retry(): Promise<void> {
+    this.#retrying = true;
+    let delay = this.#minBackoff;
+    try {
+      while (this.#up === false && !this.#closed) {
+        await new Promise<void>((resolve) => {
+          this.#wake = resolve;
+          this.#timer = setTimeout(resolve, delay);
+        });
+        if (this.#up !== false || this.#closed) break;
+        delay = Math.min(delay * 2, this.#maxBackoff);
+        try {
+          await this.#connect();
+        } catch (e) {
+          // A StageUnavailableError is the expected "still down"; #watch recorded it.
+          if (!(e instanceof StageUnavailableError)) {
+            this.#log(`reconnecting to ${this.remote.address} failed: ${(e as Error).message}`);
+          }
+        }
+      }
+    } finally {
+      this.#retrying = false;
+    }
+  }
+}

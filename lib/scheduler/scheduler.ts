@@ -1,0 +1,412 @@
+// Sequences on the head: admission with a bounded queue, slots, prefix cache, and the split
+// driver that runs each slot's steps through the local stage and then the rest of the chain.
+//
+// Every active slot runs its own loop: local layers (one at a time, through `Lane`) → remote
+// layers (frames pipelined on the one connection) → sample → next step. While slot A's frame is
+// on the worker, slot B takes the lane for its local layers, so with two or more active slots
+// neither the head nor the worker waits for the other's round trip.
+
+import { MAX_TOPK } from "../wire/frame.ts";
+import { StageUnavailableError } from "../wire/peer.ts";
+import type { Stage, TopEntry } from "../../engine/stage.ts";
+import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
+import type { SpareSlot, StageLink } from "./link.ts";
+import { PrefixCache } from "./prefix_cache.ts";
+import { CancelledError, Sequence, type SequenceRequest } from "./sequence.ts";
+import { SchedulerStats, StageTimes } from "./stats.ts";
+
+export interface SchedulerOptions {
+  /** Layers [0, k) in this process: the whole model when `link` is absent. */
+  readonly local: Stage;
+  /** Layers [k, n) behind a worker. */
+  readonly link?: StageLink;
+  readonly tokenizer: TextTokenizer;
+  /** Sequences run at once (at most the stages' slots). */
+  readonly slots: number;
+  /** Admitted sequences that may wait for a slot; more are refused as overloaded. */
+  readonly queue: number;
+  /** Snapshot places the prefix cache may use on every stage; 0 turns the cache off. */
+  readonly snapshots: number;
+  readonly log?: (line: string) => void;
+}
+
+export interface StageHealth {
+  readonly layers: string;
+  readonly where: string;
+  readonly up: boolean | null;
+  readonly lastRttMs: number | null;
+  readonly lastAnswerAgoMs: number | null;
+  readonly decodeMsPerToken: number | null;
+  readonly error: string | null;
+}
+
+export interface Health {
+  readonly ok: boolean;
+  readonly stages: readonly StageHealth[];
+  readonly slots: number;
+  readonly busy: number;
+  readonly queued: number;
+  readonly cachedPrefixes: number;
+}
+
+/** Admission is full (or the scheduler is closing): the client should retry after a while. */
+export class OverloadedError extends Error {
+  override name = "OverloadedError";
+  /** Seconds to wait before retrying. */
+  readonly retryAfter = 1;
+}
+
+/** Runs jobs one at a time in call order, each after a turn of the event loop. */
+class Lane {
+  #tail: Promise<unknown> = Promise.resolve();
+
+  run<T>(job: () => Promise<T>): Promise<T> {
+    const result = this.#tail.then(async () => {
+      // A macrotask turn lets other slots' frames go out and HTTP requests get answered
+      // before a (possibly CPU-bound) local stage call holds the thread.
+      await new Promise((resolve) => setTimeout(resolve, 0));
+      return await job();
+    });
+    this.#tail = result.catch(() => undefined);
+    return result;
+  }
+}
+
+function rangeOf(stage: { first: number; end: number }): string {
+  return `${stage.first}:${stage.end}`;
+}
+
+export class Scheduler {
+  readonly slots: number;
+  readonly ctx: number;
+  readonly stats: SchedulerStats;
+  readonly #local: Stage;
+  readonly #link: StageLink | undefined;
+  readonly #tokenizer: TextTokenizer;
+  readonly #queueLimit: number;
+  readonly #cache: PrefixCache;
+  readonly #log: (line: string) => void;
+  readonly #lane = new Lane();
+  readonly #free: number[];
+  readonly #queue: Sequence[] = [];
+  readonly #running = new Map<Sequence, Promise<void>>();
+  readonly #admittedAt = new WeakMap<Sequence, number>();
+  #nextId = 1;
+  #closed = false;
+
+  constructor(options: SchedulerOptions) {
+    const { local, link } = options;
+    this.#local = local;
+    this.#link = link;
+    this.#tokenizer = options.tokenizer;
+    this.#queueLimit = options.queue;
+    this.#log = options.log ?? (() => undefined);
+    if (local.first !== 0) {
+      throw new RangeError(
+        `Cannot schedule on layers ${rangeOf(local)}: the head's stage must start at layer 0`,
+      );
+    }
+    if (!link && local.end !== local.nLayer) {
+      throw new RangeError(
+        `Cannot schedule on layers ${rangeOf(local)} alone: the model has ${local.nLayer} ` +
+          `layers; give the head --next host:port for layers ${local.end}:${local.nLayer}`,
+      );
+    }
+    if (link && link.remote.first !== local.end) {
+      throw new RangeError(
+        `Cannot chain layers ${rangeOf(local)} to a next stage at layer ${link.remote.first}`,
+      );
+    }
+    const stageSlots = Math.min(local.slots, link?.remote.slots ?? Infinity);
+    if (!Number.isInteger(options.slots) || options.slots < 1 || options.slots > stageSlots) {
+      throw new RangeError(
+        `Cannot run ${options.slots} slots: the stages were opened with ${stageSlots}`,
+      );
+    }
+    this.slots = options.slots;
+    this.ctx = Math.min(local.ctx, link?.remote.ctx ?? Infinity);
+    this.#free = Array.from({ length: this.slots }, (_, i) => this.slots - 1 - i);
+    this.#cache = new PrefixCache(options.snapshots);
+    const stages = [new StageTimes(rangeOf(local), "local")];
+    if (link) stages.push(new StageTimes(rangeOf(link.remote), link.remote.address));
+    this.stats = new SchedulerStats(stages);
+  }
+
+  /** The next stage, when the model is split. */
+  get link(): StageLink | undefined {
+    return this.#link;
+  }
+
+  get busy(): number {
+    return this.#running.size;
+  }
+
+  get queued(): number {
+    return this.#queue.length;
+  }
+
+  /**
+   * Admits a request, or throws OverloadedError when the slots and the queue are full, or
+   * StageUnavailableError when the next stage does not answer. It runs when a slot frees.
+   */
+  async admit(request: SequenceRequest): Promise<Sequence> {
+    this.#checkRoom();
+    if (request.prompt.length === 0 || request.prompt.length > this.ctx) {
+      throw new RangeError(
+        `Cannot run a prompt of ${request.prompt.length} tokens: expected 1..${this.ctx}`,
+      );
+    }
+    if (this.#link) await this.#link.ensureUp(() => this.#spare());
+    this.#checkRoom();
+    const seq = new Sequence(`seq${this.#nextId++}`, request, this.#tokenizer);
+    this.#admittedAt.set(seq, performance.now());
+    const { temperature, topK, topP, seed } = request.sampling;
+    if (temperature > 0) {
+      this.#log(
+        `[sample] ${seq.id} temperature=${temperature} top_k=${topK} top_p=${topP} seed=${seed}`,
+      );
+    }
+    this.#queue.push(seq);
+    seq.signal.addEventListener("abort", () => this.#dequeue(seq), { once: true });
+    this.#pump();
+    return seq;
+  }
+
+  /** Liveness of every stage; probes an idle next stage (see StageLink.ensureUp). */
+  async health(): Promise<Health> {
+    const link = this.#link;
+    if (link) {
+      try {
+        await link.ensureUp(() => this.#spare());
+      } catch (e) {
+        if (!(e instanceof StageUnavailableError)) throw e; // The status below records it.
+      }
+    }
+    const [local, remote] = this.stats.stages;
+    const stages: StageHealth[] = [{
+      layers: local.layers,
+      where: local.where,
+      up: true,
+      lastRttMs: null,
+      lastAnswerAgoMs: null,
+      decodeMsPerToken: local.decodeMsPerToken,
+      error: null,
+    }];
+    if (link) {
+      const s = link.status();
+      stages.push({
+        layers: remote.layers,
+        where: remote.where,
+        up: s.up,
+        lastRttMs: s.lastRttMs,
+        lastAnswerAgoMs: s.lastAnswerAgoMs,
+        decodeMsPerToken: remote.decodeMsPerToken,
+        error: s.error,
+      });
+    }
+    return {
+      ok: stages.every((s) => s.up === true),
+      stages,
+      slots: this.slots,
+      busy: this.busy,
+      queued: this.queued,
+      cachedPrefixes: this.#cache.size,
+    };
+  }
+
+  /** Cancels everything and waits for the slot loops to end. */
+  async close(): Promise<void> {
+    this.#closed = true;
+    for (const seq of [...this.#queue, ...this.#running.keys()]) seq.cancel();
+    await Promise.all(this.#running.values());
+  }
+
+  #checkRoom(): void {
+    if (this.#closed) throw new OverloadedError("Overloaded: the server is shutting down");
+    if (this.#running.size + this.#queue.length >= this.slots + this.#queueLimit) {
+      throw new OverloadedError(
+        `Overloaded: all ${this.slots} slots are busy and ${this.#queue.length} requests are ` +
+          `waiting; retry shortly`,
+      );
+    }
+  }
+
+  /** A free slot for a probe, only when no admitted sequence is waiting for it. */
+  #spare(): SpareSlot | undefined {
+    if (this.#queue.length > 0 || this.#free.length === 0) return undefined;
+    const slot = this.#free.pop()!;
+    return {
+      slot,
+      release: () => {
+        this.#free.push(slot);
+        this.#pump();
+      },
+    };
+  }
+
+  #dequeue(seq: Sequence): void {
+    const at = this.#queue.indexOf(seq);
+    if (at !== -1) {
+      this.#queue.splice(at, 1);
+      this.stats.sequences.cancelled++;
+    }
+  }
+
+  #pump(): void {
+    while (this.#free.length > 0 && this.#queue.length > 0) {
+      const seq = this.#queue.shift()!;
+      const slot = this.#free.pop()!;
+      const task = this.#drive(seq, slot).finally(() => {
+        this.#running.delete(seq);
+        this.#free.push(slot);
+        this.#pump();
+      });
+      this.#running.set(seq, task);
+    }
+  }
+
+  /** One sequence on one slot, from cache restore to its last token. Never throws. */
+  async #drive(seq: Sequence, slot: number): Promise<void> {
+    try {
+      await this.#generate(seq, slot);
+      this.stats.sequences.finished++;
+    } catch (e) {
+      if (e instanceof CancelledError) {
+        this.stats.sequences.cancelled++;
+        this.#log(`${seq.id} cancelled on slot ${slot} after ${seq.outputTokens} tokens`);
+        return;
+      }
+      this.stats.sequences.failed++;
+      this.#log(`${seq.id} failed on slot ${slot}: ${(e as Error).message}`);
+      seq.fail(e);
+    }
+  }
+
+  async #generate(seq: Sequence, slot: number): Promise<void> {
+    const { prompt, cacheBoundary } = seq.request;
+    const topk = seq.topk(this.#tokenizer.vocabSize, MAX_TOPK);
+    let pos = await this.#restorePrefix(seq, slot);
+    seq.begin(pos);
+    this.stats.promptTokens += prompt.length;
+    this.stats.cachedTokens += pos;
+    const boundary = this.#cache.capacity > 0 && cacheBoundary !== undefined &&
+        cacheBoundary > pos && cacheBoundary < prompt.length &&
+        !this.#cache.has(prompt.slice(0, cacheBoundary), this.#epoch())
+      ? cacheBoundary
+      : undefined;
+    const chunk = Math.min(this.#local.maxBatch, this.#link?.remote.maxBatch ?? Infinity);
+    let out: { ids: Uint32Array; top: readonly TopEntry[] } | undefined;
+    while (pos < prompt.length) {
+      let end = Math.min(pos + chunk, prompt.length);
+      if (boundary !== undefined && pos < boundary && end > boundary) end = boundary;
+      const last = end === prompt.length;
+      out = await this.#forward(
+        seq,
+        slot,
+        Uint32Array.from(prompt.slice(pos, end)),
+        pos,
+        last ? topk : 0,
+      );
+      pos = end;
+      if (pos === boundary) await this.#savePrefix(seq, slot, prompt.slice(0, pos));
+    }
+    const admitted = this.#admittedAt.get(seq)!;
+    let first = true;
+    while (out) {
+      const id = seq.pick(out.ids[out.ids.length - 1], out.top);
+      if (first) {
+        this.stats.timeToFirstToken.observe((performance.now() - admitted) / 1000);
+        first = false;
+      }
+      this.stats.outputTokens++;
+      const more = seq.accept(id, out.top, this.#tokenizer.eosIds.has(id), pos >= this.ctx);
+      if (!more) return;
+      out = await this.#forward(seq, slot, Uint32Array.of(id), pos, topk);
+      pos++;
+    }
+  }
+
+  /** Runs positions [base, base+n) through every stage; the last stage's ids and top-k. */
+  async #forward(
+    seq: Sequence,
+    slot: number,
+    ids: Uint32Array,
+    base: number,
+    topk: number,
+  ): Promise<{ ids: Uint32Array; top: readonly TopEntry[] }> {
+    const [localTimes, remoteTimes] = this.stats.stages;
+    const out = await this.#lane.run(async () => {
+      seq.checkCancelled();
+      const t0 = performance.now();
+      try {
+        const result = await this.#local.run(slot, { kind: "ids", ids }, ids.length, base, {
+          topk,
+        });
+        localTimes.record(performance.now() - t0, ids.length);
+        return result;
+      } catch (e) {
+        localTimes.errors++;
+        throw e;
+      }
+    });
+    if (out.kind === "ids") return out;
+    seq.checkCancelled();
+    const t1 = performance.now();
+    try {
+      const result = await this.#link!.run(slot, out.rows, ids.length, base, topk);
+      remoteTimes.record(performance.now() - t1, ids.length);
+      return result;
+    } catch (e) {
+      remoteTimes.errors++;
+      throw e;
+    }
+  }
+
+  #epoch(): number {
+    return this.#link?.epoch ?? 0;
+  }
+
+  /** Restores the longest cached prefix on every stage; the position to continue from. */
+  async #restorePrefix(seq: Sequence, slot: number): Promise<number> {
+    if (this.#cache.capacity === 0) return 0;
+    // A reconnect changes the epoch and so invalidates entries: settle the connection first.
+    await this.#link?.connect();
+    const entry = this.#cache.lookup(seq.request.prompt, this.#epoch());
+    if (!entry) return 0;
+    try {
+      const local = await this.#lane.run(() => {
+        seq.checkCancelled();
+        return this.#local.restore(slot, entry.idx);
+      });
+      const remote = this.#link ? await this.#link.restore(slot, entry.idx) : local;
+      if (local !== entry.tokens.length || remote !== entry.tokens.length) {
+        throw new RangeError(
+          `Cannot restore snapshot ${entry.idx}: it holds ${entry.tokens.length} tokens, but ` +
+            `the stages restored ${local} and ${remote}`,
+        );
+      }
+      return entry.tokens.length;
+    } finally {
+      this.#cache.release(entry);
+    }
+  }
+
+  /** Snapshots the slot on every stage and records it under `tokens`. */
+  async #savePrefix(seq: Sequence, slot: number, tokens: number[]): Promise<void> {
+    const idx = this.#cache.reserve();
+    if (idx === undefined) return; // Every place is being restored right now; skip this one.
+    const epoch = this.#epoch();
+    let saved = false;
+    try {
+      await this.#lane.run(() => {
+        seq.checkCancelled();
+        return this.#local.save(slot, idx);
+      });
+      await this.#link?.save(slot, idx);
+      saved = this.#epoch() === epoch;
+    } finally {
+      if (saved) this.#cache.insert({ idx, tokens, epoch });
+      else this.#cache.abandon(idx);
+    }
+  }
+}

@@ -1,0 +1,306 @@
+// One request's generation state: prompt, limits, sampler, stop conditions and its event stream.
+// The scheduler feeds it the last stage's output per step; lib/server reads its events.
+
+import type { TopEntry } from "../../engine/stage.ts";
+import { sampleToken, SplitMix64 } from "../sampling/sample.ts";
+import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
+
+export interface SamplingOptions {
+  /** 0 is greedy: the last stage's argmax, exactly. */
+  readonly temperature: number;
+  /** Candidates the last stage returns and the sampler draws from. */
+  readonly topK: number;
+  readonly topP: number;
+  readonly seed: bigint;
+}
+
+/**
+ * Restricts which tokens may come next (a grammar). The scheduler asks the last stage for every
+ * candidate it can send while a constraint is active.
+ */
+export interface TokenConstraint {
+  /** Up to `limit` of `ranked` (descending by logit) that keep the output valid, in order. */
+  viable(ranked: readonly TopEntry[], limit: number): TopEntry[];
+  /** A token that is always valid next: used when no candidate the stage sent is. */
+  fallback(): number;
+  accept(id: number): void;
+  /** The grammar is complete: generation ends here. */
+  readonly done: boolean;
+}
+
+export interface SequenceRequest {
+  readonly prompt: readonly number[];
+  /**
+   * Tokens of the conversation history at the start of the prompt: the state there is
+   * snapshotted for the next turn, which starts with the same tokens.
+   */
+  readonly cacheBoundary?: number;
+  readonly maxTokens: number;
+  readonly stop?: readonly string[];
+  readonly sampling: SamplingOptions;
+  readonly constraint?: TokenConstraint;
+  /** Report this many top candidates with log-probabilities per generated token. */
+  readonly nProbs?: number;
+  readonly signal?: AbortSignal;
+}
+
+export type StopReason = "end_turn" | "max_tokens" | "stop_sequence" | "constraint";
+
+export interface Usage {
+  readonly promptTokens: number;
+  /** Prompt tokens restored from the prefix cache instead of being computed. */
+  readonly cachedTokens: number;
+  readonly outputTokens: number;
+}
+
+/** Log-probabilities normalized over the candidates the last stage returned. */
+export interface TokenProbs {
+  readonly logprob: number;
+  readonly top: readonly { readonly id: number; readonly logprob: number }[];
+}
+
+export type SequenceEvent =
+  | { readonly type: "start"; readonly promptTokens: number; readonly cachedTokens: number }
+  | {
+    readonly type: "token";
+    readonly id: number;
+    /** Text this token releases: whole characters, minus any possible start of a stop string. */
+    readonly text: string;
+    readonly probs?: TokenProbs;
+  }
+  /** Held-back text released at the end (an unfinished character, a stop string's start). */
+  | { readonly type: "text"; readonly text: string }
+  | {
+    readonly type: "end";
+    readonly reason: StopReason;
+    readonly stopSequence: string | null;
+    readonly usage: Usage;
+  }
+  | { readonly type: "error"; readonly error: unknown };
+
+/** Thrown inside the scheduler when a sequence's client has gone. */
+export class CancelledError extends Error {
+  override name = "CancelledError";
+}
+
+/**
+ * Finds stop strings in streamed text. Text that could still turn into a stop string is held
+ * back, so text after (or inside) a stop string is never released.
+ */
+export class StopMatcher {
+  readonly #stops: readonly string[];
+  #held = "";
+
+  constructor(stops: readonly string[]) {
+    this.#stops = stops.filter((s) => s.length > 0);
+  }
+
+  /** The text safe to release, and the stop string when one completed. */
+  push(text: string): { text: string; stop: string | null } {
+    const buffer = this.#held + text;
+    let at = -1;
+    let stop: string | null = null;
+    for (const s of this.#stops) {
+      const i = buffer.indexOf(s);
+      if (i !== -1 && (at === -1 || i < at)) {
+        at = i;
+        stop = s;
+      }
+    }
+    if (stop !== null) {
+      this.#held = "";
+      return { text: buffer.slice(0, at), stop };
+    }
+    let keep = 0;
+    for (const s of this.#stops) {
+      for (let n = Math.min(s.length - 1, buffer.length); n > keep; n--) {
+        if (buffer.endsWith(s.slice(0, n))) {
+          keep = n;
+          break;
+        }
+      }
+    }
+    this.#held = buffer.slice(buffer.length - keep);
+    return { text: buffer.slice(0, buffer.length - keep), stop: null };
+  }
+
+  /** Held text, released when generation ends for another reason. */
+  flush(): string {
+    const held = this.#held;
+    this.#held = "";
+    return held;
+  }
+}
+
+function logSoftmax(top: readonly TopEntry[]): Map<number, number> {
+  const max = top[0].logit;
+  const sum = top.reduce((s, c) => s + Math.exp(c.logit - max), 0);
+  const lse = max + Math.log(sum);
+  return new Map(top.map((c) => [c.id, c.logit - lse]));
+}
+
+/**
+ * A sequence from admission to its end. The scheduler calls begin, then pick/accept per
+ * generated token, then finish or fail; each call turns into events on `events`.
+ */
+export class Sequence {
+  readonly id: string;
+  readonly request: SequenceRequest;
+  readonly events: ReadableStream<SequenceEvent>;
+  readonly #tokenizer: TextTokenizer;
+  readonly #rng: SplitMix64;
+  readonly #stop: StopMatcher;
+  readonly #decoder = new TextDecoder("utf-8", { ignoreBOM: true });
+  readonly #abort = new AbortController();
+  #controller!: ReadableStreamDefaultController<SequenceEvent>;
+  #cachedTokens = 0;
+  #outputTokens = 0;
+  #ended = false;
+
+  constructor(id: string, request: SequenceRequest, tokenizer: TextTokenizer) {
+    this.id = id;
+    this.request = request;
+    this.#tokenizer = tokenizer;
+    this.#rng = new SplitMix64(request.sampling.seed);
+    this.#stop = new StopMatcher(request.stop ?? []);
+    this.events = new ReadableStream<SequenceEvent>({
+      start: (controller) => {
+        this.#controller = controller;
+      },
+      cancel: () => this.cancel(),
+    });
+    const onAbort = () => this.cancel();
+    request.signal?.addEventListener("abort", onAbort, { once: true });
+    // Deno.serve also aborts a request's signal after a successful response: stop listening
+    // once the sequence is over so that only a client going away counts.
+    this.#abort.signal.addEventListener(
+      "abort",
+      () => request.signal?.removeEventListener("abort", onAbort),
+      { once: true },
+    );
+    if (request.signal?.aborted) this.cancel();
+  }
+
+  /** Aborted when the client goes away (or the sequence ended): the scheduler stops it. */
+  get signal(): AbortSignal {
+    return this.#abort.signal;
+  }
+
+  get ended(): boolean {
+    return this.#ended;
+  }
+
+  get outputTokens(): number {
+    return this.#outputTokens;
+  }
+
+  /** Ends the sequence at its next step; its events stream closes without an end event. */
+  cancel(): void {
+    if (this.#ended) return;
+    this.#ended = true;
+    this.#abort.abort(new CancelledError(`Sequence ${this.id} was cancelled by its client`));
+    try {
+      this.#controller.close();
+    } catch (e) {
+      if (!(e instanceof TypeError)) throw e; // The reader cancelled the stream itself.
+    }
+  }
+
+  /** Throws CancelledError when the client has gone. */
+  checkCancelled(): void {
+    if (this.#abort.signal.aborted) throw this.#abort.signal.reason;
+  }
+
+  /** Candidates to ask the last stage for at each step. */
+  topk(vocabSize: number, maxTopk: number): number {
+    const { constraint, nProbs, sampling } = this.request;
+    if (constraint) return Math.min(vocabSize, maxTopk);
+    const wanted = Math.max(sampling.temperature > 0 ? sampling.topK : 0, nProbs ? maxTopk : 0);
+    return Math.min(wanted, vocabSize, maxTopk);
+  }
+
+  begin(cachedTokens: number): void {
+    this.#cachedTokens = cachedTokens;
+    this.#emit({ type: "start", promptTokens: this.request.prompt.length, cachedTokens });
+  }
+
+  /** The next token from the last stage's output for the final position. */
+  pick(greedy: number, top: readonly TopEntry[]): number {
+    const { constraint, sampling } = this.request;
+    if (!constraint) return sampleToken(greedy, top, sampling, this.#rng);
+    const limit = sampling.temperature > 0 ? Math.max(1, sampling.topK) : 1;
+    const viable = constraint.viable(top, limit);
+    if (viable.length === 0) return constraint.fallback();
+    return sampleToken(viable[0].id, viable, sampling, this.#rng);
+  }
+
+  /**
+   * Records a generated token and emits its text; returns false when generation must stop
+   * (the sequence has then ended with its stop reason). `eog` says the id ends generation.
+   */
+  accept(id: number, top: readonly TopEntry[], eog: boolean, contextFull: boolean): boolean {
+    this.#outputTokens++;
+    const { constraint, maxTokens, nProbs } = this.request;
+    constraint?.accept(id);
+    const probs = nProbs ? this.#probs(id, top, nProbs) : undefined;
+    if (eog) {
+      this.#emit({ type: "token", id, text: "", probs });
+      this.#finish("end_turn", null);
+      return false;
+    }
+    const piece = this.#decoder.decode(this.#tokenizer.tokenBytes(id, { specials: false }), {
+      stream: true,
+    });
+    const { text, stop } = this.#stop.push(piece);
+    this.#emit({ type: "token", id, text, probs });
+    if (stop !== null) this.#finish("stop_sequence", stop);
+    else if (constraint?.done) this.#finish("constraint", null);
+    else if (this.#outputTokens >= maxTokens || contextFull) this.#finish("max_tokens", null);
+    else return true;
+    return false;
+  }
+
+  /** Ends with an error event (after the tokens already sent). */
+  fail(error: unknown): void {
+    if (this.#ended) return;
+    this.#emit({ type: "error", error });
+    this.#close();
+  }
+
+  #finish(reason: StopReason, stopSequence: string | null): void {
+    if (reason !== "stop_sequence") {
+      const rest = this.#stop.push(this.#decoder.decode()).text + this.#stop.flush();
+      if (rest) this.#emit({ type: "text", text: rest });
+    }
+    this.#emit({
+      type: "end",
+      reason,
+      stopSequence,
+      usage: {
+        promptTokens: this.request.prompt.length,
+        cachedTokens: this.#cachedTokens,
+        outputTokens: this.#outputTokens,
+      },
+    });
+    this.#close();
+  }
+
+  #close(): void {
+    this.#ended = true;
+    this.#abort.abort(new CancelledError(`Sequence ${this.id} has ended`));
+    this.#controller.close();
+  }
+
+  #emit(event: SequenceEvent): void {
+    if (!this.#ended) this.#controller.enqueue(event);
+  }
+
+  #probs(id: number, top: readonly TopEntry[], n: number): TokenProbs {
+    if (top.length === 0) return { logprob: 0, top: [] };
+    const lp = logSoftmax(top);
+    return {
+      logprob: lp.get(id) ?? -Infinity,
+      top: top.slice(0, n).map((c) => ({ id: c.id, logprob: lp.get(c.id)! })),
+    };
+  }
+}

@@ -1,0 +1,177 @@
+// POST /completion in llama.cpp's style: a raw prompt (no template), n_predict, sampling, seed,
+// n_probs; the reply as one JSON object or `data:` frames with `stop: true` on the last.
+
+import type { SequenceEvent, StopReason, TokenProbs } from "../scheduler/sequence.ts";
+import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
+import { ApiError, errorResponse, toApiError } from "./api_error.ts";
+import { Field, type JsonObject, readSeed } from "./fields.ts";
+import { type Head, resolveSampling, streamSignal } from "./generate.ts";
+import { checkFits } from "./prompt.ts";
+import { type SseMessage, SseStream } from "./sse.ts";
+
+const STOP_TYPE: Readonly<Record<StopReason, string>> = {
+  end_turn: "eos",
+  max_tokens: "limit",
+  stop_sequence: "word",
+  constraint: "eos",
+};
+
+/** `prompt`: a string, token ids, or a list mixing both (as llama.cpp accepts). */
+function promptIds(field: Field, tokenizer: TextTokenizer): number[] {
+  if (typeof field.value === "string") return tokenizer.encode(field.value);
+  return field.array().flatMap((part) => {
+    if (typeof part.value === "string") return tokenizer.encode(part.value);
+    return [part.number({ integer: true, min: 0, max: tokenizer.vocabSize - 1 })];
+  });
+}
+
+function tokenEntry(tokenizer: TextTokenizer, id: number, logprob: number) {
+  const bytes = tokenizer.tokenBytes(id);
+  return {
+    id,
+    token: new TextDecoder().decode(bytes),
+    bytes: [...bytes],
+    logprob,
+  };
+}
+
+function probabilities(tokenizer: TextTokenizer, id: number, probs: TokenProbs) {
+  return {
+    ...tokenEntry(tokenizer, id, probs.logprob),
+    top_logprobs: probs.top.map((c) => tokenEntry(tokenizer, c.id, c.logprob)),
+  };
+}
+
+/** Numbers JSON carries exactly stay numbers; larger seeds become decimal strings. */
+function seedJson(seed: bigint): number | string {
+  return seed <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(seed) : seed.toString();
+}
+
+/** POST /completion. */
+export async function createCompletion(
+  head: Head,
+  body: JsonObject,
+  requestId: string,
+  request: Request,
+): Promise<Response> {
+  const root = Field.root(body);
+  const prompt = promptIds(root.key("prompt"), head.tokenizer);
+  if (prompt.length === 0) root.key("prompt").fail("the prompt has no tokens");
+  const nPredict = root.key("n_predict").optNumber({ integer: true, min: -1 }) ?? -1;
+  const nProbs = root.key("n_probs").optNumber({ integer: true, min: 0, max: 1024 }) ?? 0;
+  const sampling = resolveSampling({
+    temperature: root.key("temperature").optNumber({ min: 0 }),
+    topK: root.key("top_k").optNumber({ integer: true, min: 0 }),
+    topP: root.key("top_p").optNumber({ min: 0, max: 1 }),
+    seed: readSeed(root.key("seed")),
+  }, head.defaults);
+  const stop = root.key("stop").present ? root.key("stop").strings() : [];
+  const stream = root.key("stream").optBoolean() ?? false;
+  checkFits(prompt.length, head.scheduler.ctx);
+  const seq = await head.scheduler.admit({
+    prompt,
+    maxTokens: nPredict < 0 ? Number.MAX_SAFE_INTEGER : Math.max(nPredict, 1),
+    stop,
+    sampling,
+    nProbs,
+    signal: streamSignal(stream, request),
+  });
+  const settings = {
+    n_predict: nPredict,
+    temperature: sampling.temperature,
+    top_k: sampling.topK,
+    top_p: sampling.topP,
+    seed: seedJson(sampling.seed),
+    n_probs: nProbs,
+  };
+  const t0 = performance.now();
+  let firstAt = 0;
+  let content = "";
+  const probs: unknown[] = [];
+  let cached = 0;
+  /** The final object: llama.cpp's shape, `content` holding what the caller still lacks. */
+  const final = (event: Extract<SequenceEvent, { type: "end" }>, rest: string) => {
+    const end = performance.now();
+    return {
+      index: 0,
+      content: rest,
+      id_slot: -1,
+      stop: true,
+      model: head.modelId,
+      tokens_predicted: event.usage.outputTokens,
+      tokens_evaluated: event.usage.promptTokens,
+      tokens_cached: event.usage.cachedTokens,
+      stop_type: STOP_TYPE[event.reason],
+      stopping_word: event.stopSequence ?? "",
+      truncated: false,
+      generation_settings: settings,
+      timings: {
+        prompt_n: event.usage.promptTokens - cached,
+        prompt_ms: firstAt - t0,
+        predicted_n: event.usage.outputTokens,
+        predicted_ms: end - firstAt,
+        predicted_per_token_ms: (end - firstAt) / Math.max(1, event.usage.outputTokens - 1),
+      },
+      ...(nProbs > 0 ? { completion_probabilities: probs } : {}),
+    };
+  };
+  const observe = (e: SequenceEvent) => {
+    if (e.type === "start") cached = e.cachedTokens;
+    if (e.type === "token" && firstAt === 0) firstAt = performance.now();
+  };
+
+  if (!stream) {
+    for await (const e of seq.events) {
+      observe(e);
+      if (e.type === "token" || e.type === "text") content += e.text;
+      if (e.type === "token" && e.probs) probs.push(probabilities(head.tokenizer, e.id, e.probs));
+      if (e.type === "error") return errorResponse(toApiError(e.error), "llama", requestId);
+      if (e.type === "end") {
+        return Response.json(final(e, content), { headers: { "request-id": requestId } });
+      }
+    }
+    return errorResponse(
+      new ApiError("internal", "The completion ended early: its client went away"),
+      "llama",
+      requestId,
+    );
+  }
+  const frames = seq.events.pipeThrough(
+    new TransformStream<SequenceEvent, SseMessage>({
+      transform(e, controller) {
+        observe(e);
+        const send = (body: unknown) => controller.enqueue({ data: JSON.stringify(body) });
+        switch (e.type) {
+          case "token":
+          case "text":
+            if (e.type === "token" || e.text) {
+              send({
+                index: 0,
+                content: e.text,
+                stop: false,
+                ...(e.type === "token" ? { tokens: [e.id] } : {}),
+                ...(e.type === "token" && e.probs
+                  ? { completion_probabilities: [probabilities(head.tokenizer, e.id, e.probs)] }
+                  : {}),
+              });
+            }
+            return;
+          case "end":
+            send(final(e, ""));
+            return;
+          case "error":
+            send(toApiError(e.error).body("llama", requestId));
+        }
+      },
+    }),
+  ).pipeThrough(
+    new SseStream({ keepAlive: { everyMs: head.pingMs, message: { comment: "ping" } } }),
+  );
+  return new Response(frames, {
+    headers: {
+      "content-type": "text/event-stream; charset=utf-8",
+      "cache-control": "no-cache",
+      "request-id": requestId,
+    },
+  });
+}

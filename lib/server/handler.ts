@@ -1,0 +1,254 @@
+// handle(Request) → Response for the head: routes, API keys, body limits, and containment (every
+// failure becomes an error response in the route's API shape). main.ts serves it with Deno.serve.
+
+import { ApiError, errorResponse, type Flavor, toApiError } from "./api_error.ts";
+import { createCompletion } from "./completion.ts";
+import { type JsonObject, parseBody } from "./fields.ts";
+import { type Head, randomId } from "./generate.ts";
+import { countTokens, createMessage } from "./messages.ts";
+import { renderMetrics, RequestCounter } from "./metrics.ts";
+import { createChatCompletion } from "./openai.ts";
+
+export interface HandlerOptions {
+  /** When set, every route but /health needs it (x-api-key or Authorization: Bearer). */
+  readonly apiKey?: string;
+  /** Larger bodies are refused with 413. Default 32 MiB, Anthropic's limit. */
+  readonly maxBodyBytes?: number;
+}
+
+type Handle = (request: Request) => Promise<Response>;
+
+interface RouteContext {
+  readonly request: Request;
+  readonly requestId: string;
+  /** The parsed JSON body (POST routes). */
+  readonly body: JsonObject;
+}
+
+interface Route {
+  readonly flavor: Flavor;
+  readonly method: "GET" | "POST";
+  /** Answered without an API key. */
+  readonly open?: boolean;
+  run(ctx: RouteContext): Response | Promise<Response>;
+}
+
+const KNOWN_ROUTES =
+  "POST /v1/messages, POST /v1/messages/count_tokens, POST /v1/chat/completions, " +
+  "POST /completion, GET /v1/models, GET /health, GET /metrics";
+
+/** Constant-time comparison, so response timing does not leak the key. */
+function sameKey(a: string, b: string): boolean {
+  const x = new TextEncoder().encode(a);
+  const y = new TextEncoder().encode(b);
+  let diff = x.length ^ y.length;
+  for (let i = 0; i < Math.max(x.length, y.length); i++) diff |= (x[i] ?? 0) ^ (y[i] ?? 0);
+  return diff === 0;
+}
+
+function presentedKey(request: Request): string | undefined {
+  const direct = request.headers.get("x-api-key");
+  if (direct !== null) return direct.trim();
+  const auth = request.headers.get("authorization");
+  const m = auth ? /^Bearer\s+(.+)$/i.exec(auth.trim()) : null;
+  return m ? m[1] : undefined;
+}
+
+/** Reads the body up to `limit` bytes: 413 beyond it, 400 when it is not UTF-8 JSON. */
+async function readJson(request: Request, limit: number): Promise<JsonObject> {
+  const tooLarge = (size: string) =>
+    new ApiError(
+      "request_too_large",
+      `Request body is ${size} bytes; the limit is ${limit} bytes. Send a shorter request`,
+    );
+  const declared = Number(request.headers.get("content-length"));
+  if (declared > limit) throw tooLarge(String(declared));
+  if (!request.body) {
+    throw new ApiError("invalid_request", "The request has no body; send a JSON object");
+  }
+  const chunks: Uint8Array[] = [];
+  let total = 0;
+  const reader = request.body.getReader();
+  while (true) {
+    const { done, value } = await reader.read();
+    if (done) break;
+    total += value.length;
+    if (total > limit) {
+      await reader.cancel();
+      throw tooLarge(`more than ${limit}`);
+    }
+    chunks.push(value);
+  }
+  const bytes = new Uint8Array(total);
+  chunks.reduce((at, c) => (bytes.set(c, at), at + c.length), 0);
+  let text: string;
+  try {
+    text = new TextDecoder("utf-8", { fatal: true }).decode(bytes);
+  } catch (e) {
+    throw new ApiError("invalid_request", "The request body is not UTF-8 text", { cause: e });
+  }
+  return parseBody(text);
+}
+
+function modelObject(head: Head): Record<string, unknown> {
+  return {
+    id: head.modelId,
+    type: "model",
+    object: "model",
+    display_name: head.modelId,
+    created_at: "1970-01-01T00:00:00Z",
+    created: 0,
+    owned_by: "tandem",
+    context_window: head.scheduler.ctx,
+  };
+}
+
+function routes(head: Head, requests: RequestCounter): Map<string, Route> {
+  const jsonHeaders = (requestId: string) => ({ headers: { "request-id": requestId } });
+  return new Map<string, Route>([
+    ["/v1/messages", {
+      flavor: "anthropic",
+      method: "POST",
+      run: (c) => createMessage(head, c.body, c.requestId, c.request),
+    }],
+    ["/v1/messages/count_tokens", {
+      flavor: "anthropic",
+      method: "POST",
+      run: (c) => countTokens(head, c.body, c.requestId),
+    }],
+    ["/v1/chat/completions", {
+      flavor: "openai",
+      method: "POST",
+      run: (c) => createChatCompletion(head, c.body, c.requestId, c.request),
+    }],
+    ["/completion", {
+      flavor: "llama",
+      method: "POST",
+      run: (c) => createCompletion(head, c.body, c.requestId, c.request),
+    }],
+    ["/v1/models", {
+      flavor: "anthropic",
+      method: "GET",
+      run: (c) =>
+        Response.json({
+          object: "list",
+          data: [modelObject(head)],
+          has_more: false,
+          first_id: head.modelId,
+          last_id: head.modelId,
+        }, jsonHeaders(c.requestId)),
+    }],
+    ["/health", {
+      flavor: "llama",
+      method: "GET",
+      open: true,
+      run: async () => {
+        const h = await head.scheduler.health();
+        const down = h.stages.filter((s) => s.up !== true);
+        return Response.json({
+          status: h.ok ? "ok" : "unavailable",
+          ...(h.ok ? {} : {
+            error: `stage ${down.map((s) => `${s.layers} (${s.where})`).join(", ")} is not ` +
+              `answering: ${down.map((s) => s.error ?? "no contact yet").join("; ")}`,
+          }),
+          model: head.modelId,
+          stages: h.stages.map((s) => ({
+            layers: s.layers,
+            where: s.where,
+            up: s.up,
+            last_rtt_ms: s.lastRttMs,
+            last_answer_ms_ago: s.lastAnswerAgoMs,
+            decode_ms_per_token: s.decodeMsPerToken,
+            error: s.error,
+          })),
+          slots: { total: h.slots, busy: h.busy },
+          queued: h.queued,
+          cached_prefixes: h.cachedPrefixes,
+        }, { status: h.ok ? 200 : 503 });
+      },
+    }],
+    ["/metrics", {
+      flavor: "llama",
+      method: "GET",
+      run: () =>
+        new Response(renderMetrics(requests, head.scheduler, head.scheduler.link?.status()), {
+          headers: { "content-type": "text/plain; version=0.0.4; charset=utf-8" },
+        }),
+    }],
+    ["/", {
+      flavor: "anthropic",
+      method: "GET",
+      run: () => Response.json({ status: "ok", model: head.modelId }),
+    }],
+    // Claude Code's connection warm-up probe.
+    ["/api/hello", {
+      flavor: "anthropic",
+      method: "GET",
+      run: () => Response.json({ status: "ok" }),
+    }],
+  ]);
+}
+
+function flavorOf(path: string): Flavor {
+  if (path.startsWith("/v1/chat")) return "openai";
+  if (path.startsWith("/v1/")) return "anthropic";
+  return "llama";
+}
+
+/**
+ * The head's request handler. Errors inside a route come back as that API's error shape; the
+ * caller (Deno.serve's onError) holds the last line for anything that escapes.
+ */
+export function createHandler(head: Head, options: HandlerOptions = {}): Handle {
+  const requests = new RequestCounter();
+  const table = routes(head, requests);
+  const limit = options.maxBodyBytes ?? 32 * 1024 * 1024;
+  return async (request) => {
+    const requestId = randomId("req_");
+    const path = new URL(request.url).pathname.replace(/(.)\/+$/, "$1");
+    const modelPath = path.startsWith("/v1/models/");
+    const route = modelPath ? table.get("/v1/models") : table.get(path);
+    const flavor = route?.flavor ?? flavorOf(path);
+    let response: Response;
+    try {
+      if (!route) {
+        throw new ApiError(
+          "not_found",
+          `Not found: ${request.method} ${path}; this server answers ${KNOWN_ROUTES}`,
+        );
+      }
+      const method = request.method === "HEAD" ? "GET" : request.method;
+      if (method !== route.method) {
+        throw new ApiError(
+          "method_not_allowed",
+          `Method ${request.method} is not allowed on ${path}; use ${route.method}`,
+        );
+      }
+      if (options.apiKey !== undefined && !route.open) {
+        const key = presentedKey(request);
+        if (key === undefined || !sameKey(key, options.apiKey)) {
+          throw new ApiError(
+            "authentication",
+            key === undefined
+              ? "Missing API key: send it in the x-api-key header or as Authorization: Bearer"
+              : "Invalid API key",
+          );
+        }
+      }
+      const body = method === "POST" ? await readJson(request, limit) : {};
+      response = modelPath
+        ? Response.json(modelObject(head), { headers: { "request-id": requestId } })
+        : await route.run({ request, requestId, body });
+    } catch (e) {
+      const error = toApiError(e);
+      if (error.status(flavor) >= 500) {
+        head.log(
+          `${request.method} ${path} failed: ${(error.cause as Error)?.stack ?? error.message}`,
+        );
+      }
+      response = errorResponse(error, flavor, requestId);
+    }
+    requests.count(route ? (modelPath ? "/v1/models/{id}" : path) : "other", response.status);
+    return response;
+  };
+}

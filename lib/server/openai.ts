@@ -1,0 +1,317 @@
+// POST /v1/chat/completions: OpenAI request body → ChatRequest, and the reply as a
+// chat.completion or as chat.completion.chunk SSE frames ending in `data: [DONE]`.
+
+import type { Usage } from "../scheduler/sequence.ts";
+import type { ChatMessage, ChatToolCall } from "../tokenizer/chat_template.ts";
+import { errorResponse, toApiError } from "./api_error.ts";
+import { Field, type JsonObject, readSeed } from "./fields.ts";
+import { admitChat, type Head, randomId, type SamplingRequest, streamSignal } from "./generate.ts";
+import { collectReply, type ReplyEvent, type ReplyStopReason, type ToolSpec } from "./output.ts";
+import type { ChatRequest, ToolChoice } from "./prompt.ts";
+import { type SseMessage, SseStream } from "./sse.ts";
+
+export interface CompletionsRequest {
+  readonly model: string;
+  readonly chat: ChatRequest;
+  /** Undefined: until end of generation or a full context. */
+  readonly maxTokens: number | undefined;
+  readonly stop: string[];
+  readonly sampling: SamplingRequest;
+  readonly stream: boolean;
+  readonly includeUsage: boolean;
+}
+
+const FINISH: Readonly<Record<ReplyStopReason, string>> = {
+  end_turn: "stop",
+  stop_sequence: "stop",
+  max_tokens: "length",
+  tool_use: "tool_calls",
+};
+
+function contentText(field: Field): string | null {
+  if (!field.present) return null;
+  if (typeof field.value === "string") return field.value;
+  return field.array().map((part) => {
+    part.object();
+    const type = part.key("type").string();
+    if (type !== "text") {
+      part.key("type").fail(`content parts of type "${type}" are not supported (text is)`);
+    }
+    return part.key("text").string();
+  }).join("\n");
+}
+
+function convertMessage(field: Field, out: ChatMessage[], system: string[]): void {
+  field.object();
+  const role = field.key("role").oneOf(
+    ["system", "developer", "user", "assistant", "tool"] as const,
+  );
+  const content = contentText(field.key("content"));
+  switch (role) {
+    case "system":
+    case "developer":
+      system.push(content ?? "");
+      return;
+    case "user":
+      out.push({ role, content: content ?? "" });
+      return;
+    case "tool":
+      out.push({ role, content: content ?? "", tool_call_id: field.key("tool_call_id").string() });
+      return;
+    case "assistant": {
+      const calls: ChatToolCall[] = [];
+      if (field.key("tool_calls").present) {
+        for (const c of field.key("tool_calls").array()) {
+          c.object();
+          const fn = c.key("function");
+          fn.object();
+          calls.push({
+            id: c.key("id").optString(),
+            type: "function",
+            function: { name: fn.key("name").string(), arguments: fn.key("arguments").string() },
+          });
+        }
+      }
+      const reasoning = field.key("reasoning_content").optString();
+      out.push({
+        role,
+        content: content ?? "",
+        ...(reasoning !== undefined ? { reasoning_content: reasoning } : {}),
+        ...(calls.length ? { tool_calls: calls } : {}),
+      });
+    }
+  }
+}
+
+function parseTools(field: Field): ToolSpec[] {
+  if (!field.present) return [];
+  return field.array().map((t) => {
+    t.object();
+    t.key("type").oneOf(["function"] as const);
+    const fn = t.key("function");
+    fn.object();
+    return {
+      name: fn.key("name").string(),
+      description: fn.key("description").optString(),
+      inputSchema: fn.key("parameters").present
+        ? fn.key("parameters").object()
+        : { type: "object", properties: {} },
+    };
+  });
+}
+
+function parseToolChoice(field: Field, tools: readonly ToolSpec[]): ToolChoice {
+  if (!field.present) return { type: "auto" };
+  if (typeof field.value === "string") {
+    const choice = field.oneOf(["none", "auto", "required"] as const);
+    if (choice === "required" && tools.length === 0) field.fail(`"required" needs "tools"`);
+    return { type: choice === "required" ? "any" : choice };
+  }
+  field.object();
+  field.key("type").oneOf(["function"] as const);
+  const fn = field.key("function");
+  fn.object();
+  const name = fn.key("name").string();
+  if (!tools.some((t) => t.name === name)) fn.key("name").fail(`no tool named "${name}"`);
+  return { type: "tool", name };
+}
+
+export function parseCompletionsRequest(body: JsonObject): CompletionsRequest {
+  const root = Field.root(body);
+  const model = root.key("model").string();
+  const system: string[] = [];
+  const messages: ChatMessage[] = [];
+  const list = root.key("messages").array();
+  if (list.length === 0) root.key("messages").fail("at least one message is required");
+  list.forEach((m) => convertMessage(m, messages, system));
+  if (system.length) messages.unshift({ role: "system", content: system.join("\n\n") });
+  const tools = parseTools(root.key("tools"));
+  const toolChoice = parseToolChoice(root.key("tool_choice"), tools);
+  const n = root.key("n").optNumber({ integer: true, min: 1 });
+  if (n !== undefined && n !== 1) root.key("n").fail(`only n = 1 is supported, got ${n}`);
+  const kwargs = root.key("chat_template_kwargs");
+  if (kwargs.present) kwargs.object();
+  const effort = root.key("reasoning_effort").optString();
+  const thinking = kwargs.key("enable_thinking").optBoolean() ??
+    (effort !== undefined && effort !== "none");
+  const maxTokens = root.key("max_completion_tokens").optNumber({ integer: true, min: 1 }) ??
+    root.key("max_tokens").optNumber({ integer: true, min: 1 });
+  const streamOptions = root.key("stream_options");
+  if (streamOptions.present) streamOptions.object();
+  return {
+    model,
+    chat: { messages, tools, toolChoice, thinking },
+    maxTokens,
+    stop: root.key("stop").present ? root.key("stop").strings() : [],
+    sampling: {
+      temperature: root.key("temperature").optNumber({ min: 0, max: 2 }),
+      topP: root.key("top_p").optNumber({ min: 0, max: 1 }),
+      topK: root.key("top_k").optNumber({ integer: true, min: 0 }),
+      seed: readSeed(root.key("seed")),
+    },
+    stream: root.key("stream").optBoolean() ?? false,
+    includeUsage: streamOptions.key("include_usage").optBoolean() ?? false,
+  };
+}
+
+export function openaiUsage(usage: Usage): Record<string, unknown> {
+  return {
+    prompt_tokens: usage.promptTokens,
+    completion_tokens: usage.outputTokens,
+    total_tokens: usage.promptTokens + usage.outputTokens,
+    prompt_tokens_details: { cached_tokens: usage.cachedTokens },
+  };
+}
+
+interface ChunkInfo {
+  readonly id: string;
+  readonly created: number;
+  readonly model: string;
+  readonly includeUsage: boolean;
+  readonly requestId: string;
+}
+
+/** Reply events → chat.completion.chunk frames (no `event:` names), then `[DONE]`. */
+export class OpenAIChunkStream extends TransformStream<ReplyEvent, SseMessage> {
+  constructor(info: ChunkInfo) {
+    const calls = new Map<number, number>();
+    const chunk = (delta: Record<string, unknown>, finish: string | null = null) => ({
+      data: JSON.stringify({
+        id: info.id,
+        object: "chat.completion.chunk",
+        created: info.created,
+        model: info.model,
+        choices: [{ index: 0, delta, finish_reason: finish, logprobs: null }],
+        ...(info.includeUsage ? { usage: null } : {}),
+      }),
+    });
+    super({
+      transform(e, controller) {
+        switch (e.type) {
+          case "start":
+            controller.enqueue(chunk({ role: "assistant", content: "" }));
+            return;
+          case "block_start":
+            if (e.block.type === "tool_use") {
+              const index = calls.size;
+              calls.set(e.index, index);
+              controller.enqueue(chunk({
+                tool_calls: [{
+                  index,
+                  id: e.block.id,
+                  type: "function",
+                  function: { name: e.block.name, arguments: "" },
+                }],
+              }));
+            }
+            return;
+          case "delta":
+            controller.enqueue(chunk(
+              e.kind === "text"
+                ? { content: e.text }
+                : e.kind === "thinking"
+                ? { reasoning_content: e.text }
+                : { tool_calls: [{ index: calls.get(e.index), function: { arguments: e.text } }] },
+            ));
+            return;
+          case "block_stop":
+            return;
+          case "end":
+            controller.enqueue(chunk({}, FINISH[e.stopReason]));
+            if (info.includeUsage) {
+              controller.enqueue({
+                data: JSON.stringify({
+                  id: info.id,
+                  object: "chat.completion.chunk",
+                  created: info.created,
+                  model: info.model,
+                  choices: [],
+                  usage: openaiUsage(e.usage),
+                }),
+              });
+            }
+            controller.enqueue({ data: "[DONE]" });
+            return;
+          case "error":
+            controller.enqueue({ data: JSON.stringify(e.error.body("openai", info.requestId)) });
+        }
+      },
+    });
+  }
+}
+
+/** POST /v1/chat/completions. */
+export async function createChatCompletion(
+  head: Head,
+  body: JsonObject,
+  requestId: string,
+  request: Request,
+): Promise<Response> {
+  const req = parseCompletionsRequest(body);
+  const prompt = head.prompts.build(req.chat);
+  const gen = await admitChat(head, req.chat, prompt, {
+    maxTokens: req.maxTokens ?? Number.MAX_SAFE_INTEGER,
+    stop: req.stop,
+    sampling: req.sampling,
+    toolIdPrefix: "call_",
+    signal: streamSignal(req.stream, request),
+  });
+  const id = randomId("chatcmpl-");
+  const created = Math.floor(Date.now() / 1000);
+  if (req.stream) {
+    const stream = gen.events
+      .pipeThrough(
+        new OpenAIChunkStream({
+          id,
+          created,
+          model: head.modelId,
+          includeUsage: req.includeUsage,
+          requestId,
+        }),
+      )
+      .pipeThrough(
+        new SseStream({ keepAlive: { everyMs: head.pingMs, message: { comment: "ping" } } }),
+      );
+    return new Response(stream, {
+      headers: {
+        "content-type": "text/event-stream; charset=utf-8",
+        "cache-control": "no-cache",
+        "request-id": requestId,
+      },
+    });
+  }
+  try {
+    const reply = await collectReply(gen.events);
+    const text = reply.blocks.flatMap((b) => b.type === "text" ? [b.text] : []).join("");
+    const reasoning = reply.blocks.flatMap((b) => b.type === "thinking" ? [b.thinking] : []);
+    const calls = reply.blocks.flatMap((b) =>
+      b.type === "tool_use"
+        ? [{
+          id: b.id,
+          type: "function",
+          function: { name: b.name, arguments: JSON.stringify(b.input) },
+        }]
+        : []
+    );
+    return Response.json({
+      id,
+      object: "chat.completion",
+      created,
+      model: head.modelId,
+      choices: [{
+        index: 0,
+        message: {
+          role: "assistant",
+          content: text || (calls.length ? null : ""),
+          ...(reasoning.length ? { reasoning_content: reasoning.join("") } : {}),
+          ...(calls.length ? { tool_calls: calls } : {}),
+        },
+        finish_reason: FINISH[reply.stopReason],
+        logprobs: null,
+      }],
+      usage: openaiUsage(reply.usage),
+    }, { headers: { "request-id": requestId } });
+  } catch (e) {
+    return errorResponse(toApiError(e), "openai", requestId);
+  }
+}

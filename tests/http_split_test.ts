@@ -1,0 +1,196 @@
+// The split gates over HTTP: a head (layers 0:2) plus a worker process (2:4) answer byte for byte
+// as an unsplit head does, concurrently too; a worker killed mid-stream gives partial tokens and
+// a clean error, the head survives, and it serves again once the worker is back.
+
+import assert from "node:assert/strict";
+import {
+  parseSse,
+  post,
+  startTestHead,
+  streamedText,
+  tinyModel,
+  waitFor,
+} from "../lib/server/_test_utils.ts";
+import { freePort, startWorker, type WorkerProcess } from "../lib/wire/_test_utils.ts";
+
+const ask = (content: string, extra: Record<string, unknown> = {}) => ({
+  model: "m",
+  max_tokens: 14,
+  temperature: 0,
+  messages: [{ role: "user", content }],
+  ...extra,
+});
+
+/** Random ids are the only bytes allowed to differ. */
+function withoutIds(body: string): string {
+  return body.replace(/"(msg|toolu)_[0-9A-Za-z]{24}"/g, '"$1_ID"');
+}
+
+function worker(port: number, ctx: number, slots = 2): Promise<WorkerProcess> {
+  return startWorker({
+    model: modelPath,
+    layers: "2:4",
+    port,
+    slots,
+    ctx,
+    snapshots: 4,
+    extra: ["--backend", "reference"],
+  });
+}
+
+const modelPath = await tinyModel();
+
+Deno.test("split /v1/messages bodies equal unsplit ones byte for byte; streams and concurrency agree", async () => {
+  const w = await worker(freePort(), 1024);
+  const split = await startTestHead({
+    layers: { first: 0, end: 2 },
+    next: w.address,
+    slots: 2,
+    ctx: 1024,
+    snapshots: 4,
+  });
+  const whole = await startTestHead({ slots: 2, ctx: 1024, snapshots: 4 });
+  try {
+    const requests = [
+      ask("Hello there"),
+      ask("Name three colors", { system: "Be brief.", stop_sequences: ["e"] }),
+      ask("What is the weather in Lima?", {
+        max_tokens: 80,
+        tools: [{
+          name: "get_weather",
+          input_schema: {
+            type: "object",
+            properties: { city: { type: "string", maxLength: 10 } },
+            required: ["city"],
+          },
+        }],
+        tool_choice: { type: "any" },
+      }),
+    ];
+    for (const req of requests) {
+      const a = await post(`${split.url}/v1/messages`, req);
+      const b = await post(`${whole.url}/v1/messages`, req);
+      assert.equal(a.status, 200);
+      assert.equal(b.status, 200);
+      const [textA, textB] = [await a.text(), await b.text()];
+      assert.equal(withoutIds(textA), withoutIds(textB));
+    }
+    // The tool request was forced: its body must hold a tool_use in both.
+    const tool = await (await post(`${split.url}/v1/messages`, requests[2])).json();
+    assert.equal(tool.stop_reason, "tool_use");
+
+    // Streamed through the split equals buffered.
+    const buffered = await (await post(`${split.url}/v1/messages`, requests[0])).json();
+    const frames = parseSse(
+      await (await post(`${split.url}/v1/messages`, { ...requests[0], stream: true })).text(),
+    );
+    assert.equal(streamedText(frames), buffered.content[0].text);
+
+    // Two concurrent sequences with different prompts each equal their solo reference.
+    const prompts = [
+      ask("Count to ten", { max_tokens: 24 }),
+      ask("Spell ocean", { max_tokens: 24 }),
+    ];
+    const solo = [];
+    for (const p of prompts) {
+      solo.push((await (await post(`${whole.url}/v1/messages`, p)).json()).content);
+    }
+    const both = await Promise.all(prompts.map(async (p) => {
+      const res = await post(`${split.url}/v1/messages`, { ...p, stream: true });
+      return streamedText(parseSse(await res.text()));
+    }));
+    assert.deepEqual(both, solo.map((c) => c[0].text));
+    const health = await (await fetch(`${split.url}/health`)).json();
+    assert.equal(health.status, "ok");
+    assert.deepEqual(health.stages.map((s: { layers: string }) => s.layers), ["0:2", "2:4"]);
+    assert.equal(health.stages[1].where, w.address);
+    assert.ok(health.stages[1].last_rtt_ms > 0);
+    assert.ok(health.stages[1].decode_ms_per_token > 0);
+  } finally {
+    await split.close();
+    await whole.close();
+    await w.stop();
+  }
+});
+
+Deno.test("a worker killed mid-stream: partial tokens, then an error event; the head recovers", async () => {
+  const port = freePort();
+  let w = await worker(port, 2048, 1);
+  const head = await startTestHead({
+    layers: { first: 0, end: 2 },
+    next: w.address,
+    slots: 1,
+    ctx: 2048,
+    snapshots: 4,
+  });
+  try {
+    // A turn whose history gets cached on both stages before the kill.
+    const turn = ask("Hello there", { max_tokens: 4 });
+    assert.equal((await post(`${head.url}/v1/messages`, turn)).status, 200);
+
+    const res = await post(
+      `${head.url}/v1/messages`,
+      ask("Tell a story", {
+        max_tokens: 1500,
+        stream: true,
+      }),
+    );
+    assert.equal(res.status, 200);
+    const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
+    let text = "";
+    while ((text.match(/text_delta/g) ?? []).length < 3) text += (await reader.read()).value;
+    w.child.kill("SIGKILL");
+    const killedAt = performance.now();
+    let errorAt = 0;
+    while (true) {
+      const { done, value } = await reader.read();
+      if (done) break;
+      text += value;
+      if (!errorAt && text.includes("event: error")) errorAt = performance.now();
+    }
+    await w.stop();
+    assert.ok(errorAt > 0, "no error event");
+    assert.ok(errorAt - killedAt < 1000, `error after ${errorAt - killedAt} ms`);
+    const frames = parseSse(text);
+    assert.ok(streamedText(frames).length > 0, "the tokens before the kill were sent");
+    const error = frames.at(-1)!;
+    assert.equal(error.event, "error");
+    const body = JSON.parse(error.data);
+    assert.equal(body.type, "error");
+    assert.equal(body.error.type, "overloaded_error");
+    assert.match(body.error.message, /stage/);
+    assert.ok(!frames.some((f) => f.event === "message_stop"));
+
+    // Down: health says so and requests fail fast with 503 instead of hanging.
+    const health = await fetch(`${head.url}/health`);
+    assert.equal(health.status, 503);
+    assert.equal((await health.json()).stages[1].up, false);
+    const t0 = performance.now();
+    const refused = await post(`${head.url}/v1/messages`, turn);
+    assert.equal(refused.status, 503);
+    assert.equal((await refused.json()).error.type, "overloaded_error");
+    assert.ok(performance.now() - t0 < 1000);
+
+    // Back: the next request succeeds; the cached history was on the dead worker, so nothing
+    // is restored from it.
+    w = await worker(port, 2048, 1);
+    const again = await post(`${head.url}/v1/messages`, turn);
+    assert.equal(again.status, 200);
+    assert.equal((await again.json()).usage.cache_read_input_tokens, 0);
+
+    // A buffered request cut by a dying worker is a 5xx JSON error.
+    const pending = post(`${head.url}/v1/messages`, ask("Another story", { max_tokens: 1500 }));
+    await waitFor(() => head.scheduler.stats.stages[1].decodeTokens > 0 && head.scheduler.busy > 0);
+    w.child.kill("SIGKILL");
+    const cut = await pending;
+    assert.equal(cut.status, 503);
+    assert.equal((await cut.json()).error.type, "overloaded_error");
+    await w.stop();
+    w = await worker(port, 2048, 1);
+    assert.equal((await post(`${head.url}/v1/messages`, turn)).status, 200);
+    assert.equal((await fetch(`${head.url}/health`)).status, 200);
+  } finally {
+    await head.close();
+    await w.stop();
+  }
+});
