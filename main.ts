@@ -37,6 +37,8 @@ export interface HeadConfig {
   readonly snapshots?: number;
   readonly maxBatch?: number;
   readonly apiKey?: string;
+  /** Request bodies beyond this are refused with 413. Default 32 MiB. */
+  readonly maxBodyBytes?: number;
   /** The wire's shared key (the worker's --key-file). */
   readonly wireKey?: CryptoKey;
   readonly backend?: Backend;
@@ -143,7 +145,7 @@ export async function startHead(config: HeadConfig): Promise<RunningHead> {
       },
       pingMs: config.pingMs ?? 10_000,
       log,
-    }, { apiKey: config.apiKey });
+    }, { apiKey: config.apiKey, maxBodyBytes: config.maxBodyBytes });
     const listening = Promise.withResolvers<Deno.NetAddr>();
     const server = Deno.serve({
       hostname: config.host ?? "127.0.0.1",

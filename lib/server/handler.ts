@@ -63,13 +63,10 @@ async function readJson(request: Request, limit: number): Promise<JsonObject> {
     );
   const declared = Number(request.headers.get("content-length"));
   if (declared > limit) throw tooLarge(String(declared));
-  if (!request.body) {
-    throw new ApiError("invalid_request", "The request has no body; send a JSON object");
-  }
   const chunks: Uint8Array[] = [];
   let total = 0;
-  const reader = request.body.getReader();
-  while (true) {
+  const reader = request.body?.getReader();
+  while (reader) {
     const { done, value } = await reader.read();
     if (done) break;
     total += value.length;
@@ -78,6 +75,9 @@ async function readJson(request: Request, limit: number): Promise<JsonObject> {
       throw tooLarge(`more than ${limit}`);
     }
     chunks.push(value);
+  }
+  if (total === 0) {
+    throw new ApiError("invalid_request", "The request has no body; send a JSON object");
   }
   const bytes = new Uint8Array(total);
   chunks.reduce((at, c) => (bytes.set(c, at), at + c.length), 0);
@@ -191,8 +191,8 @@ function routes(head: Head, requests: RequestCounter): Map<string, Route> {
 
 function flavorOf(path: string): Flavor {
   if (path.startsWith("/v1/chat")) return "openai";
-  if (path.startsWith("/v1/")) return "anthropic";
-  return "llama";
+  if (path.startsWith("/completion")) return "llama";
+  return "anthropic";
 }
 
 /**

@@ -4,7 +4,7 @@
 import type { ChatMessage, ChatToolCall } from "../tokenizer/chat_template.ts";
 import { errorResponse, invalidField, toApiError } from "./api_error.ts";
 import { AnthropicEventStream, anthropicUsage } from "./events.ts";
-import { Field, type JsonObject } from "./fields.ts";
+import { describeJson, Field, type JsonObject } from "./fields.ts";
 import { admitChat, type Head, randomId, type SamplingRequest, streamSignal } from "./generate.ts";
 import { collectReply, type Reply, type ToolSpec } from "./output.ts";
 import type { ChatRequest, ToolChoice } from "./prompt.ts";
@@ -62,6 +62,11 @@ function convertMessage(field: Field, out: ChatMessage[], system: string[]): voi
   if (typeof content.value === "string") {
     out.push({ role, content: content.value });
     return;
+  }
+  if (!Array.isArray(content.value)) {
+    content.fail(
+      `expected a string or an array of content blocks, got ${describeJson(content.value)}`,
+    );
   }
   const blocks = content.array();
   if (role === "assistant") {

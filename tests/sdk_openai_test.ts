@@ -1,0 +1,126 @@
+// The official OpenAI SDK as an ordinary client of the head's /v1/chat/completions: create,
+// stream with usage, a tool call round trip and typed errors.
+
+import assert from "node:assert/strict";
+import OpenAI from "openai";
+import { startTestHead } from "../lib/server/_test_utils.ts";
+
+const tools: OpenAI.ChatCompletionTool[] = [{
+  type: "function",
+  function: {
+    name: "lookup",
+    description: "Look a word up",
+    parameters: {
+      type: "object",
+      properties: {
+        word: { type: "string", maxLength: 8 },
+        limit: { type: "integer", minimum: 1, maximum: 3 },
+      },
+      required: ["word", "limit"],
+    },
+  },
+}];
+
+Deno.test("OpenAI SDK: chat.completions.create and stream agree; errors are typed", async () => {
+  const head = await startTestHead({ apiKey: "sk-test" });
+  try {
+    const client = new OpenAI({ apiKey: "sk-test", baseURL: `${head.url}/v1`, maxRetries: 0 });
+    const params = {
+      model: "gpt-anything",
+      max_tokens: 8,
+      temperature: 0,
+      messages: [
+        { role: "system" as const, content: "Be brief." },
+        { role: "user" as const, content: "Hello there" },
+      ],
+    };
+    const done = await client.chat.completions.create(params);
+    assert.equal(done.object, "chat.completion");
+    assert.equal(done.choices[0].finish_reason, "length");
+    assert.equal(done.usage?.completion_tokens, 8);
+    const text = done.choices[0].message.content;
+    assert.equal(typeof text, "string");
+
+    const stream = await client.chat.completions.create({
+      ...params,
+      stream: true,
+      stream_options: { include_usage: true },
+    });
+    let streamed = "";
+    let finish: string | null = null;
+    let usage: OpenAI.CompletionUsage | null | undefined;
+    for await (const chunk of stream) {
+      streamed += chunk.choices[0]?.delta.content ?? "";
+      finish = chunk.choices[0]?.finish_reason ?? finish;
+      usage = chunk.usage ?? usage;
+    }
+    assert.equal(streamed, text);
+    assert.equal(finish, "length");
+    assert.deepEqual(usage, done.usage);
+
+    await assert.rejects(
+      client.chat.completions.create({ ...params, temperature: 9 }),
+      (e) => {
+        assert.ok(e instanceof OpenAI.BadRequestError);
+        assert.equal(e.status, 400);
+        assert.equal(e.param, "temperature");
+        return true;
+      },
+    );
+    const denied = new OpenAI({ apiKey: "nope", baseURL: `${head.url}/v1`, maxRetries: 0 });
+    await assert.rejects(denied.chat.completions.create(params), OpenAI.AuthenticationError);
+  } finally {
+    await head.close();
+  }
+});
+
+Deno.test("OpenAI SDK: tool_choice forces a tool call; the tool result goes back", async () => {
+  const head = await startTestHead({ ctx: 1024, snapshots: 2 });
+  try {
+    const client = new OpenAI({ apiKey: "none", baseURL: `${head.url}/v1`, maxRetries: 0 });
+    const messages: OpenAI.ChatCompletionMessageParam[] = [
+      { role: "user", content: "What does 'tandem' mean?" },
+    ];
+    const params = {
+      model: "gpt-anything",
+      max_tokens: 150,
+      temperature: 0,
+      tools,
+      tool_choice: { type: "function" as const, function: { name: "lookup" } },
+      messages,
+    };
+    const done = await client.chat.completions.create(params);
+    const choice = done.choices[0];
+    assert.equal(choice.finish_reason, "tool_calls");
+    const call = choice.message.tool_calls?.[0];
+    assert.ok(call && call.type === "function");
+    assert.equal(call.function.name, "lookup");
+    assert.match(call.id, /^call_/);
+    const args = JSON.parse(call.function.arguments);
+    assert.equal(typeof args.word, "string");
+    assert.ok(args.word.length <= 8);
+    assert.ok([1, 2, 3].includes(args.limit));
+
+    const stream = client.chat.completions.stream(params);
+    const final = await stream.finalChatCompletion();
+    const streamedCall = final.choices[0].message.tool_calls?.[0];
+    assert.ok(streamedCall && streamedCall.type === "function");
+    assert.deepEqual(JSON.parse(streamedCall.function.arguments), args);
+    assert.equal(final.choices[0].finish_reason, "tool_calls");
+
+    const answer = await client.chat.completions.create({
+      ...params,
+      tool_choice: "auto",
+      max_tokens: 5,
+      messages: [
+        ...messages,
+        { role: "assistant", content: null, tool_calls: [call] },
+        { role: "tool", tool_call_id: call.id, content: "a bicycle for two" },
+      ],
+    });
+    assert.ok(answer.choices[0].finish_reason);
+    assert.ok((answer.usage?.prompt_tokens_details?.cached_tokens ?? 0) > 0);
+  } finally {
+    await head.close();
+  }
+});
