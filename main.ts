@@ -18,7 +18,7 @@ import { RemoteStage } from "./lib/wire/remote_stage.ts";
 
 const USAGE = `Usage: deno task head --model M.gguf [--layers 0:k --next host:port] [--port 8080]
   [--host 127.0.0.1] [--slots N] [--ctx N] [--queue N] [--snapshots N] [--max-batch N]
-  [--api-key-file F] [--key-file F] [--temperature T] [--temperature-cap T] [--top-k K]
+  [--api-key-file F] [--max-body-bytes N] [--key-file F] [--temperature T] [--temperature-cap T] [--top-k K]
   [--top-p P] [--model-id NAME] [--backend reference|gpu] [--gpu auto|builtin|dawn]
 Unsplit when --next is absent. --snapshots (prefix cache places) must not exceed the worker's.`;
 
@@ -242,6 +242,7 @@ async function main(): Promise<void> {
         snapshots: { type: "string" },
         "max-batch": { type: "string" },
         "api-key-file": { type: "string" },
+        "max-body-bytes": { type: "string" },
         "key-file": { type: "string" },
         temperature: { type: "string" },
         "temperature-cap": { type: "string" },
@@ -270,6 +271,7 @@ async function main(): Promise<void> {
     snapshots: whole("snapshots", values.snapshots, 0),
     maxBatch: whole("max-batch", values["max-batch"], 1),
     apiKey: values["api-key-file"] ? await readApiKey(values["api-key-file"]) : undefined,
+    maxBodyBytes: whole("max-body-bytes", values["max-body-bytes"], 1),
     wireKey: values["key-file"] ? await loadKeyFile(values["key-file"]) : undefined,
     backend: parseBackend(values.backend),
     gpu: values.gpu,

@@ -225,6 +225,7 @@ Deno.test("count_tokens answers while generation runs; a full queue is 529 / 429
       input_tokens: expected.input_tokens + expected.cache_read_input_tokens,
     });
     assert.ok(performance.now() - t0 < 2000);
+    assert.equal(head.scheduler.busy, 1, "count_tokens waited for the generation to end");
     const busy = await post(`${head.url}/v1/messages`, req);
     assert.equal(busy.status, 529);
     assert.equal(busy.headers.get("retry-after"), "1");

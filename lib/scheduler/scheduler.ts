@@ -56,19 +56,41 @@ export class OverloadedError extends Error {
   readonly retryAfter = 1;
 }
 
-/** Runs jobs one at a time in call order, each after a turn of the event loop. */
+/** How long lane jobs may hold the thread before timers and I/O must get a turn, ms. */
+const STARVE_MS = 5;
+
+/**
+ * Runs jobs one at a time in call order. A CPU-bound stage resolves its promise at once, so an
+ * unsplit generation loop could run as microtasks alone and starve HTTP, timers and client
+ * cancellation; a split loop turns the event loop on every network reply. So a job waits for a
+ * macrotask only when the event loop has not turned for STARVE_MS: never in the split driver,
+ * where that wait would delay one slot's local layers past the other's round trip.
+ */
 class Lane {
   #tail: Promise<unknown> = Promise.resolve();
+  #ticked = true;
+  #tickAt = 0;
 
   run<T>(job: () => Promise<T>): Promise<T> {
     const result = this.#tail.then(async () => {
-      // A macrotask turn lets other slots' frames go out and HTTP requests get answered
-      // before a (possibly CPU-bound) local stage call holds the thread.
-      await new Promise((resolve) => setTimeout(resolve, 0));
+      await this.#turn();
       return await job();
     });
     this.#tail = result.catch(() => undefined);
     return result;
+  }
+
+  async #turn(): Promise<void> {
+    if (this.#ticked) {
+      // The loop turned since the last tick fired; plant a new one.
+      this.#ticked = false;
+      this.#tickAt = performance.now();
+      setTimeout(() => this.#ticked = true, 0);
+      return;
+    }
+    if (performance.now() - this.#tickAt < STARVE_MS) return;
+    // Timers run in order, so this one runs after the overdue tick.
+    await new Promise((resolve) => setTimeout(resolve, 0));
   }
 }
 

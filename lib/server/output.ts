@@ -201,10 +201,13 @@ export class OutputParser {
       this.#pending = this.#pending.slice(this.#pending.length - keep);
       return;
     }
-    // Hold a possible marker start, and trailing whitespace (dropped before a block change).
-    const held = final
-      ? 0
-      : Math.max(partialMarker(this.#pending, this.#markers()), trailingSpace(this.#pending));
+    // Hold a possible marker start and the whitespace before it (dropped at a block change).
+    let held = 0;
+    if (!final) {
+      const p = this.#pending;
+      held = partialMarker(p, this.#markers());
+      held += trailingSpace(p.slice(0, p.length - held));
+    }
     const out = this.#pending.slice(0, this.#pending.length - held);
     this.#pending = this.#pending.slice(this.#pending.length - held);
     if (final && this.#open === undefined && out.trim() === "") return;

@@ -1,0 +1,239 @@
+// The scheduler on real stages: the split driver overlaps one slot's local layers with another's
+// frame on the worker; cancellation stops prefill between chunks and frees the slot; queued
+// sequences run in turn and match their solo runs.
+
+import assert from "node:assert/strict";
+import { openGguf } from "../engine/gguf/read.ts";
+import { openReferenceStage } from "../engine/reference/stage.ts";
+import type { Stage, StageInput, StageOutput, StageRunOptions, TopEntry } from "../engine/stage.ts";
+import { StageLink } from "../lib/scheduler/link.ts";
+import { OverloadedError, Scheduler } from "../lib/scheduler/scheduler.ts";
+import type { SequenceEvent, SequenceRequest } from "../lib/scheduler/sequence.ts";
+import { tinyModel } from "../lib/server/_test_utils.ts";
+import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
+import { modelFingerprint } from "../lib/wire/hello.ts";
+import { RemoteStage } from "../lib/wire/remote_stage.ts";
+import { startWorker } from "../lib/wire/_test_utils.ts";
+
+interface Span {
+  readonly slot: number;
+  readonly n: number;
+  readonly start: number;
+  readonly end: number;
+}
+
+/** A stage that records when each run starts and ends, and can act before a run. */
+class RecordingStage implements Stage {
+  readonly spans: Span[] = [];
+  beforeRun: ((slot: number, base: number) => void) | undefined;
+  constructor(readonly inner: Stage) {}
+  get first() {
+    return this.inner.first;
+  }
+  get end() {
+    return this.inner.end;
+  }
+  get nLayer() {
+    return this.inner.nLayer;
+  }
+  get nEmbd() {
+    return this.inner.nEmbd;
+  }
+  get slots() {
+    return this.inner.slots;
+  }
+  get ctx() {
+    return this.inner.ctx;
+  }
+  get maxBatch() {
+    return this.inner.maxBatch;
+  }
+  async run(
+    slot: number,
+    input: StageInput,
+    n: number,
+    base: number,
+    options?: StageRunOptions,
+  ): Promise<StageOutput> {
+    this.beforeRun?.(slot, base);
+    const start = performance.now();
+    const out = await this.inner.run(slot, input, n, base, options);
+    this.spans.push({ slot, n, start, end: performance.now() });
+    return out;
+  }
+  save(slot: number, idx: number) {
+    return this.inner.save(slot, idx);
+  }
+  restore(slot: number, idx: number) {
+    return this.inner.restore(slot, idx);
+  }
+  close() {
+    this.inner.close();
+  }
+}
+
+/** A StageLink that records each remote round trip. */
+class RecordingLink extends StageLink {
+  readonly spans: Span[] = [];
+  override async run(
+    slot: number,
+    rows: Float32Array,
+    n: number,
+    base: number,
+    topk: number,
+  ): Promise<{ ids: Uint32Array; top: readonly TopEntry[] }> {
+    const start = performance.now();
+    const out = await super.run(slot, rows, n, base, topk);
+    this.spans.push({ slot, n, start, end: performance.now() });
+    return out;
+  }
+}
+
+const modelPath = await tinyModel();
+
+function request(prompt: number[], maxTokens: number): SequenceRequest {
+  return {
+    prompt,
+    maxTokens,
+    sampling: { temperature: 0, topK: 40, topP: 1, seed: 1n },
+  };
+}
+
+/** The ids a sequence generated, and how it ended (undefined: closed without an end). */
+async function drain(events: ReadableStream<SequenceEvent>) {
+  const ids: number[] = [];
+  let end: string | undefined;
+  for await (const e of events) {
+    if (e.type === "token") ids.push(e.id);
+    if (e.type === "end") end = e.reason;
+    if (e.type === "error") throw e.error;
+  }
+  return { ids, end };
+}
+
+Deno.test("split driver: one slot's local layers run while the other's frame is on the worker", async () => {
+  const model = await openGguf(modelPath);
+  const tokenizer = TextTokenizer.fromGguf(model.metadata);
+  const worker = await startWorker({
+    model: modelPath,
+    layers: "2:4",
+    slots: 2,
+    ctx: 128,
+    extra: ["--backend", "reference"],
+  });
+  const local = new RecordingStage(
+    await openReferenceStage(model, { first: 0, end: 2, slots: 2, ctx: 128 }),
+  );
+  const link = new RecordingLink(
+    new RemoteStage(worker.address, {
+      first: 2,
+      nLayer: local.nLayer,
+      nEmbd: local.nEmbd,
+      slots: 2,
+      ctx: 128,
+      fingerprint: await modelFingerprint(model),
+    }),
+  );
+  const scheduler = new Scheduler({ local, link, tokenizer, slots: 2, queue: 0, snapshots: 0 });
+  try {
+    const prompts = [tokenizer.encode("The river runs"), tokenizer.encode("Seven small stones")];
+    const solo = [];
+    for (const p of prompts) {
+      solo.push((await drain((await scheduler.admit(request(p, 30))).events)).ids);
+    }
+    local.spans.length = 0;
+    link.spans.length = 0;
+    const both = await Promise.all(
+      prompts.map(async (p) => (await drain((await scheduler.admit(request(p, 30))).events)).ids),
+    );
+    assert.deepEqual(both, solo);
+    const steps = local.spans.filter((s) => s.n === 1);
+    const overlapped = steps.filter((s) =>
+      link.spans.some((r) => r.slot !== s.slot && r.start <= s.start && s.end <= r.end)
+    );
+    // Nearly every step of one slot should fall inside the other's round trip (a serial driver
+    // gives none); half is a margin for a busy machine.
+    assert.ok(
+      overlapped.length >= steps.length / 2,
+      `${overlapped.length} of ${steps.length} local steps overlapped a remote round trip`,
+    );
+  } finally {
+    await scheduler.close();
+    link.close();
+    local.close();
+    model.close();
+    await worker.stop();
+  }
+});
+
+Deno.test("cancelling in prefill stops before the next chunk and frees the slot", async () => {
+  const model = await openGguf(modelPath);
+  const tokenizer = TextTokenizer.fromGguf(model.metadata);
+  const local = new RecordingStage(
+    await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: 128, maxBatch: 4 }),
+  );
+  const scheduler = new Scheduler({ local, tokenizer, slots: 1, queue: 1, snapshots: 0 });
+  try {
+    const prompt = tokenizer.encode("word ".repeat(20));
+    assert.ok(prompt.length >= 20);
+    const seq = await scheduler.admit(request(prompt, 5));
+    let runs = 0;
+    local.beforeRun = () => {
+      if (++runs === 2) seq.cancel();
+    };
+    const result = await drain(seq.events);
+    assert.equal(result.end, undefined);
+    assert.deepEqual(result.ids, []);
+    while (scheduler.busy) await new Promise((r) => setTimeout(r, 5));
+    assert.equal(local.spans.length, 2, "the chunk in flight finished, no later one started");
+    assert.equal(scheduler.stats.sequences.cancelled, 1);
+    local.beforeRun = undefined;
+
+    // The slot is free again, and a queued sequence that is cancelled never runs.
+    const next = await scheduler.admit(request(tokenizer.encode("Hello"), 3));
+    const queued = await scheduler.admit(request(tokenizer.encode("Bye"), 3));
+    await assert.rejects(
+      scheduler.admit(request(tokenizer.encode("Too many"), 3)),
+      OverloadedError,
+    );
+    queued.cancel();
+    const done = await drain(next.events);
+    assert.equal(done.end, "max_tokens");
+    assert.equal(done.ids.length, 3);
+    assert.equal(scheduler.queued, 0);
+    assert.equal(scheduler.stats.sequences.cancelled, 2);
+  } finally {
+    await scheduler.close();
+    local.close();
+    model.close();
+  }
+});
+
+Deno.test("sequences queued behind busy slots run in turn and match their solo runs", async () => {
+  const model = await openGguf(modelPath);
+  const tokenizer = TextTokenizer.fromGguf(model.metadata);
+  const stage = await openReferenceStage(model, { first: 0, end: 4, slots: 2, ctx: 96 });
+  const scheduler = new Scheduler({ local: stage, tokenizer, slots: 2, queue: 2, snapshots: 0 });
+  try {
+    const prompts = ["One fish", "Two birds sing", "Three", "Four quiet trees"].map((t) =>
+      tokenizer.encode(t)
+    );
+    const solo = [];
+    for (const p of prompts) {
+      solo.push((await drain((await scheduler.admit(request(p, 12))).events)).ids);
+    }
+    const seqs = [];
+    for (const p of prompts) seqs.push(await scheduler.admit(request(p, 12)));
+    assert.equal(scheduler.busy + scheduler.queued, 4);
+    const all = await Promise.all(seqs.map(async (s) => (await drain(s.events)).ids));
+    assert.deepEqual(all, solo);
+    assert.ok(
+      new Set(solo.map((ids) => ids.join())).size > 1,
+      "distinct prompts, distinct replies",
+    );
+  } finally {
+    await scheduler.close();
+    stage.close();
+    model.close();
+  }
+});
