@@ -1,0 +1,25 @@
+// The WebGPU engine against llama.cpp's recorded greedy runs on every model fixture: the same
+// checks and bounds as the CPU reference (tests/_parity.ts), through the GPU stage.
+
+import assert from "node:assert/strict";
+import { openGpuStage } from "../engine/forward/gpu_stage.ts";
+import { readHParams } from "../engine/model/hparams.ts";
+import { gpuTest } from "./_gpu.ts";
+import { checkFixture, modelFixtureNames, TWIN_LABEL } from "./_parity.ts";
+
+for (const name of modelFixtureNames()) {
+  gpuTest(`llama.cpp parity of the GPU engine: ${name}`, async (gpu) => {
+    const { fixture, report } = await checkFixture(name, async (model, ctx) => [
+      await openGpuStage(model, gpu, {
+        first: 0,
+        end: readHParams(model.metadata).nLayer,
+        slots: 1,
+        ctx,
+        log: () => {},
+      }),
+    ]);
+    console.log(`${name}: ${JSON.stringify(report)}`);
+    const exact = report[fixture.spec.quant === "f32" ? "llama.cpp" : TWIN_LABEL];
+    assert.ok(exact.idPositions > 10 * exact.nearTies, JSON.stringify(exact));
+  });
+}
