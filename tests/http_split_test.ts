@@ -194,3 +194,36 @@ Deno.test("a worker killed mid-stream: partial tokens, then an error event; the 
     await w.stop();
   }
 });
+
+Deno.test("a worker with fewer snapshot places fails one request, then the head serves uncached", async () => {
+  const w = await startWorker({
+    model: modelPath,
+    layers: "2:4",
+    slots: 1,
+    ctx: 256,
+    snapshots: 0,
+    extra: ["--backend", "reference"],
+  });
+  const head = await startTestHead({
+    layers: { first: 0, end: 2 },
+    next: w.address,
+    slots: 1,
+    snapshots: 4,
+  });
+  try {
+    const first = await post(`${head.url}/v1/messages`, ask("Hello there"));
+    assert.equal(first.status, 503);
+    assert.match((await first.json()).error.message, /snapshot/);
+    assert.ok(
+      head.lines.some((l) => l.startsWith("prefix cache off") && l.includes("--snapshots 4")),
+    );
+    for (let i = 0; i < 2; i++) {
+      const res = await post(`${head.url}/v1/messages`, ask("Hello there"));
+      assert.equal(res.status, 200);
+      assert.equal((await res.json()).usage.cache_read_input_tokens, 0);
+    }
+  } finally {
+    await head.close();
+    await w.stop();
+  }
+});

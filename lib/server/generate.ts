@@ -2,7 +2,7 @@
 // prepared prompt into the scheduler, and ids. Between the route modules and lib/scheduler/.
 
 import type { Scheduler } from "../scheduler/scheduler.ts";
-import type { SamplingOptions, Sequence, TokenConstraint } from "../scheduler/sequence.ts";
+import type { SamplingOptions, TokenConstraint } from "../scheduler/sequence.ts";
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
 import { OutputStream, type ReplyEvent } from "./output.ts";
 import { type ChatRequest, checkFits, type Prompt, type PromptBuilder } from "./prompt.ts";
@@ -65,11 +65,6 @@ export function randomId(prefix: string): string {
   return prefix + Array.from(bytes, (b) => ALPHABET[b % ALPHABET.length]).join("");
 }
 
-export interface ChatGeneration {
-  readonly sequence: Sequence;
-  readonly events: ReadableStream<ReplyEvent>;
-}
-
 export interface ChatLimits {
   readonly maxTokens: number;
   readonly stop: readonly string[];
@@ -88,7 +83,7 @@ export async function admitChat(
   chat: ChatRequest,
   prompt: Prompt,
   limits: ChatLimits,
-): Promise<ChatGeneration> {
+): Promise<ReadableStream<ReplyEvent>> {
   checkFits(prompt.ids.length, head.scheduler.ctx);
   const choice = chat.toolChoice;
   const forced = choice.type === "tool"
@@ -108,7 +103,7 @@ export async function admitChat(
     constraint,
     signal: limits.signal,
   });
-  const events = sequence.events.pipeThrough(
+  return sequence.events.pipeThrough(
     new OutputStream({
       tools: choice.type === "none" ? [] : chat.tools,
       thinking: chat.thinking === true || prompt.endsInThinking,
@@ -117,5 +112,4 @@ export async function admitChat(
       log: head.log,
     }),
   );
-  return { sequence, events };
 }

@@ -237,7 +237,7 @@ export async function createMessage(
 ): Promise<Response> {
   const req = parseMessagesRequest(body);
   const prompt = head.prompts.build(req.chat);
-  const gen = await admitChat(head, req.chat, prompt, {
+  const events = await admitChat(head, req.chat, prompt, {
     maxTokens: req.maxTokens,
     stop: req.stop,
     sampling: req.sampling,
@@ -247,7 +247,7 @@ export async function createMessage(
   const id = randomId("msg_");
   if (!req.stream) {
     try {
-      const reply = await collectReply(gen.events);
+      const reply = await collectReply(events);
       return Response.json(messageBody(id, head.modelId, reply), {
         headers: { "request-id": requestId },
       });
@@ -256,7 +256,7 @@ export async function createMessage(
     }
   }
   const ping = { event: "ping", data: JSON.stringify({ type: "ping" }) };
-  const stream = gen.events
+  const stream = events
     .pipeThrough(new AnthropicEventStream({ id, model: head.modelId, requestId }))
     .pipeThrough(new SseStream({ keepAlive: { everyMs: head.pingMs, message: ping } }));
   return new Response(stream, {

@@ -249,7 +249,7 @@ export async function createChatCompletion(
 ): Promise<Response> {
   const req = parseCompletionsRequest(body);
   const prompt = head.prompts.build(req.chat);
-  const gen = await admitChat(head, req.chat, prompt, {
+  const events = await admitChat(head, req.chat, prompt, {
     maxTokens: req.maxTokens ?? Number.MAX_SAFE_INTEGER,
     stop: req.stop,
     sampling: req.sampling,
@@ -259,7 +259,7 @@ export async function createChatCompletion(
   const id = randomId("chatcmpl-");
   const created = Math.floor(Date.now() / 1000);
   if (req.stream) {
-    const stream = gen.events
+    const stream = events
       .pipeThrough(
         new OpenAIChunkStream({
           id,
@@ -281,7 +281,7 @@ export async function createChatCompletion(
     });
   }
   try {
-    const reply = await collectReply(gen.events);
+    const reply = await collectReply(events);
     const text = reply.blocks.flatMap((b) => b.type === "text" ? [b.text] : []).join("");
     const reasoning = reply.blocks.flatMap((b) => b.type === "thinking" ? [b.thinking] : []);
     const calls = reply.blocks.flatMap((b) =>
