@@ -2,14 +2,17 @@
 // data, readbacks and error bounds. Imported by tests/gpu_*_test.ts.
 //
 // Tests skip only when there is no WebGPU adapter at all; CI's Mesa CPU adapter runs them.
+// TANDEM_GPU=dawn|auto runs them on another provider (default: Deno's builtin WebGPU).
 
 import { readBuffer, uploadStorage } from "../engine/gpu/buffers.ts";
 import { type GpuContext, openGpu } from "../engine/gpu/device.ts";
+import type { ProviderChoice } from "../engine/gpu/provider.ts";
 import { ParamArena, StepEncoder } from "../engine/gpu/encoder.ts";
 
 async function open(): Promise<GpuContext | undefined> {
   try {
-    return await openGpu({ gpu: "builtin", allowSoftware: true, log: () => {} });
+    const gpu = (Deno.env.get("TANDEM_GPU") ?? "builtin") as ProviderChoice;
+    return await openGpu({ gpu, allowSoftware: true, log: () => {} });
   } catch {
     return undefined;
   }
@@ -25,11 +28,14 @@ export function gpuTest(name: string, fn: (ctx: GpuContext) => Promise<void>): v
   Deno.test({ name, ignore, fn: () => fn(opened!) });
 }
 
-/** Records GPU work with `record` and submits it as one step. */
-export function submit(ctx: GpuContext, record: (enc: StepEncoder) => void): void {
+/** Records GPU work with `record`, submits it as one step, and fails on a validation error. */
+export async function submit(ctx: GpuContext, record: (enc: StepEncoder) => void): Promise<void> {
   const enc = new StepEncoder(ctx, new ParamArena(ctx, 16));
   record(enc);
+  ctx.device.pushErrorScope("validation");
   enc.submit();
+  const error = await ctx.device.popErrorScope();
+  if (error) throw new Error(`The GPU rejected the step: ${error.message}`);
 }
 
 /** Uniforms in [0, 1) from a 32-bit seed (mulberry32): the same seed gives the same data. */

@@ -34,7 +34,7 @@ gpuTest(
       // Query rows as attn_q leaves them: per head [q (dh) | gate (dh)].
       const qg = randomF32(T * Hq * 2 * dh, r);
       const o = createStorage(ctx, "o", T * Hq * dh * 4);
-      submit(ctx, (enc) =>
+      await submit(ctx, (enc) =>
         attention(enc, {
           q: upload(ctx, qg),
           kc: upload(ctx, k.words),

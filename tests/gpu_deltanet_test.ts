@@ -18,7 +18,7 @@ gpuTest("ssmConv() matches convStep over a run of tokens and carries the state",
   const state0 = randomF32((Kc - 1) * C, r);
   const state = upload(ctx, state0);
   const u = createStorage(ctx, "u", T * C * 4);
-  submit(ctx, (enc) =>
+  await submit(ctx, (enc) =>
     ssmConv(enc, { x: upload(ctx, x), w: upload(ctx, w), state, u }, {
       channels: C,
       kc: Kc,
@@ -96,7 +96,7 @@ gpuTest(
       }
       const state = upload(ctx, s0);
       const y = createStorage(ctx, "y", T * Nv * Dv * 4);
-      submit(ctx, (enc) =>
+      await submit(ctx, (enc) =>
         gatedDeltaNet(enc, {
           u: upload(ctx, u),
           ba: upload(ctx, ba),

@@ -22,7 +22,7 @@ gpuTest("argmax() and topK() equal the reference, ties to the lower id", async (
     const scratch = createStorage(ctx, "scratch", topKScratchWords(k) * 4);
     const top = createStorage(ctx, "top", 2 * k * 4);
     const last = (rows - 1) * V;
-    submit(ctx, (enc) => {
+    await submit(ctx, (enc) => {
       argmax(enc, { src, out: ids }, { n: V, rows });
       topK(enc, { src, scratch, out: top }, { n: V, k, offset: last });
     });

@@ -20,7 +20,7 @@ gpuTest(
       logits[1] = logits[6] = 9;
       const ids = createStorage(ctx, "ids", T * k * 4);
       const weights = createStorage(ctx, "weights", T * (k + 1) * 4);
-      submit(ctx, (enc) =>
+      await submit(ctx, (enc) =>
         moeRoute(enc, { logits: upload(ctx, logits), ids, weights }, {
           experts: E,
           k,
@@ -61,7 +61,7 @@ gpuTest("moeSum() adds the weighted experts and the gated shared expert to x", a
   const w = randomF32(T * (k + 1), r);
   const x0 = randomF32(T * D, r);
   const x = upload(ctx, x0);
-  submit(
+  await submit(
     ctx,
     (enc) =>
       moeSum(enc, { o: upload(ctx, o), s: upload(ctx, s), weights: upload(ctx, w), x }, {

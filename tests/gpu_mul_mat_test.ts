@@ -4,13 +4,12 @@
 import assert from "node:assert/strict";
 import { createStorage } from "../engine/gpu/buffers.ts";
 import type { GpuContext } from "../engine/gpu/device.ts";
-import { ParamArena, StepEncoder } from "../engine/gpu/encoder.ts";
 import { uploadTensorBytes } from "../engine/gpu/tensor.ts";
 import { MUL_MAT_TYPES, mulMat, prepareMulMat } from "../engine/kernels/mul_mat.ts";
 import { dequantize } from "../engine/quant/dequant.ts";
 import { randomBlocks } from "../engine/quant/quantize.ts";
 import { GgmlType, rowBytes, typeName } from "../engine/quant/types.ts";
-import { assertClose, gpuTest, randomF32, readF32, rng, upload } from "./_gpu.ts";
+import { assertClose, gpuTest, randomF32, readF32, rng, submit, upload } from "./_gpu.ts";
 
 // f32 products summed in a different order than the float64 reference: each output is off by
 // at most ~(chunk length 32 + log2 K)·2^-24 of Σ|w·x|; 1e-5 leaves a wide margin.
@@ -54,9 +53,7 @@ async function runPlain(
   });
   if (maxPartBytes) assert.ok(tensor.parts.length > 1, "the tensor is split into parts");
   const y = createStorage(ctx, "y", T * M * 4);
-  const enc = new StepEncoder(ctx, new ParamArena(ctx));
-  mulMat(enc, { w: tensor, x: upload(ctx, x), y }, { tokens: T });
-  enc.submit();
+  await submit(ctx, (enc) => mulMat(enc, { w: tensor, x: upload(ctx, x), y }, { tokens: T }));
   const got = await readF32(ctx, y, T * M);
   const ref = reference(w, x, K, M, T);
   assertClose(got, ref.y, ref.scale, TOL, `${typeName(type)} K=${K} M=${M} T=${T}`);
@@ -93,16 +90,18 @@ gpuTest(
     });
     assert.equal(tensor.parts.length, 3);
     const y = createStorage(ctx, "y", T * nUsed * M * 4);
-    const enc = new StepEncoder(ctx, new ParamArena(ctx));
-    mulMat(enc, { w: tensor, x: upload(ctx, x), y, ids: upload(ctx, ids) }, {
-      tokens: T,
-      nUsed,
-      xStrideT: nUsed * 2 * K,
-      xStrideI: 2 * K,
-      upOffset: K,
-      swiglu: true,
-    });
-    enc.submit();
+    await submit(
+      ctx,
+      (enc) =>
+        mulMat(enc, { w: tensor, x: upload(ctx, x), y, ids: upload(ctx, ids) }, {
+          tokens: T,
+          nUsed,
+          xStrideT: nUsed * 2 * K,
+          xStrideI: 2 * K,
+          upOffset: K,
+          swiglu: true,
+        }),
+    );
     const got = await readF32(ctx, y, T * nUsed * M);
     const want = new Float64Array(T * nUsed * M);
     const scale = new Float64Array(T * nUsed * M);
@@ -142,14 +141,13 @@ gpuTest("mulMat() with add accumulates into y at an offset and stride", async (c
   await prepareMulMat(ctx, { type, batched: true, add: true });
   const tensor = await uploadTensorBytes(ctx, { name: "w", type, shape: [K, M] }, bytes);
   const y = upload(ctx, y0);
-  const enc = new StepEncoder(ctx, new ParamArena(ctx));
-  mulMat(enc, { w: tensor, x: upload(ctx, x), y }, {
-    tokens: T,
-    yOffset: 3,
-    yStrideT: stride,
-    add: true,
-  });
-  enc.submit();
+  await submit(ctx, (enc) =>
+    mulMat(enc, { w: tensor, x: upload(ctx, x), y }, {
+      tokens: T,
+      yOffset: 3,
+      yStrideT: stride,
+      add: true,
+    }));
   const got = await readF32(ctx, y, T * stride);
   const ref = reference(w, x, K, M, T);
   const want = Float64Array.from(y0);

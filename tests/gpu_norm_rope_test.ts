@@ -21,7 +21,7 @@ gpuTest("rmsNorm() matches the reference on rows longer than the workgroup", asy
   const x = randomF32(rows * stride, r, 3);
   const w = randomF32(n, r);
   const y = createStorage(ctx, "y", rows * n * 4);
-  submit(ctx, (enc) =>
+  await submit(ctx, (enc) =>
     rmsNorm(enc, { x: upload(ctx, x), w: upload(ctx, w), y }, {
       n,
       rows,
@@ -48,7 +48,7 @@ gpuTest("getRows() gathers dequantized rows across table parts", async (ctx) => 
   });
   const ids = Uint32Array.from([12, 0, 5, 5, 3]);
   const y = createStorage(ctx, "y", ids.length * cols * 4);
-  submit(
+  await submit(
     ctx,
     (enc) => getRows(enc, { w: table, ids: upload(ctx, ids), y }, { tokens: ids.length }),
   );
@@ -96,7 +96,7 @@ gpuTest("qNormRope() matches RMSNorm then NEOX/IMROPE of every q head", async (c
     const x = randomF32(T * H * 2 * dh, r, 2);
     const w = randomF32(dh, r);
     const buf = upload(ctx, x);
-    submit(ctx, (enc) =>
+    await submit(ctx, (enc) =>
       qNormRope(enc, { x: buf, w: upload(ctx, w) }, {
         tokens: T,
         heads: H,
@@ -133,20 +133,23 @@ gpuTest("kNormRopeStore() writes rotated k and raw v as f16 into the cache", asy
   const w = randomF32(dh, r);
   const kc = createStorage(ctx, "kc", ctxLen * H * dh * 2);
   const vc = createStorage(ctx, "vc", ctxLen * H * dh * 2);
-  submit(ctx, (enc) =>
-    kNormRopeStore(enc, { x: upload(ctx, kv), w: upload(ctx, w), kc, vc }, {
-      tokens: T,
-      heads: H,
-      dh,
-      nRot,
-      thetaScale: ropeThetaScale(1e7, nRot),
-      sections: [],
-      eps: 1e-6,
-      pos0,
-      xStrideT: 2 * H * dh,
-      xStrideH: dh,
-      vOffset: H * dh,
-    }));
+  await submit(
+    ctx,
+    (enc) =>
+      kNormRopeStore(enc, { x: upload(ctx, kv), w: upload(ctx, w), kc, vc }, {
+        tokens: T,
+        heads: H,
+        dh,
+        nRot,
+        thetaScale: ropeThetaScale(1e7, nRot),
+        sections: [],
+        eps: 1e-6,
+        pos0,
+        xStrideT: 2 * H * dh,
+        xStrideH: dh,
+        vOffset: H * dh,
+      }),
+  );
   const words = T * H * dh / 2;
   const at = pos0 * H * dh / 2;
   const unpack = (u: Uint32Array) =>

@@ -25,7 +25,7 @@ var<workgroup> best_i: array<u32, WG>;
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let r = wid.x;
   let base = params.offset + r * params.stride;
-  var bv = -3.4028235e38;
+  var bv = -0x1.fffffep+127f;
   var bi = 0xffffffffu;
   for (var i = lid; i < params.n; i += WG) {
     let v = src[base + i];

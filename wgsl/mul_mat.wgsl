@@ -6,7 +6,11 @@
 // Dispatch: (row_tiles folded to 2-D, z) with z = token tiles, or T·n_used slots under ID.
 //   WG = 64 threads = ROWS rows of TPR threads; a row's threads stride its 32-value chunks.
 // Variants: TYPE_<type> (one), TT (tokens per workgroup), ID, X_SWIGLU (x = silu(g)·u with
-//   u at g + up_offset), ADD (y += result).
+//   u at g + up_offset), ADD (y += result), SUBGROUPS (row sums by subgroup shuffles).
+
+#ifdef SUBGROUPS
+enable subgroups;
+#endif
 
 #include "_include/dequant.wgsl"
 
@@ -39,7 +43,9 @@ const WG = 64u;
 const TPR = 16u;
 const ROWS = WG / TPR;
 
+#ifndef SUBGROUPS
 var<workgroup> partial: array<f32, WG * TT>;
+#endif
 var<workgroup> chosen: u32;
 
 fn xval(i: u32) -> f32 {
@@ -105,7 +111,16 @@ fn main(
       }
     }
   }
-  // Reduce each row's TPR partial sums: a tree in workgroup memory laid out [row][lane][tt].
+#ifdef SUBGROUPS
+  // Reduction tail 1: a butterfly over the row's TPR lanes, which sit in one subgroup (the
+  // device checked that lanes follow local_invocation_index and subgroups have ≥ TPR lanes).
+  for (var tt = 0u; tt < TT; tt++) {
+    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
+      acc[tt] += subgroupShuffleXor(acc[tt], s);
+    }
+  }
+#else
+  // Reduction tail 2: a tree in workgroup memory laid out [row][lane][tt].
   for (var tt = 0u; tt < TT; tt++) {
     partial[lid * TT + tt] = acc[tt];
   }
@@ -118,15 +133,19 @@ fn main(
     }
     workgroupBarrier();
   }
+  for (var tt = 0u; tt < TT; tt++) {
+    acc[tt] = partial[lid * TT + tt];
+  }
+#endif
   if (lane == 0u && r < params.rows) {
     for (var tt = 0u; tt < TT; tt++) {
       let t = t0 + tt;
       if (t < params.tokens) {
         let o = params.y_offset + t * params.y_stride_t + i * params.y_stride_i + y_row;
 #ifdef ADD
-        y[o] += partial[lid * TT + tt];
+        y[o] += acc[tt];
 #else
-        y[o] = partial[lid * TT + tt];
+        y[o] = acc[tt];
 #endif
       }
     }

@@ -43,10 +43,10 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let g = wid.x;
   let start = g * params.chunk;
   let end = min(params.n, start + params.chunk);
-  var prev_v = 3.4028235e38;
+  var prev_v = 0x1.fffffep+127f;
   var prev_i = NONE;
   for (var r = 0u; r < params.k; r++) {
-    var bv = -3.4028235e38;
+    var bv = -0x1.fffffep+127f;
     var bi = NONE;
     for (var e = start + lid; e < end; e += WG) {
       let el = element(e);

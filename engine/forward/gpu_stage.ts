@@ -263,10 +263,20 @@ class GpuStage implements Stage {
     } else {
       enc.copy(act.x, 0, readback, 0, bytes);
     }
+    this.#gpu.device.pushErrorScope("validation");
     enc.submit();
+    const rejected = this.#gpu.device.popErrorScope();
     this.#pos[slot] = base + n;
     try {
       const data = await mapRead(readback, bytes);
+      const error = await rejected;
+      if (error) {
+        throw new Error(
+          `Cannot run positions ${base}..${
+            base + n
+          } on stage ${this.first}..${this.end}: the GPU rejected the step: ${error.message}`,
+        );
+      }
       if (!this.#last) return { kind: "hidden", rows: new Float32Array(data) };
       const words = new Uint32Array(data);
       const floats = new Float32Array(data);

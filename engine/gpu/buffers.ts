@@ -34,16 +34,20 @@ export function createStorage(ctx: GpuContext, label: string, bytes: number): GP
   return ctx.device.createBuffer({ label, size, usage: STORAGE });
 }
 
-const dummies = new WeakMap<GPUDevice, GPUBuffer>();
+const dummies = new WeakMap<GPUDevice, GPUBuffer[]>();
 
-/** A 16-byte storage buffer for bindings a kernel variant does not read. */
-export function dummyStorage(ctx: GpuContext): GPUBuffer {
-  let b = dummies.get(ctx.device);
-  if (!b) {
-    b = createStorage(ctx, "unused binding", 16);
-    dummies.set(ctx.device, b);
+/**
+ * The `index`-th 16-byte storage buffer for bindings a kernel variant does not use. Writable
+ * bindings of one dispatch need distinct dummies: Dawn rejects aliased writable bindings.
+ */
+export function dummyStorage(ctx: GpuContext, index = 0): GPUBuffer {
+  let list = dummies.get(ctx.device);
+  if (!list) {
+    list = [];
+    dummies.set(ctx.device, list);
   }
-  return b;
+  list[index] ??= createStorage(ctx, `unused binding ${index}`, 16);
+  return list[index];
 }
 
 /** Writes `data` at byte `offset`, padding a ragged tail with zeros to 4 bytes. */

@@ -1,5 +1,6 @@
 // The Dawn GPU provider: Google's Dawn through the npm package `webgpu` (a native addon).
 // One of the two implementations behind engine/gpu/provider.ts; its readbacks are ~100x cheaper.
+// TANDEM_DAWN_OPTIONS (comma-separated, e.g. "backend=vulkan") is passed to Dawn's create().
 
 import type { GpuProvider } from "./provider.ts";
 
@@ -9,6 +10,14 @@ interface DawnModule {
 }
 
 let loaded: Promise<GpuProvider> | undefined;
+
+function dawnOptions(): string[] {
+  try {
+    return (Deno.env.get("TANDEM_DAWN_OPTIONS") ?? "").split(",").filter((o) => o !== "");
+  } catch {
+    return [];
+  }
+}
 
 async function load(): Promise<GpuProvider> {
   let mod: DawnModule;
@@ -24,7 +33,7 @@ async function load(): Promise<GpuProvider> {
   // Dawn's objects (GPUBufferUsage, GPUShaderStage, ...) must be globals for code written
   // against the standard API; Deno's builtin ones are replaced only where Dawn defines them.
   Object.assign(globalThis, mod.globals);
-  return { name: "dawn", gpu: mod.create([]) as GPU };
+  return { name: "dawn", gpu: mod.create(dawnOptions()) as GPU };
 }
 
 /** Loads Dawn once per process; later calls share the same `GPU`. */

@@ -12,7 +12,11 @@ import {
 export interface GpuFeatures {
   /** `shader-f16`: f16 arithmetic in WGSL (fallback: f16 only as packed storage). */
   readonly f16: boolean;
-  /** `subgroups`: subgroup reductions (fallback: workgroup-memory trees). */
+  /**
+   * `subgroups` with lanes laid out as local_invocation_index mod subgroup size and at least
+   * SUBGROUP_MIN_LANES lanes, so a kernel may reduce over aligned runs of that many lanes
+   * (fallback: workgroup-memory trees).
+   */
   readonly subgroups: boolean;
   /** `timestamp-query`: GPU timing of steps (fallback: wall clock). */
   readonly timestamps: boolean;
@@ -49,6 +53,62 @@ export interface OpenGpuOptions {
   readonly allowSoftware?: boolean;
   /** Where start-up and device-lost lines go; default stderr. */
   readonly log?: (line: string) => void;
+}
+
+/** Smallest subgroup the subgroup reduction paths accept (their lanes per output row). */
+export const SUBGROUP_MIN_LANES = 16;
+
+/**
+ * Whether subgroup lane i of a 64-wide workgroup is invocation i mod size, with size ≥
+ * SUBGROUP_MIN_LANES. WGSL does not promise this layout, so it is measured once per device.
+ */
+async function subgroupLayoutIsLinear(device: GPUDevice): Promise<boolean> {
+  const code = `enable subgroups;
+@group(0) @binding(0) var<storage, read_write> out: array<u32>;
+@compute @workgroup_size(64)
+fn main(@builtin(local_invocation_index) lid: u32, @builtin(subgroup_invocation_id) sid: u32,
+        @builtin(subgroup_size) size: u32) {
+  out[lid] = select(0u, 1u, sid == lid % size && size >= ${SUBGROUP_MIN_LANES}u);
+}`;
+  device.pushErrorScope("validation");
+  const out = device.createBuffer({
+    size: 256,
+    usage: GPUBufferUsage.STORAGE | GPUBufferUsage.COPY_SRC,
+  });
+  const read = device.createBuffer({
+    size: 256,
+    usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
+  });
+  try {
+    const pipeline = await device.createComputePipelineAsync({
+      layout: "auto",
+      compute: { module: device.createShaderModule({ code }), entryPoint: "main" },
+    });
+    const enc = device.createCommandEncoder();
+    const pass = enc.beginComputePass();
+    pass.setPipeline(pipeline);
+    pass.setBindGroup(
+      0,
+      device.createBindGroup({
+        layout: pipeline.getBindGroupLayout(0),
+        entries: [{ binding: 0, resource: { buffer: out } }],
+      }),
+    );
+    pass.dispatchWorkgroups(1);
+    pass.end();
+    enc.copyBufferToBuffer(out, 0, read, 0, 256);
+    device.queue.submit([enc.finish()]);
+    await read.mapAsync(GPUMapMode.READ);
+    const ok = new Uint32Array(read.getMappedRange()).every((v) => v === 1);
+    read.unmap();
+    return ok && !(await device.popErrorScope());
+  } catch {
+    await device.popErrorScope();
+    return false;
+  } finally {
+    out.destroy();
+    read.destroy();
+  }
 }
 
 const LIMIT_NAMES = [
@@ -103,7 +163,7 @@ export async function openGpu(options: OpenGpuOptions = {}): Promise<GpuContext>
   const has = (f: GPUFeatureName) => device.features.has(f);
   const features: GpuFeatures = {
     f16: has("shader-f16"),
-    subgroups: has("subgroups"),
+    subgroups: has("subgroups") && await subgroupLayoutIsLinear(device),
     timestamps: has("timestamp-query"),
   };
   const dl = device.limits as unknown as Record<string, number | bigint>;

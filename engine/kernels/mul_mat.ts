@@ -53,7 +53,10 @@ export const MUL_MAT_TYPES: readonly GgmlType[] = [
   GgmlType.IQ4_XS,
 ];
 
-/** Rows per workgroup (wgsl WG / TPR) and tokens per workgroup of the prefill variant. */
+/**
+ * Rows per workgroup (wgsl WG / TPR; TPR equals SUBGROUP_MIN_LANES so the subgroup tail can
+ * reduce a row inside one subgroup) and tokens per workgroup of the prefill variant.
+ */
 const ROWS_PER_WG = 4;
 const PREFILL_TT = 8;
 
@@ -73,10 +76,10 @@ function tokensPerWg(v: MulMatVariant): number {
   return v.batched && !v.id ? PREFILL_TT : 1;
 }
 
-function variantName(v: MulMatVariant): string {
+function variantName(ctx: GpuContext, v: MulMatVariant): string {
   return `mul_mat_${typeName(v.type)}_t${tokensPerWg(v)}${v.id ? "_id" : ""}${
     v.swiglu ? "_swiglu" : ""
-  }${v.add ? "_add" : ""}`;
+  }${v.add ? "_add" : ""}${ctx.features.subgroups ? "_sg" : ""}`;
 }
 
 /** Compiles a variant (once per device); mulMat can dispatch it afterwards. */
@@ -95,7 +98,8 @@ export async function prepareMulMat(ctx: GpuContext, v: MulMatVariant): Promise<
   if (v.id) defines.ID = true;
   if (v.swiglu) defines.X_SWIGLU = true;
   if (v.add) defines.ADD = true;
-  await getKernel(ctx, MUL_MAT, variantName(v), defines);
+  if (ctx.features.subgroups) defines.SUBGROUPS = true;
+  await getKernel(ctx, MUL_MAT, variantName(ctx, v), defines);
 }
 
 export interface MulMatBuffers {
@@ -139,7 +143,7 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
     swiglu: o.swiglu,
     add: o.add,
   };
-  const kernel = readyKernel(enc.ctx, variantName(v));
+  const kernel = readyKernel(enc.ctx, variantName(enc.ctx, v));
   const nUsed = id ? (o.nUsed ?? 1) : 1;
   const rows = id ? w.matrixRows : 0;
   const base = {

@@ -84,8 +84,9 @@ export function qNormRope(
   b: { readonly x: BufferRef; readonly w: BufferRef },
   o: QkNormRopeOptions,
 ): void {
-  const d = dummyStorage(enc.ctx);
-  enc.dispatch(readyKernel(enc.ctx, "qk_norm_rope"), { ...b, kc: d, vc: d }, params(o, false, 0), {
+  const kc = dummyStorage(enc.ctx, 0);
+  const vc = dummyStorage(enc.ctx, 1);
+  enc.dispatch(readyKernel(enc.ctx, "qk_norm_rope"), { ...b, kc, vc }, params(o, false, 0), {
     tiles: o.tokens * o.heads,
   });
 }
