@@ -50,7 +50,7 @@ export class StageLink {
   #lastAnswer: number | null = null;
   #lastRtt: number | null = null;
   #error: string | null = null;
-  #lastAttempt = -Infinity;
+  #attempting: { readonly since: number; readonly done: Promise<void> } | undefined;
   #retrying = false;
   #timer: ReturnType<typeof setTimeout> | undefined;
   #wake: (() => void) | undefined;
@@ -113,17 +113,16 @@ export class StageLink {
   }
 
   /**
-   * Makes sure the stage answers before a request is admitted: a stage known to be down gets
-   * one immediate reconnect attempt (at most one per minBackoffMs), and one silent for longer
-   * than idleMs is probed with a one-position frame on a spare slot (base 0 resets that slot,
-   * which holds nothing). Throws StageUnavailableError when it does not answer.
+   * Makes sure the stage answers before a request is admitted: a stage known to be down gets a
+   * reconnect attempt now (one that began before this call and failed is followed by a fresh
+   * one, so a worker that just came back is found), and one silent for longer than idleMs is
+   * probed with a one-position frame on a spare slot (base 0 resets that slot, which holds
+   * nothing). Throws StageUnavailableError when it does not answer; a refused connection fails
+   * at once, an unreachable host after the connect timeout.
    */
   async ensureUp(spare: () => SpareSlot | undefined): Promise<void> {
     if (this.#up === false || this.#up === null) {
-      if (performance.now() - this.#lastAttempt < this.#minBackoff && this.#up === false) {
-        throw new StageUnavailableError(this.remote.address, this.#error ?? "it is down");
-      }
-      await this.#connect();
+      await this.#freshConnect();
       return;
     }
     if (this.#lastAnswer !== null && performance.now() - this.#lastAnswer < this.#idleMs) return;
@@ -134,7 +133,7 @@ export class StageLink {
     } catch (e) {
       if (!(e instanceof StageUnavailableError)) throw e;
       // The connection was dead (the worker may have restarted while idle): one fresh try.
-      await this.#connect();
+      await this.#freshConnect();
     } finally {
       lent.release();
     }
@@ -157,9 +156,27 @@ export class StageLink {
     this.remote.close();
   }
 
-  async #connect(): Promise<void> {
-    this.#lastAttempt = performance.now();
-    await this.#watch(this.remote.connect());
+  /** Joins the connection attempt in flight, or starts one. */
+  #attempt(): { readonly since: number; readonly done: Promise<void> } {
+    this.#attempting ??= {
+      since: performance.now(),
+      done: this.#watch(this.remote.connect())
+        .then(() => undefined)
+        .finally(() => this.#attempting = undefined),
+    };
+    return this.#attempting;
+  }
+
+  /** A connection attempt that started no earlier than this call. */
+  async #freshConnect(): Promise<void> {
+    const called = performance.now();
+    const attempt = this.#attempt();
+    try {
+      await attempt.done;
+    } catch (e) {
+      if (attempt.since >= called) throw e;
+      await this.#attempt().done;
+    }
   }
 
   async #watch<T>(work: Promise<T>): Promise<T> {
@@ -204,7 +221,7 @@ export class StageLink {
         if (this.#up !== false || this.#closed) break;
         delay = Math.min(delay * 2, this.#maxBackoff);
         try {
-          await this.#connect();
+          await this.#attempt().done;
         } catch (e) {
           // A StageUnavailableError is the expected "still down"; #watch recorded it.
           if (!(e instanceof StageUnavailableError)) {
