@@ -1,5 +1,5 @@
-// `deno task head`: the HTTP head. Flags → model, tokenizer and chat template, the local stage
-// (layers 0:k) and the link to the next stage → lib/scheduler/ → Deno.serve(lib/server/handler.ts).
+// `deno task head`: flags → model, tokenizer, chat template, the local stage (layers 0:k) and the
+// link to the next stage → lib/scheduler/ → Deno.serve(lib/server/handler.ts).
 
 import { parseArgs } from "node:util";
 import { openGguf } from "./engine/gguf/read.ts";
@@ -18,8 +18,9 @@ import { RemoteStage } from "./lib/wire/remote_stage.ts";
 
 const USAGE = `Usage: deno task head --model M.gguf [--layers 0:k --next host:port] [--port 8080]
   [--host 127.0.0.1] [--slots N] [--ctx N] [--queue N] [--snapshots N] [--max-batch N]
-  [--api-key-file F] [--max-body-bytes N] [--key-file F] [--temperature T] [--temperature-cap T] [--top-k K]
-  [--top-p P] [--model-id NAME] [--backend reference|gpu] [--gpu auto|builtin|dawn]
+  [--api-key-file F] [--max-body-bytes N] [--key-file F] [--temperature T]
+  [--temperature-cap T] [--top-k K] [--top-p P] [--model-id NAME]
+  [--backend reference|gpu] [--gpu auto|builtin|dawn] [--allow-software-gpu]
 Unsplit when --next is absent. --snapshots (prefix cache places) must not exceed the worker's.`;
 
 export interface HeadConfig {

@@ -1,6 +1,5 @@
-// The split gates over HTTP: a head (layers 0:2) plus a worker process (2:4) answer byte for byte
-// as an unsplit head does, concurrently too; a worker killed mid-stream gives partial tokens and
-// a clean error, the head survives, and it serves again once the worker is back.
+// The split gates over HTTP with a worker process: byte-identical to unsplit, concurrent, and the
+// kill drill (partial tokens + clean error, head survives, serves again after a restart).
 
 import assert from "node:assert/strict";
 import {

@@ -1,6 +1,5 @@
-// Tool-call checking and forcing: JSON Schema validation, the tool-call grammar's prefix
-// matching, and the constraint driving the tiny model's real vocabulary to a valid call from any
-// logit order (as a random-weight model produces).
+// Tool-call checking and forcing: JSON Schema checks, the grammar's prefix matching, and the
+// constraint turning any logit order of the tiny vocabulary into a valid call.
 
 import assert from "node:assert/strict";
 import type { TopEntry } from "../engine/stage.ts";

@@ -1,6 +1,5 @@
-// The scheduler on real stages: the split driver overlaps one slot's local layers with another's
-// frame on the worker; cancellation stops prefill between chunks and frees the slot; queued
-// sequences run in turn and match their solo runs.
+// The scheduler on real stages: split-driver overlap against a worker process, cancellation in
+// prefill, queued sequences equal to their solo runs.
 
 import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf/read.ts";

@@ -1,6 +1,5 @@
-// `deno task demo`: the whole data path on one machine. Makes the default model if missing,
-// starts a worker (layers 2:4) and a head (layers 0:2) on loopback, streams one /v1/messages
-// reply with per-stage timings, then keeps the head serving until Ctrl-C.
+// `deno task demo`: makes the default model if missing, runs a worker (layers 2:4) and a head (0:2)
+// on loopback, streams one /v1/messages reply with per-stage timings, then serves until Ctrl-C.
 
 import { parseArgs } from "node:util";
 import { generateModel, modelFileStem, type ModelSpec } from "../engine/model/generate_model.ts";

@@ -1,5 +1,5 @@
-// Sequences on the head: admission with a bounded queue, slots, prefix cache, and the split
-// driver that runs each slot's steps through the local stage and then the rest of the chain.
+// Sequences on the head: bounded admission, slots, prefix cache, and the split driver that runs
+// each slot's steps through the local stage and then the rest of the chain.
 //
 // Every active slot runs its own loop: local layers (one at a time, through `Lane`) → remote
 // layers (frames pipelined on the one connection) → sample → next step. While slot A's frame is

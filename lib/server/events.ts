@@ -1,4 +1,4 @@
-// Reply events → Anthropic stream events (message_start … message_stop, `error` after a failure).
+// Reply events → Anthropic stream events: message_start … message_stop, or `error` on failure.
 // Between output.ts and sse.ts on the streaming path of POST /v1/messages.
 
 import type { Usage } from "../scheduler/sequence.ts";

@@ -1,5 +1,5 @@
 // Typed reads of request JSON: each read names the field's path in its 400 when the value is
-// missing or of the wrong type. Used by messages.ts, openai.ts, completion.ts and count_tokens.ts.
+// missing or of the wrong type. Used by messages.ts (with count_tokens), openai.ts, completion.ts.
 
 import { ApiError, invalidField } from "./api_error.ts";
 

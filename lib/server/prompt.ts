@@ -1,6 +1,5 @@
-// A parsed chat request → prompt token ids through the model's chat template, plus where the
-// conversation history ends (the prefix-cache boundary). Used by messages.ts, openai.ts and
-// count_tokens; the ids go to lib/scheduler/scheduler.ts.
+// A parsed chat request → prompt ids through the model's chat template, plus where the history
+// ends (the prefix-cache boundary). Used by the chat routes; the ids go to lib/scheduler/.
 
 import { type ChatMessage, type ChatTool, renderChat } from "../tokenizer/chat_template.ts";
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";

@@ -26,7 +26,9 @@ export function encodeSse(message: SseMessage): Uint8Array {
 /**
  * @example
  * ```ts
- * const body = events.pipeThrough(new SseStream({ keepAlive: { everyMs: 10_000, message: ping } }));
+ * const ping = { event: "ping", data: '{"type":"ping"}' };
+ * const sse = new SseStream({ keepAlive: { everyMs: 10_000, message: ping } });
+ * const body = events.pipeThrough(sse);
  * ```
  */
 export class SseStream extends TransformStream<SseMessage, Uint8Array> {

@@ -1,6 +1,5 @@
-// A grammar that forces one tool call in the model's own format (`<tool_call>\n{"name": …,
-// "arguments": …}\n</tool_call>`), its arguments following the tool's input_schema. Built by the
-// routes for tool_choice any/tool; the scheduler's sequence applies it token by token.
+// Forces one tool call in the template's format (<tool_call>{"name", "arguments"}</tool_call>),
+// arguments per input_schema: built for tool_choice any/tool, applied per token by sequence.ts.
 
 import type { TopEntry } from "../../engine/stage.ts";
 import type { TokenConstraint } from "../scheduler/sequence.ts";
