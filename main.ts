@@ -181,8 +181,9 @@ export async function startHead(config: HeadConfig): Promise<RunningHead> {
       url,
       scheduler,
       async close() {
-        await server.shutdown();
+        // Ending the sequences first lets their streams finish, which shutdown waits for.
         await scheduler.close();
+        await server.shutdown();
         for (const f of cleanup.reverse()) f();
       },
     };

@@ -186,6 +186,24 @@ Deno.test("a worker killed mid-stream: partial tokens, then an error event; the 
     assert.equal((await cut.json()).error.type, "overloaded_error");
     await w.stop();
     w = await worker(port, 2048, 1);
+
+    // An OpenAI stream cut the same way ends with an error chunk and no [DONE].
+    const chat = await post(`${head.url}/v1/chat/completions`, {
+      model: "m",
+      max_tokens: 1500,
+      stream: true,
+      messages: [{ role: "user", content: "Go on" }],
+    });
+    const chunks = chat.body!.pipeThrough(new TextDecoderStream()).getReader();
+    let sse = "";
+    while ((sse.match(/"content"/g) ?? []).length < 3) sse += (await chunks.read()).value;
+    w.child.kill("SIGKILL");
+    for (let r = await chunks.read(); !r.done; r = await chunks.read()) sse += r.value;
+    const last = JSON.parse(parseSse(sse).at(-1)!.data);
+    assert.equal(last.error.type, "server_error");
+    assert.ok(!sse.includes("[DONE]"));
+    await w.stop();
+    w = await worker(port, 2048, 1);
     assert.equal((await post(`${head.url}/v1/messages`, turn)).status, 200);
     assert.equal((await fetch(`${head.url}/health`)).status, 200);
   } finally {

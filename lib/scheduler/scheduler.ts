@@ -237,10 +237,14 @@ export class Scheduler {
     };
   }
 
-  /** Cancels everything and waits for the slot loops to end. */
+  /**
+   * Ends every sequence with an overloaded error (clients retry it elsewhere or later), refuses
+   * new ones, and waits for the slot loops to stop.
+   */
   async close(): Promise<void> {
     this.#closed = true;
-    for (const seq of [...this.#queue, ...this.#running.keys()]) seq.cancel();
+    const gone = new OverloadedError("Overloaded: the server is shutting down");
+    for (const seq of [...this.#queue.splice(0), ...this.#running.keys()]) seq.fail(gone);
     await Promise.all(this.#running.values());
   }
 
