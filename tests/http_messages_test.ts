@@ -180,7 +180,7 @@ Deno.test("tool_choice forces a schema-valid tool call, streamed as input_json_d
   }
 });
 
-Deno.test("a client that goes away mid-stream frees its slot", async () => {
+Deno.test("a client that goes away mid-reply frees its slot", async () => {
   const head = await startTestHead({ slots: 1, queue: 0 });
   try {
     const abort = new AbortController();
@@ -196,6 +196,22 @@ Deno.test("a client that goes away mid-stream frees its slot", async () => {
     await reader.cancel().catch(() => undefined);
     await waitFor(() => head.scheduler.busy === 0);
     assert.equal(head.scheduler.stats.sequences.cancelled, 1);
+
+    // A buffered request's client going away cancels it too (through the request's signal).
+    const before = head.scheduler.stats.outputTokens;
+    const gone = new AbortController();
+    const buffered = fetch(`${head.url}/v1/messages`, {
+      method: "POST",
+      body: JSON.stringify(ask("Hello", { max_tokens: 200 })),
+      signal: gone.signal,
+    });
+    await waitFor(() => head.scheduler.stats.outputTokens > before + 3);
+    gone.abort();
+    await assert.rejects(buffered);
+    await waitFor(() => head.scheduler.busy === 0);
+    assert.equal(head.scheduler.stats.sequences.cancelled, 2);
+    assert.ok(head.scheduler.stats.outputTokens < before + 200);
+
     const next = await post(`${head.url}/v1/messages`, ask("Hello", { max_tokens: 2 }));
     assert.equal(next.status, 200);
     assert.equal((await next.json()).usage.output_tokens, 2);
