@@ -212,7 +212,7 @@ Deno.test("SseStream sends keep-alive frames only while the stream is silent", a
   const source = new ReadableStream<{ data: string }>({
     async start(controller) {
       controller.enqueue({ data: "a" });
-      await new Promise((r) => setTimeout(r, 130));
+      await new Promise((r) => setTimeout(r, 300));
       controller.enqueue({ data: "b" });
       controller.close();
     },
@@ -225,6 +225,7 @@ Deno.test("SseStream sends keep-alive frames only while the stream is silent", a
   assert.ok(text.startsWith("data: a\n\n: ping\n\n"), text);
   assert.ok(text.endsWith("data: b\n\n"));
   const pings = text.split(": ping").length - 1;
-  assert.ok(pings >= 1 && pings <= 3, text);
+  // About six in 300 ms of silence at one per 40 ms; a stalled test machine may fire fewer.
+  assert.ok(pings >= 1 && pings <= 8, text);
   assert.deepEqual(parseSse(text), [{ event: null, data: "a" }, { event: null, data: "b" }]);
 });
