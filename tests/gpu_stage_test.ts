@@ -3,7 +3,7 @@
 // boundary, interleaved slots == solo runs, snapshot/restore, split weight parts, request errors.
 
 import assert from "node:assert/strict";
-import { openGpuStage } from "../engine/forward/gpu_stage.ts";
+import { openGpuStage, type StepProfile } from "../engine/forward/gpu_stage.ts";
 import { openGguf } from "../engine/gguf/read.ts";
 import type { GgufModel } from "../engine/gguf/types.ts";
 import type { GpuContext } from "../engine/gpu/device.ts";
@@ -52,7 +52,12 @@ async function openChain(
   gpu: GpuContext,
   model: GgufModel,
   cuts: readonly number[],
-  opts: { slots?: number; snapshots?: number; maxPartBytes?: number } = {},
+  opts: {
+    slots?: number;
+    snapshots?: number;
+    maxPartBytes?: number;
+    profile?: (p: StepProfile) => void;
+  } = {},
 ): Promise<Stage[]> {
   const nLayer = readHParams(model.metadata).nLayer;
   const bounds = [0, ...cuts, nLayer];
@@ -67,6 +72,7 @@ async function openChain(
         maxBatch: MAX_BATCH,
         snapshots: opts.snapshots,
         maxPartBytes: opts.maxPartBytes,
+        profile: opts.profile,
         log: () => {},
       }),
     );
@@ -342,6 +348,32 @@ gpuTest(
       } finally {
         first.close();
         last.close();
+      }
+    });
+  },
+);
+
+gpuTest(
+  "GPU stage profile: one sample per run, GPU time where timestamps exist, same results",
+  async (gpu) => {
+    await withModel({ arch: "qwen35moe" }, async (model) => {
+      const ids = prompt(model, 6, 7);
+      const plain = await openChain(gpu, model, []);
+      const want = await session(plain, 0, ids, 2);
+      closeAll(plain);
+      const samples: StepProfile[] = [];
+      const profiled = await openChain(gpu, model, [], { profile: (p) => samples.push(p) });
+      assert.deepEqual(await session(profiled, 0, ids, 2), want);
+      closeAll(profiled);
+      // Two prefill calls (5 + 1 tokens) and two decode calls.
+      assert.deepEqual(samples.map((p) => p.tokens), [5, 1, 1, 1]);
+      for (const p of samples) {
+        assert.ok(p.dispatches > 4 * 10, `${p.dispatches} dispatches for 4 blocks and the head`);
+        assert.ok(p.encodeMs >= 0 && p.waitMs >= 0);
+        assert.equal(p.gpuMs === undefined, !gpu.features.timestamps);
+        if (p.gpuMs !== undefined) {
+          assert.ok(p.gpuMs >= 0 && p.gpuMs < 60_000, `GPU time ${p.gpuMs} ms`);
+        }
       }
     });
   },

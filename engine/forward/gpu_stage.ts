@@ -4,7 +4,7 @@
 
 import { createReadback, createStorage, mapRead, writeBytes } from "../gpu/buffers.ts";
 import type { GpuContext } from "../gpu/device.ts";
-import { ParamArena, StepEncoder } from "../gpu/encoder.ts";
+import { createStepTimer, ParamArena, StepEncoder, type StepTimer } from "../gpu/encoder.ts";
 import { destroyTensor } from "../gpu/tensor.ts";
 import type { GgufModel } from "../gguf/types.ts";
 import { MAX_TOPK, topKScratchWords } from "../kernels/topk.ts";
@@ -33,6 +33,20 @@ export interface GpuStageOptions {
   readonly maxPartBytes?: number;
   /** Start-up report lines (weights, memory); default stderr. */
   readonly log?: (line: string) => void;
+  /** Called after every run with its timings (GPU time where the device has timestamp-query). */
+  readonly profile?: (p: StepProfile) => void;
+}
+
+/** Where one run's time went. */
+export interface StepProfile {
+  readonly tokens: number;
+  readonly dispatches: number;
+  /** Validating, recording and submitting on the CPU. */
+  readonly encodeMs: number;
+  /** From submit until the outputs were read back. */
+  readonly waitMs: number;
+  /** GPU time from the first dispatch's start to the last one's end; undefined without timestamps. */
+  readonly gpuMs?: number;
 }
 
 /** Bytes of logits one LM-head chunk may take. */
@@ -118,6 +132,8 @@ class GpuStage implements Stage {
   /** Positions seen per slot; per snapshot the saved position, or −1 when empty. */
   readonly #pos: number[];
   readonly #readbacks: GPUBuffer[] = [];
+  readonly #profile: ((p: StepProfile) => void) | undefined;
+  readonly #timer: StepTimer | undefined;
   #closed = false;
 
   constructor(
@@ -130,8 +146,11 @@ class GpuStage implements Stage {
     readonly slots: number,
     readonly ctx: number,
     readonly maxBatch: number,
+    profile: ((p: StepProfile) => void) | undefined,
   ) {
     this.#gpu = gpu;
+    this.#profile = profile;
+    this.#timer = profile ? createStepTimer(gpu) : undefined;
     this.#hp = hp;
     this.#plan = plan;
     this.#sets = sets;
@@ -237,6 +256,7 @@ class GpuStage implements Stage {
     options: StageRunOptions = {},
   ): Promise<StageOutput> {
     // Everything up to submit runs synchronously, so concurrent runs reach the queue in call order.
+    const started = performance.now();
     const topk = options.topk ?? 0;
     if (!Number.isInteger(topk) || topk < 0 || topk > MAX_TOPK) {
       throw new RangeError(`Cannot return the top ${topk} logits: expected 0..${MAX_TOPK}`);
@@ -255,7 +275,10 @@ class GpuStage implements Stage {
     }
     encodeLayers(enc, this.#plan, this.#sets[slot], n, base);
     const bytes = this.#last ? 4 * (n + 2 * k) : 4 * n * this.#hp.D;
-    const readback = this.#takeReadback(bytes);
+    const timer = this.#timer;
+    // Timestamps (2 u64) follow the outputs, 8-byte aligned.
+    const timeAt = Math.ceil(bytes / 8) * 8;
+    const readback = this.#takeReadback(timer ? timeAt + 16 : bytes);
     if (this.#last) {
       encodeHead(enc, this.#plan, n, k);
       enc.copy(act.greedy, 0, readback, 0, 4 * n);
@@ -263,12 +286,26 @@ class GpuStage implements Stage {
     } else {
       enc.copy(act.x, 0, readback, 0, bytes);
     }
+    if (timer) enc.copy(timer.resolve, 0, readback, timeAt, 16);
+    const dispatches = enc.dispatches;
     this.#gpu.device.pushErrorScope("validation");
-    enc.submit();
+    enc.submit(timer);
     const rejected = this.#gpu.device.popErrorScope();
     this.#pos[slot] = base + n;
+    const submitted = performance.now();
     try {
-      const data = await mapRead(readback, bytes);
+      const all = await mapRead(readback, timer ? timeAt + 16 : bytes);
+      const data = all.slice(0, bytes);
+      if (this.#profile) {
+        const ns = timer ? new BigUint64Array(all, timeAt, 2) : undefined;
+        this.#profile({
+          tokens: n,
+          dispatches,
+          encodeMs: submitted - started,
+          waitMs: performance.now() - submitted,
+          gpuMs: ns ? Number(ns[1] - ns[0]) / 1e6 : undefined,
+        });
+      }
       const error = await rejected;
       if (error) {
         throw new Error(
@@ -354,6 +391,8 @@ class GpuStage implements Stage {
     for (const set of this.#sets) for (const s of set) stateBuffers(s).forEach((b) => b.destroy());
     for (const b of Object.values(this.#plan.act)) b.destroy();
     for (const b of this.#readbacks) b.destroy();
+    this.#timer?.querySet.destroy();
+    this.#timer?.resolve.destroy();
     this.#arena.destroy();
   }
 }
@@ -414,5 +453,5 @@ export async function openGpuStage(
     }; activations for ${maxBatch} tokens: ${formatBytes(actBytes)}`,
   );
   const plan: ForwardPlan = { hp, first, weights, act, lmChunk };
-  return new GpuStage(gpu, hp, plan, sets, first, end, slots, ctx, maxBatch);
+  return new GpuStage(gpu, hp, plan, sets, first, end, slots, ctx, maxBatch, options.profile);
 }

@@ -80,7 +80,7 @@ fn main(@builtin(local_invocation_index) lid: u32, @builtin(subgroup_invocation_
     usage: GPUBufferUsage.MAP_READ | GPUBufferUsage.COPY_DST,
   });
   try {
-    const pipeline = await device.createComputePipelineAsync({
+    const pipeline = device.createComputePipeline({
       layout: "auto",
       compute: { module: device.createShaderModule({ code }), entryPoint: "main" },
     });

@@ -35,6 +35,28 @@ type Command =
     readonly size: number;
   };
 
+/**
+ * GPU timestamps of a step (timestamp-query): the first compute pass writes index 0 at its
+ * start, the last writes index 1 at its end, and both are resolved into `resolve` (2 u64 ns).
+ */
+export interface StepTimer {
+  readonly querySet: GPUQuerySet;
+  readonly resolve: GPUBuffer;
+}
+
+/** A timer for `ctx`, or undefined where the device has no timestamp-query. */
+export function createStepTimer(ctx: GpuContext): StepTimer | undefined {
+  if (!ctx.features.timestamps) return undefined;
+  return {
+    querySet: ctx.device.createQuerySet({ type: "timestamp", count: 2 }),
+    resolve: ctx.device.createBuffer({
+      label: "step timestamps",
+      size: 16,
+      usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC,
+    }),
+  };
+}
+
 const bufferIds = new WeakMap<GPUBuffer, number>();
 let nextBufferId = 1;
 
@@ -193,8 +215,12 @@ export class StepEncoder {
     return group;
   }
 
-  /** Encodes everything recorded into one command buffer and submits it. */
-  submit(): void {
+  /**
+   * Encodes everything recorded into one command buffer and submits it. With a timer, the
+   * step's GPU start and end land in timer.resolve before any copy recorded after the last
+   * dispatch, so such a copy can read them back.
+   */
+  submit(timer?: StepTimer): void {
     const n = this.#params.length;
     const view = this.#arena.view(Math.max(n, 1));
     for (let i = 0; i < n; i++) {
@@ -202,21 +228,44 @@ export class StepEncoder {
     }
     if (n) this.#arena.upload(n);
     const enc = this.ctx.device.createCommandEncoder();
+    const first = this.#commands.findIndex((c) => c.kind === "dispatch");
+    const last = this.#commands.findLastIndex((c) => c.kind === "dispatch");
+    let lastPass = false;
     let pass: GPUComputePassEncoder | undefined;
-    for (const c of this.#commands) {
+    const endPass = () => {
+      pass?.end();
+      pass = undefined;
+      if (timer && lastPass) enc.resolveQuerySet(timer.querySet, 0, 2, timer.resolve, 0);
+      lastPass = false;
+    };
+    for (const [i, c] of this.#commands.entries()) {
       if (c.kind === "dispatch") {
-        pass ??= enc.beginComputePass();
+        if (!pass) {
+          // The pass starting here runs until the next copy/clear: does it hold the last dispatch?
+          const next = this.#commands.findIndex((d, j) => j > i && d.kind !== "dispatch");
+          lastPass = last < (next < 0 ? Infinity : next);
+          pass = enc.beginComputePass(
+            timer && (i === first || lastPass)
+              ? {
+                timestampWrites: {
+                  querySet: timer.querySet,
+                  beginningOfPassWriteIndex: i === first ? 0 : undefined,
+                  endOfPassWriteIndex: lastPass ? 1 : undefined,
+                },
+              }
+              : undefined,
+          );
+        }
         pass.setPipeline(c.kernel.pipeline);
         pass.setBindGroup(0, this.#bindGroup(c.kernel, c.buffers, c.slot));
         pass.dispatchWorkgroups(c.size[0], c.size[1], c.size[2]);
         continue;
       }
-      pass?.end();
-      pass = undefined;
+      endPass();
       if (c.kind === "copy") enc.copyBufferToBuffer(c.src, c.srcOffset, c.dst, c.dstOffset, c.size);
       else enc.clearBuffer(c.buffer, c.offset, c.size);
     }
-    pass?.end();
+    endPass();
     this.ctx.device.queue.submit([enc.finish()]);
     this.#commands = [];
     this.#params = [];

@@ -71,6 +71,11 @@ function bindGroupLayoutOf(ctx: GpuContext, layout: KernelLayout): GPUBindGroupL
   return bgl;
 }
 
+/**
+ * Compiles one variant. Pipelines are created synchronously inside an error scope: stages compile
+ * at open time, where blocking is fine, and Dawn under Deno was seen to leave
+ * createComputePipelineAsync unresolved now and then.
+ */
 async function build(
   ctx: GpuContext,
   layout: KernelLayout,
@@ -81,23 +86,13 @@ async function build(
   const { device } = ctx;
   const bindGroupLayout = bindGroupLayoutOf(ctx, layout);
   device.pushErrorScope("validation");
-  const module = device.createShaderModule({ label: name, code });
-  let pipeline: GPUComputePipeline | undefined;
-  let failure: unknown;
-  try {
-    pipeline = await device.createComputePipelineAsync({
-      label: name,
-      layout: device.createPipelineLayout({ label: name, bindGroupLayouts: [bindGroupLayout] }),
-      compute: { module, entryPoint: "main" },
-    });
-  } catch (e) {
-    failure = e;
-  }
+  const pipeline = device.createComputePipeline({
+    label: name,
+    layout: device.createPipelineLayout({ label: name, bindGroupLayouts: [bindGroupLayout] }),
+    compute: { module: device.createShaderModule({ label: name, code }), entryPoint: "main" },
+  });
   const error = await device.popErrorScope();
-  if (error || !pipeline) {
-    const why = error?.message ?? (failure instanceof Error ? failure.message : String(failure));
-    throw new Error(`Cannot compile kernel ${name} (${layout.file}): ${why}`);
-  }
+  if (error) throw new Error(`Cannot compile kernel ${name} (${layout.file}): ${error.message}`);
   return { name, layout, pipeline, bindGroupLayout };
 }
 
