@@ -39,10 +39,13 @@ Deno.test("generate --json equals the in-process greedy run, unsplit and as a 2-
   stage.close();
   model.close();
 
-  const unsplit = await runGenerate(["--model", path, "--prompt", prompt, "--n", "10"]);
+  const common = ["--model", path, "--prompt", prompt, "--n", "10"];
+  const unsplit = await runGenerate([...common, "--backend", "reference"]);
   assert.deepEqual(unsplit.prompt_ids, ids);
   assert.deepEqual(unsplit.ids, want.ids);
   assert.equal(unsplit.text, tokenizer.decode(want.ids));
+  // The default backend is the GPU engine; on this F32 model its greedy ids equal the reference's.
+  assert.deepEqual(await runGenerate([...common, "--allow-software-gpu"]), unsplit);
 
   const worker = await startWorker({ model: path, layers: "1:4", ctx: 256 });
   try {
@@ -57,6 +60,8 @@ Deno.test("generate --json equals the in-process greedy run, unsplit and as a 2-
       "0:1",
       "--next",
       worker.address,
+      "--backend",
+      "reference",
     ]);
     assert.deepEqual(split, unsplit);
   } finally {

@@ -1,14 +1,16 @@
 // 2-stage and 3-stage chains of real worker.ts processes (restricted permissions, loopback TCP)
-// give the greedy ids and top-k of the single-process reference engine, for every test model arch.
+// give the greedy ids and top-k of the single-process engine, for every test model arch.
 
 import assert from "node:assert/strict";
 import { generateGreedy } from "../engine/generate.ts";
 import { openGguf } from "../engine/gguf/read.ts";
 import type { GgufModel } from "../engine/gguf/types.ts";
+import { openGpuStage } from "../engine/forward/gpu_stage.ts";
 import { openReferenceStage } from "../engine/reference/stage.ts";
 import type { Stage } from "../engine/stage.ts";
 import { startWorker } from "../lib/wire/_test_utils.ts";
 import { connectRemoteStage } from "../lib/wire/remote_stage.ts";
+import { gpuTest } from "./_gpu.ts";
 import { testModel, type TestModelSpec } from "./_models.ts";
 
 const CTX = 32;
@@ -73,3 +75,28 @@ for (const spec of MODELS) {
     }
   });
 }
+
+gpuTest(
+  "a GPU worker under net and read permissions only extends a GPU head bit for bit",
+  async (gpu) => {
+    const path = await testModel({ arch: "qwen35moe", quant: "q4_k_m" });
+    const model = await openGguf(path);
+    const open = (first: number, end: number) =>
+      openGpuStage(model, gpu, { first, end, slots: 1, ctx: CTX, log: () => {} });
+    const worker = await startWorker({ model: path, layers: "2:4", ctx: CTX, backend: "gpu" });
+    const whole = await open(0, 4);
+    const head = await open(0, 2);
+    try {
+      const remote = await connectRemoteStage(worker.address, { local: head, model });
+      const want = await generateGreedy([whole], PROMPT, { n: 6, topk: 5 });
+      const got = await generateGreedy([head, remote], PROMPT, { n: 6, topk: 5 });
+      assert.deepEqual(got, want);
+      remote.close();
+    } finally {
+      head.close();
+      whole.close();
+      await worker.stop();
+      model.close();
+    }
+  },
+);

@@ -43,6 +43,11 @@ export interface WorkerOptions {
   readonly snapshots?: number;
   readonly next?: string;
   readonly keyFile?: string;
+  /**
+   * Engine of the worker: the CPU reference by default (these tests are about the wire), or the
+   * GPU engine on Deno's builtin provider, which needs no permission beyond net and read.
+   */
+  readonly backend?: "reference" | "gpu";
   /** Flags after the usual ones, e.g. ["--host", "0.0.0.0"]. */
   readonly extra?: readonly string[];
   /** Permission flags instead of the restricted ones, e.g. those of `deno task worker`. */
@@ -77,6 +82,9 @@ export function workerArgs(options: WorkerOptions, port: number): string[] {
     ...(options.maxBatch ? [["--max-batch", String(options.maxBatch)]] : []),
     ...(options.next ? [["--next", options.next]] : []),
     ...(options.keyFile ? [["--key-file", options.keyFile]] : []),
+    ...(options.backend === "gpu"
+      ? [["--backend", "gpu", "--gpu", "builtin", "--allow-software-gpu"]]
+      : [["--backend", "reference"]]),
   ].flat();
   return [
     "run",
