@@ -5,7 +5,13 @@ import assert from "node:assert/strict";
 import { createStorage } from "../engine/gpu/buffers.ts";
 import type { GpuContext } from "../engine/gpu/device.ts";
 import { uploadTensorBytes } from "../engine/gpu/tensor.ts";
-import { MUL_MAT_TYPES, mulMat, prepareMulMat } from "../engine/kernels/mul_mat.ts";
+import {
+  gatherTiles,
+  gatherWords,
+  moeGather,
+  prepareMoeGather,
+} from "../engine/kernels/moe_gather.ts";
+import { MUL_MAT_TYPES, mulMat, PREFILL_TT, prepareMulMat } from "../engine/kernels/mul_mat.ts";
 import { dequantize } from "../engine/quant/dequant.ts";
 import { randomBlocks } from "../engine/quant/quantize.ts";
 import { GgmlType, rowBytes, typeName } from "../engine/quant/types.ts";
@@ -160,3 +166,53 @@ gpuTest("mulMat() with add accumulates into y at an offset and stride", async (c
   }
   assertClose(got, want, scale, TOL, "y + W·x");
 });
+
+gpuTest(
+  "mulMat() over a gather table equals the per-slot expert products bit for bit",
+  async (ctx) => {
+    const type = GgmlType.Q5_K;
+    const [K, M, E, T, nUsed] = [256, 13, 5, 13, 3];
+    const r = rng(8);
+    const bytes = randomBlocks(type, K * M * E, 0.5, r);
+    const x = randomF32(T * K, r);
+    // Expert 4 gets more than one tile of slots, expert 1 none.
+    const ids = Uint32Array.from({ length: T * nUsed }, (_, s) => [4, 0, 2, 4, 3, 4][s % 6]);
+    await prepareMulMat(ctx, { type, batched: false, id: true });
+    await prepareMulMat(ctx, { type, batched: true, id: true });
+    await prepareMoeGather(ctx);
+    const tensor = await uploadTensorBytes(ctx, { name: "exps", type, shape: [K, M, E] }, bytes, {
+      maxPartBytes: 2 * M * rowBytes(type, K),
+    });
+    const xb = upload(ctx, x);
+    const idsb = upload(ctx, ids);
+    const table = createStorage(ctx, "table", 4 * gatherWords(T * nUsed, E, PREFILL_TT));
+    const perSlot = createStorage(ctx, "per slot", T * nUsed * M * 4);
+    const tiled = createStorage(ctx, "tiled", T * nUsed * M * 4);
+    await submit(ctx, (enc) => {
+      mulMat(enc, { w: tensor, x: xb, y: perSlot, ids: idsb }, { tokens: T, nUsed });
+      moeGather(enc, { ids: idsb, table }, { slots: T * nUsed, experts: E, tt: PREFILL_TT });
+      mulMat(enc, { w: tensor, x: xb, y: tiled, ids: table }, {
+        tokens: T,
+        nUsed,
+        gatherTiles: gatherTiles(T * nUsed, E, PREFILL_TT),
+      });
+    });
+    const a = await readF32(ctx, perSlot, T * nUsed * M);
+    const b = await readF32(ctx, tiled, T * nUsed * M);
+    assert.deepEqual(b, a);
+    const w = dequantize(type, bytes, K * M * E);
+    const want = new Float64Array(T * nUsed * M);
+    const scale = new Float64Array(T * nUsed * M);
+    for (let s = 0; s < T * nUsed; s++) {
+      const t = Math.floor(s / nUsed);
+      for (let row = 0; row < M; row++) {
+        for (let c = 0; c < K; c++) {
+          const p = w[(ids[s] * M + row) * K + c] * x[t * K + c];
+          want[s * M + row] += p;
+          scale[s * M + row] += Math.abs(p);
+        }
+      }
+    }
+    assertClose(b, want, scale, TOL, "gathered expert products");
+  },
+);

@@ -303,9 +303,9 @@ gpuTest("GPU stage: weights split into many small parts give the same results", 
     const whole = await openChain(gpu, model, []);
     const want = await session(whole, 0, ids, 3);
     closeAll(whole);
-    // 64 KiB parts: expert stacks (one expert per part), the embedding and the LM head span
+    // 96 KiB parts: expert stacks (one expert per part), the embedding and the LM head span
     // several bindings.
-    const parts = await openChain(gpu, model, [], { maxPartBytes: 65536 });
+    const parts = await openChain(gpu, model, [], { maxPartBytes: 96 * 1024 });
     assert.deepEqual(await session(parts, 0, ids, 3), want);
     closeAll(parts);
   });

@@ -8,6 +8,7 @@ import { ARGMAX } from "../engine/kernels/argmax.ts";
 import { ATTENTION } from "../engine/kernels/attention.ts";
 import { GATED_DELTA_NET } from "../engine/kernels/gated_delta_net.ts";
 import { GET_ROWS } from "../engine/kernels/get_rows.ts";
+import { MOE_GATHER } from "../engine/kernels/moe_gather.ts";
 import { MOE_ROUTE } from "../engine/kernels/moe_route.ts";
 import { MOE_SUM } from "../engine/kernels/moe_sum.ts";
 import { MUL_MAT } from "../engine/kernels/mul_mat.ts";
@@ -21,6 +22,7 @@ const LAYOUTS: readonly KernelLayout[] = [
   ATTENTION,
   GATED_DELTA_NET,
   GET_ROWS,
+  MOE_GATHER,
   MOE_ROUTE,
   MOE_SUM,
   MUL_MAT,

@@ -1,12 +1,17 @@
 // mul_mat: y[t,i][row] (= or +=) W_e[row] · x[t,i] for every weight type; decode (TT = 1) and
-// prefill (TT tokens per workgroup); with ID, e = ids[t, i] picks an expert of a stacked tensor.
+// prefill (TT tokens per workgroup); with ID, e = ids[t, i] picks an expert of a stacked tensor,
+// and with GATHERED a workgroup takes up to TT slots routed to one expert (prefill MoE).
 // Matches engine/reference/math.ts matVec over engine/quant/dequant.ts rows (f32 accumulation).
 // Bindings: 0 w: weight bytes of one part (rows of `k` values, quantized) | 1 x (f32)
-//   | 2 ids (u32, ID only; a dummy otherwise) | 3 y (f32) | 4 params.
-// Dispatch: (row_tiles folded to 2-D, z) with z = token tiles, or T·n_used slots under ID.
+//   | 2 ids (u32: expert ids (T, ids_stride) under ID, the gather table under GATHERED, a dummy
+//   otherwise) | 3 y (f32) | 4 params.
+// Dispatch: (row_tiles folded to 2-D, z) with z = token tiles, T·n_used slots under ID, or the
+//   gather table's most tiles under GATHERED (workgroups past its tile count exit).
 //   WG = 64 threads = ROWS rows of TPR threads; a row's threads stride its 32-value chunks.
-// Variants: TYPE_<type> (one), TT (tokens per workgroup), ID, X_SWIGLU (x = silu(g)·u with
-//   u at g + up_offset), ADD (y += result), SUBGROUPS (row sums by subgroup shuffles).
+// Variants: TYPE_<type> (one), TT (tokens per workgroup), ID, GATHERED (with ID), X_SWIGLU
+//   (x = silu(g)·u with u at g + up_offset), ADD (y += result), SUBGROUPS (row sums by
+//   subgroup shuffles). Each slot's sum runs over the same chunks in the same order in every
+//   variant, so decode and prefill results are bit-identical.
 
 #ifdef SUBGROUPS
 enable subgroups;
@@ -73,14 +78,45 @@ fn main(
   }
   let lane = lid % TPR;
   let r = tile * ROWS + lid / TPR;
+  // The token slots this workgroup computes: x and y offsets of each, n of them.
+  var xb: array<u32, TT>;
+  var yb: array<u32, TT>;
+  var n = 0u;
 #ifdef ID
-  // Slot wid.z = (token t, expert rank i); only the part holding that expert computes it.
-  let t0 = wid.z / params.n_used;
+#ifdef GATHERED
+  // wid.z is a tile of the gather table (wgsl/moe_gather.wgsl): expert | count << 12 | first << 16,
+  // with the slots routed to that expert listed from entry `first`.
+  if (lid == 0u) {
+    chosen = select(0xffffffffu, ids[1u + wid.z], wid.z < ids[0]);
+  }
+  let packed = workgroupUniformLoad(&chosen);
+  if (packed == 0xffffffffu) {
+    return;
+  }
+  let e = packed & 0xfffu;
+  n = (packed >> 12u) & 0xfu;
+  for (var tt = 0u; tt < TT; tt++) {
+    if (tt < n) {
+      let slot = ids[1u + params.ids_stride + (packed >> 16u) + tt];
+      let t = slot / params.n_used;
+      let i = slot % params.n_used;
+      xb[tt] = params.x_offset + t * params.x_stride_t + i * params.x_stride_i;
+      yb[tt] = params.y_offset + t * params.y_stride_t + i * params.y_stride_i;
+    }
+  }
+#else
+  // Slot wid.z = (token t, expert rank i).
+  let t = wid.z / params.n_used;
   let i = wid.z % params.n_used;
   if (lid == 0u) {
-    chosen = ids[t0 * params.ids_stride + i];
+    chosen = ids[t * params.ids_stride + i];
   }
   let e = workgroupUniformLoad(&chosen);
+  n = 1u;
+  xb[0] = params.x_offset + t * params.x_stride_t + i * params.x_stride_i;
+  yb[0] = params.y_offset + t * params.y_stride_t + i * params.y_stride_i;
+#endif
+  // Only the part holding expert e computes it.
   if (e < params.expert_first || e >= params.expert_first + params.expert_count) {
     return;
   }
@@ -88,7 +124,11 @@ fn main(
   let y_row = r;
 #else
   let t0 = wid.z * TT;
-  let i = 0u;
+  n = min(TT, params.tokens - t0);
+  for (var tt = 0u; tt < TT; tt++) {
+    xb[tt] = params.x_offset + (t0 + tt) * params.x_stride_t;
+    yb[tt] = params.y_offset + (t0 + tt) * params.y_stride_t;
+  }
   let row_in_part = r;
   let y_row = params.row_base + r;
 #endif
@@ -99,12 +139,10 @@ fn main(
     for (var c = lane; c < chunks; c += TPR) {
       let wv = dequant32(row_byte, c);
       for (var tt = 0u; tt < TT; tt++) {
-        let t = t0 + tt;
-        if (t < params.tokens) {
-          let xb = params.x_offset + t * params.x_stride_t + i * params.x_stride_i + 32u * c;
+        if (tt < n) {
           var s = 0.0;
           for (var v = 0u; v < 8u; v++) {
-            s += dot(wv[v], x4(xb + 4u * v));
+            s += dot(wv[v], x4(xb[tt] + 32u * c + 4u * v));
           }
           acc[tt] += s;
         }
@@ -139,13 +177,11 @@ fn main(
 #endif
   if (lane == 0u && r < params.rows) {
     for (var tt = 0u; tt < TT; tt++) {
-      let t = t0 + tt;
-      if (t < params.tokens) {
-        let o = params.y_offset + t * params.y_stride_t + i * params.y_stride_i + y_row;
+      if (tt < n) {
 #ifdef ADD
-        y[o] += acc[tt];
+        y[yb[tt] + y_row] += acc[tt];
 #else
-        y[o] = acc[tt];
+        y[yb[tt] + y_row] = acc[tt];
 #endif
       }
     }

@@ -12,12 +12,14 @@ import { argmax, prepareArgmax } from "../kernels/argmax.ts";
 import { attention, prepareAttention } from "../kernels/attention.ts";
 import { gatedDeltaNet, prepareGatedDeltaNet } from "../kernels/gated_delta_net.ts";
 import { getRows, prepareGetRows } from "../kernels/get_rows.ts";
+import { gatherTiles, moeGather, prepareMoeGather } from "../kernels/moe_gather.ts";
 import { moeRoute, prepareMoeRoute } from "../kernels/moe_route.ts";
 import { moeSum, prepareMoeSum } from "../kernels/moe_sum.ts";
 import {
   mulMat,
   type MulMatOptions,
   type MulMatVariant,
+  PREFILL_TT,
   prepareMulMat,
 } from "../kernels/mul_mat.ts";
 import { kNormRopeStore, prepareQkNormRope, qNormRope } from "../kernels/qk_norm_rope.ts";
@@ -48,6 +50,7 @@ export interface Activations {
   readonly router: GPUBuffer; // (T, E + 1) router logits and shared gate logit
   readonly route: GPUBuffer; // (T, Ku) u32 chosen experts
   readonly routeW: GPUBuffer; // (T, Ku + 1) expert weights and shared gate
+  readonly gather: GPUBuffer; // u32 slots (T·Ku) grouped by expert in token tiles (prefill)
   readonly gateUp: GPUBuffer; // (T, Ku, 2·Fe) routed [gate | up], or (T, 2·F) dense
   readonly expertOut: GPUBuffer; // (T, Ku, D)
   readonly sharedGateUp: GPUBuffer; // (T, 2·Fs)
@@ -195,19 +198,33 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, T: number)
     logitsStride: E + 1,
     sharedGate: true,
   });
+  // prefill: the (token, rank) slots grouped by expert, so weights are read once per token tile
+  let ids = act.route;
+  let tiles: number | undefined;
+  if (T > 1) {
+    moeGather(enc, { ids: act.route, table: act.gather }, {
+      slots: T * Ku,
+      experts: E,
+      tt: PREFILL_TT,
+    });
+    ids = act.gather;
+    tiles = gatherTiles(T * Ku, E, PREFILL_TT);
+  }
   // each token's experts: [gate | up], then down of silu(gate)·up
   for (const p of w.gateUp) {
-    mulMat(enc, { w: p.w, x: act.h, y: act.gateUp, ids: act.route }, {
+    mulMat(enc, { w: p.w, x: act.h, y: act.gateUp, ids }, {
       tokens: T,
       nUsed: Ku,
+      gatherTiles: tiles,
       yOffset: p.offset,
       yStrideT: Ku * 2 * Fe,
       yStrideI: 2 * Fe,
     });
   }
-  mulMat(enc, { w: w.down, x: act.gateUp, y: act.expertOut, ids: act.route }, {
+  mulMat(enc, { w: w.down, x: act.gateUp, y: act.expertOut, ids }, {
     tokens: T,
     nUsed: Ku,
+    gatherTiles: tiles,
     xStrideT: Ku * 2 * Fe,
     xStrideI: 2 * Fe,
     upOffset: Fe,
@@ -309,7 +326,7 @@ export async function prepareForward(
 ): Promise<void> {
   const variants = new Map<string, MulMatVariant>();
   const use = (v: Omit<MulMatVariant, "batched">) => {
-    for (const batched of maxBatch > 1 && !v.id ? [false, true] : [false]) {
+    for (const batched of maxBatch > 1 ? [false, true] : [false]) {
       variants.set(JSON.stringify({ ...v, batched }), { ...v, batched });
     }
   };
@@ -342,7 +359,7 @@ export async function prepareForward(
     jobs.push(prepareSsmConv(ctx), prepareGatedDeltaNet(ctx, hp.Dk, hp.Dv));
   }
   if (weights.layers.some((l) => l.ffn.kind === "moe")) {
-    jobs.push(prepareMoeRoute(ctx), prepareMoeSum(ctx));
+    jobs.push(prepareMoeRoute(ctx), prepareMoeSum(ctx), prepareMoeGather(ctx));
   }
   if (weights.output) jobs.push(prepareArgmax(ctx), prepareTopK(ctx));
   await Promise.all(jobs);

@@ -7,6 +7,8 @@ import type { GpuContext } from "../gpu/device.ts";
 import { createStepTimer, ParamArena, StepEncoder, type StepTimer } from "../gpu/encoder.ts";
 import { destroyTensor } from "../gpu/tensor.ts";
 import type { GgufModel } from "../gguf/types.ts";
+import { gatherWords } from "../kernels/moe_gather.ts";
+import { PREFILL_TT } from "../kernels/mul_mat.ts";
 import { MAX_TOPK, topKScratchWords } from "../kernels/topk.ts";
 import { type HParams, readHParams } from "../model/hparams.ts";
 import type { Stage, StageInput, StageOutput, StageRunOptions, TopEntry } from "../stage.ts";
@@ -67,6 +69,7 @@ function allocActivations(ctx: GpuContext, hp: HParams, T: number, lmChunk: numb
     router: f32("router logits", T * (E + 1)),
     route: f32("expert ids", T * Ku),
     routeW: f32("expert weights", T * (Ku + 1)),
+    gather: f32("expert gather table", gatherWords(T * Ku, E, PREFILL_TT)),
     gateUp: f32("ffn gate|up", T * Math.max(Ku * 2 * Fe, 2 * F)),
     expertOut: f32("expert out", T * Ku * D),
     sharedGateUp: f32("shared gate|up", T * 2 * Fs),

@@ -83,6 +83,63 @@ export function uploadTensor(
   );
 }
 
+/**
+ * Uploads several tensors of one type and row length as one: per expert (3-D stacks) or once
+ * (matrices), the rows of `names[0]`, then of `names[1]`, … So projections that read the same
+ * input become one matrix product, with results bit-identical to separate ones.
+ */
+export function uploadConcat(
+  ctx: GpuContext,
+  model: GgufModel,
+  label: string,
+  names: readonly string[],
+  options: UploadOptions = {},
+): Promise<GpuTensor> {
+  const infos = names.map((name) => {
+    const t = model.tensors.get(name);
+    if (!t) {
+      throw new RangeError(`Cannot upload tensor "${name}": "${model.path}" has no such tensor`);
+    }
+    return t;
+  });
+  const [cols, , experts = 1] = infos[0].shape;
+  const type = infos[0].type;
+  for (const t of infos) {
+    if (t.type !== type || t.shape[0] !== cols || (t.shape[2] ?? 1) !== experts) {
+      throw new TypeError(
+        `Cannot join tensors ${names.join(", ")}: they differ in type or shape; upload them apart`,
+      );
+    }
+  }
+  const rb = rowBytes(type, cols);
+  // The joined tensor's bytes as a list of (tensor, byte offset, length) segments.
+  const segments: { name: string; start: number; length: number }[] = [];
+  for (let e = 0; e < experts; e++) {
+    for (const t of infos) {
+      const bytes = (t.shape[1] ?? 1) * rb;
+      segments.push({ name: t.name, start: e * bytes, length: bytes });
+    }
+  }
+  const rows = infos.reduce((s, t) => s + (t.shape[1] ?? 1), 0);
+  const read = async (start: number, length: number): Promise<Uint8Array> => {
+    const out = new Uint8Array(length);
+    let at = 0;
+    for (const seg of segments) {
+      if (at >= start + length) break;
+      const lo = Math.max(start, at);
+      const hi = Math.min(start + length, at + seg.length);
+      if (lo < hi) {
+        const piece = await model.readTensorBytes(seg.name, seg.start + lo - at, hi - lo);
+        out.set(piece, lo - start);
+      }
+      at += seg.length;
+    }
+    return out;
+  };
+  const shape = experts > 1 ? [cols, rows, experts] : [cols, rows];
+  return uploadRows(ctx, { name: label, type, shape }, read, options);
+}
+
 /** Uploads a tensor held in memory (`bytes` in GGUF layout); for tests and derived tensors. */
 export function uploadTensorBytes(
   ctx: GpuContext,

@@ -55,16 +55,19 @@ export const MUL_MAT_TYPES: readonly GgmlType[] = [
 
 /**
  * Rows per workgroup (wgsl WG / TPR; TPR equals SUBGROUP_MIN_LANES so the subgroup tail can
- * reduce a row inside one subgroup) and tokens per workgroup of the prefill variant.
+ * reduce a row inside one subgroup) and tokens per workgroup of the prefill variants.
  */
 const ROWS_PER_WG = 4;
-const PREFILL_TT = 8;
+export const PREFILL_TT = 8;
 
 export interface MulMatVariant {
   readonly type: GgmlType;
   /** More than one token per call (prefill tiles). */
   readonly batched: boolean;
-  /** Weights are an expert stack indexed by `ids`. */
+  /**
+   * Weights are an expert stack indexed by `ids`; batched, by a gather table of token tiles
+   * per expert (engine/kernels/moe_gather.ts).
+   */
   readonly id?: boolean;
   /** The input is [gate | up] halves and the product uses silu(gate)·up. */
   readonly swiglu?: boolean;
@@ -73,7 +76,7 @@ export interface MulMatVariant {
 }
 
 function tokensPerWg(v: MulMatVariant): number {
-  return v.batched && !v.id ? PREFILL_TT : 1;
+  return v.batched ? PREFILL_TT : 1;
 }
 
 function variantName(ctx: GpuContext, v: MulMatVariant): string {
@@ -96,6 +99,7 @@ export async function prepareMulMat(ctx: GpuContext, v: MulMatVariant): Promise<
     TT: tokensPerWg(v),
   };
   if (v.id) defines.ID = true;
+  if (v.id && v.batched) defines.GATHERED = true;
   if (v.swiglu) defines.X_SWIGLU = true;
   if (v.add) defines.ADD = true;
   if (ctx.features.subgroups) defines.SUBGROUPS = true;
@@ -106,7 +110,10 @@ export interface MulMatBuffers {
   readonly w: GpuTensor;
   readonly x: BufferRef;
   readonly y: BufferRef;
-  /** (T, idsStride) u32 expert ids, with `nUsed` > 0 (expert stacks only). */
+  /**
+   * Expert stacks only: (T, idsStride) u32 expert ids, or with `gatherTiles` the gather table
+   * of engine/kernels/moe_gather.ts over the same ids.
+   */
   readonly ids?: BufferRef;
 }
 
@@ -115,6 +122,8 @@ export interface MulMatOptions {
   readonly tokens: number;
   /** Experts per token (with ids). */
   readonly nUsed?: number;
+  /** The gather table's most tiles (gatherTiles): ids is that table, tiles run TT slots. */
+  readonly gatherTiles?: number;
   readonly idsStride?: number;
   readonly xOffset?: number;
   readonly xStrideT?: number;
@@ -136,9 +145,11 @@ export interface MulMatOptions {
 export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): void {
   const { w } = b;
   const id = b.ids !== undefined;
+  const gatherTiles = id ? o.gatherTiles : undefined;
+  const gathered = gatherTiles !== undefined;
   const v: MulMatVariant = {
     type: w.type,
-    batched: o.tokens > 1,
+    batched: id ? gathered : o.tokens > 1,
     id,
     swiglu: o.swiglu,
     add: o.add,
@@ -157,7 +168,7 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
     y_offset: o.yOffset ?? 0,
     y_stride_t: o.yStrideT ?? (id ? nUsed * w.matrixRows : w.matrixRows * w.experts),
     y_stride_i: o.yStrideI ?? w.matrixRows,
-    ids_stride: o.idsStride ?? nUsed,
+    ids_stride: gatherTiles ?? o.idsStride ?? nUsed,
   };
   if (w.cols % 32 !== 0) {
     throw new RangeError(
@@ -175,6 +186,9 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
       expert_first: id ? part.firstRow / w.matrixRows : 0,
       expert_count: id ? part.rows / w.matrixRows : 0,
       row_tiles: tiles,
-    }, { tiles, z: id ? o.tokens * nUsed : Math.ceil(o.tokens / tokensPerWg(v)) });
+    }, {
+      tiles,
+      z: gathered ? o.gatherTiles! : id ? o.tokens * nUsed : Math.ceil(o.tokens / tokensPerWg(v)),
+    });
   }
 }

@@ -14,7 +14,7 @@ import type { HParams } from "../model/hparams.ts";
 import { dequantize } from "../quant/dequant.ts";
 import { uploadStorage } from "../gpu/buffers.ts";
 import type { GpuContext } from "../gpu/device.ts";
-import { type GpuTensor, type UploadOptions, uploadTensor } from "../gpu/tensor.ts";
+import { type GpuTensor, uploadConcat, type UploadOptions, uploadTensor } from "../gpu/tensor.ts";
 
 /** A matrix whose output rows land at `offset` of a wider activation row. */
 export interface Projection {
@@ -157,6 +157,36 @@ class Loader {
     return t;
   }
 
+  /**
+   * Matrices that read the same input and write consecutive parts of one activation row
+   * (`offset` of the first, then each after the previous). Joined into one tensor, so one
+   * dispatch computes them all, when they share a type; one projection each otherwise.
+   */
+  async projections(
+    cls: string,
+    label: string,
+    offset: number,
+    parts: readonly { name: string; shape: readonly number[] }[],
+  ): Promise<Projection[]> {
+    const infos = parts.map((p) => this.info(p.name, p.shape));
+    if (parts.length > 1 && infos.every((t) => t.type === infos[0].type)) {
+      const w = await uploadConcat(this.ctx, this.model, label, parts.map((p) => p.name), {
+        maxPartBytes: this.options.maxPartBytes,
+        onBytes: (n) => this.#progress(n),
+      });
+      this.#count(cls, w.bytes);
+      return [{ w, offset }];
+    }
+    const out: Projection[] = [];
+    let at = offset;
+    for (const p of parts) {
+      const w = await this.matrix(cls, p.name, p.shape);
+      out.push({ w, offset: at });
+      at += p.shape[1] ?? 1;
+    }
+    return out;
+  }
+
   /** A small tensor dequantized to f32 on the CPU. */
   async vector(name: string, shape: readonly number[]): Promise<Float32Array> {
     const t = this.info(name, shape);
@@ -203,11 +233,11 @@ async function attention(l: Loader, il: number): Promise<AttentionWeights> {
   const cls = "attention";
   const qkv = l.model.tensors.has(`${p}.attn_qkv.weight`)
     ? [{ w: await l.matrix(cls, `${p}.attn_qkv.weight`, [D, qDim + 2 * kvDim]), offset: 0 }]
-    : [
-      { w: await l.matrix(cls, `${p}.attn_q.weight`, [D, qDim]), offset: 0 },
-      { w: await l.matrix(cls, `${p}.attn_k.weight`, [D, kvDim]), offset: qDim },
-      { w: await l.matrix(cls, `${p}.attn_v.weight`, [D, kvDim]), offset: qDim + kvDim },
-    ];
+    : await l.projections(cls, `${p}.attn_q|k|v`, 0, [
+      { name: `${p}.attn_q.weight`, shape: [D, qDim] },
+      { name: `${p}.attn_k.weight`, shape: [D, kvDim] },
+      { name: `${p}.attn_v.weight`, shape: [D, kvDim] },
+    ]);
   return {
     kind: "attention",
     qkv,
@@ -229,10 +259,10 @@ async function deltaNet(l: Loader, il: number): Promise<DeltaNetWeights> {
   const cls = "deltanet";
   let qkvz: Projection[];
   if (l.model.tensors.has(`${p}.attn_qkv.weight`) || arch !== "qwen3next") {
-    qkvz = [
-      { w: await l.matrix(cls, `${p}.attn_qkv.weight`, [D, C]), offset: 0 },
-      { w: await l.matrix(cls, `${p}.attn_gate.weight`, [D, valueDim]), offset: C },
-    ];
+    qkvz = await l.projections(cls, `${p}.attn_qkv|gate`, 0, [
+      { name: `${p}.attn_qkv.weight`, shape: [D, C] },
+      { name: `${p}.attn_gate.weight`, shape: [D, valueDim] },
+    ]);
   } else {
     // Legacy ssm_in: per key head [q (Dk) | k (Dk) | v (r·Dv) | z (r·Dv)] (§4.6.1).
     const order = ungroup(Nk, [Dk, Dk, r * Dv, r * Dv]);
@@ -243,10 +273,10 @@ async function deltaNet(l: Loader, il: number): Promise<DeltaNetWeights> {
       w: await l.matrix(cls, `${p}.ssm_ba.weight`, [D, 2 * Nv], ungroup(Nk, [r, r])),
       offset: 0,
     }]
-    : [
-      { w: await l.matrix(cls, `${p}.ssm_beta.weight`, [D, Nv]), offset: 0 },
-      { w: await l.matrix(cls, `${p}.ssm_alpha.weight`, [D, Nv]), offset: Nv },
-    ];
+    : await l.projections(cls, `${p}.ssm_beta|alpha`, 0, [
+      { name: `${p}.ssm_beta.weight`, shape: [D, Nv] },
+      { name: `${p}.ssm_alpha.weight`, shape: [D, Nv] },
+    ]);
   return {
     kind: "deltanet",
     qkvz,
@@ -266,22 +296,22 @@ async function moe(l: Loader, il: number): Promise<MoeWeights> {
   const p = `blk.${il}`;
   const gateUp = l.model.tensors.has(`${p}.ffn_gate_up_exps.weight`)
     ? [{ w: await l.matrix("experts", `${p}.ffn_gate_up_exps.weight`, [D, 2 * Fe, E]), offset: 0 }]
-    : [
-      { w: await l.matrix("experts", `${p}.ffn_gate_exps.weight`, [D, Fe, E]), offset: 0 },
-      { w: await l.matrix("experts", `${p}.ffn_up_exps.weight`, [D, Fe, E]), offset: Fe },
-    ];
+    : await l.projections("experts", `${p}.ffn_gate|up_exps`, 0, [
+      { name: `${p}.ffn_gate_exps.weight`, shape: [D, Fe, E] },
+      { name: `${p}.ffn_up_exps.weight`, shape: [D, Fe, E] },
+    ]);
   return {
     kind: "moe",
-    router: [
-      { w: await l.matrix("router", `${p}.ffn_gate_inp.weight`, [D, E]), offset: 0 },
-      { w: await l.matrix("router", `${p}.ffn_gate_inp_shexp.weight`, [D]), offset: E },
-    ],
+    router: await l.projections("router", `${p}.ffn_gate_inp|shexp`, 0, [
+      { name: `${p}.ffn_gate_inp.weight`, shape: [D, E] },
+      { name: `${p}.ffn_gate_inp_shexp.weight`, shape: [D] },
+    ]),
     gateUp,
     down: await l.matrix("experts", `${p}.ffn_down_exps.weight`, [Fe, D, E]),
-    sharedGateUp: [
-      { w: await l.matrix("shared expert", `${p}.ffn_gate_shexp.weight`, [D, Fs]), offset: 0 },
-      { w: await l.matrix("shared expert", `${p}.ffn_up_shexp.weight`, [D, Fs]), offset: Fs },
-    ],
+    sharedGateUp: await l.projections("shared expert", `${p}.ffn_gate|up_shexp`, 0, [
+      { name: `${p}.ffn_gate_shexp.weight`, shape: [D, Fs] },
+      { name: `${p}.ffn_up_shexp.weight`, shape: [D, Fs] },
+    ]),
     sharedDown: await l.matrix("shared expert", `${p}.ffn_down_shexp.weight`, [Fs, D]),
   };
 }
@@ -291,10 +321,10 @@ async function dense(l: Loader, il: number): Promise<DenseWeights> {
   const p = `blk.${il}`;
   return {
     kind: "dense",
-    gateUp: [
-      { w: await l.matrix("dense ffn", `${p}.ffn_gate.weight`, [D, F]), offset: 0 },
-      { w: await l.matrix("dense ffn", `${p}.ffn_up.weight`, [D, F]), offset: F },
-    ],
+    gateUp: await l.projections("dense ffn", `${p}.ffn_gate|up`, 0, [
+      { name: `${p}.ffn_gate.weight`, shape: [D, F] },
+      { name: `${p}.ffn_up.weight`, shape: [D, F] },
+    ]),
     down: await l.matrix("dense ffn", `${p}.ffn_down.weight`, [F, D]),
   };
 }
