@@ -3,7 +3,7 @@
 // boundary, interleaved slots == solo runs, snapshot/restore, split weight parts, request errors.
 
 import assert from "node:assert/strict";
-import { openGpuStage, type StepProfile } from "../engine/forward/gpu_stage.ts";
+import { type GpuStage, openGpuStage, type StepProfile } from "../engine/forward/gpu_stage.ts";
 import { openGguf } from "../engine/gguf/read.ts";
 import type { GgufModel } from "../engine/gguf/types.ts";
 import type { GpuContext } from "../engine/gpu/device.ts";
@@ -58,10 +58,10 @@ async function openChain(
     maxPartBytes?: number;
     profile?: (p: StepProfile) => void;
   } = {},
-): Promise<Stage[]> {
+): Promise<GpuStage[]> {
   const nLayer = readHParams(model.metadata).nLayer;
   const bounds = [0, ...cuts, nLayer];
-  const stages: Stage[] = [];
+  const stages: GpuStage[] = [];
   for (let i = 0; i + 1 < bounds.length; i++) {
     stages.push(
       await openGpuStage(model, gpu, {
@@ -376,5 +376,34 @@ gpuTest(
         }
       }
     });
+  },
+);
+
+gpuTest(
+  "GPU stage decodeGreedy() equals token-by-token runs and needs the whole model",
+  async (gpu) => {
+    for (const spec of [{ arch: "qwen35moe" }, { arch: "qwen3next", layout: "legacy" }] as const) {
+      await withModel(spec, async (model) => {
+        const ids = prompt(model, 7, 8);
+        const [stage] = await openChain(gpu, model, []);
+        try {
+          const want = await session([stage], 0, ids, 6);
+          const head = await session([stage], 0, ids, 0);
+          const got = await stage.decodeGreedy(0, head.ids[head.ids.length - 1], ids.length, 6, {
+            topk: TOPK,
+          });
+          assert.deepEqual([...head.ids, ...got.ids], want.ids, `${label(spec)} ids`);
+          assert.deepEqual(got.top, want.tops[want.tops.length - 1], `${label(spec)} top-k`);
+          // The slot moved on by 6: the next run continues there.
+          const next = await stage.run(0, { kind: "ids", ids: Uint32Array.of(got.ids[5]) }, 1, 13);
+          assert.equal(next.kind, "ids");
+        } finally {
+          stage.close();
+        }
+        const split = await openChain(gpu, model, [2]);
+        await assert.rejects(() => split[0].decodeGreedy(0, 1, 0, 2), /whole model/);
+        closeAll(split);
+      });
+    }
   },
 );

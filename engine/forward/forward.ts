@@ -39,7 +39,7 @@ import type {
 
 /** Scratch rows for up to maxBatch tokens, shared by every layer and slot of a stage. */
 export interface Activations {
-  readonly ids: GPUBuffer; // (T) u32 input token ids
+  readonly ids: GPUBuffer; // (T + 1) u32 input token ids (decodeGreedy chains its argmaxes here)
   readonly x: GPUBuffer; // (T, D) residual stream
   readonly h: GPUBuffer; // (T, D) normed input of a mixer or FFN
   readonly attn: GPUBuffer; // (T, 2·Hq·Dh + 2·Hkv·Dh) [q|gate per head | k | v]
@@ -262,7 +262,7 @@ function denseBlock(enc: StepEncoder, plan: ForwardPlan, w: DenseWeights, T: num
 
 /**
  * Records the owned blocks for positions [base, base+T) of one slot, starting from the token
- * ids in act.ids (first stage) or the hidden rows already in act.x.
+ * ids in act.ids from `idsOffset` (first stage) or the hidden rows already in act.x.
  */
 export function encodeLayers(
   enc: StepEncoder,
@@ -270,13 +270,14 @@ export function encodeLayers(
   states: readonly LayerState[],
   T: number,
   base: number,
+  idsOffset = 0,
 ): void {
   const { hp, act, weights } = plan;
   const D = hp.D;
   const norm = { n: D, rows: T, eps: hp.eps };
   // 1. embed
   if (weights.embedding) {
-    getRows(enc, { w: weights.embedding, ids: act.ids, y: act.x }, { tokens: T });
+    getRows(enc, { w: weights.embedding, ids: act.ids, y: act.x }, { tokens: T, idsOffset });
   }
   weights.layers.forEach((lw, i) => {
     // a. pre-mixer RMSNorm
@@ -294,9 +295,16 @@ export function encodeLayers(
 
 /**
  * Records the last stage's head: output RMSNorm, LM head in chunks of plan.lmChunk positions,
- * the greedy id of every position into act.greedy and the top `topk` of the last into act.top.
+ * the greedy id of every position into `greedy` (u32, from element `offset`) and the top
+ * `topk` of the last position into act.top.
  */
-export function encodeHead(enc: StepEncoder, plan: ForwardPlan, T: number, topk: number): void {
+export function encodeHead(
+  enc: StepEncoder,
+  plan: ForwardPlan,
+  T: number,
+  topk: number,
+  greedy: { readonly buffer: GPUBuffer; readonly offset: number },
+): void {
   const { hp, act, weights } = plan;
   const { D, V } = hp;
   if (!weights.output || !weights.outputNorm) {
@@ -306,7 +314,11 @@ export function encodeHead(enc: StepEncoder, plan: ForwardPlan, T: number, topk:
   for (let t0 = 0; t0 < T; t0 += plan.lmChunk) {
     const rows = Math.min(plan.lmChunk, T - t0);
     mulMat(enc, { w: weights.output, x: act.h, y: act.logits }, { tokens: rows, xOffset: t0 * D });
-    argmax(enc, { src: act.logits, out: act.greedy }, { n: V, rows, outOffset: t0 });
+    argmax(enc, { src: act.logits, out: greedy.buffer }, {
+      n: V,
+      rows,
+      outOffset: greedy.offset + t0,
+    });
     if (topk > 0 && t0 + rows === T) {
       topK(enc, { src: act.logits, scratch: act.topScratch, out: act.top }, {
         n: V,

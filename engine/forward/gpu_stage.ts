@@ -58,7 +58,7 @@ function allocActivations(ctx: GpuContext, hp: HParams, T: number, lmChunk: numb
   const { D, Hq, Hkv, Dh, C, Nv, Dv, E, Ku, Fe, Fs, F, V } = hp;
   const f32 = (label: string, n: number) => createStorage(ctx, label, 4 * n);
   return {
-    ids: f32("ids", T),
+    ids: f32("ids", T + 1),
     x: f32("x", T * D),
     h: f32("h", T * D),
     attn: f32("attn qkv", T * (2 * Hq * Dh + 2 * Hkv * Dh)),
@@ -123,7 +123,8 @@ function formatBytes(n: number): string {
   return n >= 2 ** 30 ? `${(n / 2 ** 30).toFixed(2)} GiB` : `${(n / 2 ** 20).toFixed(1)} MiB`;
 }
 
-class GpuStage implements Stage {
+/** A Stage on the GPU, plus greedy multi-token decoding where it owns the whole model. */
+export class GpuStage implements Stage {
   readonly nLayer: number;
   readonly nEmbd: number;
   readonly #gpu: GpuContext;
@@ -260,13 +261,76 @@ class GpuStage implements Stage {
   ): Promise<StageOutput> {
     // Everything up to submit runs synchronously, so concurrent runs reach the queue in call order.
     const started = performance.now();
+    const k = this.#topk(options);
+    this.#input(slot, input, n, base);
+    const { act } = this.#plan;
+    const enc = this.#begin(slot, base);
+    encodeLayers(enc, this.#plan, this.#sets[slot], n, base);
+    if (!this.#last) {
+      const data = await this.#finish(enc, started, slot, n, base, [[
+        act.x,
+        0,
+        4 * n * this.#hp.D,
+      ]]);
+      return { kind: "hidden", rows: new Float32Array(data) };
+    }
+    encodeHead(enc, this.#plan, n, k, { buffer: act.greedy, offset: 0 });
+    const data = await this.#finish(enc, started, slot, n, base, [
+      [act.greedy, 0, 4 * n],
+      [act.top, 0, 8 * k],
+    ]);
+    return { kind: "ids", ids: new Uint32Array(data, 0, n).slice(), top: this.#top(data, n, k) };
+  }
+
+  /**
+   * Greedy decoding of `steps` tokens in one submission, for a stage that owns the whole model:
+   * position base takes `id`, and each step's argmax is embedded at the next position without
+   * leaving the GPU. Returns every step's greedy id (what `steps` single-token runs fed their own
+   * output would return) and the top-k of the last step.
+   */
+  async decodeGreedy(
+    slot: number,
+    id: number,
+    base: number,
+    steps: number,
+    options: StageRunOptions = {},
+  ): Promise<{ ids: Uint32Array; top: TopEntry[] }> {
+    const started = performance.now();
+    if (this.first !== 0 || !this.#last) {
+      throw new RangeError(
+        `Cannot decode on the GPU alone with stage ${this.first}..${this.end}: it needs the whole model (0..${this.nLayer}); use run per token`,
+      );
+    }
+    const k = this.#topk(options);
+    this.#input(slot, { kind: "ids", ids: Uint32Array.of(id) }, 1, base);
+    if (!Number.isInteger(steps) || steps < 1 || steps > this.maxBatch || base + steps > this.ctx) {
+      throw new RangeError(
+        `Cannot decode ${steps} tokens from position ${base}: expected 1..${this.maxBatch} steps within the context of ${this.ctx}`,
+      );
+    }
+    const { act } = this.#plan;
+    const enc = this.#begin(slot, base);
+    for (let s = 0; s < steps; s++) {
+      encodeLayers(enc, this.#plan, this.#sets[slot], 1, base + s, s);
+      encodeHead(enc, this.#plan, 1, s === steps - 1 ? k : 0, { buffer: act.ids, offset: s + 1 });
+    }
+    const data = await this.#finish(enc, started, slot, steps, base, [
+      [act.ids, 4, 4 * steps],
+      [act.top, 0, 8 * k],
+    ]);
+    return { ids: new Uint32Array(data, 0, steps).slice(), top: this.#top(data, steps, k) };
+  }
+
+  #topk(options: StageRunOptions): number {
     const topk = options.topk ?? 0;
     if (!Number.isInteger(topk) || topk < 0 || topk > MAX_TOPK) {
       throw new RangeError(`Cannot return the top ${topk} logits: expected 0..${MAX_TOPK}`);
     }
-    this.#input(slot, input, n, base);
-    const k = Math.min(topk, this.#hp.V);
-    const { act } = this.#plan;
+    return Math.min(topk, this.#hp.V);
+  }
+
+  /** A step encoder for `slot`; a run from position 0 first zeroes its DeltaNet states. */
+  #begin(slot: number, base: number): StepEncoder {
     const enc = new StepEncoder(this.#gpu, this.#arena);
     if (base === 0) {
       for (const s of this.#sets[slot]) {
@@ -276,18 +340,43 @@ class GpuStage implements Stage {
         }
       }
     }
-    encodeLayers(enc, this.#plan, this.#sets[slot], n, base);
-    const bytes = this.#last ? 4 * (n + 2 * k) : 4 * n * this.#hp.D;
+    return enc;
+  }
+
+  /** The top-k pairs that follow `n` u32 ids in a readback. */
+  #top(data: ArrayBuffer, n: number, k: number): TopEntry[] {
+    const words = new Uint32Array(data);
+    const floats = new Float32Array(data);
+    const top: TopEntry[] = [];
+    for (let i = 0; i < k; i++) {
+      const id = words[n + 2 * i + 1];
+      if (id !== 0xffffffff) top.push({ id, logit: floats[n + 2 * i] });
+    }
+    return top;
+  }
+
+  /**
+   * Copies `outputs` ([buffer, byte offset, bytes]) one after another into a readback, submits
+   * the step, advances the slot to base + n and returns the outputs once they are back.
+   */
+  async #finish(
+    enc: StepEncoder,
+    started: number,
+    slot: number,
+    n: number,
+    base: number,
+    outputs: readonly (readonly [GPUBuffer, number, number])[],
+  ): Promise<ArrayBuffer> {
+    const bytes = outputs.reduce((s, [, , size]) => s + size, 0);
     const timer = this.#timer;
     // Timestamps (2 u64) follow the outputs, 8-byte aligned.
     const timeAt = Math.ceil(bytes / 8) * 8;
-    const readback = this.#takeReadback(timer ? timeAt + 16 : bytes);
-    if (this.#last) {
-      encodeHead(enc, this.#plan, n, k);
-      enc.copy(act.greedy, 0, readback, 0, 4 * n);
-      if (k > 0) enc.copy(act.top, 0, readback, 4 * n, 8 * k);
-    } else {
-      enc.copy(act.x, 0, readback, 0, bytes);
+    const total = timer ? timeAt + 16 : bytes;
+    const readback = this.#takeReadback(total);
+    let at = 0;
+    for (const [src, offset, size] of outputs) {
+      enc.copy(src, offset, readback, at, size);
+      at += size;
     }
     if (timer) enc.copy(timer.resolve, 0, readback, timeAt, 16);
     const dispatches = enc.dispatches;
@@ -297,8 +386,7 @@ class GpuStage implements Stage {
     this.#pos[slot] = base + n;
     const submitted = performance.now();
     try {
-      const all = await mapRead(readback, timer ? timeAt + 16 : bytes);
-      const data = all.slice(0, bytes);
+      const all = await mapRead(readback, total);
       if (this.#profile) {
         const ns = timer ? new BigUint64Array(all, timeAt, 2) : undefined;
         this.#profile({
@@ -317,15 +405,7 @@ class GpuStage implements Stage {
           } on stage ${this.first}..${this.end}: the GPU rejected the step: ${error.message}`,
         );
       }
-      if (!this.#last) return { kind: "hidden", rows: new Float32Array(data) };
-      const words = new Uint32Array(data);
-      const floats = new Float32Array(data);
-      const top: TopEntry[] = [];
-      for (let i = 0; i < k; i++) {
-        const id = words[n + 2 * i + 1];
-        if (id !== 0xffffffff) top.push({ id, logit: floats[n + 2 * i] });
-      }
-      return { kind: "ids", ids: words.slice(0, n), top };
+      return all.slice(0, bytes);
     } finally {
       this.#readbacks.push(readback);
     }
@@ -408,7 +488,7 @@ export async function openGpuStage(
   model: GgufModel,
   gpu: GpuContext,
   options: GpuStageOptions,
-): Promise<Stage> {
+): Promise<GpuStage> {
   const hp = readHParams(model.metadata);
   const { first, end, slots, ctx } = options;
   if (
