@@ -12,6 +12,7 @@ import { PREFILL_TT } from "../kernels/mul_mat.ts";
 import { MAX_TOPK, topKScratchWords } from "../kernels/topk.ts";
 import { type HParams, readHParams } from "../model/hparams.ts";
 import type { Stage, StageInput, StageOutput, StageRunOptions, TopEntry } from "../stage.ts";
+import { checkOpen, checkRun, checkSlot, checkSnapshot } from "../stage_checks.ts";
 import { loadStageWeights, type StageWeights } from "../weights/load_stage.ts";
 import {
   type Activations,
@@ -168,82 +169,23 @@ export class GpuStage implements Stage {
     return this.end === this.nLayer;
   }
 
-  #checkOpen(): void {
-    if (this.#closed) {
-      throw new TypeError(`Cannot use stage ${this.first}..${this.end}: it is closed`);
-    }
-  }
-
   #checkSlot(slot: number): void {
-    this.#checkOpen();
-    if (!Number.isInteger(slot) || slot < 0 || slot >= this.slots) {
-      throw new RangeError(
-        `Cannot use slot ${slot}: this stage has ${this.slots} slots (0..${this.slots - 1})`,
-      );
-    }
+    checkOpen(this, this.#closed);
+    checkSlot(this, slot);
   }
 
   #snapshot(idx: number): number {
-    const count = this.#sets.length - this.slots;
-    if (!Number.isInteger(idx) || idx < 0 || idx >= count) {
-      throw new RangeError(
-        `Cannot use snapshot ${idx}: this stage has ${count} snapshot places; open it with more snapshots`,
-      );
-    }
+    checkSnapshot(idx, this.#sets.length - this.slots);
     return this.slots + idx;
   }
 
   /** Validates a run and writes its input rows or ids. */
   #input(slot: number, input: StageInput, n: number, base: number): void {
     this.#checkSlot(slot);
-    if (!Number.isInteger(n) || n < 1 || n > this.maxBatch) {
-      throw new RangeError(
-        `Cannot run ${n} positions at once: this stage takes 1..${this.maxBatch}; split the prefill into chunks`,
-      );
-    }
-    const pos = this.#pos[slot];
-    if (!Number.isInteger(base) || base < 0 || (base !== 0 && base !== pos)) {
-      throw new RangeError(
-        `Cannot run slot ${slot} from position ${base}: the slot is at position ${pos}; continue from ${pos} or restart at 0`,
-      );
-    }
-    if (base + n > this.ctx) {
-      throw new RangeError(
-        `Cannot run positions ${base}..${
-          base + n
-        } of slot ${slot}: the context holds ${this.ctx} positions`,
-      );
-    }
-    const { D, V } = this.#hp;
+    checkRun(this, slot, input, n, base, this.#pos[slot], this.#hp.V);
     const act = this.#plan.act;
-    if (this.first === 0) {
-      if (input.kind !== "ids") {
-        throw new TypeError(
-          `Cannot run the first stage on hidden rows: it embeds token ids; pass { kind: "ids" }`,
-        );
-      }
-      if (input.ids.length !== n) {
-        throw new RangeError(`Cannot run ${n} positions on ${input.ids.length} token ids`);
-      }
-      for (const id of input.ids) {
-        if (id >= V) {
-          throw new RangeError(`Cannot embed token id ${id}: the vocabulary has ${V} tokens`);
-        }
-      }
-      writeBytes(this.#gpu, act.ids, 0, input.ids);
-    } else {
-      if (input.kind !== "hidden") {
-        throw new TypeError(
-          `Cannot run stage ${this.first}..${this.end} on token ids: it continues hidden rows; pass { kind: "hidden" }`,
-        );
-      }
-      if (input.rows.length !== n * D) {
-        throw new RangeError(
-          `Cannot run ${n} positions on ${input.rows.length} hidden values: expected ${n * D}`,
-        );
-      }
-      writeBytes(this.#gpu, act.x, 0, input.rows);
-    }
+    if (input.kind === "ids") writeBytes(this.#gpu, act.ids, 0, input.ids);
+    else writeBytes(this.#gpu, act.x, 0, input.rows);
   }
 
   #takeReadback(bytes: number): GPUBuffer {

@@ -4,6 +4,7 @@
 import type { GgufModel } from "../gguf/types.ts";
 import { type HParams, readHParams } from "../model/hparams.ts";
 import type { Stage, StageInput, StageOutput, StageRunOptions, TopEntry } from "../stage.ts";
+import { checkOpen, checkRun, checkSlot, checkSnapshot } from "../stage_checks.ts";
 import { forwardLayer, type LayerState, lmHead, newLayerState } from "./forward.ts";
 import { argmaxTopK } from "./logits.ts";
 import {
@@ -153,7 +154,7 @@ export class ReferenceStage implements Stage {
 
   #save(slot: number, idx: number): void {
     const from = this.#slot(slot);
-    this.#checkSnapshot(idx);
+    checkSnapshot(idx, this.#snapshots.length);
     const to = this.#snapshots[idx] ??= this.#newSlot();
     copyLayers(from.layers, to.layers, from.pos, this.#kvRow());
     to.pos = from.pos;
@@ -165,7 +166,7 @@ export class ReferenceStage implements Stage {
 
   #restore(slot: number, idx: number): number {
     const to = this.#slot(slot);
-    this.#checkSnapshot(idx);
+    checkSnapshot(idx, this.#snapshots.length);
     const from = this.#snapshots[idx];
     if (!from) {
       throw new RangeError(`Cannot restore snapshot ${idx}: nothing was saved there; save first`);
@@ -198,77 +199,23 @@ export class ReferenceStage implements Stage {
   }
 
   #slot(slot: number): SlotState {
-    if (this.#closed) {
-      throw new TypeError(`Cannot use stage ${this.first}..${this.end}: it is closed`);
-    }
-    if (!Number.isInteger(slot) || slot < 0 || slot >= this.slots) {
-      throw new RangeError(
-        `Cannot use slot ${slot}: this stage has ${this.slots} slots (0..${this.slots - 1})`,
-      );
-    }
+    checkOpen(this, this.#closed);
+    checkSlot(this, slot);
     return this.#slots[slot];
-  }
-
-  #checkSnapshot(idx: number): void {
-    const count = this.#snapshots.length;
-    if (!Number.isInteger(idx) || idx < 0 || idx >= count) {
-      throw new RangeError(
-        `Cannot use snapshot ${idx}: this stage has ${count} snapshot places; open it with more snapshots`,
-      );
-    }
   }
 
   /** Checks the request, then runs positions [base, base+n) through the owned layers. */
   #forward(slot: number, input: StageInput, n: number, base: number): Float32Array {
     const state = this.#slot(slot);
     const { D, V } = this.#hp;
-    if (!Number.isInteger(n) || n < 1 || n > this.maxBatch) {
-      throw new RangeError(
-        `Cannot run ${n} positions at once: this stage takes 1..${this.maxBatch}; split the prefill into chunks`,
-      );
-    }
-    if (!Number.isInteger(base) || base < 0 || (base !== 0 && base !== state.pos)) {
-      throw new RangeError(
-        `Cannot run slot ${slot} from position ${base}: the slot is at position ${state.pos}; continue from ${state.pos} or restart at 0`,
-      );
-    }
-    if (base + n > this.ctx) {
-      throw new RangeError(
-        `Cannot run positions ${base}..${
-          base + n
-        } of slot ${slot}: the context holds ${this.ctx} positions`,
-      );
-    }
+    checkRun(this, slot, input, n, base, state.pos, V);
     const rows = new Float32Array(n * D);
-    if (this.#embedding) {
-      if (input.kind !== "ids") {
-        throw new TypeError(
-          `Cannot run the first stage on hidden rows: it embeds token ids; pass { kind: "ids" }`,
-        );
-      }
-      if (input.ids.length !== n) {
-        throw new RangeError(`Cannot run ${n} positions on ${input.ids.length} token ids`);
-      }
-      for (const id of input.ids) {
-        if (id >= V) {
-          throw new RangeError(`Cannot embed token id ${id}: the vocabulary has ${V} tokens`);
-        }
-      }
-      for (let t = 0; t < n; t++) rows.set(this.#embedding.row(input.ids[t]), t * D);
+    if (input.kind === "ids") {
+      // checkRun takes ids only on the first stage, which is opened with the embedding.
+      for (let t = 0; t < n; t++) rows.set(this.#embedding!.row(input.ids[t]), t * D);
     } else {
-      if (input.kind !== "hidden") {
-        throw new TypeError(
-          `Cannot run stage ${this.first}..${this.end} on token ids: it takes hidden rows from the previous stage`,
-        );
-      }
-      if (input.rows.length !== n * D) {
-        throw new RangeError(
-          `Cannot run ${n} positions on ${input.rows.length} hidden values: expected ${n}·${D}`,
-        );
-      }
       rows.set(input.rows);
     }
-
     if (base === 0) {
       for (const l of state.layers) {
         if (l.kind === "deltanet") {

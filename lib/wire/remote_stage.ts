@@ -9,6 +9,7 @@ import type {
   StageRunOptions,
   TopEntry,
 } from "../../engine/stage.ts";
+import { checkSlot } from "../../engine/stage_checks.ts";
 import type { HelloInfo } from "./frame.ts";
 import { type ChainExpectation, modelFingerprint } from "./hello.ts";
 import { connectPeer, type Peer, type PeerOptions, StageUnavailableError } from "./peer.ts";
@@ -81,7 +82,7 @@ export class RemoteStage implements Stage {
           `hidden values, got ${input.kind === "hidden" ? input.rows.length : "token ids"}`,
       );
     }
-    this.#checkSlot(slot);
+    checkSlot(this, slot);
     const peer = await this.#live();
     if (base !== 0) this.#requireCurrent(this.#slotEpoch[slot], `slot ${slot}'s sequence`);
     this.#slotEpoch[slot] = this.#epoch;
@@ -100,7 +101,7 @@ export class RemoteStage implements Stage {
   }
 
   async save(slot: number, idx: number): Promise<void> {
-    this.#checkSlot(slot);
+    checkSlot(this, slot);
     const peer = await this.#live();
     this.#requireCurrent(this.#slotEpoch[slot], `slot ${slot}'s sequence`);
     await peer.save(slot, idx);
@@ -108,7 +109,7 @@ export class RemoteStage implements Stage {
   }
 
   async restore(slot: number, idx: number): Promise<number> {
-    this.#checkSlot(slot);
+    checkSlot(this, slot);
     const peer = await this.#live();
     this.#requireCurrent(this.#snapshotEpoch.get(idx) ?? -1, `snapshot ${idx}`);
     const position = await peer.restore(slot, idx);
@@ -119,16 +120,6 @@ export class RemoteStage implements Stage {
   close(): void {
     this.#closed = true;
     this.disconnect();
-  }
-
-  #checkSlot(slot: number): void {
-    if (!Number.isInteger(slot) || slot < 0 || slot >= this.slots) {
-      throw new RangeError(
-        `Cannot use slot ${slot} of layers ${this.first}..${this.end}: expected 0..${
-          this.slots - 1
-        }`,
-      );
-    }
   }
 
   #requireCurrent(epoch: number, what: string): void {
