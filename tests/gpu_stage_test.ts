@@ -4,16 +4,16 @@
 
 import assert from "node:assert/strict";
 import { type GpuStage, openGpuStage, type StepProfile } from "../engine/forward/gpu_stage.ts";
-import { openGguf } from "../engine/gguf/read.ts";
 import type { GgufModel } from "../engine/gguf/types.ts";
 import type { GpuContext } from "../engine/gpu/device.ts";
 import { readHParams } from "../engine/model/hparams.ts";
 import { runPipeline } from "../engine/pipeline.ts";
 import { argmaxTopK } from "../engine/reference/logits.ts";
 import { openReferenceStage } from "../engine/reference/stage.ts";
-import type { Stage, TopEntry } from "../engine/stage.ts";
+import type { Stage } from "../engine/stage.ts";
 import { gpuTest } from "./_gpu.ts";
-import { testModel, type TestModelSpec } from "./_models.ts";
+import type { TestModelSpec } from "./_models.ts";
+import { greedySession, prompt, type Trace, withModel } from "./_stage_gates.ts";
 
 const CTX = 48;
 const MAX_BATCH = 8;
@@ -27,24 +27,11 @@ const TOPK = 8;
  */
 const LOGIT_TOL = 2e-4;
 
+const session = greedySession(TOPK, 5);
+
 function label(spec: TestModelSpec): string {
   return [spec.arch, spec.layout, spec.quant ?? "f32", spec.tied ? "tied" : ""].filter(Boolean)
     .join(" ");
-}
-
-async function withModel(spec: TestModelSpec, body: (m: GgufModel) => Promise<void>) {
-  const model = await openGguf(await testModel(spec));
-  try {
-    await body(model);
-  } finally {
-    model.close();
-  }
-}
-
-/** A prompt of `n` ids spread over the vocabulary, different per `seed`. */
-function prompt(model: GgufModel, n: number, seed: number): Uint32Array {
-  const V = readHParams(model.metadata).V;
-  return Uint32Array.from({ length: n }, (_, i) => (i * 7919 + seed * 104729 + 13) % V);
 }
 
 /** GPU stages covering the model, cut at `cuts` (layer boundaries). */
@@ -82,38 +69,6 @@ async function openChain(
 
 function closeAll(stages: readonly Stage[]): void {
   for (const s of stages) s.close();
-}
-
-/** Every position's greedy id and the top-k after each call of a greedy session. */
-interface Trace {
-  readonly ids: number[];
-  readonly tops: (readonly TopEntry[])[];
-}
-
-/** Prefills `ids` in chunks of `chunk` from `base`, then decodes `gen` tokens greedily. */
-async function session(
-  stages: readonly Stage[],
-  slot: number,
-  ids: Uint32Array,
-  gen: number,
-  { chunk = 5, base = 0 } = {},
-): Promise<Trace> {
-  const trace: Trace = { ids: [], tops: [] };
-  let pos = base;
-  for (let at = 0; at < ids.length; at += chunk) {
-    const part = ids.subarray(at, at + chunk);
-    const out = await runPipeline(stages, slot, part, pos, { topk: TOPK });
-    trace.ids.push(...out.ids);
-    trace.tops.push(out.top);
-    pos += part.length;
-  }
-  for (let i = 0; i < gen; i++) {
-    const next = trace.ids[trace.ids.length - 1];
-    const out = await runPipeline(stages, slot, Uint32Array.of(next), pos++, { topk: TOPK });
-    trace.ids.push(...out.ids);
-    trace.tops.push(out.top);
-  }
-  return trace;
 }
 
 /**

@@ -2,13 +2,12 @@
 // resets and request errors, on the generated tiny models of every arch (engine/reference/stage.ts).
 
 import assert from "node:assert/strict";
-import { openGguf } from "../engine/gguf/read.ts";
 import type { GgufModel } from "../engine/gguf/types.ts";
 import { readHParams } from "../engine/model/hparams.ts";
 import { runPipeline } from "../engine/pipeline.ts";
 import { openReferenceStage, type ReferenceStage } from "../engine/reference/stage.ts";
-import type { Stage, TopEntry } from "../engine/stage.ts";
-import { testModel, type TestModelSpec } from "./_models.ts";
+import type { TestModelSpec } from "./_models.ts";
+import { greedySession, prompt, type Trace, withModel } from "./_stage_gates.ts";
 
 const MODELS: readonly TestModelSpec[] = [
   { arch: "qwen3next" },
@@ -22,62 +21,14 @@ const MODELS: readonly TestModelSpec[] = [
 const CTX = 64;
 const TOPK = 4;
 
+const session = greedySession(TOPK, 16);
+
 function label(spec: TestModelSpec): string {
   return [spec.arch, spec.layout, spec.quant, spec.tied ? "tied" : ""].filter(Boolean).join(" ");
 }
 
-async function withModel(spec: TestModelSpec, body: (m: GgufModel) => Promise<void>) {
-  const model = await openGguf(await testModel(spec));
-  try {
-    await body(model);
-  } finally {
-    model.close();
-  }
-}
-
-/** A prompt of `n` ids spread over the vocabulary, different per `seed`. */
-function prompt(model: GgufModel, n: number, seed: number): Uint32Array {
-  const V = readHParams(model.metadata).V;
-  return Uint32Array.from({ length: n }, (_, i) => (i * 7919 + seed * 104729 + 13) % V);
-}
-
 function open(model: GgufModel, first: number, end: number, slots = 1, snapshots = 0) {
   return openReferenceStage(model, { first, end, slots, ctx: CTX, maxBatch: 16, snapshots });
-}
-
-/** What a greedy session produced: every position's greedy id and the top-k after each call. */
-interface Trace {
-  readonly ids: number[];
-  readonly tops: (readonly TopEntry[])[];
-}
-
-/**
- * Prefills `ids` in chunks of `chunk` on `slot` from position `base`, then decodes `gen` greedy
- * tokens one by one. The top-k is recorded after each call.
- */
-async function session(
-  stages: readonly Stage[],
-  slot: number,
-  ids: Uint32Array,
-  gen: number,
-  { chunk = 16, base = 0 } = {},
-): Promise<Trace> {
-  const trace: Trace = { ids: [], tops: [] };
-  let pos = base;
-  for (let at = 0; at < ids.length; at += chunk) {
-    const part = ids.subarray(at, at + chunk);
-    const out = await runPipeline(stages, slot, part, pos, { topk: TOPK });
-    trace.ids.push(...out.ids);
-    trace.tops.push(out.top);
-    pos += part.length;
-  }
-  for (let i = 0; i < gen; i++) {
-    const next = trace.ids[trace.ids.length - 1];
-    const out = await runPipeline(stages, slot, Uint32Array.of(next), pos++, { topk: TOPK });
-    trace.ids.push(...out.ids);
-    trace.tops.push(out.top);
-  }
-  return trace;
 }
 
 for (const spec of MODELS) {
