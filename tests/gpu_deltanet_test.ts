@@ -1,13 +1,13 @@
 // GPU DeltaNet conv and recurrence (engine/kernels/{ssm_conv,gated_delta_net}.ts) against
 // engine/reference/{deltanet,norms}.ts, token by token, for both key-head pairings.
 
-import type { Arch, HParams } from "../engine/model/hparams.ts";
 import { createStorage } from "../engine/gpu/buffers.ts";
 import { gatedDeltaNet, prepareGatedDeltaNet } from "../engine/kernels/gated_delta_net.ts";
 import { prepareSsmConv, ssmConv } from "../engine/kernels/ssm_conv.ts";
 import { convStep, deltaNetGates, deltaNetStep } from "../engine/reference/deltanet.ts";
 import { gatedRmsNorm, l2NormHeads } from "../engine/reference/norms.ts";
 import { assertClose, gpuTest, randomF32, readF32, rng, submit, upload } from "./_gpu.ts";
+import { deltaNetHParams } from "./_hparams.ts";
 
 gpuTest("ssmConv() matches convStep over a run of tokens and carries the state", async (ctx) => {
   await prepareSsmConv(ctx);
@@ -37,40 +37,12 @@ gpuTest("ssmConv() matches convStep over a run of tokens and carries the state",
   assertClose(await readF32(ctx, state, (Kc - 1) * C), ref, 2, 0, "conv state (raw inputs)");
 });
 
-function hparams(arch: Arch, Nk: number, Nv: number, Dk: number, Dv: number): HParams {
-  return {
-    arch,
-    nLayer: 1,
-    D: 4,
-    Hq: 1,
-    Hkv: 1,
-    Dh: 4,
-    nRot: 4,
-    ropeBase: 1e7,
-    ropeSections: [],
-    eps: 1e-6,
-    Kc: 4,
-    Nk,
-    Nv,
-    Dk,
-    Dv,
-    C: 2 * Nk * Dk + Nv * Dv,
-    E: 0,
-    Ku: 0,
-    Fe: 0,
-    Fs: 0,
-    F: 4,
-    V: 8,
-    isDeltaNet: [true],
-  };
-}
-
 gpuTest(
   "gatedDeltaNet() matches norms, gates, recurrence and gated norm per token",
   async (ctx) => {
     for (const arch of ["qwen3next", "qwen35moe"] as const) {
       const [Nk, Nv, Dk, Dv, T] = [2, 4, 48, 32, 3];
-      const hp = hparams(arch, Nk, Nv, Dk, Dv);
+      const hp = deltaNetHParams(arch, Nk, Nv, Dk, Dv);
       await prepareGatedDeltaNet(ctx, Dk, Dv);
       const r = rng(arch.length);
       const C = hp.C;

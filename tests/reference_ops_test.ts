@@ -2,7 +2,7 @@
 // Guards engine/reference/{math,norms,rope,attention,deltanet,ffn,logits}.ts, the GPU kernels' oracle.
 
 import assert from "node:assert/strict";
-import type { Arch, HParams } from "../engine/model/hparams.ts";
+import type { Arch } from "../engine/model/hparams.ts";
 import { attention } from "../engine/reference/attention.ts";
 import { convStep, deltaNetGates, deltaNetStep } from "../engine/reference/deltanet.ts";
 import { moeRoute, swiglu, swigluFfn } from "../engine/reference/ffn.ts";
@@ -16,6 +16,7 @@ import {
   ropeNeox,
   ropeThetaScale,
 } from "../engine/reference/rope.ts";
+import { deltaNetHParams } from "./_hparams.ts";
 
 /** Float64 results of a few operations: agreement to 1e-12 relative is exact for our purpose. */
 function assertClose(actual: ArrayLike<number>, expected: readonly number[], what: string): void {
@@ -27,34 +28,6 @@ function assertClose(actual: ArrayLike<number>, expected: readonly number[], wha
       `${what}[${i}]: got ${actual[i]}, expected ${expected[i]}`,
     );
   }
-}
-
-function dnHParams(arch: Arch, Nk: number, Nv: number, Dk: number, Dv: number): HParams {
-  return {
-    arch,
-    nLayer: 1,
-    D: 4,
-    Hq: 1,
-    Hkv: 1,
-    Dh: 4,
-    nRot: 4,
-    ropeBase: 10000,
-    ropeSections: [],
-    eps: 1e-6,
-    Kc: 4,
-    Nk,
-    Nv,
-    Dk,
-    Dv,
-    C: 2 * Nk * Dk + Nv * Dv,
-    E: 0,
-    Ku: 0,
-    Fe: 0,
-    Fs: 0,
-    F: 4,
-    V: 8,
-    isDeltaNet: [true],
-  };
 }
 
 const sig = (x: number) => 1 / (1 + Math.exp(-x));
@@ -230,7 +203,7 @@ Deno.test("deltaNetGates: beta = sigmoid(b), g = softplus(a + dt)·ssm_a", () =>
 Deno.test("deltaNetStep on a 2x2 state: decay, delta from decayed state, read-out after update", () => {
   // S = I, decay ½ → ½I. k = e₀, v = [2, 3], β = ½: kv = [½, 0], δ = [¾, 3/2];
   // S = [[5/4, 3/2], [0, ½]]; q = e₁: o = S[1][·]/√2 = [0, ½/√2].
-  const hp = dnHParams("qwen35", 1, 1, 2, 2);
+  const hp = deltaNetHParams("qwen35", 1, 1, 2, 2);
   const state = new Float64Array([1, 0, 0, 1]);
   const o = deltaNetStep({
     state,
@@ -256,7 +229,7 @@ Deno.test("deltaNetStep pairs value heads with key heads per arch", () => {
       v: new Float64Array(8).fill(1),
       beta: new Float64Array(4).fill(1),
       g: new Float64Array(4),
-    }, dnHParams(arch, 2, 4, 2, 2));
+    }, deltaNetHParams(arch, 2, 4, 2, 2));
   const r = Math.SQRT2;
   assertClose(run("qwen3next"), [2, 2, 2, 2, 3, 3, 3, 3].map((x) => x / r), "interleaved");
   assertClose(run("qwen35moe"), [2, 2, 3, 3, 2, 2, 3, 3].map((x) => x / r), "tiled");
