@@ -111,23 +111,28 @@ Deno.test("timeConcurrentDecode: each slot decodes as it would alone", async () 
   });
 });
 
+/** A reference-backend worker of layers [2, end) of `path`, quiet, one slot. */
+function startReferenceWorker(path: string, end: number) {
+  return startWorker({
+    model: path,
+    first: 2,
+    end,
+    backend: "reference",
+    gpu: "builtin",
+    slots: 1,
+    ctx: CTX,
+    startTimeoutS: 60,
+    log: () => {},
+  });
+}
+
 Deno.test("split: layers 0:2 here and 2:4 in a worker decode the tokens of one stage", async () => {
   await withModel(async (model, path) => {
     const first = seededIds(1, readHParams(model.metadata).V, 11)[0];
     const whole = await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: CTX });
     const alone = await timeDecode([whole], first, 5);
     whole.close();
-    const worker = await startWorker({
-      model: path,
-      first: 2,
-      end: 4,
-      backend: "reference",
-      gpu: "builtin",
-      slots: 1,
-      ctx: CTX,
-      startTimeoutS: 60,
-      log: () => {},
-    });
+    const worker = await startReferenceWorker(path, 4);
     const local = await openReferenceStage(model, { first: 0, end: 2, slots: 1, ctx: CTX });
     try {
       const remote = await connectRemoteStage(worker.address, { local, model });
@@ -146,18 +151,7 @@ Deno.test("split: layers 0:2 here and 2:4 in a worker decode the tokens of one s
 Deno.test("startWorker reports the worker's own error when it cannot start", async () => {
   const path = await testModel({ arch: "qwen35moe" });
   await assert.rejects(
-    () =>
-      startWorker({
-        model: path,
-        first: 2,
-        end: 9,
-        backend: "reference",
-        gpu: "builtin",
-        slots: 1,
-        ctx: CTX,
-        startTimeoutS: 60,
-        log: () => {},
-      }),
+    () => startReferenceWorker(path, 9),
     /exited with code 1.*\n.*the model has 4 layers/s,
   );
 });
