@@ -1,7 +1,6 @@
 // `deno task head`: flags → model, tokenizer, chat template, the local stage (layers 0:k) and the
 // link to the next stage → lib/scheduler/ → Deno.serve(lib/server/handler.ts).
 
-import { parseArgs } from "node:util";
 import { openGguf } from "./engine/gguf/read.ts";
 import { parseShardPath } from "./engine/gguf/format.ts";
 import { readHParams } from "./engine/model/hparams.ts";
@@ -15,6 +14,7 @@ import { TextTokenizer } from "./lib/tokenizer/tokenizer.ts";
 import { loadKeyFile, modelFingerprint } from "./lib/wire/hello.ts";
 import { parseAddress } from "./lib/wire/peer.ts";
 import { RemoteStage } from "./lib/wire/remote_stage.ts";
+import { parseCommandLine } from "./lib/cli.ts";
 
 const USAGE = `Usage: deno task head --model M.gguf [--layers 0:k --next host:port] [--port 8080]
   [--host 127.0.0.1] [--slots N] [--ctx N] [--queue N] [--snapshots N] [--max-batch N]
@@ -228,37 +228,32 @@ async function readApiKey(path: string): Promise<string> {
 }
 
 async function main(): Promise<void> {
-  let values;
-  try {
-    ({ values } = parseArgs({
-      args: Deno.args,
-      options: {
-        model: { type: "string" },
-        layers: { type: "string" },
-        next: { type: "string" },
-        host: { type: "string" },
-        port: { type: "string", default: "8080" },
-        slots: { type: "string" },
-        ctx: { type: "string" },
-        queue: { type: "string" },
-        snapshots: { type: "string" },
-        "max-batch": { type: "string" },
-        "api-key-file": { type: "string" },
-        "max-body-bytes": { type: "string" },
-        "key-file": { type: "string" },
-        temperature: { type: "string" },
-        "temperature-cap": { type: "string" },
-        "top-k": { type: "string" },
-        "top-p": { type: "string" },
-        "model-id": { type: "string" },
-        backend: { type: "string" },
-        gpu: { type: "string", default: "auto" },
-        "allow-software-gpu": { type: "boolean", default: false },
-      },
-    }));
-  } catch (e) {
-    fail(`Cannot parse the arguments: ${(e as Error).message}`);
-  }
+  const values = parseCommandLine({
+    args: Deno.args,
+    options: {
+      model: { type: "string" },
+      layers: { type: "string" },
+      next: { type: "string" },
+      host: { type: "string" },
+      port: { type: "string", default: "8080" },
+      slots: { type: "string" },
+      ctx: { type: "string" },
+      queue: { type: "string" },
+      snapshots: { type: "string" },
+      "max-batch": { type: "string" },
+      "api-key-file": { type: "string" },
+      "max-body-bytes": { type: "string" },
+      "key-file": { type: "string" },
+      temperature: { type: "string" },
+      "temperature-cap": { type: "string" },
+      "top-k": { type: "string" },
+      "top-p": { type: "string" },
+      "model-id": { type: "string" },
+      backend: { type: "string" },
+      gpu: { type: "string", default: "auto" },
+      "allow-software-gpu": { type: "boolean", default: false },
+    },
+  }, fail);
   if (!values.model) fail("Missing --model");
   if (values.next && !values.layers) fail("--next needs --layers 0:k for the head's own layers");
   const running = await startHead({

@@ -4,7 +4,6 @@
 // Each engine and the peer run in a child process (bench/stage_bench.ts, bench/peers/llama.ts)
 // one after another, so only one of them holds the GPU at a time and a crash costs one row.
 
-import { parseArgs } from "node:util";
 import { openGguf } from "../engine/gguf/read.ts";
 import {
   generateModel,
@@ -20,6 +19,7 @@ import { Deadline } from "./measure.ts";
 import type { PeerReport } from "./peers/llama.ts";
 import { formatTable } from "./report.ts";
 import type { StageReport } from "./stage_bench.ts";
+import { parseCommandLine } from "../lib/cli.ts";
 
 const USAGE = `Usage: deno task bench [options]
   --model M.gguf           bench this file instead of making one
@@ -62,35 +62,30 @@ function oneOf<T extends string>(flag: string, value: string, allowed: readonly 
 }
 
 function parseFlags() {
-  let values;
-  try {
-    ({ values } = parseArgs({
-      args: Deno.args,
-      options: {
-        model: { type: "string" },
-        preset: { type: "string", default: "qwen35moe-35b" },
-        arch: { type: "string", default: "qwen35moe" },
-        quant: { type: "string", default: "iq4_xs" },
-        "model-dir": { type: "string", default: "/tmp/tandem-bench" },
-        backend: { type: "string", default: "gpu" },
-        gpu: { type: "string", default: "builtin,dawn" },
-        pp: { type: "string", default: "512,2048" },
-        tg: { type: "string", default: "128" },
-        slots: { type: "string", default: "2" },
-        split: { type: "string" },
-        "no-split": { type: "boolean", default: false },
-        "no-peers": { type: "boolean", default: false },
-        runs: { type: "string", default: "3" },
-        seed: { type: "string", default: "1" },
-        "deadline-s": { type: "string" },
-        json: { type: "string" },
-        commit: { type: "string" },
-        help: { type: "boolean", short: "h", default: false },
-      },
-    }));
-  } catch (e) {
-    fail(`Cannot parse the arguments: ${(e as Error).message}`);
-  }
+  const values = parseCommandLine({
+    args: Deno.args,
+    options: {
+      model: { type: "string" },
+      preset: { type: "string", default: "qwen35moe-35b" },
+      arch: { type: "string", default: "qwen35moe" },
+      quant: { type: "string", default: "iq4_xs" },
+      "model-dir": { type: "string", default: "/tmp/tandem-bench" },
+      backend: { type: "string", default: "gpu" },
+      gpu: { type: "string", default: "builtin,dawn" },
+      pp: { type: "string", default: "512,2048" },
+      tg: { type: "string", default: "128" },
+      slots: { type: "string", default: "2" },
+      split: { type: "string" },
+      "no-split": { type: "boolean", default: false },
+      "no-peers": { type: "boolean", default: false },
+      runs: { type: "string", default: "3" },
+      seed: { type: "string", default: "1" },
+      "deadline-s": { type: "string" },
+      json: { type: "string" },
+      commit: { type: "string" },
+      help: { type: "boolean", short: "h", default: false },
+    },
+  }, fail);
   if (values.help) {
     console.log(USAGE);
     Deno.exit(0);

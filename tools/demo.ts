@@ -1,10 +1,10 @@
 // `deno task demo`: makes the default model if missing, runs a worker (layers 2:4) and a head (0:2)
 // on loopback, streams one /v1/messages reply with per-stage timings, then serves until Ctrl-C.
 
-import { parseArgs } from "node:util";
 import { generateModel, modelFileStem, type ModelSpec } from "../engine/model/generate_model.ts";
 import { parseBackend } from "../engine/open_stage.ts";
 import { type RunningHead, startHead } from "../main.ts";
+import { parseCommandLine } from "../lib/cli.ts";
 
 const USAGE = `Usage: deno task demo [--port 8080] [--backend gpu|reference] [--model M.gguf]
   [--prompt "text"] [--max-tokens N]
@@ -143,21 +143,16 @@ function ms(value: number | null): string {
 }
 
 async function main(): Promise<void> {
-  let values;
-  try {
-    ({ values } = parseArgs({
-      args: Deno.args,
-      options: {
-        port: { type: "string", default: "8080" },
-        backend: { type: "string" },
-        model: { type: "string" },
-        prompt: { type: "string", default: "Tell me about two machines serving one model." },
-        "max-tokens": { type: "string", default: "48" },
-      },
-    }));
-  } catch (e) {
-    fail(`Cannot parse the arguments: ${(e as Error).message}`);
-  }
+  const values = parseCommandLine({
+    args: Deno.args,
+    options: {
+      port: { type: "string", default: "8080" },
+      backend: { type: "string" },
+      model: { type: "string" },
+      prompt: { type: "string", default: "Tell me about two machines serving one model." },
+      "max-tokens": { type: "string", default: "48" },
+    },
+  }, fail);
   const port = Number(values.port);
   const maxTokens = Number(values["max-tokens"]);
   if (!Number.isInteger(port) || port < 0) fail(`Cannot use --port "${values.port}"`);

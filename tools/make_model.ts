@@ -1,7 +1,6 @@
 // CLI over the model generator: `deno task make-model --preset tiny --arch qwen35moe ...`.
 // Writes the random-weight GGUF (or its shards) that tests, benches and demos load.
 
-import { parseArgs } from "node:util";
 import {
   generateModel,
   type Layout,
@@ -13,6 +12,7 @@ import {
 } from "../engine/model/generate_model.ts";
 import { type Arch, ARCHS } from "../engine/model/hparams.ts";
 import { type PresetName, PRESETS } from "../engine/model/presets.ts";
+import { parseCommandLine } from "../lib/cli.ts";
 
 const USAGE = `Usage: deno task make-model [options]
   --preset ${Object.keys(PRESETS).join("|")}   model shape (default tiny)
@@ -49,25 +49,20 @@ function gb(bytes: number): string {
 }
 
 async function main(): Promise<void> {
-  let values;
-  try {
-    ({ values } = parseArgs({
-      args: Deno.args,
-      options: {
-        preset: { type: "string", default: "tiny" },
-        arch: { type: "string", default: "qwen35moe" },
-        layout: { type: "string", default: "split" },
-        quant: { type: "string", default: "f32" },
-        seed: { type: "string", default: "1" },
-        split: { type: "string", default: "1" },
-        tied: { type: "boolean", default: false },
-        out: { type: "string" },
-        help: { type: "boolean", short: "h", default: false },
-      },
-    }));
-  } catch (e) {
-    fail(`Cannot parse the arguments: ${(e as Error).message}`);
-  }
+  const values = parseCommandLine({
+    args: Deno.args,
+    options: {
+      preset: { type: "string", default: "tiny" },
+      arch: { type: "string", default: "qwen35moe" },
+      layout: { type: "string", default: "split" },
+      quant: { type: "string", default: "f32" },
+      seed: { type: "string", default: "1" },
+      split: { type: "string", default: "1" },
+      tied: { type: "boolean", default: false },
+      out: { type: "string" },
+      help: { type: "boolean", short: "h", default: false },
+    },
+  }, fail);
   if (values.help) {
     console.log(USAGE);
     return;
