@@ -1,4 +1,5 @@
-// Greedy generation over a pipeline of stages: prefill in chunks, then one token per step.
+// Greedy generation over a pipeline of stages: prefill in chunks, then one token per step (or
+// several per submission where a single stage can chain its own argmaxes).
 // The loop behind `deno task generate`; the head's scheduler has its own interleaved loop.
 
 import { chainMaxBatch, type PipelineResult, runPipeline } from "./pipeline.ts";
@@ -20,6 +21,9 @@ export interface GenerateResult {
   readonly tops: (readonly TopEntry[])[];
 }
 
+/** Decode steps per submission when one stage decodes on its own: one readback per this many. */
+const FUSED_STEPS = 16;
+
 /** Feeds the prompt from position 0, then decodes greedily. The prompt must not be empty. */
 export async function generateGreedy(
   stages: readonly Stage[],
@@ -37,18 +41,24 @@ export async function generateGreedy(
     last = await runPipeline(stages, slot, ids, pos, { topk });
     pos += ids.length;
   }
-  const out: number[] = [];
-  const tops: (readonly TopEntry[])[] = [];
-  let next = last.ids[last.ids.length - 1];
-  let top = last.top;
-  while (out.length < options.n) {
-    out.push(next);
-    tops.push(top);
-    if (options.stopIds?.has(next) || out.length === options.n) break;
-    const step = await runPipeline(stages, slot, Uint32Array.of(next), pos, { topk });
-    pos += 1;
-    next = step.ids[0];
-    top = step.top;
+  const out = [last.ids[last.ids.length - 1]];
+  const tops: (readonly TopEntry[])[] = [last.top];
+  // Without per-position top-k a lone whole-model stage decodes many tokens per readback.
+  const fused = stages.length === 1 && topk === 0
+    ? stages[0].decodeGreedy?.bind(stages[0])
+    : undefined;
+  const stopped = () => options.stopIds?.has(out[out.length - 1]) ?? false;
+  while (out.length < options.n && !stopped()) {
+    const steps = fused ? Math.min(FUSED_STEPS, options.n - out.length, chunk) : 1;
+    const step = fused
+      ? await fused(slot, out[out.length - 1], pos, steps)
+      : await runPipeline(stages, slot, Uint32Array.of(out[out.length - 1]), pos, { topk });
+    pos += steps;
+    for (const id of step.ids) {
+      out.push(id);
+      tops.push(steps === 1 ? step.top : []);
+      if (stopped()) break;
+    }
   }
   return { ids: out, tops };
 }

@@ -48,6 +48,18 @@ export interface Stage {
     base: number,
     options?: StageRunOptions,
   ): Promise<StageOutput>;
+  /**
+   * Optional, for a stage that owns the whole model: greedy decoding of `steps` tokens from `id`
+   * at position `base` in one submission, each step's argmax fed to the next on the device.
+   * Returns every step's greedy id and the top-k of the last step.
+   */
+  decodeGreedy?(
+    slot: number,
+    id: number,
+    base: number,
+    steps: number,
+    options?: StageRunOptions,
+  ): Promise<{ ids: Uint32Array; top: readonly TopEntry[] }>;
   /** Copies slot state (KV up to its position, conv and recurrent states) into snapshot `idx`. */
   save(slot: number, idx: number): Promise<void>;
   /** Restores snapshot `idx` into `slot`; returns the position the slot then continues from. */
