@@ -116,6 +116,7 @@ export async function startHead(config: HeadConfig): Promise<RunningHead> {
           nEmbd: local.nEmbd,
           slots,
           ctx,
+          snapshots,
           fingerprint: await modelFingerprint(model),
         }, { key: config.wireKey, connectTimeoutMs: 3000 }),
         { log },

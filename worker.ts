@@ -136,6 +136,7 @@ async function main(): Promise<void> {
         nEmbd: stage.nEmbd,
         slots: stage.slots,
         ctx: stage.ctx,
+        snapshots: stage.snapshots,
         fingerprint,
       }, { key })
       : undefined;

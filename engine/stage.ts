@@ -37,6 +37,8 @@ export interface Stage {
   readonly ctx: number;
   /** Largest n accepted by one run (prefill chunks larger than this are the caller's job). */
   readonly maxBatch: number;
+  /** Snapshot places `0..snapshots-1` that save and restore accept. */
+  readonly snapshots: number;
   /**
    * Runs positions [base, base+n) of `slot`. base == 0 resets the slot; otherwise base must
    * equal the number of positions the slot has seen. Throws RangeError on overflow or gaps.

@@ -212,7 +212,7 @@ Deno.test("a worker killed mid-stream: partial tokens, then an error event; the 
   }
 });
 
-Deno.test("a worker with fewer snapshot places fails one request, then the head serves uncached", async () => {
+Deno.test("a worker with fewer snapshot places is refused at connect, naming both counts", async () => {
   const w = await startWorker({
     model: modelPath,
     layers: "2:4",
@@ -225,20 +225,23 @@ Deno.test("a worker with fewer snapshot places fails one request, then the head 
     layers: { first: 0, end: 2 },
     next: w.address,
     slots: 1,
+    ctx: 256,
     snapshots: 4,
   });
+  const misfit = /it has 0 snapshot places, this stage uses 4; start it with --snapshots 4 or more/;
   try {
-    const first = await post(`${head.url}/v1/messages`, ask("Hello there"));
-    assert.equal(first.status, 503);
-    assert.match((await first.json()).error.message, /snapshot/);
-    assert.ok(
-      head.lines.some((l) => l.startsWith("prefix cache off") && l.includes("--snapshots 4")),
-    );
     for (let i = 0; i < 2; i++) {
       const res = await post(`${head.url}/v1/messages`, ask("Hello there"));
-      assert.equal(res.status, 200);
-      assert.equal((await res.json()).usage.cache_read_input_tokens, 0);
+      assert.equal(res.status, 503);
+      assert.match((await res.json()).error.message, misfit);
     }
+    const health = await fetch(`${head.url}/health`);
+    assert.equal(health.status, 503);
+    const body = await health.json();
+    assert.equal(body.stages[1].up, false);
+    assert.match(body.stages[1].error, misfit);
+    // Refused at the hello: the worker never ran a frame for this head.
+    assert.equal(head.scheduler.stats.stages[1].decodeTokens, 0);
   } finally {
     await head.close();
     await w.stop();

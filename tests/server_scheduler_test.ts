@@ -47,6 +47,9 @@ class RecordingStage implements Stage {
   get maxBatch() {
     return this.inner.maxBatch;
   }
+  get snapshots() {
+    return this.inner.snapshots;
+  }
   async run(
     slot: number,
     input: StageInput,
@@ -130,6 +133,7 @@ Deno.test("split driver: one slot's local layers run while the other's frame is 
       nEmbd: local.nEmbd,
       slots: 2,
       ctx: 128,
+      snapshots: 0,
       fingerprint: await modelFingerprint(model),
     }),
   );

@@ -50,6 +50,7 @@ const SAMPLES: Frame[] = [
       slots: 2,
       ctx: 64,
       maxBatch: 8,
+      snapshots: 3,
       fingerprint: new Uint8Array(32).fill(0xab),
     },
     proof: new Uint8Array(32).fill(0xcd),
@@ -60,9 +61,9 @@ const SAMPLES: Frame[] = [
 Deno.test("the greeting and a Run frame are laid out as the header table says", () => {
   assert.deepEqual(
     [...encodeGreeting(new Uint8Array(32).fill(9))],
-    [0x54, 0x44, 0x4d, 0x31, ...new Array(32).fill(9)],
+    [0x54, 0x44, 0x4d, 0x32, ...new Array(32).fill(9)],
   );
-  assert.equal(new TextDecoder().decode(encodeGreeting(new Uint8Array(32)).subarray(0, 4)), "TDM1");
+  assert.equal(new TextDecoder().decode(encodeGreeting(new Uint8Array(32)).subarray(0, 4)), "TDM2");
   const run = encodeFrame(
     { op: Op.Run, slot: 2, base: 5, n: 1, topk: 3, rows: Float32Array.of(1.5, -2) },
     2,

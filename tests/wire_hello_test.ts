@@ -82,6 +82,7 @@ function helloInfo(): HelloInfo {
     slots: 2,
     ctx: 512,
     maxBatch: 64,
+    snapshots: 4,
     fingerprint: new Uint8Array(32).fill(0x11),
   };
 }
@@ -93,11 +94,12 @@ Deno.test("a HELLO that fits passes, and each misfit names both values and the f
     nEmbd: 256,
     slots: 2,
     ctx: 512,
+    snapshots: 4,
     fingerprint: new Uint8Array(32).fill(0x11),
   };
   const info = helloInfo();
   assert.equal(helloMismatch(info, want), undefined);
-  assert.equal(helloMismatch({ ...info, slots: 3, ctx: 1024 }, want), undefined);
+  assert.equal(helloMismatch({ ...info, slots: 3, ctx: 1024, snapshots: 8 }, want), undefined);
   const cases: [Partial<HelloInfo>, RegExp][] = [
     [
       { fingerprint: new Uint8Array(32).fill(0x22) },
@@ -114,6 +116,10 @@ Deno.test("a HELLO that fits passes, and each misfit names both values and the f
     [
       { ctx: 256 },
       /its context is 256 tokens, this stage's is 512; start it with --ctx 512 or more/,
+    ],
+    [
+      { snapshots: 3 },
+      /it has 3 snapshot places, this stage uses 4; start it with --snapshots 4 or more/,
     ],
     [{ maxBatch: 0 }, /at most 0 rows per frame/],
   ];

@@ -65,6 +65,7 @@ Deno.test("save and restore reach every stage of a three-stage chain", async () 
     nEmbd: middleStage.nEmbd,
     slots: 1,
     ctx: CTX,
+    snapshots: 2,
     fingerprint,
   });
   middleStage.close();
@@ -81,6 +82,7 @@ Deno.test("save and restore reach every stage of a three-stage chain", async () 
   const remote = await connectRemoteStage(middle.address, { local: head, model });
   const stages = [head, remote];
   try {
+    assert.equal((await remote.connect()).snapshots, 2);
     await assertSameAsWhole(stages, [5, 6, 7, 8], 0);
     const prompt = [40, 41, 42, 43, 44];
     const first = await generateGreedy(stages, prompt, { n: 1 });
@@ -101,6 +103,37 @@ Deno.test("save and restore reach every stage of a three-stage chain", async () 
     assert.deepEqual(out.kind === "ids" ? [...out.ids.subarray(5)] : [], firstPass);
   } finally {
     remote.close();
+    head.close();
+    await middle.stop();
+    await last.stop();
+  }
+});
+
+Deno.test("a middle stage whose next hop has fewer snapshot places fails the hello", async () => {
+  const head = await openReferenceStage(model, { first: 0, end: 1, slots: 1, ctx: CTX });
+  const last = await serveLocal(model, { first: 3, end: 4, slots: 1, ctx: CTX, snapshots: 1 });
+  const toLast = new RemoteStage(last.address, {
+    first: 3,
+    nLayer: 4,
+    nEmbd: head.nEmbd,
+    slots: 1,
+    ctx: CTX,
+    snapshots: 2,
+    fingerprint,
+  });
+  const middle = await serveLocal(model, { first: 1, end: 3, slots: 1, ctx: CTX, snapshots: 2 }, {
+    next: toLast,
+  });
+  try {
+    const e = await connectRemoteStage(middle.address, { local: head, model })
+      .then(() => undefined, (e) => e);
+    assert.ok(e instanceof StageUnavailableError, `expected a refusal, got ${e}`);
+    assert.equal(e.code, ErrorCode.Downstream);
+    assert.match(
+      e.reason,
+      new RegExp(`${last.address}: it has 1 snapshot places, this stage uses 2; start it with`),
+    );
+  } finally {
     head.close();
     await middle.stop();
     await last.stop();

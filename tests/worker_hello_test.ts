@@ -1,5 +1,5 @@
 // Connect-time failures against real worker.ts processes: wrong layers, wrong model, too small a
-// context, bad keys (each with its own message), a broken chain behind a middle worker, and flags.
+// context or too few snapshot places, bad keys (each with its own message), a broken chain behind a middle worker, and flags.
 
 import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf/read.ts";
@@ -23,12 +23,20 @@ async function refusal(work: Promise<unknown>): Promise<StageUnavailableError> {
 Deno.test("hello mismatches fail at connect, each naming both values", async () => {
   const model = await openGguf(path);
   const head = await openReferenceStage(model, { first: 0, end: 2, slots: 1, ctx: 32 });
+  const caching = await openReferenceStage(model, {
+    first: 0,
+    end: 2,
+    slots: 1,
+    ctx: 32,
+    snapshots: 2,
+  });
   const workers = await Promise.all([
     startWorker({ model: path, layers: "3:4", ctx: 32 }),
     startWorker({ model: otherPath, layers: "2:4", ctx: 32 }),
     startWorker({ model: path, layers: "2:4", ctx: 16 }),
+    startWorker({ model: path, layers: "2:4", ctx: 32, snapshots: 1 }),
   ]);
-  const [wrongLayers, wrongModel, smallCtx] = workers.map((w) => w.address);
+  const [wrongLayers, wrongModel, smallCtx, fewSnapshots] = workers.map((w) => w.address);
   try {
     const layers = await refusal(connectRemoteStage(wrongLayers, { local: head, model }));
     assert.match(layers.message, new RegExp(`^Cannot use the stage at ${wrongLayers}: `));
@@ -43,7 +51,17 @@ Deno.test("hello mismatches fail at connect, each naming both values", async () 
       ctx.reason,
       /its context is 16 tokens, this stage's is 32; start it with --ctx 32/,
     );
+    const snapshots = await refusal(
+      connectRemoteStage(fewSnapshots, { local: caching, model }),
+    );
+    assert.match(
+      snapshots.reason,
+      /it has 1 snapshot places, this stage uses 2; start it with --snapshots 2 or more/,
+    );
+    // The same worker fits a stage that saves into no more places than it has.
+    (await connectRemoteStage(fewSnapshots, { local: head, model })).close();
   } finally {
+    caching.close();
     head.close();
     model.close();
     await Promise.all(workers.map((w) => w.stop()));

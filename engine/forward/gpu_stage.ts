@@ -174,8 +174,12 @@ export class GpuStage implements Stage {
     checkSlot(this, slot);
   }
 
+  get snapshots(): number {
+    return this.#sets.length - this.slots;
+  }
+
   #snapshot(idx: number): number {
-    checkSnapshot(idx, this.#sets.length - this.slots);
+    checkSnapshot(idx, this.snapshots);
     return this.slots + idx;
   }
 

@@ -77,7 +77,7 @@ export class ReferenceStage implements Stage {
     readonly slots: number,
     readonly ctx: number,
     readonly maxBatch: number,
-    snapshots: number,
+    readonly snapshots: number,
     weights: {
       layers: readonly LayerWeights[];
       embedding?: Embedding;

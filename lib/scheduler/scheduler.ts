@@ -6,7 +6,7 @@
 // on the worker, slot B takes the lane for its local layers, so with two or more active slots
 // neither the head nor the worker waits for the other's round trip.
 
-import { ErrorCode, MAX_TOPK } from "../wire/frame.ts";
+import { MAX_TOPK } from "../wire/frame.ts";
 import { StageUnavailableError } from "../wire/peer.ts";
 import type { Stage, TopEntry } from "../../engine/stage.ts";
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
@@ -115,7 +115,6 @@ export class Scheduler {
   readonly #admittedAt = new WeakMap<Sequence, number>();
   #nextId = 1;
   #closed = false;
-  #cacheOff = false;
 
   constructor(options: SchedulerOptions) {
     const { local, link } = options;
@@ -149,6 +148,18 @@ export class Scheduler {
     this.slots = options.slots;
     this.ctx = Math.min(local.ctx, link?.remote.ctx ?? Infinity);
     this.#free = Array.from({ length: this.slots }, (_, i) => this.slots - 1 - i);
+    // The worker's hello guarantees link.remote.snapshots places behind the link, so a save
+    // within both counts never fails for want of a place.
+    const stageSnapshots = Math.min(local.snapshots, link?.remote.snapshots ?? Infinity);
+    if (
+      !Number.isInteger(options.snapshots) || options.snapshots < 0 ||
+      options.snapshots > stageSnapshots
+    ) {
+      throw new RangeError(
+        `Cannot keep ${options.snapshots} cached prefixes: the stages were opened with ` +
+          `${stageSnapshots} snapshot places`,
+      );
+    }
     this.#cache = new PrefixCache(options.snapshots);
     const stages = [new StageTimes(rangeOf(local), "local")];
     if (link) stages.push(new StageTimes(rangeOf(link.remote), link.remote.address));
@@ -316,7 +327,7 @@ export class Scheduler {
     seq.begin(pos);
     this.stats.promptTokens += prompt.length;
     this.stats.cachedTokens += pos;
-    const boundary = this.#cache.capacity > 0 && !this.#cacheOff && cacheBoundary !== undefined &&
+    const boundary = this.#cache.capacity > 0 && cacheBoundary !== undefined &&
         cacheBoundary > pos && cacheBoundary < prompt.length &&
         !this.#cache.has(prompt.slice(0, cacheBoundary), this.#epoch())
       ? cacheBoundary
@@ -395,7 +406,7 @@ export class Scheduler {
 
   /** Restores the longest cached prefix on every stage; the position to continue from. */
   async #restorePrefix(seq: Sequence, slot: number): Promise<number> {
-    if (this.#cache.capacity === 0 || this.#cacheOff) return 0;
+    if (this.#cache.capacity === 0) return 0;
     // A reconnect changes the epoch and so invalidates entries: settle the connection first.
     await this.#link?.connect();
     const entry = this.#cache.lookup(seq.request.prompt, this.#epoch());
@@ -431,17 +442,6 @@ export class Scheduler {
       });
       await this.#link?.save(slot, idx);
       saved = this.#epoch() === epoch;
-    } catch (e) {
-      if (e instanceof StageUnavailableError && e.code === ErrorCode.Range) {
-        // The worker has fewer snapshot places than this head: one request fails (the worker
-        // closed the connection), the rest run without the cache instead of failing alike.
-        this.#cacheOff = true;
-        this.#log(
-          `prefix cache off: ${e.reason}; start the worker with --snapshots ` +
-            `${this.#cache.capacity} or more, or the head with fewer`,
-        );
-      }
-      throw e;
     } finally {
       if (saved) this.#cache.insert({ idx, tokens, epoch });
       else this.#cache.abandon(idx);

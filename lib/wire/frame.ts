@@ -19,10 +19,10 @@
 // | 0x84 | RESTORED  | ←   | slot | position     | snapshot idx  | 0         | none                             |
 // | 0x85 | CHALLENGE | ←   | 0    | 0            | 0             | 0         | u32 MAGIC, u32 auth, 32-byte     |
 // |      |           |     |      |              |               |           | nonce (40 bytes)                 |
-// | 0x86 | HELLO     | ←   | 0    | 0            | 0             | 0         | 7 × u32 (first, end, nLayer,     |
-// |      |           |     |      |              |               |           | nEmbd, slots, ctx, maxBatch),    |
-// |      |           |     |      |              |               |           | 32-byte fingerprint, 32-byte     |
-// |      |           |     |      |              |               |           | proof (92 bytes)                 |
+// | 0x86 | HELLO     | ←   | 0    | 0            | 0             | 0         | 8 × u32 (first, end, nLayer,     |
+// |      |           |     |      |              |               |           | nEmbd, slots, ctx, maxBatch,     |
+// |      |           |     |      |              |               |           | snapshots), 32-byte fingerprint, |
+// |      |           |     |      |              |               |           | 32-byte proof (96 bytes)         |
 // | 0xFF | ERROR     | ←   | 0    | message bytes| 0             | 0         | u32 code, then n bytes UTF-8     |
 //
 // → client to worker, ← worker to client. D (n_embd) and the largest n are the worker's, learnt
@@ -31,8 +31,8 @@
 
 import type { TopEntry } from "../../engine/stage.ts";
 
-/** Greeting magic: the bytes "TDM1" on the wire. Bump it on any change to this file's layout. */
-export const MAGIC = 0x314d4454;
+/** Greeting magic: the bytes "TDM2" on the wire. Bump it on any change to this file's layout. */
+export const MAGIC = 0x324d4454;
 export const HEADER_BYTES = 20;
 export const NONCE_BYTES = 32;
 export const GREETING_BYTES = 4 + NONCE_BYTES;
@@ -44,7 +44,7 @@ export const MAX_TOPK = 1024;
 export const MAX_MESSAGE_BYTES = 4096;
 
 const CHALLENGE_BYTES = 8 + NONCE_BYTES;
-const HELLO_WORDS = 7;
+const HELLO_WORDS = 8;
 const HELLO_BYTES = HELLO_WORDS * 4 + FINGERPRINT_BYTES + PROOF_BYTES;
 
 export enum Op {
@@ -96,6 +96,8 @@ export interface HelloInfo {
   readonly slots: number;
   readonly ctx: number;
   readonly maxBatch: number;
+  /** Snapshot places 0..snapshots-1 that SAVE and RESTORE accept on every stage behind it. */
+  readonly snapshots: number;
   readonly fingerprint: Uint8Array;
 }
 
@@ -278,6 +280,7 @@ function decodeHello(v: DataView, bytes: Uint8Array): Frame {
       slots: w(4),
       ctx: w(5),
       maxBatch: w(6),
+      snapshots: w(7),
       fingerprint: bytes.slice(at, at + FINGERPRINT_BYTES),
     },
     proof: bytes.slice(at + FINGERPRINT_BYTES, HELLO_BYTES),
@@ -471,6 +474,7 @@ export function encodeHelloInfo(info: HelloInfo): Uint8Array {
     info.slots,
     info.ctx,
     info.maxBatch,
+    info.snapshots,
   ];
   words.forEach((x, i) => {
     if (!Number.isInteger(x) || x < 0 || x > U32_MAX) {
@@ -480,6 +484,14 @@ export function encodeHelloInfo(info: HelloInfo): Uint8Array {
   });
   bytes.set(info.fingerprint, HELLO_WORDS * 4);
   return bytes;
+}
+
+/** A magic word for messages: hex and its four bytes as text, e.g. `0x324d4454 ("TDM2")`. */
+export function magicName(magic: number): string {
+  const bytes = new Uint8Array(4);
+  new DataView(bytes.buffer).setUint32(0, magic, true);
+  const text = String.fromCharCode(...bytes).replace(/[^\x20-\x7e]/g, "?");
+  return `0x${magic.toString(16).padStart(8, "0")} ("${text}")`;
 }
 
 /** The client's greeting: MAGIC and a fresh nonce. */

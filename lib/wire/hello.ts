@@ -22,6 +22,8 @@ export interface ChainExpectation {
   /** Slots and context the connecting stage uses; the worker must have at least as many. */
   readonly slots: number;
   readonly ctx: number;
+  /** Snapshot places the connecting stage saves into; the worker must have at least as many. */
+  readonly snapshots: number;
   readonly fingerprint: Uint8Array;
 }
 
@@ -184,6 +186,10 @@ export function helloMismatch(info: HelloInfo, want: ChainExpectation): string |
   if (info.ctx < want.ctx) {
     return `its context is ${info.ctx} tokens, this stage's is ${want.ctx}; start it with --ctx ` +
       `${want.ctx} or more`;
+  }
+  if (info.snapshots < want.snapshots) {
+    return `it has ${info.snapshots} snapshot places, this stage uses ${want.snapshots}; start ` +
+      `it with --snapshots ${want.snapshots} or more`;
   }
   if (info.maxBatch < 1) return `it accepts at most ${info.maxBatch} rows per frame`;
   return undefined;

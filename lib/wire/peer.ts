@@ -12,6 +12,7 @@ import {
   type FrameLimits,
   type HelloInfo,
   MAGIC,
+  magicName,
   Op,
 } from "./frame.ts";
 import { FrameReader, writeAll } from "./frame_stream.ts";
@@ -65,13 +66,6 @@ export function parseAddress(text: string): { hostname: string; port: number } {
     throw new TypeError(`Cannot parse address "${text}": expected host:port, e.g. 10.0.0.2:9000`);
   }
   return { hostname: m[1] ?? m[2], port };
-}
-
-function magicName(magic: number): string {
-  const bytes = new Uint8Array(4);
-  new DataView(bytes.buffer).setUint32(0, magic, true);
-  const text = String.fromCharCode(...bytes).replace(/[^\x20-\x7e]/g, "?");
-  return `0x${magic.toString(16).padStart(8, "0")} ("${text}")`;
 }
 
 const HANDSHAKE_LIMITS: FrameLimits = { nEmbd: 0, maxBatch: 0 };

@@ -30,6 +30,8 @@ export class RemoteStage implements Stage {
   readonly ctx: number;
   /** Any length fits: a run is cut into frames of the worker's own limit. */
   readonly maxBatch: number;
+  /** What this side saves into; the hello guarantees the chain has at least as many. */
+  readonly snapshots: number;
   readonly #want: ChainExpectation;
   readonly #options: PeerOptions;
   readonly #slotEpoch: Int32Array;
@@ -48,6 +50,7 @@ export class RemoteStage implements Stage {
     this.slots = want.slots;
     this.ctx = want.ctx;
     this.maxBatch = want.ctx;
+    this.snapshots = want.snapshots;
     this.#want = want;
     this.#options = options;
     this.#slotEpoch = new Int32Array(want.slots).fill(-1);
@@ -177,6 +180,7 @@ export async function connectRemoteStage(
     nEmbd: local.nEmbd,
     slots: local.slots,
     ctx: local.ctx,
+    snapshots: local.snapshots,
     fingerprint: await modelFingerprint(model),
   }, peerOptions);
   await remote.connect();

@@ -4,7 +4,7 @@
 
 import type { Stage } from "../../engine/stage.ts";
 import { deadline } from "./deadline.ts";
-import { AuthMode, ErrorCode, type Frame, type HelloInfo, MAGIC, Op } from "./frame.ts";
+import { AuthMode, ErrorCode, type Frame, type HelloInfo, MAGIC, magicName, Op } from "./frame.ts";
 import { FrameReader, writeFrame } from "./frame_stream.ts";
 import { freshNonce, NO_PROOF, verifyClientProof, workerProof } from "./hello.ts";
 import { StageUnavailableError } from "./peer.ts";
@@ -82,6 +82,7 @@ function chainInfo(options: StageServerOptions): HelloInfo {
     slots: stage.slots,
     ctx: stage.ctx,
     maxBatch: stage.maxBatch,
+    snapshots: stage.snapshots,
     fingerprint: options.fingerprint,
   };
 }
@@ -163,9 +164,8 @@ export function serveStage(
     if (greeting.magic !== MAGIC) {
       throw new Refusal(
         ErrorCode.Version,
-        `Cannot accept the client: its greeting starts with 0x${
-          greeting.magic.toString(16).padStart(8, "0")
-        }, expected 0x${MAGIC.toString(16)} ("TDM1"); run the same tandem version on both sides`,
+        `Cannot accept the client: its greeting starts with ${magicName(greeting.magic)}, ` +
+          `expected ${magicName(MAGIC)}; run the same tandem version on both sides`,
       );
     }
     const nonceS = freshNonce();
