@@ -30,6 +30,8 @@ const SAMPLES: Frame[] = [
   { op: Op.Save, slot: 3, idx: 9 },
   { op: Op.Restore, slot: 0, idx: 2 },
   { op: Op.Auth, proof: new Uint8Array(32).fill(7) },
+  { op: Op.Ping },
+  { op: Op.Pong },
   {
     op: Op.Ids,
     slot: 2,
@@ -76,6 +78,8 @@ Deno.test("the greeting and a Run frame are laid out as the header table says", 
   assert.deepEqual([...error], [...bytes(0xff, 0, 2, 0, 0), ...bytes(4), 0x6e, 0x6f]);
   const restored = encodeFrame({ op: Op.Restored, slot: 1, idx: 6, position: 30 });
   assert.deepEqual([...restored], bytes(0x84, 1, 30, 6, 0));
+  assert.deepEqual([...encodeFrame({ op: Op.Ping })], bytes(7, 0, 0, 0, 0));
+  assert.deepEqual([...encodeFrame({ op: Op.Pong })], bytes(0x87, 0, 0, 0, 0));
 });
 
 Deno.test("every op survives encode → decode unchanged", () => {
@@ -107,6 +111,12 @@ Deno.test("unknown ops and nonzero unused header words are refused", () => {
     () => decodeFrame(Uint8Array.from(bytes(Op.Save, 1, 2, 3, 0)), LIMITS),
     /field n is 2/,
   );
+  for (const op of [Op.Ping, Op.Pong]) {
+    assert.throws(
+      () => decodeFrame(Uint8Array.from(bytes(op, 1, 0, 0, 0)), LIMITS),
+      new RegExp(`Cannot decode ${Op[op]} frame: header field slot is 1, expected 0`),
+    );
+  }
 });
 
 Deno.test("counts above their caps are RangeErrors before any payload is read", () => {

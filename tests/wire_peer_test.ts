@@ -140,6 +140,45 @@ Deno.test("a middle stage whose next hop has fewer snapshot places fails the hel
   }
 });
 
+Deno.test("PING crosses a chain without touching any slot; a dead hop behind it fails it", async () => {
+  const head = await openReferenceStage(model, { first: 0, end: 1, slots: 1, ctx: CTX });
+  const chain = { nLayer: 4, nEmbd: head.nEmbd, slots: 1, ctx: CTX, snapshots: 0, fingerprint };
+  const last = await serveLocal(model, { first: 3, end: 4, slots: 1, ctx: CTX });
+  const middle = await serveLocal(model, { first: 1, end: 3, slots: 1, ctx: CTX }, {
+    next: new RemoteStage(last.address, { ...chain, first: 3 }),
+  });
+  const remote = new RemoteStage(middle.address, { ...chain, first: 1 });
+  const whole = await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: CTX });
+  try {
+    await remote.ping(); // Connects on first use, like a run.
+    assert.equal(remote.epoch, 1);
+    const prompt = Uint32Array.of(9, 8, 7, 6);
+    const part = async (ids: Uint32Array, base: number) =>
+      await remote.run(0, await head.run(0, { kind: "ids", ids }, ids.length, base), 2, base);
+    await part(prompt.subarray(0, 2), 0);
+    await remote.ping();
+    // The slot continues at base 2 on every stage, as if no PING had been sent.
+    const got = await part(prompt.subarray(2), 2);
+    const want = await whole.run(0, { kind: "ids", ids: prompt }, 4, 0);
+    assert.ok(got.kind === "ids" && want.kind === "ids");
+    assert.deepEqual([...got.ids], [...want.ids.subarray(2)]);
+    assert.equal(remote.epoch, 1);
+
+    await last.stop();
+    const e = await remote.ping().then(() => undefined, (e) => e);
+    assert.ok(e instanceof StageUnavailableError, `expected a refusal, got ${e}`);
+    assert.equal(e.code, ErrorCode.Downstream);
+    assert.equal(e.address, middle.address);
+    assert.match(e.reason, new RegExp(`^Cannot use the stage at ${last.address}: `));
+  } finally {
+    whole.close();
+    remote.close();
+    head.close();
+    await middle.stop();
+    await last.stop();
+  }
+});
+
 Deno.test("keys: the right key connects, a wrong or missing one fails with its reason", async () => {
   const key = await importKey(new TextEncoder().encode("correct horse battery staple"), "a");
   const wrong = await importKey(new TextEncoder().encode("incorrect horse battery staple"), "b");

@@ -98,11 +98,12 @@ function fuzzInputs(count: number): Uint8Array[] {
     encodeFrame({ op: Op.Save, slot: 0, idx: 0 }),
     encodeFrame({ op: Op.Restore, slot: 1, idx: 0 }),
     encodeFrame({ op: Op.Close }),
+    encodeFrame({ op: Op.Ping }),
     encodeFrame({ op: Op.Auth, proof: NO_PROOF }),
     encodeFrame({ op: Op.Ids, slot: 0, base: 0, ids: Uint32Array.of(1), top: [] }),
     encodeFrame({ op: Op.Error, code: 1, message: "x" }),
   ];
-  const ops = [0, 1, 2, 3, 4, 5, 6, 0x81, 0x83, 0x84, 0x85, 0x86, 0xff, 0xffff_ffff];
+  const ops = [0, 1, 2, 3, 4, 5, 6, 7, 8, 0x81, 0x83, 0x84, 0x85, 0x86, 0x87, 0xff, 0xffff_ffff];
   const inputs: Uint8Array[] = [];
   for (let i = 0; i < count; i++) {
     const kind = next() % 10;
@@ -142,7 +143,12 @@ Deno.test("the worker refuses each malformed input with its code, then fuzzing l
     await t.step("each kind of malformed input", async () => {
       const { Malformed, Range } = ErrorCode;
       const cases: [Uint8Array, { code: ErrorCode; message: RegExp; answers?: number }][] = [
-        [words(7, 0, 0, 0, 0), { code: Malformed, message: /unknown op 0x7/ }],
+        [words(8, 0, 0, 0, 0), { code: Malformed, message: /unknown op 0x8/ }],
+        [words(Op.Ping, 0, 0, 0, 1), { code: Malformed, message: /field topk is 1, expected 0/ }],
+        [
+          encodeFrame({ op: Op.Pong }),
+          { code: Malformed, message: /op 135: it is not a request/ },
+        ],
         [run(0, 0, MAX_BATCH + 1), { code: Range, message: /n is 5, expected 1\.\.4/ }],
         [run(SLOTS, 0, 1), {
           code: Range,
@@ -173,6 +179,14 @@ Deno.test("the worker refuses each malformed input with its code, then fuzzing l
       for (const [bytes, refusal] of cases) {
         await expectRefusal(await rawClient(address), bytes, refusal);
       }
+      // PING is answered in request order, between RUNs, and leaves the slot where it was.
+      const pinging = await rawClient(address);
+      const ping = encodeFrame({ op: Op.Ping });
+      await pinging.send(concat(ping, run(0, 0, 2), ping, run(0, 2, 1), ping));
+      const replies = [];
+      for (let i = 0; i < 5; i++) replies.push((await pinging.next())?.op);
+      assert.deepEqual(replies, [Op.Pong, Op.Ids, Op.Pong, Op.Ids, Op.Pong]);
+      pinging.close();
       // Gaps are checked against what the slot has seen on this connection.
       const client = await rawClient(address);
       await expectRefusal(client, concat(run(1, 0, 2), run(1, 3, 1)), {
@@ -212,6 +226,7 @@ Deno.test("the worker refuses each malformed input with its code, then fuzzing l
 
     await t.step("10,000 random and mutated frames, each answered or refused cleanly", async () => {
       const counts = new Map<string, number>();
+      let pongs = 0;
       const inputs = fuzzInputs(10_000);
       const check = (i: number, frames: Frame[]) => {
         assert.equal(frames[0]?.op, Op.Challenge, `input ${i}`);
@@ -219,9 +234,11 @@ Deno.test("the worker refuses each malformed input with its code, then fuzzing l
         const rest = frames.slice(2);
         for (const [j, f] of rest.entries()) {
           const ok = f.op === Op.Ids || f.op === Op.Saved || f.op === Op.Restored ||
+            f.op === Op.Pong ||
             (f.op === Op.Error && j === rest.length - 1);
           assert.ok(ok, `input ${i}: reply ${j} is op ${f.op}`);
         }
+        pongs += rest.filter((f) => f.op === Op.Pong).length;
         const last = rest.at(-1);
         const kind = last === undefined
           ? "silent close"
@@ -244,10 +261,12 @@ Deno.test("the worker refuses each malformed input with its code, then fuzzing l
           check(i, frames);
         }
       }));
-      // The mix reached the refusal paths and the answering path, not just one of them.
+      // The mix reached the refusal paths and the answering paths, not just one of them.
       for (const kind of [`error ${ErrorCode.Malformed}`, `error ${ErrorCode.Range}`, "answered"]) {
         assert.ok((counts.get(kind) ?? 0) > 10, `${kind}: ${JSON.stringify([...counts])}`);
       }
+      // Most mutated PINGs are malformed; the fixed seed still lets some through intact.
+      assert.ok(pongs > 0, `${pongs} PONGs`);
     });
 
     await t.step("afterwards the worker answers a valid hello and runs correctly", async () => {

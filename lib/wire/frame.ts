@@ -13,10 +13,12 @@
 // | 3    | SAVE      | →   | slot | 0            | snapshot idx  | 0         | none                             |
 // | 4    | RESTORE   | →   | slot | 0            | snapshot idx  | 0         | none                             |
 // | 5    | AUTH      | →   | 0    | 0            | 0             | 0         | 32-byte HMAC proof (zeros: none) |
+// | 7    | PING      | →   | 0    | 0            | 0             | 0         | none                             |
 // | 0x81 | IDS       | ←   | slot | ids, 1..max  | first pos.    | pairs     | n u32 greedy ids, then topk ×    |
 // |      |           |     |      |              |               |           | (u32 id, f32 logit), descending  |
 // | 0x83 | SAVED     | ←   | slot | 0            | snapshot idx  | 0         | none                             |
 // | 0x84 | RESTORED  | ←   | slot | position     | snapshot idx  | 0         | none                             |
+// | 0x87 | PONG      | ←   | 0    | 0            | 0             | 0         | none                             |
 // | 0x85 | CHALLENGE | ←   | 0    | 0            | 0             | 0         | u32 MAGIC, u32 auth, 32-byte     |
 // |      |           |     |      |              |               |           | nonce (40 bytes)                 |
 // | 0x86 | HELLO     | ←   | 0    | 0            | 0             | 0         | 8 × u32 (first, end, nLayer,     |
@@ -28,6 +30,8 @@
 // → client to worker, ← worker to client. D (n_embd) and the largest n are the worker's, learnt
 // by the client from HELLO. `end` in HELLO is one past the last layer served through that
 // connection (the whole chain behind it). RESTORED's n is the position the slot continues from.
+// PING asks the worker (and, through a middle stage, the chain behind it) for a PONG; it touches
+// no slot.
 
 import type { TopEntry } from "../../engine/stage.ts";
 
@@ -53,11 +57,13 @@ export enum Op {
   Save = 3,
   Restore = 4,
   Auth = 5,
+  Ping = 7,
   Ids = 0x81,
   Saved = 0x83,
   Restored = 0x84,
   Challenge = 0x85,
   Hello = 0x86,
+  Pong = 0x87,
   Error = 0xff,
 }
 
@@ -110,7 +116,7 @@ export type Frame =
     readonly topk: number;
     readonly rows: Float32Array;
   }
-  | { readonly op: Op.Close }
+  | { readonly op: Op.Close | Op.Ping | Op.Pong }
   | { readonly op: Op.Save | Op.Restore; readonly slot: number; readonly idx: number }
   | { readonly op: Op.Auth; readonly proof: Uint8Array }
   | {
@@ -224,10 +230,14 @@ export function payloadLength(h: Header, limits: FrameLimits): number {
       requireCount(h, limits);
       return h.n * 4 + h.topk * 8;
     case Op.Close:
+    case Op.Ping:
+    case Op.Pong:
+      requireZero(h, ["slot", "n", "base", "topk"]);
+      return 0;
     case Op.Challenge:
     case Op.Hello:
       requireZero(h, ["slot", "n", "base", "topk"]);
-      return h.op === Op.Close ? 0 : h.op === Op.Challenge ? CHALLENGE_BYTES : HELLO_BYTES;
+      return h.op === Op.Challenge ? CHALLENGE_BYTES : HELLO_BYTES;
     case Op.Auth:
       requireZero(h, ["slot", "n", "base", "topk"]);
       return PROOF_BYTES;
@@ -319,7 +329,9 @@ export function decodePayload(h: Header, payload: Uint8Array, limits: FrameLimit
       return { op: Op.Ids, slot: h.slot, base: h.base, ids, top };
     }
     case Op.Close:
-      return { op: Op.Close };
+    case Op.Ping:
+    case Op.Pong:
+      return { op: h.op };
     case Op.Save:
     case Op.Restore:
       return { op: h.op, slot: h.slot, idx: h.base };

@@ -1,5 +1,5 @@
 // Client side of one connection to the next stage: connect, hello checks, then RUN / SAVE /
-// RESTORE frames with replies in order. Used by remote_stage.ts (head, generate, middle workers).
+// RESTORE / PING frames with replies in order. Used by remote_stage.ts (head, generate, middle workers).
 
 import type { TopEntry } from "../../engine/stage.ts";
 import { deadline } from "./deadline.ts";
@@ -252,6 +252,15 @@ export class Peer {
       throw this.#fail(`it answered Restore (slot ${slot}, idx ${idx}) with op ${reply.op}`);
     }
     return reply.position;
+  }
+
+  /**
+   * Checks that the chain behind this connection answers, without touching any slot. Replies
+   * come in request order, so a PING sent behind a long RUN waits for it.
+   */
+  async ping(): Promise<void> {
+    const reply = await this.#exchange({ op: Op.Ping });
+    if (reply.op !== Op.Pong) throw this.#fail(`it answered Ping with op ${reply.op}`);
   }
 
   /** Sends CLOSE after the frames already queued (waiting at most 1 s) and closes the socket. */

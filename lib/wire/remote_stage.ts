@@ -72,6 +72,11 @@ export class RemoteStage implements Stage {
     this.#peer = undefined;
   }
 
+  /** PING through the whole chain behind the worker, connecting if there is no connection. */
+  async ping(): Promise<void> {
+    await (await this.#live()).ping();
+  }
+
   async run(
     slot: number,
     input: StageInput,

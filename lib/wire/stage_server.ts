@@ -1,5 +1,5 @@
 // The worker's side of the wire: accepts one client at a time, runs the handshake, and answers
-// RUN / SAVE / RESTORE frames with its stage (plus the rest of the chain behind `next`).
+// RUN / SAVE / RESTORE / PING frames with its stage (plus the rest of the chain behind `next`).
 // Started by worker.ts; every failure becomes an ERROR frame and a clean close, never a crash.
 
 import type { Stage } from "../../engine/stage.ts";
@@ -247,6 +247,11 @@ export function serveStage(
         session.seen[slot] = position;
         return { op: Op.Restored, slot, idx, position };
       }
+      case Op.Ping:
+        // A middle stage answers for the whole chain, as RUN does: a dead hop behind it then
+        // shows at the head's idle probe, not at its next request.
+        await next?.ping();
+        return { op: Op.Pong };
       case Op.Close:
         return undefined;
       default:
