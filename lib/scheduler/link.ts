@@ -11,7 +11,7 @@ export interface LinkStatus {
   readonly end: number;
   /** Null before the first contact. */
   readonly up: boolean | null;
-  /** Round trip of the last one-position frame (a decode step or a probe), ms. */
+  /** Round trip of the last one-position frame or PING (a decode step or a probe), ms. */
   readonly lastRttMs: number | null;
   /** Milliseconds since the stage last answered. */
   readonly lastAnswerAgoMs: number | null;
@@ -30,12 +30,6 @@ export interface LinkOptions {
   readonly idleMs?: number;
 }
 
-/** A slot lent for a probe; `release` gives it back. */
-export interface SpareSlot {
-  readonly slot: number;
-  release(): void;
-}
-
 /**
  * Every call that reaches the worker goes through here, so a failure anywhere marks the stage
  * down at once; a background loop then reconnects with backoff while requests fail fast.
@@ -50,6 +44,8 @@ export class StageLink {
   #lastAnswer: number | null = null;
   #lastRtt: number | null = null;
   #error: string | null = null;
+  /** Requests sent and not yet answered. */
+  #inFlight = 0;
   #attempting: { readonly since: number; readonly done: Promise<void> } | undefined;
   #retrying = false;
   #timer: ReturnType<typeof setTimeout> | undefined;
@@ -116,26 +112,23 @@ export class StageLink {
    * Makes sure the stage answers before a request is admitted: a stage known to be down gets a
    * reconnect attempt now (one that began before this call and failed is followed by a fresh
    * one, so a worker that just came back is found), and one silent for longer than idleMs is
-   * probed with a one-position frame on a spare slot (base 0 resets that slot, which holds
-   * nothing). Throws StageUnavailableError when it does not answer; a refused connection fails
-   * at once, an unreachable host after the connect timeout.
+   * probed with a PING through the whole chain. Throws StageUnavailableError when it does not
+   * answer; a refused connection fails at once, an unreachable host after the connect timeout.
    */
-  async ensureUp(spare: () => SpareSlot | undefined): Promise<void> {
+  async ensureUp(): Promise<void> {
     if (this.#up === false || this.#up === null) {
       await this.#freshConnect();
       return;
     }
     if (this.#lastAnswer !== null && performance.now() - this.#lastAnswer < this.#idleMs) return;
-    const lent = spare();
-    if (!lent) return; // Every slot is busy, so the stage is answering frames right now.
+    // A request in flight reports a failure itself; a PING would only queue behind it.
+    if (this.#inFlight > 0) return;
     try {
-      await this.probe(lent.slot);
+      await this.probe();
     } catch (e) {
       if (!(e instanceof StageUnavailableError)) throw e;
       // The connection was dead (the worker may have restarted while idle): one fresh try.
       await this.#freshConnect();
-    } finally {
-      lent.release();
     }
   }
 
@@ -144,9 +137,11 @@ export class StageLink {
     await this.#watch(this.remote.connect());
   }
 
-  /** One zero row through the chain on `slot`, from position 0. */
-  async probe(slot: number): Promise<void> {
-    await this.run(slot, new Float32Array(this.remote.nEmbd), 1, 0, 0);
+  /** A PING through the chain; its round trip becomes lastRttMs. */
+  async probe(): Promise<void> {
+    const t0 = performance.now();
+    await this.#watch(this.remote.ping());
+    this.#lastRtt = performance.now() - t0;
   }
 
   close(): void {
@@ -180,6 +175,7 @@ export class StageLink {
   }
 
   async #watch<T>(work: Promise<T>): Promise<T> {
+    this.#inFlight++;
     try {
       const out = await work;
       this.#answered();
@@ -187,6 +183,8 @@ export class StageLink {
     } catch (e) {
       if (e instanceof StageUnavailableError) this.#down(e);
       throw e;
+    } finally {
+      this.#inFlight--;
     }
   }
 

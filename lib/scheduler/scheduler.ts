@@ -10,7 +10,7 @@ import { MAX_TOPK } from "../wire/frame.ts";
 import { StageUnavailableError } from "../wire/peer.ts";
 import type { Stage, TopEntry } from "../../engine/stage.ts";
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
-import type { SpareSlot, StageLink } from "./link.ts";
+import type { StageLink } from "./link.ts";
 import { PrefixCache } from "./prefix_cache.ts";
 import { CancelledError, Sequence, type SequenceRequest } from "./sequence.ts";
 import { SchedulerStats, StageTimes } from "./stats.ts";
@@ -190,7 +190,7 @@ export class Scheduler {
         `Cannot run a prompt of ${request.prompt.length} tokens: expected 1..${this.ctx}`,
       );
     }
-    if (this.#link) await this.#link.ensureUp(() => this.#spare());
+    if (this.#link) await this.#link.ensureUp();
     this.#checkRoom();
     const seq = new Sequence(`seq${this.#nextId++}`, request, this.#tokenizer);
     this.#admittedAt.set(seq, performance.now());
@@ -211,7 +211,7 @@ export class Scheduler {
     const link = this.#link;
     if (link) {
       try {
-        await link.ensureUp(() => this.#spare());
+        await link.ensureUp();
       } catch (e) {
         if (!(e instanceof StageUnavailableError)) throw e; // The status below records it.
       }
@@ -267,19 +267,6 @@ export class Scheduler {
           `waiting; retry shortly`,
       );
     }
-  }
-
-  /** A free slot for a probe, only when no admitted sequence is waiting for it. */
-  #spare(): SpareSlot | undefined {
-    if (this.#queue.length > 0 || this.#free.length === 0) return undefined;
-    const slot = this.#free.pop()!;
-    return {
-      slot,
-      release: () => {
-        this.#free.push(slot);
-        this.#pump();
-      },
-    };
   }
 
   #dequeue(seq: Sequence): void {
