@@ -1,6 +1,7 @@
 // Parity of an engine's stage chain with llama.cpp's recorded greedy runs (tests/fixtures/*.json).
 // Used by tests/llama_parity_test.ts for the CPU reference; any engine that builds Stages can reuse it.
 
+import { generateGreedy } from "../engine/generate.ts";
 import { openGguf } from "../engine/gguf/read.ts";
 import type { GgufModel } from "../engine/gguf/types.ts";
 import { chainMaxBatch, runPipeline } from "../engine/pipeline.ts";
@@ -368,6 +369,38 @@ export async function checkFixture(
     const report = await checkParity(fixture, model, open, llamaComparisons(fixture, name, exact));
     return { fixture, report };
   } finally {
+    model.close();
+  }
+}
+
+/**
+ * Free-running greedy generation (no teacher forcing, no near-tie exemption) must reproduce
+ * llama.cpp's continuation token for token on every prompt: the issue's gate for F32 weights,
+ * where both sides compute exact f32 math and only summation order differs.
+ */
+export async function checkFreeRunning(name: string, open: StageChainFactory): Promise<void> {
+  const fixture = await readFixture<ModelFixture>(name);
+  const path = await testModel(fixture.spec);
+  await checkModelHash(fixture, path, name);
+  const model = await openGguf(path);
+  const ctx = Math.max(...fixture.prompts.map((r) => r.ids.length + r.gen.length));
+  const stages = await open(model, ctx);
+  try {
+    for (const [p, record] of fixture.prompts.entries()) {
+      const { ids } = await generateGreedy(stages, record.ids, { n: record.gen.length });
+      const at = ids.findIndex((id, i) => id !== record.gen[i]);
+      if (at >= 0) {
+        throw new Error(
+          `${name} prompt ${p}: free-running greedy id ${
+            ids[at]
+          } at generated position ${at}, llama.cpp ${record.gen[at]} (ours ${
+            JSON.stringify(ids)
+          }, llama.cpp ${JSON.stringify(record.gen)})`,
+        );
+      }
+    }
+  } finally {
+    for (const s of stages) s.close();
     model.close();
   }
 }

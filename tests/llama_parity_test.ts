@@ -5,7 +5,13 @@ import assert from "node:assert/strict";
 import { readHParams } from "../engine/model/hparams.ts";
 import { openReferenceStage } from "../engine/reference/stage.ts";
 import { type ModelFixture, readFixture } from "../tools/fixtures/format.ts";
-import { checkFixture, modelFixtureNames, type StageChainFactory, TWIN_LABEL } from "./_parity.ts";
+import {
+  checkFixture,
+  checkFreeRunning,
+  modelFixtureNames,
+  type StageChainFactory,
+  TWIN_LABEL,
+} from "./_parity.ts";
 
 const openReference: StageChainFactory = async (model, ctx) => [
   await openReferenceStage(model, {
@@ -41,4 +47,9 @@ for (const name of names) {
     const exact = report[fixture.spec.quant === "f32" ? "llama.cpp" : TWIN_LABEL];
     assert.ok(exact.idPositions > 10 * exact.nearTies, JSON.stringify(exact));
   });
+}
+
+for (const name of names.filter((n) => n.includes("-f32"))) {
+  Deno.test(`free-running greedy output of the reference engine equals llama.cpp: ${name}`, () =>
+    checkFreeRunning(name, openReference));
 }
