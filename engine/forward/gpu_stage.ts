@@ -5,6 +5,7 @@
 import { createReadback, createStorage, mapRead, writeBytes } from "../gpu/buffers.ts";
 import type { GpuContext } from "../gpu/device.ts";
 import { createStepTimer, ParamArena, StepEncoder, type StepTimer } from "../gpu/encoder.ts";
+import type { DispatchProfiler } from "../gpu/profiler.ts";
 import { destroyTensor } from "../gpu/tensor.ts";
 import type { GgufModel } from "../gguf/types.ts";
 import { gatherWords } from "../kernels/moe_gather.ts";
@@ -38,6 +39,8 @@ export interface GpuStageOptions {
   readonly log?: (line: string) => void;
   /** Called after every run with its timings (GPU time where the device has timestamp-query). */
   readonly profile?: (p: StepProfile) => void;
+  /** Times every dispatch of every run (bench/profile.ts); collect it after each run. */
+  readonly dispatchProfiler?: DispatchProfiler;
 }
 
 /** Where one run's time went. */
@@ -139,6 +142,7 @@ export class GpuStage implements Stage {
   readonly #readbacks: GPUBuffer[] = [];
   readonly #profile: ((p: StepProfile) => void) | undefined;
   readonly #timer: StepTimer | undefined;
+  readonly #dispatchProfiler: DispatchProfiler | undefined;
   #closed = false;
 
   constructor(
@@ -151,11 +155,12 @@ export class GpuStage implements Stage {
     readonly slots: number,
     readonly ctx: number,
     readonly maxBatch: number,
-    profile: ((p: StepProfile) => void) | undefined,
+    timing: Pick<GpuStageOptions, "profile" | "dispatchProfiler">,
   ) {
     this.#gpu = gpu;
-    this.#profile = profile;
-    this.#timer = profile ? createStepTimer(gpu) : undefined;
+    this.#profile = timing.profile;
+    this.#dispatchProfiler = timing.dispatchProfiler;
+    this.#timer = timing.profile ? createStepTimer(gpu) : undefined;
     this.#hp = hp;
     this.#plan = plan;
     this.#sets = sets;
@@ -327,7 +332,7 @@ export class GpuStage implements Stage {
     if (timer) enc.copy(timer.resolve, 0, readback, timeAt, 16);
     const dispatches = enc.dispatches;
     this.#gpu.device.pushErrorScope("validation");
-    enc.submit(timer);
+    enc.submit(timer, this.#dispatchProfiler);
     const rejected = this.#gpu.device.popErrorScope();
     this.#pos[slot] = base + n;
     const submitted = performance.now();
@@ -482,5 +487,5 @@ export async function openGpuStage(
     }; activations for ${maxBatch} tokens: ${formatBytes(actBytes)}`,
   );
   const plan: ForwardPlan = { hp, first, weights, act, lmChunk };
-  return new GpuStage(gpu, hp, plan, sets, first, end, slots, ctx, maxBatch, options.profile);
+  return new GpuStage(gpu, hp, plan, sets, first, end, slots, ctx, maxBatch, options);
 }

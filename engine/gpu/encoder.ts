@@ -5,6 +5,7 @@
 import { type BufferRef, isSlice } from "./buffers.ts";
 import type { GpuContext } from "./device.ts";
 import { type Kernel, packParams, PARAMS_SLOT_BYTES } from "./kernel.ts";
+import type { DispatchProfiler } from "./profiler.ts";
 
 /** Workgroups of a dispatch: `tiles` along x (folded into y past the per-dimension limit), z. */
 export interface Grid {
@@ -52,7 +53,8 @@ export function createStepTimer(ctx: GpuContext): StepTimer | undefined {
     resolve: ctx.device.createBuffer({
       label: "step timestamps",
       size: 16,
-      usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC,
+      // COPY_DST: a DispatchProfiler copies its first start and last end here instead.
+      usage: GPUBufferUsage.QUERY_RESOLVE | GPUBufferUsage.COPY_SRC | GPUBufferUsage.COPY_DST,
     }),
   };
 }
@@ -215,12 +217,19 @@ export class StepEncoder {
     return group;
   }
 
+  #record(pass: GPUComputePassEncoder, c: Extract<Command, { kind: "dispatch" }>): void {
+    pass.setPipeline(c.kernel.pipeline);
+    pass.setBindGroup(0, this.#bindGroup(c.kernel, c.buffers, c.slot));
+    pass.dispatchWorkgroups(c.size[0], c.size[1], c.size[2]);
+  }
+
   /**
    * Encodes everything recorded into one command buffer and submits it. With a timer, the
    * step's GPU start and end land in timer.resolve before any copy recorded after the last
-   * dispatch, so such a copy can read them back.
+   * dispatch, so such a copy can read them back. With a profiler, every dispatch gets a pass of
+   * its own, labelled with its kernel, whose start and end the profiler records.
    */
-  submit(timer?: StepTimer): void {
+  submit(timer?: StepTimer, profiler?: DispatchProfiler): void {
     const n = this.#params.length;
     const view = this.#arena.view(Math.max(n, 1));
     for (let i = 0; i < n; i++) {
@@ -228,6 +237,7 @@ export class StepEncoder {
     }
     if (n) this.#arena.upload(n);
     const enc = this.ctx.device.createCommandEncoder();
+    profiler?.begin(this.#commands.flatMap((c) => c.kind === "dispatch" ? [c.kernel.name] : []));
     const first = this.#commands.findIndex((c) => c.kind === "dispatch");
     const last = this.#commands.findLastIndex((c) => c.kind === "dispatch");
     let lastPass = false;
@@ -239,6 +249,16 @@ export class StepEncoder {
       lastPass = false;
     };
     for (const [i, c] of this.#commands.entries()) {
+      if (c.kind === "dispatch" && profiler) {
+        const own = enc.beginComputePass({
+          label: c.kernel.name,
+          timestampWrites: profiler.timestampWrites(c.slot),
+        });
+        this.#record(own, c);
+        own.end();
+        if (i === last) profiler.resolve(enc, timer?.resolve);
+        continue;
+      }
       if (c.kind === "dispatch") {
         if (!pass) {
           // The pass starting here runs until the next copy/clear: does it hold the last dispatch?
@@ -256,9 +276,7 @@ export class StepEncoder {
               : undefined,
           );
         }
-        pass.setPipeline(c.kernel.pipeline);
-        pass.setBindGroup(0, this.#bindGroup(c.kernel, c.buffers, c.slot));
-        pass.dispatchWorkgroups(c.size[0], c.size[1], c.size[2]);
+        this.#record(pass, c);
         continue;
       }
       endPass();
