@@ -1,0 +1,257 @@
+// Where a step's GPU time goes, per kernel: one whole-model GPU stage, one prefill chunk and
+// single-token decode steps, every dispatch timed by a DispatchProfiler (engine/gpu/profiler.ts).
+//
+//   deno run -A bench/profile.ts --model M.gguf [--gpu builtin|dawn] [--allow-software-gpu]
+//                                [--prefill 512] [--decode 32]
+
+import { openGpuStage, type StepProfile } from "../engine/forward/gpu_stage.ts";
+import { openGguf } from "../engine/gguf/read.ts";
+import type { GgufModel } from "../engine/gguf/types.ts";
+import { type GpuContext, openGpu } from "../engine/gpu/device.ts";
+import { DispatchProfiler, type ProfiledStep } from "../engine/gpu/profiler.ts";
+import { readHParams } from "../engine/model/hparams.ts";
+import { parseProviderChoice } from "../engine/open_stage.ts";
+import { parseCommandLine } from "../lib/cli.ts";
+import { seededIds } from "./measure.ts";
+
+/** GPU time of one kernel variant over the steps of a report. */
+export interface KernelRow {
+  readonly kernel: string;
+  readonly dispatches: number;
+  readonly ns: number;
+}
+
+/** One run (prefill chunk or decode step) as measured from outside the stage. */
+export interface StepReport {
+  readonly tokens: number;
+  /** Dispatches the stage encoded (its own count, StepProfile.dispatches). */
+  readonly dispatches: number;
+  /** From the run() call until its ids were back. */
+  readonly wallMs: number;
+  /** CPU time recording and submitting the step. */
+  readonly encodeMs: number;
+  /** Per-dispatch timings; undefined where the device has no timestamp-query. */
+  readonly gpu?: ProfiledStep;
+}
+
+export interface ProfileOptions {
+  readonly prefill: number;
+  readonly decode: number;
+  readonly seed?: number;
+}
+
+export interface ProfileReport {
+  readonly prefill: StepReport;
+  readonly decode: readonly StepReport[];
+}
+
+/**
+ * Opens all layers of `model` on `gpu` (one slot, context prefill + decode), runs a prefill
+ * chunk of seeded ids and `decode` greedy single-token steps, and returns each run's timings.
+ */
+export async function profileModel(
+  model: GgufModel,
+  gpu: GpuContext,
+  options: ProfileOptions,
+): Promise<ProfileReport> {
+  const { prefill, decode } = options;
+  if (!Number.isInteger(prefill) || prefill < 1 || !Number.isInteger(decode) || decode < 0) {
+    throw new RangeError(
+      `Cannot profile a prefill of ${prefill} and ${decode} decode steps: expected prefill ≥ 1, decode ≥ 0`,
+    );
+  }
+  const hp = readHParams(model.metadata);
+  const profiler = gpu.features.timestamps ? new DispatchProfiler(gpu) : undefined;
+  const samples: StepProfile[] = [];
+  const stage = await openGpuStage(model, gpu, {
+    first: 0,
+    end: hp.nLayer,
+    slots: 1,
+    ctx: prefill + decode,
+    maxBatch: prefill,
+    profile: (p) => samples.push(p),
+    dispatchProfiler: profiler,
+    log: () => {},
+  });
+  try {
+    const timed = async (ids: Uint32Array, base: number) => {
+      const started = performance.now();
+      const out = await stage.run(0, { kind: "ids", ids }, ids.length, base);
+      const wallMs = performance.now() - started;
+      const sample = samples.at(-1)!;
+      const report: StepReport = {
+        tokens: ids.length,
+        dispatches: sample.dispatches,
+        wallMs,
+        encodeMs: sample.encodeMs,
+        gpu: await profiler?.collect(),
+      };
+      if (out.kind !== "ids") throw new Error("Cannot profile: a whole-model stage returned rows");
+      return { report, next: out.ids[out.ids.length - 1] };
+    };
+    const first = await timed(seededIds(prefill, hp.V, options.seed ?? 1), 0);
+    const steps: StepReport[] = [];
+    let next = first.next;
+    for (let s = 0; s < decode; s++) {
+      const step = await timed(Uint32Array.of(next), prefill + s);
+      steps.push(step.report);
+      next = step.next;
+    }
+    return { prefill: first.report, decode: steps };
+  } finally {
+    stage.close();
+    profiler?.destroy();
+  }
+}
+
+/** GPU time per kernel variant over `steps`, largest first. */
+export function kernelRows(steps: readonly ProfiledStep[]): KernelRow[] {
+  const rows = new Map<string, { dispatches: number; ns: number }>();
+  for (const step of steps) {
+    for (const d of step.dispatches) {
+      const row = rows.get(d.kernel) ?? { dispatches: 0, ns: 0 };
+      row.dispatches++;
+      row.ns += d.endNs - d.startNs;
+      rows.set(d.kernel, row);
+    }
+  }
+  return [...rows].map(([kernel, r]) => ({ kernel, ...r })).sort((a, b) =>
+    b.ns - a.ns || a.kernel.localeCompare(b.kernel)
+  );
+}
+
+function mean(values: readonly number[]): number {
+  return values.reduce((s, v) => s + v, 0) / Math.max(values.length, 1);
+}
+
+const ms = (v: number) => `${v.toFixed(3)} ms`;
+
+/**
+ * The summary and kernel table of `steps` (one prefill chunk, or the decode steps averaged):
+ * per kernel the dispatches and µs per step, and their share of GPU busy time and of wall time.
+ * Wall − GPU busy is what the step spent outside kernels: launch gaps, encoding, readback.
+ */
+export function formatSteps(title: string, steps: readonly StepReport[]): string {
+  const n = steps.length;
+  const wall = mean(steps.map((s) => s.wallMs));
+  const lines = [
+    `${title}: ${n} run${n === 1 ? "" : "s"} of ${steps[0]?.tokens ?? 0} token(s); per run: wall ${
+      ms(wall)
+    }, encode ${ms(mean(steps.map((s) => s.encodeMs)))}, ${
+      mean(steps.map((s) => s.dispatches))
+    } dispatches`,
+  ];
+  const timed = steps.flatMap((s) => s.gpu ? [s.gpu] : []);
+  if (timed.length !== n || n === 0) {
+    lines.push("  (no timestamp-query on this device: wall times only)");
+    return lines.join("\n");
+  }
+  const rows = kernelRows(timed);
+  const busyMs = rows.reduce((s, r) => s + r.ns, 0) / 1e6 / n;
+  const spanMs = mean(timed.map((t) => t.spanNs)) / 1e6;
+  lines.push(
+    `  GPU span ${ms(spanMs)}, GPU busy ${ms(busyMs)}, outside kernels (wall − busy) ${
+      ms(wall - busyMs)
+    } = ${(100 * (wall - busyMs) / wall).toFixed(1)}% of wall`,
+  );
+  const width = Math.max(6, ...rows.map((r) => r.kernel.length));
+  const header = ["kernel".padEnd(width), "dispatches", "total µs", "% busy", "% wall"];
+  lines.push(`  ${header.join("  ")}`);
+  for (const r of rows) {
+    const us = r.ns / 1e3 / n;
+    lines.push(
+      `  ${r.kernel.padEnd(width)}  ${String(r.dispatches / n).padStart(10)}  ${
+        us.toFixed(1).padStart(8)
+      }  ${(100 * us / 1e3 / busyMs).toFixed(1).padStart(6)}  ${
+        (100 * us / 1e3 / wall).toFixed(1).padStart(6)
+      }`,
+    );
+  }
+  lines.push(
+    `  ${"sum".padEnd(width)}  ${
+      String(timed.reduce((s, t) => s + t.dispatches.length, 0) / n)
+        .padStart(10)
+    }  ${(busyMs * 1e3).toFixed(1).padStart(8)}`,
+  );
+  return lines.join("\n");
+}
+
+/** One line per decode step: how wall, span and busy time move along the context. */
+export function formatDecodeSteps(steps: readonly StepReport[], prefill: number): string {
+  return steps.map((s, i) => {
+    const busy = s.gpu ? s.gpu.dispatches.reduce((t, d) => t + d.endNs - d.startNs, 0) / 1e6 : 0;
+    const gpu = s.gpu ? `, GPU span ${ms(s.gpu.spanNs / 1e6)}, busy ${ms(busy)}` : "";
+    return `  position ${prefill + i}: wall ${ms(s.wallMs)}${gpu}`;
+  }).join("\n");
+}
+
+const USAGE = `deno run -A bench/profile.ts --model M.gguf [options]
+  --gpu builtin|dawn|auto   WebGPU provider (default builtin)
+  --allow-software-gpu      accept a CPU adapter (also TANDEM_ALLOW_SOFTWARE_GPU=1)
+  --prefill N               prefill chunk length (default 512)
+  --decode N                single-token decode steps after it (default 32)
+  --seed N                  prefill ids seed (default 1)`;
+
+function fail(message: string): never {
+  console.error(`${message}\n\n${USAGE}`);
+  Deno.exit(2);
+}
+
+function whole(flag: string, text: string, min: number): number {
+  const v = Number(text);
+  if (!Number.isSafeInteger(v) || v < min) {
+    fail(`Cannot use --${flag} "${text}": expected a whole number ≥ ${min}`);
+  }
+  return v;
+}
+
+async function main(): Promise<void> {
+  const flags = parseCommandLine({
+    args: Deno.args,
+    options: {
+      model: { type: "string" },
+      gpu: { type: "string", default: "builtin" },
+      "allow-software-gpu": { type: "boolean", default: false },
+      prefill: { type: "string", default: "512" },
+      decode: { type: "string", default: "32" },
+      seed: { type: "string", default: "1" },
+      help: { type: "boolean", short: "h", default: false },
+    },
+  }, fail);
+  if (flags.help) {
+    console.log(USAGE);
+    return;
+  }
+  if (!flags.model) fail("Cannot profile without --model: give a GGUF file");
+  const prefill = whole("prefill", flags.prefill, 1);
+  const decode = whole("decode", flags.decode, 0);
+  const gpu = await openGpu({
+    gpu: parseProviderChoice(flags.gpu),
+    allowSoftware: flags["allow-software-gpu"],
+  });
+  if (!gpu.features.timestamps) {
+    console.log(`The adapter has no timestamp-query (${gpu.summary}): printing wall times only.`);
+  }
+  const model = await openGguf(flags.model);
+  try {
+    const report = await profileModel(model, gpu, {
+      prefill,
+      decode,
+      seed: whole("seed", flags.seed, 0),
+    });
+    console.log(`GPU: ${gpu.summary}\nmodel: ${flags.model}\n`);
+    console.log(formatSteps(`prefill`, [report.prefill]));
+    if (report.decode.length) {
+      console.log(`\n${formatSteps("decode (mean per step)", report.decode)}`);
+      console.log(formatDecodeSteps(report.decode, prefill));
+    }
+    console.log(
+      "\nEach dispatch runs in a compute pass of its own while profiled, so wall times are an upper bound of the unprofiled ones.",
+    );
+  } finally {
+    model.close();
+    gpu.device.destroy();
+  }
+}
+
+if (import.meta.main) await main();
