@@ -7,6 +7,15 @@ function clamp(v: number, lo: number, hi: number): number {
   return v < lo ? lo : v > hi ? hi : v;
 }
 
+/** The value of largest magnitude in x[off..off+n) (the first on ties), with its sign; 0 if none. */
+export function signedMax(x: Float32Array | Float64Array, off = 0, n = x.length): number {
+  let max = 0;
+  for (let i = off; i < off + n; i++) {
+    if (Math.abs(x[i]) > Math.abs(max)) max = x[i];
+  }
+  return max;
+}
+
 /**
  * Scale `s` for levels l ∈ [−nmax, nmax−1] minimising Σ(x − s·l)² over x[off..off+n). The value of
  * largest magnitude is mapped near −nmax (the side with one more level), so `s` takes the opposite
@@ -14,16 +23,8 @@ function clamp(v: number, lo: number, hi: number): number {
  * level assignment (the idea of llama.cpp's `make_qx_quants`). 0 for an all-zero group.
  */
 export function fitSymmetric(x: Float32Array, off: number, n: number, nmax: number): number {
-  let max = 0;
-  let amax = 0;
-  for (let i = off; i < off + n; i++) {
-    const a = Math.abs(x[i]);
-    if (a > amax) {
-      amax = a;
-      max = x[i];
-    }
-  }
-  if (amax === 0) return 0;
+  const max = signedMax(x, off, n);
+  if (max === 0) return 0;
   let best = 0;
   let scale = 0;
   for (let k = -9; k <= 9; k++) {
@@ -122,16 +123,8 @@ export function nearestIq4(v: number): number {
  * 21 trial scales, keeping the least-squares scale of the best assignment.
  */
 export function fitIq4(x: Float32Array, off: number, n: number): number {
-  let max = 0;
-  let amax = 0;
-  for (let i = off; i < off + n; i++) {
-    const a = Math.abs(x[i]);
-    if (a > amax) {
-      amax = a;
-      max = x[i];
-    }
-  }
-  if (amax === 0) return 0;
+  const max = signedMax(x, off, n);
+  if (max === 0) return 0;
   let best = 0;
   let scale = 0;
   for (const end of [KV[0], KV[15]]) {

@@ -4,7 +4,7 @@
 import { blockGeometry, GgmlType, typeName } from "./types.ts";
 import { f32ToBf16, f32ToF16 } from "./f16.ts";
 import { packScaleMinK4, writeF16 } from "./blocks.ts";
-import { fitAffine, fitIq4, fitSymmetric, nearestIq4 } from "./fit.ts";
+import { fitAffine, fitIq4, fitSymmetric, nearestIq4, signedMax } from "./fit.ts";
 
 export { randomBlocks } from "./random_blocks.ts";
 
@@ -104,13 +104,6 @@ function quantIq4Nl(x: Float32Array, nb: number, out: Uint8Array): void {
 // The K-quants and IQ4_XS share one plan: fit each sub-block, quantize the sub-block scales (and
 // mins) to integer steps of the block's f16 d (and dmin), then requantize every value against the
 // scale it will actually be decoded with, so the f16 and 6-bit roundings cost as little as possible.
-
-/** The value of largest magnitude, with its sign. */
-function signedMax(v: Float64Array): number {
-  let max = 0;
-  for (const s of v) if (Math.abs(s) > Math.abs(max)) max = s;
-  return max;
-}
 
 /** steps[j] = round(v[j] / d) clamped to [lo, hi]; all 0 when d is 0. */
 function toSteps(v: Float64Array, d: number, lo: number, hi: number, steps: Int32Array): void {
