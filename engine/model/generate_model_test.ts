@@ -8,6 +8,7 @@ import { dequantize } from "../quant/dequant.ts";
 import { GgmlType, typeName } from "../quant/types.ts";
 import { generateModel, type ModelSpec, planModel } from "./generate_model.ts";
 import { readHParams } from "./hparams.ts";
+import { stats } from "./_test_utils.ts";
 
 const { F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q2_K, Q3_K, Q4_K, Q5_K, Q6_K } = GgmlType;
 const { IQ4_NL, IQ4_XS } = GgmlType;
@@ -102,18 +103,6 @@ async function values(model: GgufModel, name: string): Promise<Float32Array> {
   const t = model.tensors.get(name)!;
   const n = t.shape.reduce((a, b) => a * b, 1);
   return dequantize(t.type, await model.readTensor(name), n);
-}
-
-function stats(v: Float32Array): { mean: number; std: number; min: number; max: number } {
-  let s = 0, s2 = 0, min = Infinity, max = -Infinity;
-  for (const x of v) {
-    s += x;
-    s2 += x * x;
-    min = Math.min(min, x);
-    max = Math.max(max, x);
-  }
-  const mean = s / v.length;
-  return { mean, std: Math.sqrt(s2 / v.length - mean * mean), min, max };
 }
 
 const LAYOUTS: [ModelSpec["arch"], "split" | "legacy"][] = [

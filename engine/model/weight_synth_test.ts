@@ -11,18 +11,7 @@ import {
   tensorChunks,
   tensorData,
 } from "./weight_synth.ts";
-
-function stats(v: Float32Array): { mean: number; std: number; min: number; max: number } {
-  let s = 0, s2 = 0, min = Infinity, max = -Infinity;
-  for (const x of v) {
-    s += x;
-    s2 += x * x;
-    min = Math.min(min, x);
-    max = Math.max(max, x);
-  }
-  const mean = s / v.length;
-  return { mean, std: Math.sqrt(s2 / v.length - mean * mean), min, max };
-}
+import { stats } from "./_test_utils.ts";
 
 const EXPERTS: SynthTensor = {
   name: "blk.0.ffn_up_exps.weight",
