@@ -1,7 +1,9 @@
 // GPU DeltaNet conv and recurrence (engine/kernels/{ssm_conv,gated_delta_net}.ts) against
-// engine/reference/{deltanet,norms}.ts, token by token, for both key-head pairings.
+// engine/reference/{deltanet,norms}.ts, token by token, for both key-head pairings; and the
+// recurrence's batch invariance (a run of tokens in one call or split into calls, bit for bit).
 
 import { createStorage } from "../engine/gpu/buffers.ts";
+import type { GpuContext } from "../engine/gpu/device.ts";
 import { gatedDeltaNet, prepareGatedDeltaNet } from "../engine/kernels/gated_delta_net.ts";
 import { prepareSsmConv, ssmConv } from "../engine/kernels/ssm_conv.ts";
 import { convStep, deltaNetGates, deltaNetStep } from "../engine/reference/deltanet.ts";
@@ -37,85 +39,187 @@ gpuTest("ssmConv() matches convStep over a run of tokens and carries the state",
   assertClose(await readF32(ctx, state, (Kc - 1) * C), ref, 2, 0, "conv state (raw inputs)");
 });
 
+type Arch = "qwen3next" | "qwen35moe";
+
+/** Random inputs of a DeltaNet layer over T tokens, laid out as the forward pass lays them out. */
+interface DeltaNetCase {
+  readonly arch: Arch;
+  readonly Nk: number;
+  readonly Nv: number;
+  readonly Dk: number;
+  readonly Dv: number;
+  readonly T: number;
+  /** Channels of u per token: [q | k | v]. */
+  readonly C: number;
+  readonly u: Float32Array;
+  readonly ba: Float32Array;
+  /** z sits after the qkv channels of a wider projection row: stride C + Nv·Dv, offset C. */
+  readonly z: Float32Array;
+  readonly p: Float32Array;
+  /** Initial state (h, i, j) as the GPU keeps it. */
+  readonly s0: Float32Array;
+}
+
+function deltaNetCase(arch: Arch, dims: readonly number[], T: number, seed: number): DeltaNetCase {
+  const [Nk, Nv, Dk, Dv] = dims;
+  const r = rng(seed);
+  const C = deltaNetHParams(arch, Nk, Nv, Dk, Dv).C;
+  const u = randomF32(T * C, r);
+  const ba = randomF32(T * 2 * Nv, r, 2);
+  const z = randomF32(T * (C + Nv * Dv), r);
+  const dt = randomF32(Nv, r);
+  const ssmA = Float32Array.from(randomF32(Nv, r), (v) => -Math.exp(v));
+  const p = new Float32Array(2 * Nv + Dv);
+  p.set(dt, 0);
+  p.set(ssmA, Nv);
+  p.set(randomF32(Dv, r), 2 * Nv);
+  const s0 = randomF32(Nv * Dk * Dv, r, 0.5);
+  return { arch, Nk, Nv, Dk, Dv, T, C, u, ba, z, p, s0 };
+}
+
+/**
+ * Runs the recurrence on the GPU over the case's tokens, split into calls of `calls[i]` tokens
+ * (each submitted on its own, inputs uploaded per call), carrying the state between them.
+ */
+async function runGpu(
+  ctx: GpuContext,
+  c: DeltaNetCase,
+  calls: readonly number[],
+): Promise<{ y: Float32Array; state: Float32Array }> {
+  const { Nk, Nv, Dk, Dv, C } = c;
+  await prepareGatedDeltaNet(ctx, Dk, Dv);
+  const zStride = C + Nv * Dv;
+  const state = upload(ctx, c.s0);
+  const p = upload(ctx, c.p);
+  const y = new Float32Array(c.T * Nv * Dv);
+  let t0 = 0;
+  for (const n of calls) {
+    const yBuf = createStorage(ctx, "y", n * Nv * Dv * 4);
+    await submit(ctx, (enc) =>
+      gatedDeltaNet(enc, {
+        u: upload(ctx, c.u.slice(t0 * C, (t0 + n) * C)),
+        ba: upload(ctx, c.ba.slice(t0 * 2 * Nv, (t0 + n) * 2 * Nv)),
+        z: upload(ctx, c.z.slice(t0 * zStride, (t0 + n) * zStride)),
+        p,
+        state,
+        y: yBuf,
+      }, {
+        nk: Nk,
+        nv: Nv,
+        dk: Dk,
+        dv: Dv,
+        tokens: n,
+        interleave: c.arch === "qwen3next",
+        uStrideT: C,
+        baStrideT: 2 * Nv,
+        zOffset: C,
+        zStrideT: zStride,
+        yStrideT: Nv * Dv,
+        eps: 1e-6,
+      }));
+    y.set(await readF32(ctx, yBuf, n * Nv * Dv), t0 * Nv * Dv);
+    t0 += n;
+  }
+  if (t0 !== c.T) throw new Error(`runGpu: calls cover ${t0} tokens, the case has ${c.T}`);
+  return { y, state: await readF32(ctx, state, Nv * Dk * Dv) };
+}
+
+/** The CPU reference over the case's tokens: outputs and final state in the GPU's layout. */
+function runReference(c: DeltaNetCase): { y: Float64Array; state: Float64Array } {
+  const { Nk, Nv, Dk, Dv, T, C } = c;
+  const hp = deltaNetHParams(c.arch, Nk, Nv, Dk, Dv);
+  const dt = c.p.subarray(0, Nv);
+  const ssmA = c.p.subarray(Nv, 2 * Nv);
+  const normW = c.p.subarray(2 * Nv);
+  const zStride = C + Nv * Dv;
+  // The reference keeps ggml's (h, j, i) state layout; the GPU (h, i, j).
+  const at = (h: number, i: number, j: number) => (h * Dk + i) * Dv + j;
+  const refState = new Float64Array(Nv * Dv * Dk);
+  for (let h = 0; h < Nv; h++) {
+    for (let i = 0; i < Dk; i++) {
+      for (let j = 0; j < Dv; j++) refState[(h * Dv + j) * Dk + i] = c.s0[at(h, i, j)];
+    }
+  }
+  const y = new Float64Array(T * Nv * Dv);
+  for (let t = 0; t < T; t++) {
+    const row = c.u.subarray(t * C, (t + 1) * C);
+    const q = l2NormHeads(row.subarray(0, Nk * Dk), Dk, 1e-6);
+    const k = l2NormHeads(row.subarray(Nk * Dk, 2 * Nk * Dk), Dk, 1e-6);
+    const v = row.subarray(2 * Nk * Dk);
+    const b = c.ba.subarray(t * 2 * Nv, t * 2 * Nv + Nv);
+    const a = c.ba.subarray(t * 2 * Nv + Nv, (t + 1) * 2 * Nv);
+    const { beta, g } = deltaNetGates(b, a, dt, ssmA);
+    const o = deltaNetStep({ state: refState, q, k, v, beta, g }, hp);
+    const zt = c.z.subarray(t * zStride + C, t * zStride + C + Nv * Dv);
+    y.set(gatedRmsNorm(o, zt, normW, 1e-6), t * Nv * Dv);
+  }
+  const state = new Float64Array(Nv * Dk * Dv);
+  for (let h = 0; h < Nv; h++) {
+    for (let i = 0; i < Dk; i++) {
+      for (let j = 0; j < Dv; j++) state[at(h, i, j)] = refState[(h * Dv + j) * Dk + i];
+    }
+  }
+  return { y, state };
+}
+
+/** The device with a smaller workgroup-size limit, so the kernel picks fewer row slices. */
+function limited(ctx: GpuContext, invocations: number): GpuContext {
+  return { ...ctx, limits: { ...ctx.limits, maxComputeInvocationsPerWorkgroup: invocations } };
+}
+
 gpuTest(
   "gatedDeltaNet() matches norms, gates, recurrence and gated norm per token",
   async (ctx) => {
+    // [Nk, Nv, Dk, Dv] and the workgroup-size limit: 48 x 32 and the model's 128 x 128 heads, each
+    // with the device's own row slices and with fewer (longer per-thread row runs).
+    const variants = [
+      { dims: [2, 4, 48, 32], gpu: ctx },
+      { dims: [2, 4, 48, 32], gpu: limited(ctx, 128) },
+      { dims: [2, 4, 128, 128], gpu: ctx },
+      { dims: [2, 4, 128, 128], gpu: limited(ctx, 256) },
+    ];
     for (const arch of ["qwen3next", "qwen35moe"] as const) {
-      const [Nk, Nv, Dk, Dv, T] = [2, 4, 48, 32, 3];
-      const hp = deltaNetHParams(arch, Nk, Nv, Dk, Dv);
-      await prepareGatedDeltaNet(ctx, Dk, Dv);
-      const r = rng(arch.length);
-      const C = hp.C;
-      const u = randomF32(T * C, r);
-      const ba = randomF32(T * 2 * Nv, r, 2);
-      // z sits after the qkv channels of a wider projection row, as the forward pass lays it out.
-      const zStride = C + Nv * Dv;
-      const z = randomF32(T * zStride, r);
-      const dt = randomF32(Nv, r);
-      const ssmA = Float32Array.from(randomF32(Nv, r), (v) => -Math.exp(v));
-      const normW = randomF32(Dv, r);
-      const p = new Float32Array(2 * Nv + Dv);
-      p.set(dt, 0);
-      p.set(ssmA, Nv);
-      p.set(normW, 2 * Nv);
-      // GPU state (h, i, j); the reference keeps ggml's (h, j, i).
-      const s0 = randomF32(Nv * Dk * Dv, r, 0.5);
-      const refState = new Float64Array(Nv * Dv * Dk);
-      for (let h = 0; h < Nv; h++) {
-        for (let i = 0; i < Dk; i++) {
-          for (let j = 0; j < Dv; j++) refState[(h * Dv + j) * Dk + i] = s0[(h * Dk + i) * Dv + j];
-        }
+      for (const { dims, gpu } of variants) {
+        const c = deltaNetCase(arch, dims, 3, arch.length + dims[2]);
+        const got = await runGpu(gpu, c, [c.T]);
+        const want = runReference(c);
+        const what = `${arch} ${dims[2]}x${
+          dims[3]
+        } (≤ ${gpu.limits.maxComputeInvocationsPerWorkgroup} threads)`;
+        // f32 recurrence over 3 tokens of Dk-long dots, then an RMSNorm: outputs are O(1) after
+        // the norm; 1e-4 covers the f32 dot-product and exp/log rounding (measured ~1e-6).
+        assertClose(got.y, want.y, 3, 1e-4, `${what} output`);
+        assertClose(got.state, want.state, 1, 1e-5, `${what} state`);
       }
-      const state = upload(ctx, s0);
-      const y = createStorage(ctx, "y", T * Nv * Dv * 4);
-      await submit(ctx, (enc) =>
-        gatedDeltaNet(enc, {
-          u: upload(ctx, u),
-          ba: upload(ctx, ba),
-          z: upload(ctx, z),
-          p: upload(ctx, p),
-          state,
-          y,
-        }, {
-          nk: Nk,
-          nv: Nv,
-          dk: Dk,
-          dv: Dv,
-          tokens: T,
-          interleave: arch === "qwen3next",
-          uStrideT: C,
-          baStrideT: 2 * Nv,
-          zOffset: C,
-          zStrideT: zStride,
-          yStrideT: Nv * Dv,
-          eps: 1e-6,
-        }));
-      const want = new Float64Array(T * Nv * Dv);
-      for (let t = 0; t < T; t++) {
-        const row = u.subarray(t * C, (t + 1) * C);
-        const q = l2NormHeads(row.subarray(0, Nk * Dk), Dk, 1e-6);
-        const k = l2NormHeads(row.subarray(Nk * Dk, 2 * Nk * Dk), Dk, 1e-6);
-        const v = row.subarray(2 * Nk * Dk);
-        const b = ba.subarray(t * 2 * Nv, t * 2 * Nv + Nv);
-        const a = ba.subarray(t * 2 * Nv + Nv, (t + 1) * 2 * Nv);
-        const { beta, g } = deltaNetGates(b, a, dt, ssmA);
-        const o = deltaNetStep({ state: refState, q, k, v, beta, g }, hp);
-        const zt = z.subarray(t * zStride + C, t * zStride + C + Nv * Dv);
-        want.set(gatedRmsNorm(o, zt, normW, 1e-6), t * Nv * Dv);
-      }
-      const gotState = await readF32(ctx, state, Nv * Dk * Dv);
-      const wantState = new Float64Array(Nv * Dk * Dv);
-      for (let h = 0; h < Nv; h++) {
-        for (let i = 0; i < Dk; i++) {
-          for (let j = 0; j < Dv; j++) {
-            wantState[(h * Dk + i) * Dv + j] = refState[(h * Dv + j) * Dk + i];
+    }
+  },
+);
+
+gpuTest(
+  "gatedDeltaNet() gives bit-identical outputs and state however the tokens are split into calls",
+  async (ctx) => {
+    for (const arch of ["qwen3next", "qwen35moe"] as const) {
+      const c = deltaNetCase(arch, [2, 4, 128, 128], 13, 7 + arch.length);
+      const whole = await runGpu(ctx, c, [13]);
+      for (const calls of [Array<number>(13).fill(1), [6, 7]]) {
+        const split = await runGpu(ctx, c, calls);
+        for (
+          const [what, a, b] of [["output", whole.y, split.y], [
+            "state",
+            whole.state,
+            split.state,
+          ]] as const
+        ) {
+          const i = a.findIndex((x, k) => !Object.is(x, b[k]));
+          if (i >= 0) {
+            throw new Error(
+              `${arch} ${what} differs between 1 call of 13 tokens and calls of [${calls}] at element ${i}: ${
+                a[i]
+              } vs ${b[i]}; the recurrence must run the same arithmetic per token`,
+            );
           }
         }
       }
-      // f32 recurrence over 3 tokens of Dk-long dots, then an RMSNorm: outputs are O(1) after
-      // the norm; 1e-4 covers the f32 dot-product and exp/log rounding (measured ~1e-6).
-      assertClose(await readF32(ctx, y, T * Nv * Dv), want, 3, 1e-4, `${arch} output`);
-      assertClose(gotState, wantState, 1, 1e-5, `${arch} state`);
     }
   },
 );

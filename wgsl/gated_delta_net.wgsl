@@ -8,10 +8,14 @@
 //   t·z_stride_t + h·dv | 3 p: [dt_bias (nv) | ssm_a (nv) | norm weight (dv)] f32
 //   | 4 state (nv, dk, dv) f32, S_h[i][j] at (h·dk + i)·dv + j | 5 y (t·y_stride_t + h·dv + j)
 //   | 6 params.
-// Dispatch: (nv); thread j owns column j of its head's state in registers.
-// WG = DV (a power of two). Variants: DK, DV (head dims).
-
-#include "_include/reduce.wgsl"
+// Dispatch: (nv); WG = DV·R threads per head. Thread (c, r) = (lid mod DV, lid / DV) keeps rows
+//   r, r + R, … (DK/R of them) of column c in registers, so each warp loads whole state rows and
+//   the serial chain per token is DK/R rows long instead of DK. Per token: the row partials of
+//   k·S, |q|², |k|² and then of q·S are summed over the R slices through workgroup memory, and
+//   |o|² over the columns in groups of GS; four barriers. The next token's inputs are fetched
+//   while this one computes. Every token runs the same code in the same order whatever the run
+//   length, so outputs and state are bit-identical however tokens are split into calls.
+// Variants: DK, DV (head dims), R (row slices; divides DK, DV·R ≥ 2·DK), GS (divides DV).
 
 struct Params {
   nk: u32,
@@ -34,63 +38,148 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
 @group(0) @binding(6) var<uniform> params: Params;
 
-const WG = DV;
+const WG = DV * R;
+const RPT = DK / R;
+const NG = DV / GS;
 
 var<workgroup> qs: array<f32, DK>;
 var<workgroup> ks: array<f32, DK>;
+// Per-slice partials, [r][c]; the norm partials (|q|², |k|²) are the same for every column.
+var<workgroup> part_kv: array<f32, WG>;
+var<workgroup> part_o: array<f32, WG>;
+var<workgroup> part_qk: array<vec2<f32>, R>;
+var<workgroup> o_sq: array<f32, DV>;
+var<workgroup> group_sq: array<f32, NG>;
+
+// What one thread reads of token t; loaded a token ahead so the global-memory latency overlaps
+// the previous token's arithmetic. Thread lid < DK takes q[lid], DK ≤ lid < 2·DK k[lid − DK].
+struct TokenIn {
+  qk: f32,
+  b: f32,
+  a: f32,
+  v: f32,
+  z: f32,
+}
+
+fn load_token(t: u32, h: u32, kh: u32, c: u32, lid: u32) -> TokenIn {
+  let at = t * params.u_stride_t;
+  var x = TokenIn(0.0, 0.0, 0.0, 0.0, 0.0);
+  if (lid < DK) {
+    x.qk = u[at + kh * DK + lid];
+  } else if (lid < 2u * DK) {
+    x.qk = u[at + (params.nk + kh) * DK + lid - DK];
+  }
+  x.b = ba[t * params.ba_stride_t + h];
+  x.a = ba[t * params.ba_stride_t + params.nv + h];
+  x.v = u[at + 2u * params.nk * DK + h * DV + c];
+  x.z = z[params.z_offset + t * params.z_stride_t + h * DV + c];
+  return x;
+}
+
+fn store_qk(x: f32, lid: u32) {
+  if (lid < DK) {
+    qs[lid] = x;
+  } else if (lid < 2u * DK) {
+    ks[lid - DK] = x;
+  }
+}
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) j: u32) {
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let h = wid.x;
+  let c = lid % DV;
+  let r = lid / DV;
   let nk = params.nk;
   let nv = params.nv;
+  let tokens = params.tokens;
   // Key head of value head h: repeat-interleave (qwen3next) or tiling (qwen35*), §4.6.5.
   let kh = select(h % nk, h / (nv / nk), params.interleave == 1u);
-  var s: array<f32, DK>;
-  for (var i = 0u; i < DK; i++) {
-    s[i] = state[(h * DK + i) * DV + j];
+  var s: array<f32, RPT>;
+  for (var m = 0u; m < RPT; m++) {
+    s[m] = state[(h * DK + r + R * m) * DV + c];
   }
   let dt = p[h];
   let a_log = p[nv + h];
-  let wj = p[2u * nv + j];
+  let wc = p[2u * nv + c];
   let out_scale = 1.0 / sqrt(f32(DK));
-  for (var t = 0u; t < params.tokens; t++) {
-    let uo = t * params.u_stride_t;
-    for (var i = j; i < DK; i += WG) {
-      qs[i] = u[uo + kh * DK + i];
-      ks[i] = u[uo + nk * DK + kh * DK + i];
+  var cur = TokenIn(0.0, 0.0, 0.0, 0.0, 0.0);
+  if (tokens > 0u) {
+    cur = load_token(0u, h, kh, c, lid);
+    store_qk(cur.qk, lid);
+  }
+  workgroupBarrier();
+  for (var t = 0u; t < tokens; t++) {
+    var ahead = cur;
+    if (t + 1u < tokens) {
+      ahead = load_token(t + 1u, h, kh, c, lid);
+    }
+    let ga = cur.a + dt;
+    let beta = 1.0 / (1.0 + exp(-cur.b));
+    let decay = exp(select(log(1.0 + exp(ga)), ga, ga > 20.0) * a_log);
+    var pkv = 0.0;
+    var pqq = 0.0;
+    var pkk = 0.0;
+    for (var m = 0u; m < RPT; m++) {
+      let ki = ks[r + R * m];
+      let qi = qs[r + R * m];
+      s[m] *= decay;
+      pkv += s[m] * ki;
+      pkk += ki * ki;
+      pqq += qi * qi;
+    }
+    part_kv[lid] = pkv;
+    if (c == 0u) {
+      part_qk[r] = vec2(pqq, pkk);
     }
     workgroupBarrier();
-    var sq = 0.0;
-    var sk = 0.0;
-    for (var i = 0u; i < DK; i++) {
-      sq += qs[i] * qs[i];
-      sk += ks[i] * ks[i];
-    }
-    let rq = 1.0 / max(sqrt(sq), params.eps);
-    let rk = 1.0 / max(sqrt(sk), params.eps);
-    let b = ba[t * params.ba_stride_t + h];
-    let ga = ba[t * params.ba_stride_t + nv + h] + dt;
-    let beta = 1.0 / (1.0 + exp(-b));
-    let decay = exp(select(log(1.0 + exp(ga)), ga, ga > 20.0) * a_log);
-    let v = u[uo + 2u * nk * DK + h * DV + j];
     var kv = 0.0;
-    for (var i = 0u; i < DK; i++) {
-      s[i] *= decay;
-      kv += s[i] * (ks[i] * rk);
+    var qk = vec2(0.0);
+    for (var i = 0u; i < R; i++) {
+      kv += part_kv[i * DV + c];
+      qk += part_qk[i];
     }
-    let delta = (v - kv) * beta;
+    let rq = 1.0 / max(sqrt(qk.x), params.eps);
+    let rk = 1.0 / max(sqrt(qk.y), params.eps);
+    // k·S of the normalised k is rk·(k·S): the norm is applied after the slice sums.
+    let delta = (cur.v - kv * rk) * beta;
+    var po = 0.0;
+    for (var m = 0u; m < RPT; m++) {
+      s[m] += (ks[r + R * m] * rk) * delta;
+      po += s[m] * qs[r + R * m];
+    }
+    part_o[lid] = po;
+    workgroupBarrier();
     var o = 0.0;
-    for (var i = 0u; i < DK; i++) {
-      s[i] += (ks[i] * rk) * delta;
-      o += s[i] * (qs[i] * rq);
+    for (var i = 0u; i < R; i++) {
+      o += part_o[i * DV + c];
     }
-    o *= out_scale;
-    let norm = 1.0 / sqrt(wg_sum(o * o, j) / f32(DV) + params.eps);
-    let zv = z[params.z_offset + t * params.z_stride_t + h * DV + j];
-    y[t * params.y_stride_t + h * DV + j] = o * norm * wj * (zv / (1.0 + exp(-zv)));
+    o = o * rq * out_scale;
+    if (r == 0u) {
+      o_sq[c] = o * o;
+    }
+    // qs/ks were last read before the barrier above; the next token reads them after the next.
+    store_qk(ahead.qk, lid);
+    workgroupBarrier();
+    if (lid < NG) {
+      var g = 0.0;
+      for (var i = 0u; i < GS; i++) {
+        g += o_sq[lid * GS + i];
+      }
+      group_sq[lid] = g;
+    }
+    workgroupBarrier();
+    if (r == 0u) {
+      var ss = 0.0;
+      for (var i = 0u; i < NG; i++) {
+        ss += group_sq[i];
+      }
+      let norm = 1.0 / sqrt(ss / f32(DV) + params.eps);
+      let zv = cur.z;
+      y[t * params.y_stride_t + h * DV + c] = o * norm * wc * (zv / (1.0 + exp(-zv)));
+    }
+    cur = ahead;
   }
-  for (var i = 0u; i < DK; i++) {
-    state[(h * DK + i) * DV + j] = s[i];
+  for (var m = 0u; m < RPT; m++) {
+    state[(h * DK + r + R * m) * DV + c] = s[m];
   }
 }

@@ -1,7 +1,8 @@
 // The DeltaNet recurrence + gated output norm (wgsl/gated_delta_net.wgsl) for single tokens and
 // prefill runs: the core of a DeltaNet block in engine/forward/.
 //
-// Dimensions: Nk/Nv key/value heads, Dk/Dv their head dims (Dv threads per workgroup).
+// Dimensions: Nk/Nv key/value heads, Dk/Dv their head dims; Dv·R threads per workgroup, R the
+// row slices each state column is split into (up to 8, as the device's workgroup size allows).
 
 import type { BufferRef } from "../gpu/buffers.ts";
 import type { GpuContext } from "../gpu/device.ts";
@@ -32,8 +33,15 @@ export const GATED_DELTA_NET: KernelLayout = {
   ],
 };
 
-function name(dk: number, dv: number): string {
-  return `gated_delta_net_dk${dk}_dv${dv}`;
+/** Row slices per column: the most (≤ 8, dividing dk) that fit the device's workgroup size. */
+function rowSlices(ctx: GpuContext, dk: number, dv: number): number {
+  let r = 8;
+  while (r > 1 && (dv * r > ctx.limits.maxComputeInvocationsPerWorkgroup || dk % r !== 0)) r /= 2;
+  return r;
+}
+
+function name(ctx: GpuContext, dk: number, dv: number): string {
+  return `gated_delta_net_dk${dk}_dv${dv}_r${rowSlices(ctx, dk, dv)}`;
 }
 
 /** Compiles the variant for head dims dk × dv (dv a power of two up to 256). */
@@ -43,7 +51,21 @@ export async function prepareGatedDeltaNet(ctx: GpuContext, dk: number, dv: numb
       `Cannot run DeltaNet heads of ${dk} x ${dv}: value heads must be a power of two ≤ 256, key heads ≤ 256`,
     );
   }
-  await getKernel(ctx, GATED_DELTA_NET, name(dk, dv), { DK: dk, DV: dv });
+  const r = rowSlices(ctx, dk, dv);
+  // One thread per q and k element loads them into workgroup memory.
+  if (dv * r < 2 * dk) {
+    throw new RangeError(
+      `Cannot run DeltaNet heads of ${dk} x ${dv}: ${dv} x ${r} threads per workgroup (device limit ${ctx.limits.maxComputeInvocationsPerWorkgroup}) are fewer than 2 x ${dk} q and k elements; use a device allowing ${
+        2 * dk
+      } invocations per workgroup`,
+    );
+  }
+  await getKernel(ctx, GATED_DELTA_NET, name(ctx, dk, dv), {
+    DK: dk,
+    DV: dv,
+    R: r,
+    GS: Math.min(16, dv),
+  });
 }
 
 export interface GatedDeltaNetOptions {
@@ -75,7 +97,7 @@ export function gatedDeltaNet(
   },
   o: GatedDeltaNetOptions,
 ): void {
-  enc.dispatch(readyKernel(enc.ctx, name(o.dk, o.dv)), b, {
+  enc.dispatch(readyKernel(enc.ctx, name(enc.ctx, o.dk, o.dv)), b, {
     nk: o.nk,
     nv: o.nv,
     tokens: o.tokens,
