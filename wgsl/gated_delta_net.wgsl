@@ -8,14 +8,17 @@
 //   t·z_stride_t + h·dv | 3 p: [dt_bias (nv) | ssm_a (nv) | norm weight (dv)] f32
 //   | 4 state (nv, dk, dv) f32, S_h[i][j] at (h·dk + i)·dv + j | 5 y (t·y_stride_t + h·dv + j)
 //   | 6 params.
-// Dispatch: (nv); WG = DV·R threads per head. Thread (c, r) = (lid mod DV, lid / DV) keeps rows
-//   r, r + R, … (DK/R of them) of column c in registers, so each warp loads whole state rows and
-//   the serial chain per token is DK/R rows long instead of DK. Per token: the row partials of
-//   k·S, |q|², |k|² and then of q·S are summed over the R slices through workgroup memory, and
-//   |o|² over the columns in groups of GS; four barriers. The next token's inputs are fetched
-//   while this one computes. Every token runs the same code in the same order whatever the run
-//   length, so outputs and state are bit-identical however tokens are split into calls.
-// Variants: DK, DV (head dims), R (row slices; divides DK, DV·R ≥ 2·DK), GS (divides DV).
+// Dispatch: (nv); WG = DV·R threads, thread (c, r) = (lid mod DV, lid / DV) owns rows r, r + R, …
+//   of column c. Variants: DK, DV (head dims), R (row slices; divides DK), GS.
+//
+// Why split rows: one thread per column walked all DK rows per token from a DK-long register
+// array (indexed by a loop variable, so likely in local memory) on only nv workgroups. Here each
+// warp loads whole state rows and a thread's serial chain is DK/R rows. Per token: the row
+// partials of k·S, |q|² and |k|², then of q·S, are summed over the R slices through workgroup
+// memory in slice order, and |o|² over the columns in groups of GS; four barriers. The next
+// token's inputs are fetched while this one computes. Every token runs the same code in the same
+// order whatever the run length, so outputs and state are bit-identical however tokens are split
+// into calls.
 
 struct Params {
   nk: u32,
@@ -41,6 +44,7 @@ struct Params {
 const WG = DV * R;
 const RPT = DK / R;
 const NG = DV / GS;
+const QK_PER = (2u * DK + WG - 1u) / WG;
 
 var<workgroup> qs: array<f32, DK>;
 var<workgroup> ks: array<f32, DK>;
@@ -52,9 +56,9 @@ var<workgroup> o_sq: array<f32, DV>;
 var<workgroup> group_sq: array<f32, NG>;
 
 // What one thread reads of token t; loaded a token ahead so the global-memory latency overlaps
-// the previous token's arithmetic. Thread lid < DK takes q[lid], DK ≤ lid < 2·DK k[lid − DK].
+// the previous token's arithmetic. qk[n] is element lid + n·WG of [q | k] of the key head.
 struct TokenIn {
-  qk: f32,
+  qk: array<f32, QK_PER>,
   b: f32,
   a: f32,
   v: f32,
@@ -63,11 +67,14 @@ struct TokenIn {
 
 fn load_token(t: u32, h: u32, kh: u32, c: u32, lid: u32) -> TokenIn {
   let at = t * params.u_stride_t;
-  var x = TokenIn(0.0, 0.0, 0.0, 0.0, 0.0);
-  if (lid < DK) {
-    x.qk = u[at + kh * DK + lid];
-  } else if (lid < 2u * DK) {
-    x.qk = u[at + (params.nk + kh) * DK + lid - DK];
+  var x: TokenIn;
+  for (var n = 0u; n < QK_PER; n++) {
+    let e = lid + n * WG;
+    if (e < DK) {
+      x.qk[n] = u[at + kh * DK + e];
+    } else if (e < 2u * DK) {
+      x.qk[n] = u[at + (params.nk + kh) * DK + e - DK];
+    }
   }
   x.b = ba[t * params.ba_stride_t + h];
   x.a = ba[t * params.ba_stride_t + params.nv + h];
@@ -76,11 +83,14 @@ fn load_token(t: u32, h: u32, kh: u32, c: u32, lid: u32) -> TokenIn {
   return x;
 }
 
-fn store_qk(x: f32, lid: u32) {
-  if (lid < DK) {
-    qs[lid] = x;
-  } else if (lid < 2u * DK) {
-    ks[lid - DK] = x;
+fn store_qk(x: array<f32, QK_PER>, lid: u32) {
+  for (var n = 0u; n < QK_PER; n++) {
+    let e = lid + n * WG;
+    if (e < DK) {
+      qs[e] = x[n];
+    } else if (e < 2u * DK) {
+      ks[e - DK] = x[n];
+    }
   }
 }
 
@@ -102,7 +112,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let a_log = p[nv + h];
   let wc = p[2u * nv + c];
   let out_scale = 1.0 / sqrt(f32(DK));
-  var cur = TokenIn(0.0, 0.0, 0.0, 0.0, 0.0);
+  var cur: TokenIn;
   if (tokens > 0u) {
     cur = load_token(0u, h, kh, c, lid);
     store_qk(cur.qk, lid);

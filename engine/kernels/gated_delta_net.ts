@@ -51,19 +51,10 @@ export async function prepareGatedDeltaNet(ctx: GpuContext, dk: number, dv: numb
       `Cannot run DeltaNet heads of ${dk} x ${dv}: value heads must be a power of two ≤ 256, key heads ≤ 256`,
     );
   }
-  const r = rowSlices(ctx, dk, dv);
-  // One thread per q and k element loads them into workgroup memory.
-  if (dv * r < 2 * dk) {
-    throw new RangeError(
-      `Cannot run DeltaNet heads of ${dk} x ${dv}: ${dv} x ${r} threads per workgroup (device limit ${ctx.limits.maxComputeInvocationsPerWorkgroup}) are fewer than 2 x ${dk} q and k elements; use a device allowing ${
-        2 * dk
-      } invocations per workgroup`,
-    );
-  }
   await getKernel(ctx, GATED_DELTA_NET, name(ctx, dk, dv), {
     DK: dk,
     DV: dv,
-    R: r,
+    R: rowSlices(ctx, dk, dv),
     GS: Math.min(16, dv),
   });
 }
