@@ -1,78 +1,202 @@
 // GPU causal GQA attention with the sigmoid gate (engine/kernels/attention.ts) against
-// engine/reference/attention.ts, over f16 caches longer than one 64-position tile.
+// engine/reference/attention.ts over caches of several 64-position blocks, and its batch
+// invariance: a token's output is bit-identical however tokens are grouped into calls.
 
+import assert from "node:assert/strict";
 import { createStorage } from "../engine/gpu/buffers.ts";
-import { attention, prepareAttention } from "../engine/kernels/attention.ts";
+import type { GpuContext } from "../engine/gpu/device.ts";
+import {
+  attention,
+  ATTENTION_BLOCK,
+  attentionPartialFloats,
+  prepareAttention,
+} from "../engine/kernels/attention.ts";
 import { f16ToF32, f32ToF16 } from "../engine/quant/f16.ts";
 import { attention as refAttention } from "../engine/reference/attention.ts";
 import { assertClose, gpuTest, randomF32, readF32, rng, submit, upload } from "./_gpu.ts";
 
-/** Random f16 cache values: the packed u32 words and the exact f32 values they hold. */
-function f16Cache(n: number, r: () => number): { words: Uint32Array; values: Float32Array } {
-  const words = new Uint32Array(n / 2);
-  const values = new Float32Array(n);
-  for (let i = 0; i < n; i++) {
-    const h = f32ToF16((2 * r() - 1) * 2);
-    values[i] = f16ToF32(h);
+/** f16 NaN: cache rows past the attended positions hold it, so any read of them would show. */
+const F16_NAN = 0x7e00;
+
+/**
+ * A random f16 cache of `ctx` positions whose first `valid` hold values in [-2, 2): the packed
+ * u32 words and the exact f32 values of the valid positions.
+ */
+function f16Cache(
+  ctx: number,
+  valid: number,
+  row: number,
+  r: () => number,
+): { words: Uint32Array; values: Float32Array } {
+  const words = new Uint32Array((ctx * row) / 2);
+  const values = new Float32Array(valid * row);
+  for (let i = 0; i < ctx * row; i++) {
+    let h = F16_NAN;
+    if (i < valid * row) {
+      h = f32ToF16((2 * r() - 1) * 2);
+      values[i] = f16ToF32(h);
+    }
     words[i >> 1] |= h << (16 * (i & 1));
   }
   return { words, values };
 }
 
+interface Shape {
+  readonly hq: number;
+  readonly hkv: number;
+  readonly dh: number;
+}
+
+/** A layer's inputs: query rows as attn_q leaves them (per head [q | gate]) and both caches. */
+interface Layer {
+  readonly shape: Shape;
+  readonly qg: Float32Array;
+  readonly kc: GPUBuffer;
+  readonly vc: GPUBuffer;
+}
+
+/** o for tokens first..first+tokens of `layer` (token t at position t) in one call. */
+async function runCall(
+  ctx: GpuContext,
+  layer: Layer,
+  first: number,
+  tokens: number,
+  partFloats: number,
+): Promise<Float32Array> {
+  const { hq, hkv, dh } = layer.shape;
+  const qRow = hq * 2 * dh;
+  const o = createStorage(ctx, "o", tokens * hq * dh * 4);
+  const part = createStorage(ctx, "partials", partFloats * 4);
+  await submit(ctx, (enc) =>
+    attention(enc, {
+      q: upload(ctx, layer.qg.subarray(first * qRow, (first + tokens) * qRow)),
+      kc: layer.kc,
+      vc: layer.vc,
+      part,
+      o,
+    }, {
+      tokens,
+      hq,
+      hkv,
+      dh,
+      pos0: first,
+      qStrideT: qRow,
+      qStrideH: 2 * dh,
+      gateOffset: dh,
+      oStrideT: hq * dh,
+    }));
+  return await readF32(ctx, o, tokens * hq * dh);
+}
+
+function makeLayer(
+  ctx: GpuContext,
+  shape: Shape,
+  npos: number,
+  seed: number,
+): Layer & { k: Float32Array; v: Float32Array } {
+  const r = rng(seed);
+  const row = shape.hkv * shape.dh;
+  // The caches run past the last position, as a slot's cache does.
+  const cachePos = npos + ATTENTION_BLOCK + 3;
+  const k = f16Cache(cachePos, npos, row, r);
+  const v = f16Cache(cachePos, npos, row, r);
+  return {
+    shape,
+    qg: randomF32(npos * shape.hq * 2 * shape.dh, r),
+    kc: upload(ctx, k.words),
+    vc: upload(ctx, v.words),
+    k: k.values,
+    v: v.values,
+  };
+}
+
+function fullPartials(shape: Shape, npos: number, maxBatch: number): number {
+  return attentionPartialFloats({ hq: shape.hq, dh: shape.dh, ctx: npos, maxBatch });
+}
+
 gpuTest(
-  "attention() matches the reference for every query over tiles of positions",
+  "attention() matches the reference for every query over blocks of positions",
   async (ctx) => {
-    await prepareAttention(ctx);
-    for (
-      const [Hq, Hkv, dh, pos0, T] of [[4, 2, 64, 60, 7], [6, 3, 96, 0, 2], [2, 1, 32, 130, 1]]
-    ) {
-      const r = rng(pos0 + dh);
+    const cases: [number, number, number, number, number][] = [
+      [4, 2, 64, 60, 7],
+      [6, 3, 96, 0, 2],
+      [2, 1, 32, 130, 1],
+      // a full group of 8 query heads per KV head, 4 blocks
+      [16, 2, 128, 190, 3],
+      // 16 query heads per KV head: two head groups per block
+      [16, 1, 32, 70, 3],
+    ];
+    for (const [hq, hkv, dh, pos0, T] of cases) {
+      const shape = { hq, hkv, dh };
+      await prepareAttention(ctx, dh);
       const npos = pos0 + T;
-      const kvRow = Hkv * dh;
-      const k = f16Cache(npos * kvRow, r);
-      const v = f16Cache(npos * kvRow, r);
-      // Query rows as attn_q leaves them: per head [q (dh) | gate (dh)].
-      const qg = randomF32(T * Hq * 2 * dh, r);
-      const o = createStorage(ctx, "o", T * Hq * dh * 4);
-      await submit(ctx, (enc) =>
-        attention(enc, {
-          q: upload(ctx, qg),
-          kc: upload(ctx, k.words),
-          vc: upload(ctx, v.words),
-          o,
-        }, {
-          tokens: T,
-          hq: Hq,
-          hkv: Hkv,
-          dh,
-          pos0,
-          qStrideT: Hq * 2 * dh,
-          qStrideH: 2 * dh,
-          gateOffset: dh,
-          oStrideT: Hq * dh,
-        }));
-      const got = await readF32(ctx, o, T * Hq * dh);
-      const want = new Float64Array(T * Hq * dh);
+      const layer = makeLayer(ctx, shape, npos, pos0 + dh + hq);
+      const got = await runCall(ctx, layer, pos0, T, fullPartials(shape, npos, T));
+      const want = new Float64Array(T * hq * dh);
       for (let t = 0; t < T; t++) {
-        const q = new Float32Array(Hq * dh);
-        const gate = new Float32Array(Hq * dh);
-        for (let h = 0; h < Hq; h++) {
-          const at = (t * Hq + h) * 2 * dh;
-          q.set(qg.subarray(at, at + dh), h * dh);
-          gate.set(qg.subarray(at + dh, at + 2 * dh), h * dh);
+        const q = new Float32Array(hq * dh);
+        const gate = new Float32Array(hq * dh);
+        for (let h = 0; h < hq; h++) {
+          const at = ((pos0 + t) * hq + h) * 2 * dh;
+          q.set(layer.qg.subarray(at, at + dh), h * dh);
+          gate.set(layer.qg.subarray(at + dh, at + 2 * dh), h * dh);
         }
         want.set(
-          refAttention({ q, gate, k: k.values, v: v.values }, {
-            Hq,
-            Hkv,
+          refAttention({ q, gate, k: layer.k, v: layer.v }, {
+            Hq: hq,
+            Hkv: hkv,
             Dh: dh,
             nPos: pos0 + t + 1,
           }),
-          t * Hq * dh,
+          t * hq * dh,
         );
       }
       // Outputs are convex combinations of V (|v| ≤ 2): f32 scores, exp and sums give ~1e-6.
-      assertClose(got, want, 2, 1e-5, `attention Hq ${Hq} Hkv ${Hkv} dh ${dh} pos0 ${pos0}`);
+      assertClose(got, want, 2, 1e-5, `attention Hq ${hq} Hkv ${hkv} dh ${dh} pos0 ${pos0}`);
+    }
+  },
+);
+
+gpuTest(
+  "attention() gives every token the same bits in one call, one by one, split or chunked",
+  async (ctx) => {
+    const shape = { hq: 16, hkv: 2, dh: 128 };
+    await prepareAttention(ctx, shape.dh);
+    // 37 tokens at positions 170..206: blocks 2 and 3 of 64 positions are partly filled.
+    const first = 170;
+    const T = 37;
+    const npos = first + T;
+    const layer = makeLayer(ctx, shape, npos, 7);
+    const full = fullPartials(shape, npos, T);
+    const bits = (a: Float32Array) => new Uint32Array(a.buffer, a.byteOffset, a.length);
+    const one = bits(await runCall(ctx, layer, first, T, full));
+    const row = shape.hq * shape.dh;
+    const groupings: [string, number[], number][] = [
+      ["one by one", Array(T).fill(1), full],
+      ["20 + 17", [20, 17], full],
+      // Partials room for 5 tokens: attention() runs the call in token chunks.
+      [
+        "chunked by a small scratch",
+        [T],
+        5 * shape.hq * Math.ceil(npos / ATTENTION_BLOCK) *
+        (shape.dh + 2),
+      ],
+    ];
+    for (const [what, sizes, partFloats] of groupings) {
+      let t = 0;
+      for (const n of sizes) {
+        const got = bits(await runCall(ctx, layer, first + t, n, partFloats));
+        for (let i = 0; i < n * row; i++) {
+          if (got[i] !== one[t * row + i]) {
+            assert.fail(
+              `${what}: token ${first + t + Math.floor(i / row)} value ${i % row} has bits ${
+                got[i].toString(16)
+              }, one call gave ${one[t * row + i].toString(16)}`,
+            );
+          }
+        }
+        t += n;
+      }
     }
   },
 );

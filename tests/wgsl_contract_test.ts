@@ -5,7 +5,7 @@
 import assert from "node:assert/strict";
 import type { KernelLayout } from "../engine/gpu/kernel.ts";
 import { ARGMAX } from "../engine/kernels/argmax.ts";
-import { ATTENTION } from "../engine/kernels/attention.ts";
+import { ATTENTION, ATTENTION_COMBINE } from "../engine/kernels/attention.ts";
 import { GATED_DELTA_NET } from "../engine/kernels/gated_delta_net.ts";
 import { GET_ROWS } from "../engine/kernels/get_rows.ts";
 import { MOE_GATHER } from "../engine/kernels/moe_gather.ts";
@@ -20,6 +20,7 @@ import { TOPK } from "../engine/kernels/topk.ts";
 const LAYOUTS: readonly KernelLayout[] = [
   ARGMAX,
   ATTENTION,
+  ATTENTION_COMBINE,
   GATED_DELTA_NET,
   GET_ROWS,
   MOE_GATHER,

@@ -1,42 +1,54 @@
-// attention: causal GQA softmax attention of each query head over the f16 KV cache, then the
-// sigmoid output gate: o = softmax(q·K/√dh)·V ⊙ sigmoid(gate). Online softmax over tiles of WG
-// positions, so any context length fits. Matches engine/reference/attention.ts.
-// Bindings: 0 q: query head h of token t at t·q_stride_t + h·q_stride_h (after norm and RoPE),
-//   its gate at + gate_offset, f32 | 1 kc, 2 vc: caches (pos, hkv, dh) f16 pairs in u32
-//   | 3 o (t·o_stride_t + h·dh) f32 | 4 params.
-// Dispatch: (tokens·hq folded); one workgroup per (token, query head). Token t sees positions
-//   0 ..= pos0 + t. Each thread scores one position of a tile and owns dims lid + j·WG of o.
-// WG = 64; dh ≤ 512 and even. Variants: none.
-
-#include "_include/reduce.wgsl"
+// attention: pass 1 of causal GQA attention (split-K): for one token, one KV head, up to GMAX of
+// its query heads and one block b of positions [b·B, (b+1)·B) ∩ [0, npos), the block partial
+// m = max s, l = Σ exp(s − m), acc = Σ exp(s − m)·V with s = q·K/√dh. Matches
+// engine/reference/attention.ts once wgsl/attention_combine.wgsl folds the blocks.
+// Bindings: 0 q: head h of token t at t·q_stride_t + h·q_stride_h, f32 | 1 kc, 2 vc: caches
+//   (pos, hkv, DH) f16 pairs in u32 | 3 part: ((tl·hq + h)·nbs + b)·(DH + 2): m, l, acc[DH] |
+//   4 params. Token t = t0 + tl of the call sees positions 0 ..= pos0 + t.
+// Dispatch: tiles = tokens·hkv·groups·nbs, groups = ⌈(hq/hkv)/GMAX⌉; blocks past a token's
+//   position exit. Blocks are fixed runs of absolute positions and a partial reads only its
+//   token's q and the cache, so results do not depend on how tokens are grouped into calls.
+// WG = 256: thread (p, gs) scores position p for heads gs, gs + 4; K/V staged coalesced per chunk.
+// Variants: DH (even, ≤ 512), B (positions per block, = 64: the scoring layout needs WG = 4·B).
 
 struct Params {
-  dh: u32,
   hq: u32,
   hkv: u32,
   tokens: u32,
+  t0: u32,
   pos0: u32,
+  nbs: u32,
   q_stride_t: u32,
   q_stride_h: u32,
-  gate_offset: u32,
-  o_stride_t: u32,
   scale: f32,
 }
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> kc: array<u32>;
 @group(0) @binding(2) var<storage, read> vc: array<u32>;
-@group(0) @binding(3) var<storage, read_write> o: array<f32>;
+@group(0) @binding(3) var<storage, read_write> part: array<f32>;
 @group(0) @binding(4) var<uniform> params: Params;
 
-const WG = 64u;
-const MAX_DH = 512u;
-const DPT = MAX_DH / WG;
+const WG = 256u;
+const GMAX = 8u;
+// Heads each scoring thread serves, GMAX·B / WG.
+const HPT = 2u;
+const W = DH / 2u;
+// K is staged KW words (2·KW dims) of every block row at a time; rows padded to KP words so the
+// threads of a warp, one position each, read distinct banks.
+const KW = 32u;
+const KP = KW + 1u;
+const QC = 2u * KW;
+// V rows staged at once in the same workgroup array.
+const VR = min(B, B * KP / W);
+const JPT = (GMAX * W + WG - 1u) / WG;
 // Below every finite score; exp(NEG - m) is 0.
 const NEG = -3.0e38;
 
-var<workgroup> qs: array<f32, MAX_DH>;
-var<workgroup> pw: array<f32, WG>;
+var<workgroup> ks: array<u32, B * KP>;
+var<workgroup> qs: array<f32, GMAX * QC>;
+var<workgroup> ps: array<f32, GMAX * B>;
+var<workgroup> ms: array<f32, GMAX>;
 
 @compute @workgroup_size(WG)
 fn main(
@@ -44,65 +56,126 @@ fn main(
   @builtin(num_workgroups) nwg: vec3<u32>,
   @builtin(local_invocation_index) lid: u32,
 ) {
-  let rowi = wid.x + wid.y * nwg.x;
-  if (rowi >= params.tokens * params.hq) {
+  let G = params.hq / params.hkv;
+  let groups = (G + GMAX - 1u) / GMAX;
+  let i = wid.x + wid.y * nwg.x;
+  if (i >= params.tokens * params.hkv * groups * params.nbs) {
     return;
   }
-  let t = rowi / params.hq;
-  let h = rowi % params.hq;
-  let dh = params.dh;
-  let kvh = h / (params.hq / params.hkv);
-  let qo = t * params.q_stride_t + h * params.q_stride_h;
-  for (var i = lid; i < dh; i += WG) {
-    qs[i] = q[qo + i];
-  }
-  workgroupBarrier();
+  let b = i % params.nbs;
+  let hg = (i / params.nbs) % groups;
+  let kvh = (i / (params.nbs * groups)) % params.hkv;
+  let tl = i / (params.nbs * groups * params.hkv);
+  let t = params.t0 + tl;
   let npos = params.pos0 + t + 1u;
-  let row_words = params.hkv * dh / 2u;
-  var acc: array<f32, DPT>;
-  var m = NEG;
-  var l = 0.0;
-  for (var tile = 0u; tile < npos; tile += WG) {
-    let p = tile + lid;
-    var s = NEG;
-    if (p < npos) {
-      let kw = p * row_words + kvh * dh / 2u;
-      var d = 0.0;
-      for (var i = 0u; i < dh / 2u; i++) {
-        let k2 = unpack2x16float(kc[kw + i]);
-        d += qs[2u * i] * k2.x + qs[2u * i + 1u] * k2.y;
+  let p0 = b * B;
+  if (p0 >= npos) {
+    return;
+  }
+  let nr = min(B, npos - p0);
+  let gq = min(GMAX, G - hg * GMAX);
+  let h0 = kvh * G + hg * GMAX;
+  let row = params.hkv * W;
+  let kv0 = p0 * row + kvh * W;
+  let qt = t * params.q_stride_t;
+
+  let p = lid % B;
+  let gs = lid / B;
+  var s: array<f32, HPT>;
+  for (var c = 0u; c < W; c += KW) {
+    for (var k = lid; k < B * KW; k += WG) {
+      let r = k / KW;
+      let w = k % KW;
+      var x = 0u;
+      if (r < nr && c + w < W) {
+        x = kc[kv0 + r * row + c + w];
       }
-      s = d * params.scale;
+      ks[r * KP + w] = x;
     }
-    let m_new = max(m, wg_max(s, lid));
-    var e = 0.0;
-    if (p < npos) {
-      e = exp(s - m_new);
-    }
-    pw[lid] = e;
-    let corr = exp(m - m_new);
-    l = l * corr + wg_sum(e, lid);
-    let n = min(WG, npos - tile);
-    for (var j = 0u; j < DPT; j++) {
-      let d = lid + j * WG;
-      if (d < dh) {
-        var a = acc[j] * corr;
-        for (var r = 0u; r < n; r++) {
-          let vw = (tile + r) * row_words + kvh * dh / 2u + d / 2u;
-          let v2 = unpack2x16float(vc[vw]);
-          a += pw[r] * select(v2.x, v2.y, (d & 1u) == 1u);
-        }
-        acc[j] = a;
+    for (var k = lid; k < GMAX * QC; k += WG) {
+      let g = k / QC;
+      let d = 2u * c + k % QC;
+      var x = 0.0;
+      if (g < gq && d < DH) {
+        x = q[qt + (h0 + g) * params.q_stride_h + d];
       }
+      qs[k] = x;
     }
-    m = m_new;
+    workgroupBarrier();
+    let nw = min(KW, W - c);
+    for (var j = 0u; j < HPT; j++) {
+      let qg = (gs + j * (WG / B)) * QC;
+      var d = s[j];
+      for (var w = 0u; w < nw; w++) {
+        let k2 = unpack2x16float(ks[p * KP + w]);
+        d += qs[qg + 2u * w] * k2.x + qs[qg + 2u * w + 1u] * k2.y;
+      }
+      s[j] = d;
+    }
     workgroupBarrier();
   }
-  for (var j = 0u; j < DPT; j++) {
-    let d = lid + j * WG;
-    if (d < dh) {
-      let g = q[qo + params.gate_offset + d];
-      o[t * params.o_stride_t + h * dh + d] = acc[j] / l / (1.0 + exp(-g));
+  for (var j = 0u; j < HPT; j++) {
+    let g = gs + j * (WG / B);
+    ps[g * B + p] = select(NEG, s[j] * params.scale, p < nr && g < gq);
+  }
+  workgroupBarrier();
+  if (lid < GMAX) {
+    var m = NEG;
+    for (var r = 0u; r < B; r++) {
+      m = max(m, ps[lid * B + r]);
     }
+    ms[lid] = m;
+  }
+  workgroupBarrier();
+  for (var j = 0u; j < HPT; j++) {
+    let g = gs + j * (WG / B);
+    ps[g * B + p] = select(0.0, exp(s[j] * params.scale - ms[g]), p < nr && g < gq);
+  }
+  workgroupBarrier();
+
+  var acc: array<vec2<f32>, JPT>;
+  for (var r0 = 0u; r0 < nr; r0 += VR) {
+    let n = min(VR, nr - r0);
+    for (var k = lid; k < VR * W; k += WG) {
+      let r = k / W;
+      var x = 0u;
+      if (r < n) {
+        x = vc[kv0 + (r0 + r) * row + k % W];
+      }
+      ks[k] = x;
+    }
+    workgroupBarrier();
+    for (var jj = 0u; jj < JPT; jj++) {
+      let j = lid + jj * WG;
+      let g = j / W;
+      if (g < gq) {
+        let w = j % W;
+        var a = acc[jj];
+        for (var r = 0u; r < n; r++) {
+          a += ps[g * B + r0 + r] * unpack2x16float(ks[r * W + w]);
+        }
+        acc[jj] = a;
+      }
+    }
+    workgroupBarrier();
+  }
+  let stride = params.nbs * (DH + 2u);
+  let at = (tl * params.hq + h0) * stride + b * (DH + 2u);
+  for (var jj = 0u; jj < JPT; jj++) {
+    let j = lid + jj * WG;
+    let g = j / W;
+    if (g < gq) {
+      let o = at + g * stride + 2u + 2u * (j % W);
+      part[o] = acc[jj].x;
+      part[o + 1u] = acc[jj].y;
+    }
+  }
+  if (lid < gq) {
+    var l = 0.0;
+    for (var r = 0u; r < B; r++) {
+      l += ps[lid * B + r];
+    }
+    part[at + lid * stride] = ms[lid];
+    part[at + lid * stride + 1u] = l;
   }
 }

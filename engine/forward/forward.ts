@@ -44,6 +44,7 @@ export interface Activations {
   readonly h: GPUBuffer; // (T, D) normed input of a mixer or FFN
   readonly attn: GPUBuffer; // (T, 2·Hq·Dh + 2·Hkv·Dh) [q|gate per head | k | v]
   readonly o: GPUBuffer; // (T, max(Hq·Dh, Nv·Dv)) attention or DeltaNet output
+  readonly attnPart: GPUBuffer; // attention block partials (attentionPartialFloats)
   readonly qkvz: GPUBuffer; // (T, C + Nv·Dv) DeltaNet projections [q | k | v | z]
   readonly ba: GPUBuffer; // (T, 2·Nv) [b | a]
   readonly u: GPUBuffer; // (T, C) conv output
@@ -170,7 +171,7 @@ function attentionBlock(
     vOffset: qDim + Hkv * Dh,
   });
   // causal GQA over positions 0..base+t, ⊙ sigmoid(gate)
-  attention(enc, { q: act.attn, kc: s.kc, vc: s.vc, o: act.o }, {
+  attention(enc, { q: act.attn, kc: s.kc, vc: s.vc, part: act.attnPart, o: act.o }, {
     tokens: T,
     hq: Hq,
     hkv: Hkv,
@@ -365,7 +366,7 @@ export async function prepareForward(
   jobs.push(prepareRmsNorm(ctx));
   if (weights.embedding) jobs.push(prepareGetRows(ctx, weights.embedding.type));
   if (weights.layers.some((l) => l.mixer.kind === "attention")) {
-    jobs.push(prepareQkNormRope(ctx), prepareAttention(ctx));
+    jobs.push(prepareQkNormRope(ctx), prepareAttention(ctx, hp.Dh));
   }
   if (weights.layers.some((l) => l.mixer.kind === "deltanet")) {
     jobs.push(prepareSsmConv(ctx), prepareGatedDeltaNet(ctx, hp.Dk, hp.Dv));

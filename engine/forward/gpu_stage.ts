@@ -8,6 +8,7 @@ import { createStepTimer, ParamArena, StepEncoder, type StepTimer } from "../gpu
 import type { DispatchProfiler } from "../gpu/profiler.ts";
 import { destroyTensor } from "../gpu/tensor.ts";
 import type { GgufModel } from "../gguf/types.ts";
+import { attentionPartialFloats } from "../kernels/attention.ts";
 import { gatherWords } from "../kernels/moe_gather.ts";
 import { PREFILL_TT } from "../kernels/mul_mat.ts";
 import { MAX_TOPK, topKScratchWords } from "../kernels/topk.ts";
@@ -58,7 +59,13 @@ export interface StepProfile {
 /** Bytes of logits one LM-head chunk may take. */
 const LOGITS_BYTES = 64 * 1024 * 1024;
 
-function allocActivations(ctx: GpuContext, hp: HParams, T: number, lmChunk: number): Activations {
+function allocActivations(
+  ctx: GpuContext,
+  hp: HParams,
+  T: number,
+  lmChunk: number,
+  attnPartFloats: number,
+): Activations {
   const { D, Hq, Hkv, Dh, C, Nv, Dv, E, Ku, Fe, Fs, F, V } = hp;
   const f32 = (label: string, n: number) => createStorage(ctx, label, 4 * n);
   return {
@@ -67,6 +74,7 @@ function allocActivations(ctx: GpuContext, hp: HParams, T: number, lmChunk: numb
     h: f32("h", T * D),
     attn: f32("attn qkv", T * (2 * Hq * Dh + 2 * Hkv * Dh)),
     o: f32("mixer out", T * Math.max(Hq * Dh, Nv * Dv)),
+    attnPart: f32("attention partials", attnPartFloats),
     qkvz: f32("deltanet qkvz", T * (C + Nv * Dv)),
     ba: f32("deltanet ba", T * 2 * Nv),
     u: f32("conv out", T * C),
@@ -473,7 +481,10 @@ export async function openGpuStage(
   });
   await prepareForward(gpu, hp, weights, maxBatch);
   const lmChunk = Math.max(1, Math.min(maxBatch, Math.floor(LOGITS_BYTES / (4 * hp.V))));
-  const act = allocActivations(gpu, hp, maxBatch, lmChunk);
+  const attnPartFloats = weights.layers.some((l) => l.mixer.kind === "attention")
+    ? attentionPartialFloats({ hq: hp.Hq, dh: hp.Dh, ctx, maxBatch })
+    : 0;
+  const act = allocActivations(gpu, hp, maxBatch, lmChunk, attnPartFloats);
   const sets = Array.from(
     { length: slots + snapshots },
     (_, i) =>
