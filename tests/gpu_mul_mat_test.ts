@@ -216,3 +216,118 @@ gpuTest(
     assertClose(b, want, scale, TOL, "gathered expert products");
   },
 );
+
+/** y of `tokens` tokens, each token in its own call, then all in one call (prefill tiles). */
+async function singleAndBatched(
+  ctx: GpuContext,
+  type: GgmlType,
+  K: number,
+  M: number,
+  T: number,
+  o: { readonly swiglu?: boolean; readonly add?: boolean },
+): Promise<{ single: Float32Array; batched: Float32Array }> {
+  const r = rng(2000 + type * 17 + T);
+  const bytes = randomBlocks(type, K * M, 0.5, r);
+  const xWidth = o.swiglu ? 2 * K : K;
+  const x = upload(ctx, randomF32(T * xWidth, r));
+  const y0 = randomF32(T * M, r);
+  await prepareMulMat(ctx, { type, batched: false, ...o });
+  await prepareMulMat(ctx, { type, batched: true, ...o });
+  const w = await uploadTensorBytes(ctx, { name: "w", type, shape: [K, M] }, bytes);
+  const single = upload(ctx, y0);
+  const batched = upload(ctx, y0);
+  const common = { swiglu: o.swiglu, add: o.add, upOffset: o.swiglu ? K : 0 };
+  await submit(ctx, (enc) => {
+    for (let t = 0; t < T; t++) {
+      mulMat(enc, { w, x, y: single }, {
+        ...common,
+        tokens: 1,
+        xOffset: t * xWidth,
+        yOffset: t * M,
+      });
+    }
+    mulMat(enc, { w, x, y: batched }, { ...common, tokens: T, xStrideT: xWidth });
+  });
+  return { single: await readF32(ctx, single, T * M), batched: await readF32(ctx, batched, T * M) };
+}
+
+gpuTest(
+  "mulMat() gives every token the same bits alone as inside a batch (batch invariance)",
+  async (ctx) => {
+    // K = 768: 24 chunks, so classes 0..7 sum two chunks and 8..15 one; M = 70 rows: two row
+    // tiles, the second partial; 13 and 37 tokens: partial token tiles.
+    const cases: [GgmlType, number, { swiglu?: boolean; add?: boolean }][] = [
+      [GgmlType.Q8_0, 13, {}],
+      [GgmlType.Q8_0, 37, { add: true }],
+      [GgmlType.IQ4_XS, 37, {}],
+      [GgmlType.Q4_K, 13, { swiglu: true }],
+      [GgmlType.Q6_K, 37, {}],
+      [GgmlType.F32, 13, { swiglu: true, add: true }],
+    ];
+    for (const [type, T, o] of cases) {
+      const { single, batched } = await singleAndBatched(ctx, type, 768, 70, T, o);
+      assert.ok(single.some((v) => v !== 0), "the products are not all zero");
+      for (let i = 0; i < single.length; i++) {
+        if (!Object.is(single[i], batched[i])) {
+          throw new Error(
+            `${typeName(type)} T=${T} ${JSON.stringify(o)}: token ${Math.floor(i / 70)} row ${
+              i % 70
+            } is ${batched[i]} in a batch but ${single[i]} alone`,
+          );
+        }
+      }
+    }
+  },
+);
+
+gpuTest(
+  "mulMat() over a gather table of full tiles gives SwiGLU expert products bit for bit",
+  async (ctx) => {
+    // 37 tokens × 3 ranks, expert 2 taking more than one tile of PREFILL_TT slots.
+    const type = GgmlType.IQ4_XS;
+    const [K, M, E, T, nUsed] = [512, 70, 4, 37, 3];
+    const r = rng(11);
+    const bytes = randomBlocks(type, K * M * E, 0.5, r);
+    const x = upload(ctx, randomF32(T * nUsed * 2 * K, r));
+    const ids = Uint32Array.from(
+      { length: T * nUsed },
+      (_, s) => s % 3 === 0 ? 2 : [0, 1, 3][s % 4 % 3],
+    );
+    assert.ok(ids.filter((e) => e === 2).length > PREFILL_TT, "expert 2 needs two tiles");
+    const o = { swiglu: true };
+    await prepareMulMat(ctx, { type, batched: false, id: true, ...o });
+    await prepareMulMat(ctx, { type, batched: true, id: true, ...o });
+    await prepareMoeGather(ctx);
+    const w = await uploadTensorBytes(ctx, { name: "exps", type, shape: [K, M, E] }, bytes);
+    const idsb = upload(ctx, ids);
+    // A decode call reads the ids of its one token from the start of the buffer.
+    const tokenIds = Array.from(
+      { length: T },
+      (_, t) => upload(ctx, ids.slice(t * nUsed, (t + 1) * nUsed)),
+    );
+    const table = createStorage(ctx, "table", 4 * gatherWords(T * nUsed, E, PREFILL_TT));
+    const perSlot = createStorage(ctx, "per slot", T * nUsed * M * 4);
+    const tiled = createStorage(ctx, "tiled", T * nUsed * M * 4);
+    const layout = { nUsed, xStrideT: nUsed * 2 * K, xStrideI: 2 * K, upOffset: K, ...o };
+    await submit(ctx, (enc) => {
+      for (let t = 0; t < T; t++) {
+        mulMat(enc, { w, x, y: perSlot, ids: tokenIds[t] }, {
+          ...layout,
+          tokens: 1,
+          xOffset: t * nUsed * 2 * K,
+          yOffset: t * nUsed * M,
+        });
+      }
+      moeGather(enc, { ids: idsb, table }, { slots: T * nUsed, experts: E, tt: PREFILL_TT });
+      mulMat(enc, { w, x, y: tiled, ids: table }, {
+        ...layout,
+        tokens: T,
+        gatherTiles: gatherTiles(T * nUsed, E, PREFILL_TT),
+      });
+    });
+    const a = await readF32(ctx, perSlot, T * nUsed * M);
+    const b = await readF32(ctx, tiled, T * nUsed * M);
+    assert.ok(a.some((v) => v !== 0), "the products are not all zero");
+    assert.deepEqual(b, a);
+  },
+);

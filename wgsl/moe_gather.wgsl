@@ -3,8 +3,8 @@
 // weight chunk across tokens (mul_mat's GATHERED variant). A counting sort in slot order.
 // Matches the routing it reads: every slot s = t·k + i of ids appears in exactly one tile.
 // Bindings: 0 ids (slots) u32 expert ids | 1 table (rw) u32: [tile count | tiles (max_tiles) |
-//   entries (slots)], a tile = expert | count << 12 | first entry << 16 | 2 params.
-// Dispatch: (1); thread 0 sorts (slots ≤ 65535, experts ≤ 1024, tt ≤ 15). WG = 64.
+//   entries (slots)], a tile = expert | count << 10 | first entry << 16 | 2 params.
+// Dispatch: (1); thread 0 sorts (slots ≤ 65535, experts ≤ 1024, tt ≤ 63). WG = 64.
 // Variants: none.
 
 struct Params {
@@ -41,7 +41,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
   for (var e = 0u; e < params.experts; e++) {
     cursor[e] = first;
     for (var f = 0u; f < counts[e]; f += params.tt) {
-      table[1u + tiles] = e | (min(params.tt, counts[e] - f) << 12u) | ((first + f) << 16u);
+      table[1u + tiles] = e | (min(params.tt, counts[e] - f) << 10u) | ((first + f) << 16u);
       tiles += 1u;
     }
     first += counts[e];

@@ -1,17 +1,24 @@
-// mul_mat: y[t,i][row] (= or +=) W_e[row] · x[t,i] for every weight type; decode (TT = 1) and
-// prefill (TT tokens per workgroup); with ID, e = ids[t, i] picks an expert of a stacked tensor,
-// and with GATHERED a workgroup takes up to TT slots routed to one expert (prefill MoE).
-// Matches engine/reference/math.ts matVec over engine/quant/dequant.ts rows (f32 accumulation).
+// mul_mat: y[t,i][row] (= or +=) W_e[row] · x[t,i] for every weight type; decode (one token slot
+// per workgroup) and prefill (TILED: a tile of BM rows × TT token slots); with ID, e = ids[t, i]
+// picks an expert of a stacked tensor, and with GATHERED a tile takes up to TT slots routed to one
+// expert (prefill MoE). Matches engine/reference/math.ts matVec over engine/quant/dequant.ts rows.
 // Bindings: 0 w: weight bytes of one part (rows of `k` values, quantized) | 1 x (f32)
 //   | 2 ids (u32: expert ids (T, ids_stride) under ID, the gather table under GATHERED, a dummy
 //   otherwise) | 3 y (f32) | 4 params.
-// Dispatch: (row_tiles folded to 2-D, z) with z = token tiles, T·n_used slots under ID, or the
-//   gather table's most tiles under GATHERED (workgroups past its tile count exit).
-//   WG = 64 threads = ROWS rows of TPR threads; a row's threads stride its 32-value chunks.
-// Variants: TYPE_<type> (one), TT (tokens per workgroup), ID, GATHERED (with ID), X_SWIGLU
-//   (x = silu(g)·u with u at g + up_offset), ADD (y += result), SUBGROUPS (row sums by
-//   subgroup shuffles). Each slot's sum runs over the same chunks in the same order in every
-//   variant, so decode and prefill results are bit-identical.
+// Dispatch: (row_tiles folded to 2-D, z). Decode: WG = 128 threads = 8 rows of LANES threads, z =
+//   T·n_used slots under ID, else 1. TILED: WG = 4·TT threads, BM = 64 rows a tile, z = token tiles
+//   or the gather table's most tiles under GATHERED (workgroups past its tile count exit).
+// Variants: TYPE_<type> (one), TILED with TT (slots a tile), ID, GATHERED (with TILED and ID),
+//   X_SWIGLU (x = silu(g)·u with u at g + up_offset), ADD (y += result), SUBGROUPS (decode row sums
+//   by subgroup shuffles).
+//
+// Batch invariance: every variant sums an output in one order, so a token's result does not
+// depend on how tokens are grouped into calls. Chunk c (values 32c..32c+31) contributes
+// s_c = one fma chain over its 32 products in element order, from 0. Class l < LANES sums its
+// chunks c ≡ l (mod LANES) in increasing c, from 0: p_l = ((0 + s_l) + s_{l+16}) + ...; the output
+// is ((0 + p_0) + p_1) + ... over the classes that have chunks. Decode gives class l to lane l;
+// TILED walks the classes one after another, each thread holding whole outputs. Explicit fma
+// leaves the compiler no multiply-add to contract differently in the two shapes.
 
 #ifdef SUBGROUPS
 enable subgroups;
@@ -44,14 +51,12 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> y: array<f32>;
 @group(0) @binding(4) var<uniform> params: Params;
 
-const WG = 64u;
-const TPR = 16u;
-const ROWS = WG / TPR;
+// Partial sums (chunk classes) per output.
+const LANES = 16u;
 
-#ifndef SUBGROUPS
-var<workgroup> partial: array<f32, WG * TT>;
-#endif
+#ifdef ID
 var<workgroup> chosen: u32;
+#endif
 
 fn xval(i: u32) -> f32 {
 #ifdef X_SWIGLU
@@ -66,26 +71,65 @@ fn x4(i: u32) -> vec4<f32> {
   return vec4<f32>(xval(i), xval(i + 1u), xval(i + 2u), xval(i + 3u));
 }
 
+fn put(i: u32, v: f32) {
+#ifdef ADD
+  y[i] += v;
+#else
+  y[i] = v;
+#endif
+}
+
+fn row_bytes() -> u32 {
+  return (params.k / BLOCK_ELEMS) * BLOCK_BYTES;
+}
+
+// The workgroup's tile of rows, or none past the grid's last tile.
+fn row_tile(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
+  return wid.x + wid.y * nwg.x;
+}
+
+#ifdef TILED
+// A tile: BM rows × TT slots; one chunk (32 values of k) at a time is staged in workgroup memory
+// as whole vec4s over k: ws[k/4][row] (dequantized once per tile, 8 KB) and xs[k/4][slot]
+// (128·TT bytes). Thread (rg, tg) owns rows rg + 16i × slots tg + (TT/4)j (i, j < 4), so a
+// warp's operand reads are contiguous or broadcast. The next chunk's operands are fetched into
+// registers while the current one is multiplied.
+const BM = 64u;
+const WG = 4u * TT;
+const RG = BM / 4u;
+const TG = TT / 4u;
+
+var<workgroup> ws: array<vec4<f32>, 8u * BM>;
+var<workgroup> xs: array<vec4<f32>, 8u * TT>;
+
+// x and y offsets of the tile's slot `nn`: token base + nn, or gather table entry base + nn.
+fn slot_xy(base: u32, nn: u32) -> vec2<u32> {
+#ifdef GATHERED
+  let slot = ids[1u + params.ids_stride + base + nn];
+  let t = slot / params.n_used;
+  let i = slot % params.n_used;
+#else
+  let t = base + nn;
+  let i = 0u;
+#endif
+  return vec2<u32>(
+    params.x_offset + t * params.x_stride_t + i * params.x_stride_i,
+    params.y_offset + t * params.y_stride_t + i * params.y_stride_i,
+  );
+}
+
 @compute @workgroup_size(WG)
 fn main(
   @builtin(workgroup_id) wid: vec3<u32>,
   @builtin(num_workgroups) nwg: vec3<u32>,
   @builtin(local_invocation_index) lid: u32,
 ) {
-  let tile = wid.x + wid.y * nwg.x;
+  let tile = row_tile(wid, nwg);
   if (tile >= params.row_tiles) {
     return;
   }
-  let lane = lid % TPR;
-  let r = tile * ROWS + lid / TPR;
-  // The token slots this workgroup computes: x and y offsets of each, n of them.
-  var xb: array<u32, TT>;
-  var yb: array<u32, TT>;
-  var n = 0u;
-#ifdef ID
 #ifdef GATHERED
-  // wid.z is a tile of the gather table (wgsl/moe_gather.wgsl): expert | count << 12 | first << 16,
-  // with the slots routed to that expert listed from entry `first`.
+  // wid.z is a tile of the gather table (wgsl/moe_gather.wgsl): expert | count << 10 | first << 16.
   if (lid == 0u) {
     chosen = select(0xffffffffu, ids[1u + wid.z], wid.z < ids[0]);
   }
@@ -93,18 +137,162 @@ fn main(
   if (packed == 0xffffffffu) {
     return;
   }
-  let e = packed & 0xfffu;
-  n = (packed >> 12u) & 0xfu;
-  for (var tt = 0u; tt < TT; tt++) {
-    if (tt < n) {
-      let slot = ids[1u + params.ids_stride + (packed >> 16u) + tt];
-      let t = slot / params.n_used;
-      let i = slot % params.n_used;
-      xb[tt] = params.x_offset + t * params.x_stride_t + i * params.x_stride_i;
-      yb[tt] = params.y_offset + t * params.y_stride_t + i * params.y_stride_i;
+  let e = packed & 0x3ffu;
+  let n = (packed >> 10u) & 0x3fu;
+  let base = packed >> 16u;
+  // Only the part holding expert e computes it.
+  if (e < params.expert_first || e >= params.expert_first + params.expert_count) {
+    return;
+  }
+  let part_row0 = (e - params.expert_first) * params.rows;
+  let y_row0 = 0u;
+#else
+  let base = wid.z * TT;
+  let n = min(TT, params.tokens - base);
+  let part_row0 = 0u;
+  let y_row0 = params.row_base;
+#endif
+  let row0 = tile * BM;
+  // Staging: threads below BM dequantize row row0 + lid; every thread stages values sk..sk+7
+  // of slot sn.
+  let w_live = lid < BM && row0 + lid < params.rows;
+  let w_byte = (part_row0 + row0 + lid) * row_bytes();
+  let sn = lid % TT;
+  let sk = 8u * (lid / TT);
+  let x_live = sn < n;
+  var sx = 0u;
+  if (x_live) {
+    sx = slot_xy(base, sn).x + sk;
+  }
+  let rg = lid % RG;
+  let tg = lid / RG;
+  let busy = tg < n;
+
+  let chunks = params.k / 32u;
+  let classes = min(chunks, LANES);
+  var wreg: array<vec4<f32>, 8>;
+  var xlo = vec4<f32>(0.0);
+  var xhi = vec4<f32>(0.0);
+  if (w_live) {
+    wreg = dequant32(w_byte, 0u);
+  }
+  if (x_live) {
+    xlo = x4(sx);
+    xhi = x4(sx + 4u);
+  }
+  // total[i][j], acc[i][j], s[i][j]: row rg + 16i, slot tg + TG·j.
+  var total: array<vec4<f32>, 4>;
+  var acc: array<vec4<f32>, 4>;
+  var c = 0u;
+  loop {
+    workgroupBarrier();
+    if (lid < BM) {
+      for (var v = 0u; v < 8u; v++) {
+        ws[v * BM + lid] = wreg[v];
+      }
+    }
+    xs[(sk / 4u) * TT + sn] = xlo;
+    xs[(sk / 4u + 1u) * TT + sn] = xhi;
+    workgroupBarrier();
+    // The next chunk in class order: c + LANES, else the first chunk of the next class.
+    var next: u32;
+    var more: bool;
+    if (c + LANES < chunks) {
+      next = c + LANES;
+      more = true;
+    } else {
+      next = c % LANES + 1u;
+      more = next < classes;
+    }
+    if (more) {
+      if (w_live) {
+        wreg = dequant32(w_byte, next);
+      }
+      if (x_live) {
+        xlo = x4(sx + 32u * next);
+        xhi = x4(sx + 32u * next + 4u);
+      }
+    }
+    if (busy) {
+      var s: array<vec4<f32>, 4>;
+      for (var i = 0u; i < 4u; i++) {
+        s[i] = vec4<f32>(0.0);
+      }
+      for (var v = 0u; v < 8u; v++) {
+        var a: array<vec4<f32>, 4>;
+        var b: array<vec4<f32>, 4>;
+        for (var i = 0u; i < 4u; i++) {
+          a[i] = ws[v * BM + rg + RG * i];
+          b[i] = xs[v * TT + tg + TG * i];
+        }
+        // b across slots, one per value of k.
+        let b0 = vec4<f32>(b[0].x, b[1].x, b[2].x, b[3].x);
+        let b1 = vec4<f32>(b[0].y, b[1].y, b[2].y, b[3].y);
+        let b2 = vec4<f32>(b[0].z, b[1].z, b[2].z, b[3].z);
+        let b3 = vec4<f32>(b[0].w, b[1].w, b[2].w, b[3].w);
+        for (var i = 0u; i < 4u; i++) {
+          s[i] = fma(vec4<f32>(a[i].x), b0, s[i]);
+          s[i] = fma(vec4<f32>(a[i].y), b1, s[i]);
+          s[i] = fma(vec4<f32>(a[i].z), b2, s[i]);
+          s[i] = fma(vec4<f32>(a[i].w), b3, s[i]);
+        }
+      }
+      for (var i = 0u; i < 4u; i++) {
+        acc[i] = acc[i] + s[i];
+      }
+    }
+    if (c + LANES >= chunks) {
+      for (var i = 0u; i < 4u; i++) {
+        total[i] = total[i] + acc[i];
+        acc[i] = vec4<f32>(0.0);
+      }
+    }
+    if (!more) {
+      break;
+    }
+    c = next;
+  }
+  for (var j = 0u; j < 4u; j++) {
+    let nn = tg + TG * j;
+    if (nn < n) {
+      let yo = slot_xy(base, nn).y + y_row0;
+      for (var i = 0u; i < 4u; i++) {
+        let r = row0 + rg + RG * i;
+        if (r < params.rows) {
+          put(yo + r, total[i][j]);
+        }
+      }
     }
   }
+}
 #else
+// Decode: ROWS rows of LANES lanes; lane l takes class l. Each round stages the x of LANES
+// consecutive chunks in workgroup memory (each chunk padded to 9 vec4 so the lanes' reads fall
+// in distinct banks); weights and x of a round are fetched before its barriers.
+const WG = 128u;
+const ROWS = WG / LANES;
+
+var<workgroup> xr: array<vec4<f32>, LANES * 9u>;
+#ifndef SUBGROUPS
+var<workgroup> partial: array<f32, WG>;
+#endif
+
+@compute @workgroup_size(WG)
+fn main(
+  @builtin(workgroup_id) wid: vec3<u32>,
+  @builtin(num_workgroups) nwg: vec3<u32>,
+  @builtin(local_invocation_index) lid: u32,
+#ifdef SUBGROUPS
+  @builtin(subgroup_invocation_id) sid: u32,
+#endif
+) {
+  let tile = row_tile(wid, nwg);
+  if (tile >= params.row_tiles) {
+    return;
+  }
+  let lane = lid % LANES;
+  let r = tile * ROWS + lid / LANES;
+#ifdef ID
   // Slot wid.z = (token t, expert rank i).
   let t = wid.z / params.n_used;
   let i = wid.z % params.n_used;
@@ -112,78 +300,71 @@ fn main(
     chosen = ids[t * params.ids_stride + i];
   }
   let e = workgroupUniformLoad(&chosen);
-  n = 1u;
-  xb[0] = params.x_offset + t * params.x_stride_t + i * params.x_stride_i;
-  yb[0] = params.y_offset + t * params.y_stride_t + i * params.y_stride_i;
-#endif
   // Only the part holding expert e computes it.
   if (e < params.expert_first || e >= params.expert_first + params.expert_count) {
     return;
   }
+  let xo = params.x_offset + t * params.x_stride_t + i * params.x_stride_i;
+  let yo = params.y_offset + t * params.y_stride_t + i * params.y_stride_i + r;
   let row_in_part = (e - params.expert_first) * params.rows + r;
-  let y_row = r;
 #else
-  let t0 = wid.z * TT;
-  n = min(TT, params.tokens - t0);
-  for (var tt = 0u; tt < TT; tt++) {
-    xb[tt] = params.x_offset + (t0 + tt) * params.x_stride_t;
-    yb[tt] = params.y_offset + (t0 + tt) * params.y_stride_t;
-  }
+  let xo = params.x_offset + wid.z * params.x_stride_t;
+  let yo = params.y_offset + wid.z * params.y_stride_t + params.row_base + r;
   let row_in_part = r;
-  let y_row = params.row_base + r;
 #endif
-  var acc: array<f32, TT>;
   let chunks = params.k / 32u;
-  if (r < params.rows) {
-    let row_byte = row_in_part * ((params.k / BLOCK_ELEMS) * BLOCK_BYTES);
-    for (var c = lane; c < chunks; c += TPR) {
-      let wv = dequant32(row_byte, c);
-      for (var tt = 0u; tt < TT; tt++) {
-        if (tt < n) {
-          var s = 0.0;
-          for (var v = 0u; v < 8u; v++) {
-            s += dot(wv[v], x4(xb[tt] + 32u * c + 4u * v));
-          }
-          acc[tt] += s;
-        }
-      }
+  let classes = min(chunks, LANES);
+  let row_byte = row_in_part * row_bytes();
+  // This thread stages vec4 lid % 8 of chunk lid / 8 of each round.
+  let xc = lid / 8u;
+  let xv = lid % 8u;
+  var p = 0.0;
+  for (var c0 = 0u; c0 < chunks; c0 += LANES) {
+    let c = c0 + lane;
+    let live = r < params.rows && c < chunks;
+    var wv: array<vec4<f32>, 8>;
+    if (live) {
+      wv = dequant32(row_byte, c);
     }
-  }
-#ifdef SUBGROUPS
-  // Reduction tail 1: a butterfly over the row's TPR lanes, which sit in one subgroup (the
-  // device checked that lanes follow local_invocation_index and subgroups have ≥ TPR lanes).
-  for (var tt = 0u; tt < TT; tt++) {
-    for (var s = TPR / 2u; s > 0u; s >>= 1u) {
-      acc[tt] += subgroupShuffleXor(acc[tt], s);
-    }
-  }
-#else
-  // Reduction tail 2: a tree in workgroup memory laid out [row][lane][tt].
-  for (var tt = 0u; tt < TT; tt++) {
-    partial[lid * TT + tt] = acc[tt];
-  }
-  workgroupBarrier();
-  for (var s = TPR / 2u; s > 0u; s >>= 1u) {
-    if (lane < s) {
-      for (var tt = 0u; tt < TT; tt++) {
-        partial[lid * TT + tt] += partial[(lid + s) * TT + tt];
-      }
+    var xq: vec4<f32>;
+    if (c0 + xc < chunks) {
+      xq = x4(xo + 32u * (c0 + xc) + 4u * xv);
+    } else {
+      xq = vec4<f32>(0.0);
     }
     workgroupBarrier();
+    xr[9u * xc + xv] = xq;
+    workgroupBarrier();
+    if (live) {
+      var s: f32;
+      s = 0.0;
+      for (var v = 0u; v < 8u; v++) {
+        let xa = xr[9u * lane + v];
+        s = fma(wv[v].x, xa.x, s);
+        s = fma(wv[v].y, xa.y, s);
+        s = fma(wv[v].z, xa.z, s);
+        s = fma(wv[v].w, xa.w, s);
+      }
+      p = p + s;
+    }
   }
-  for (var tt = 0u; tt < TT; tt++) {
-    acc[tt] = partial[lid * TT + tt];
+  var total = 0.0;
+#ifdef SUBGROUPS
+  // The row's lanes sit in one subgroup (the device checked that lanes follow
+  // local_invocation_index and subgroups have ≥ LANES lanes).
+  let first = sid - lane;
+  for (var l = 0u; l < classes; l++) {
+    total = total + subgroupShuffle(p, first + l);
+  }
+#else
+  partial[lid] = p;
+  workgroupBarrier();
+  for (var l = 0u; l < classes; l++) {
+    total = total + partial[lid - lane + l];
   }
 #endif
   if (lane == 0u && r < params.rows) {
-    for (var tt = 0u; tt < TT; tt++) {
-      if (tt < n) {
-#ifdef ADD
-        y[yb[tt] + y_row] += acc[tt];
-#else
-        y[yb[tt] + y_row] = acc[tt];
-#endif
-      }
-    }
+    put(yo, total);
   }
 }
+#endif

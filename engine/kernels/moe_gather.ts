@@ -32,9 +32,9 @@ export function moeGather(
   b: { readonly ids: BufferRef; readonly table: BufferRef },
   o: { readonly slots: number; readonly experts: number; readonly tt: number },
 ): void {
-  if (o.slots > 65535 || o.experts > 1024 || o.tt > 15) {
+  if (o.slots > 65535 || o.experts > 1024 || o.tt > 63) {
     throw new RangeError(
-      `Cannot gather ${o.slots} slots over ${o.experts} experts in tiles of ${o.tt}: the table packs up to 65535 slots, 1024 experts, 15 a tile`,
+      `Cannot gather ${o.slots} slots over ${o.experts} experts in tiles of ${o.tt}: the table packs up to 65535 slots, 1024 experts, 63 a tile`,
     );
   }
   enc.dispatch(readyKernel(enc.ctx, "moe_gather"), b, {

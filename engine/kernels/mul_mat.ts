@@ -54,11 +54,15 @@ export const MUL_MAT_TYPES: readonly GgmlType[] = [
 ];
 
 /**
- * Rows per workgroup (wgsl WG / TPR; TPR equals SUBGROUP_MIN_LANES so the subgroup tail can
- * reduce a row inside one subgroup) and tokens per workgroup of the prefill variants.
+ * Rows per workgroup of the decode kernel (wgsl WG / LANES; LANES equals SUBGROUP_MIN_LANES so a
+ * row's lanes share a subgroup) and of a prefill tile (BM).
  */
-const ROWS_PER_WG = 4;
-export const PREFILL_TT = 8;
+const DECODE_ROWS = 8;
+const TILE_ROWS = 64;
+/** Token slots a tile of the gathered (MoE prefill) variant takes: moe_gather's `tt`. */
+export const PREFILL_TT = 32;
+/** Tokens a tile of the dense prefill variant takes (its 16 KB of workgroup memory: 64 rows + 64). */
+const DENSE_TT = 64;
 
 export interface MulMatVariant {
   readonly type: GgmlType;
@@ -76,7 +80,7 @@ export interface MulMatVariant {
 }
 
 function tokensPerWg(v: MulMatVariant): number {
-  return v.batched ? PREFILL_TT : 1;
+  return v.batched ? (v.id ? PREFILL_TT : DENSE_TT) : 1;
 }
 
 function variantName(ctx: GpuContext, v: MulMatVariant): string {
@@ -96,8 +100,11 @@ export async function prepareMulMat(ctx: GpuContext, v: MulMatVariant): Promise<
   }
   const defines: Record<string, number | true> = {
     [`TYPE_${typeName(v.type)}`]: true,
-    TT: tokensPerWg(v),
   };
+  if (v.batched) {
+    defines.TILED = true;
+    defines.TT = tokensPerWg(v);
+  }
   if (v.id) defines.ID = true;
   if (v.id && v.batched) defines.GATHERED = true;
   if (v.swiglu) defines.X_SWIGLU = true;
@@ -178,7 +185,7 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
   const ids = b.ids ?? dummyStorage(enc.ctx);
   for (const part of w.parts) {
     const partRows = id ? rows : part.rows;
-    const tiles = Math.ceil(partRows / ROWS_PER_WG);
+    const tiles = Math.ceil(partRows / (v.batched ? TILE_ROWS : DECODE_ROWS));
     enc.dispatch(kernel, { w: part.buffer, x: b.x, ids, y: b.y }, {
       ...base,
       rows: partRows,
