@@ -75,6 +75,9 @@ gpuTest("mulMat() matches the dequantized float64 product for every weight type"
 gpuTest("mulMat() works on a tensor split into several parts", async (ctx) => {
   // 37 rows of Q4_0 (K=96: 3 blocks, 54 bytes a row: rows start at unaligned bytes) in 10-row parts.
   await runPlain(ctx, GgmlType.Q4_0, 96, 37, 3, 10 * rowBytes(GgmlType.Q4_0, 96));
+  // Q8_0 rows of 102 bytes: rows and blocks at both word alignments, decode and prefill.
+  await runPlain(ctx, GgmlType.Q8_0, 96, 37, 1, 10 * rowBytes(GgmlType.Q8_0, 96));
+  await runPlain(ctx, GgmlType.Q8_0, 96, 37, 3, 10 * rowBytes(GgmlType.Q8_0, 96));
   await runPlain(ctx, GgmlType.Q6_K, 256, 37, 1, 7 * rowBytes(GgmlType.Q6_K, 256));
 });
 
@@ -254,8 +257,9 @@ async function singleAndBatched(
 gpuTest(
   "mulMat() gives every token the same bits alone as inside a batch (batch invariance)",
   async (ctx) => {
-    // K = 768: 24 chunks, so classes 0..7 sum two chunks and 8..15 one; M = 70 rows: two row
-    // tiles, the second partial; 13 and 37 tokens: partial token tiles.
+    // K = 1280: 40 chunks, so decode takes two rounds (of 32 chunks) and classes 0..7 sum three
+    // chunks, 8..15 two; M = 70 rows: two row tiles, the second partial; 13 and 37 tokens:
+    // partial token tiles.
     const cases: [GgmlType, number, { swiglu?: boolean; add?: boolean }][] = [
       [GgmlType.Q8_0, 13, {}],
       [GgmlType.Q8_0, 37, { add: true }],
@@ -265,7 +269,7 @@ gpuTest(
       [GgmlType.F32, 13, { swiglu: true, add: true }],
     ];
     for (const [type, T, o] of cases) {
-      const { single, batched } = await singleAndBatched(ctx, type, 768, 70, T, o);
+      const { single, batched } = await singleAndBatched(ctx, type, 1280, 70, T, o);
       assert.ok(single.some((v) => v !== 0), "the products are not all zero");
       for (let i = 0; i < single.length; i++) {
         if (!Object.is(single[i], batched[i])) {

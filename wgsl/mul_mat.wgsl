@@ -10,7 +10,7 @@
 //   or the gather table's most tiles under GATHERED (workgroups past its tile count exit).
 // Variants: TYPE_<type> (one), TILED with TT (slots a tile), ID, GATHERED (with TILED and ID),
 //   X_SWIGLU (x = silu(g)·u with u at g + up_offset), ADD (y += result), SUBGROUPS (decode row sums
-//   by subgroup shuffles).
+//   by subgroup shuffles), IQ4_TABLE_WORKGROUP (dequant.wgsl; not with the 16 KB dense TILED).
 //
 // Batch invariance: every variant sums an output in one order, so a token's result does not
 // depend on how tokens are grouped into calls. Chunk c (values 32c..32c+31) contributes
@@ -71,6 +71,16 @@ fn x4(i: u32) -> vec4<f32> {
   return vec4<f32>(xval(i), xval(i + 1u), xval(i + 2u), xval(i + 3u));
 }
 
+// Fills the workgroup's IQ4 table (dequant.wgsl) before any dequant32; uniform control flow only.
+fn fill_tables(lid: u32) {
+#ifdef IQ4_TABLE_WORKGROUP
+  if (lid < 16u) {
+    iq4_table[lid] = KV_IQ4[lid];
+  }
+  workgroupBarrier();
+#endif
+}
+
 fn put(i: u32, v: f32) {
 #ifdef ADD
   y[i] += v;
@@ -91,13 +101,12 @@ fn row_tile(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 #ifdef TILED
 // A tile: BM rows × TT slots; one chunk (32 values of k) at a time is staged in workgroup memory
 // as whole vec4s over k: ws[k/4][row] (dequantized once per tile, 8 KB) and xs[k/4][slot]
-// (128·TT bytes). Thread (rg, tg) owns rows rg + 16i × slots tg + (TT/4)j (i, j < 4), so a
-// warp's operand reads are contiguous or broadcast. The next chunk's operands are fetched into
-// registers while the current one is multiplied.
+// (128·TT bytes). Thread (rg, tg) owns rows rg + 16i × slots 4tg + j (i, j < 4): a warp reads 16
+// consecutive rows and broadcasts 2 slot groups, and groups past the tile's slots skip the math.
+// The next chunk's operands are fetched into registers while the current one is multiplied.
 const BM = 64u;
 const WG = 4u * TT;
 const RG = BM / 4u;
-const TG = TT / 4u;
 
 var<workgroup> ws: array<vec4<f32>, 8u * BM>;
 var<workgroup> xs: array<vec4<f32>, 8u * TT>;
@@ -152,6 +161,7 @@ fn main(
   let part_row0 = 0u;
   let y_row0 = params.row_base;
 #endif
+  fill_tables(lid);
   let row0 = tile * BM;
   // Staging: threads below BM dequantize row row0 + lid; every thread stages values sk..sk+7
   // of slot sn.
@@ -166,7 +176,7 @@ fn main(
   }
   let rg = lid % RG;
   let tg = lid / RG;
-  let busy = tg < n;
+  let busy = 4u * tg < n;
 
   let chunks = params.k / 32u;
   let classes = min(chunks, LANES);
@@ -180,7 +190,7 @@ fn main(
     xlo = x4(sx);
     xhi = x4(sx + 4u);
   }
-  // total[i][j], acc[i][j], s[i][j]: row rg + 16i, slot tg + TG·j.
+  // total[i][j], acc[i][j], s[i][j]: row rg + 16i, slot 4tg + j.
   var total: array<vec4<f32>, 4>;
   var acc: array<vec4<f32>, 4>;
   var c = 0u;
@@ -223,7 +233,7 @@ fn main(
         var b: array<vec4<f32>, 4>;
         for (var i = 0u; i < 4u; i++) {
           a[i] = ws[v * BM + rg + RG * i];
-          b[i] = xs[v * TT + tg + TG * i];
+          b[i] = xs[v * TT + 4u * tg + i];
         }
         // b across slots, one per value of k.
         let b0 = vec4<f32>(b[0].x, b[1].x, b[2].x, b[3].x);
@@ -253,7 +263,7 @@ fn main(
     c = next;
   }
   for (var j = 0u; j < 4u; j++) {
-    let nn = tg + TG * j;
+    let nn = 4u * tg + j;
     if (nn < n) {
       let yo = slot_xy(base, nn).y + y_row0;
       for (var i = 0u; i < 4u; i++) {
@@ -266,16 +276,40 @@ fn main(
   }
 }
 #else
-// Decode: ROWS rows of LANES lanes; lane l takes class l. Each round stages the x of LANES
-// consecutive chunks in workgroup memory (each chunk padded to 9 vec4 so the lanes' reads fall
-// in distinct banks); weights and x of a round are fetched before its barriers.
+// Decode: ROWS rows of LANES lanes; lane l takes class l, two of its chunks a round. Each round
+// stages the x of ROUND consecutive chunks in workgroup memory once for all rows (each chunk
+// padded to 9 vec4 so the lanes' reads fall in distinct banks); a round's weights and x are
+// fetched before its barriers.
 const WG = 128u;
 const ROWS = WG / LANES;
+const ROUND = 2u * LANES;
 
-var<workgroup> xr: array<vec4<f32>, LANES * 9u>;
+var<workgroup> xr: array<vec4<f32>, ROUND * 9u>;
 #ifndef SUBGROUPS
 var<workgroup> partial: array<f32, WG>;
 #endif
+
+// s_c of weights wv against the staged x of round chunk `rc`.
+fn chunk_sum(wv: array<vec4<f32>, 8>, rc: u32) -> f32 {
+  var s: f32;
+  s = 0.0;
+  for (var v = 0u; v < 8u; v++) {
+    let xa = xr[9u * rc + v];
+    s = fma(wv[v].x, xa.x, s);
+    s = fma(wv[v].y, xa.y, s);
+    s = fma(wv[v].z, xa.z, s);
+    s = fma(wv[v].w, xa.w, s);
+  }
+  return s;
+}
+
+// The staged vec4 v of chunk c, zero past the row.
+fn stage_x(xo: u32, chunks: u32, c: u32, v: u32) -> vec4<f32> {
+  if (c < chunks) {
+    return x4(xo + 32u * c + 4u * v);
+  }
+  return vec4<f32>(0.0);
+}
 
 @compute @workgroup_size(WG)
 fn main(
@@ -312,40 +346,37 @@ fn main(
   let yo = params.y_offset + wid.z * params.y_stride_t + params.row_base + r;
   let row_in_part = r;
 #endif
+  fill_tables(lid);
   let chunks = params.k / 32u;
   let classes = min(chunks, LANES);
   let row_byte = row_in_part * row_bytes();
-  // This thread stages vec4 lid % 8 of chunk lid / 8 of each round.
+  // This thread stages vec4 lid % 8 of round chunks lid / 8 and lid / 8 + LANES.
   let xc = lid / 8u;
   let xv = lid % 8u;
+  let live = r < params.rows;
   var p = 0.0;
-  for (var c0 = 0u; c0 < chunks; c0 += LANES) {
-    let c = c0 + lane;
-    let live = r < params.rows && c < chunks;
-    var wv: array<vec4<f32>, 8>;
-    if (live) {
-      wv = dequant32(row_byte, c);
+  for (var c0 = 0u; c0 < chunks; c0 += ROUND) {
+    let ca = c0 + lane;
+    let cb = ca + LANES;
+    var wa: array<vec4<f32>, 8>;
+    var wb: array<vec4<f32>, 8>;
+    if (live && ca < chunks) {
+      wa = dequant32(row_byte, ca);
     }
-    var xq: vec4<f32>;
-    if (c0 + xc < chunks) {
-      xq = x4(xo + 32u * (c0 + xc) + 4u * xv);
-    } else {
-      xq = vec4<f32>(0.0);
+    if (live && cb < chunks) {
+      wb = dequant32(row_byte, cb);
     }
+    let xa = stage_x(xo, chunks, c0 + xc, xv);
+    let xb = stage_x(xo, chunks, c0 + xc + LANES, xv);
     workgroupBarrier();
-    xr[9u * xc + xv] = xq;
+    xr[9u * xc + xv] = xa;
+    xr[9u * (xc + LANES) + xv] = xb;
     workgroupBarrier();
-    if (live) {
-      var s: f32;
-      s = 0.0;
-      for (var v = 0u; v < 8u; v++) {
-        let xa = xr[9u * lane + v];
-        s = fma(wv[v].x, xa.x, s);
-        s = fma(wv[v].y, xa.y, s);
-        s = fma(wv[v].z, xa.z, s);
-        s = fma(wv[v].w, xa.w, s);
-      }
-      p = p + s;
+    if (live && ca < chunks) {
+      p = p + chunk_sum(wa, lane);
+    }
+    if (live && cb < chunks) {
+      p = p + chunk_sum(wb, lane + LANES);
     }
   }
   var total = 0.0;

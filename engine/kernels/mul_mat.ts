@@ -105,6 +105,10 @@ export async function prepareMulMat(ctx: GpuContext, v: MulMatVariant): Promise<
     defines.TILED = true;
     defines.TT = tokensPerWg(v);
   }
+  // The IQ4 lookup table in workgroup memory; the dense prefill tile has no 64 bytes to spare.
+  if ((v.type === GgmlType.IQ4_NL || v.type === GgmlType.IQ4_XS) && !(v.batched && !v.id)) {
+    defines.IQ4_TABLE_WORKGROUP = true;
+  }
   if (v.id) defines.ID = true;
   if (v.id && v.batched) defines.GATHERED = true;
   if (v.swiglu) defines.X_SWIGLU = true;

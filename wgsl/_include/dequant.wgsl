@@ -4,6 +4,9 @@
 // rows start at any even byte offset) and defines exactly one TYPE_<name> flag.
 // Provides BLOCK_ELEMS, BLOCK_BYTES and dequant32(row_byte, c): elements 32c..32c+31 of the row
 // starting at byte `row_byte`, as 8 vec4 (element 32c+4v+j is component j of vec4 v).
+// Optional IQ4_TABLE_WORKGROUP (IQ4_NL, IQ4_XS): the lookups read the workgroup copy iq4_table,
+// which the includer fills (iq4_table[i] = KV_IQ4[i]) and fences with a barrier before the first
+// dequant32; a per-thread private table indexed by data is slow on some GPUs.
 
 // Byte `b` of the weight buffer.
 fn wbyte(b: u32) -> u32 {
@@ -49,9 +52,22 @@ var<private> KV_IQ4: array<f32, 16> = array<f32, 16>(
   1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0,
 );
 
+#ifdef IQ4_TABLE_WORKGROUP
+var<workgroup> iq4_table: array<f32, 16>;
+
+fn iq4(nib: vec4<f32>) -> vec4<f32> {
+  return vec4<f32>(
+    iq4_table[u32(nib.x)],
+    iq4_table[u32(nib.y)],
+    iq4_table[u32(nib.z)],
+    iq4_table[u32(nib.w)],
+  );
+}
+#else
 fn iq4(nib: vec4<f32>) -> vec4<f32> {
   return vec4<f32>(KV_IQ4[u32(nib.x)], KV_IQ4[u32(nib.y)], KV_IQ4[u32(nib.z)], KV_IQ4[u32(nib.w)]);
 }
+#endif
 
 // Q4_K/Q5_K 6-bit scale and min of sub-block j from the 12 scale bytes at `s` (get_scale_min_k4).
 fn scale_min_k4(s: u32, j: u32) -> vec2<f32> {
@@ -108,12 +124,21 @@ fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
 #ifdef TYPE_Q8_0
 const BLOCK_ELEMS = 32u;
 const BLOCK_BYTES = 34u;
+// Blocks alternate between 4- and 2-byte alignment, so neighbouring lanes would take different
+// branches of wword: the 32 quants are instead shifted out of the 9 words that cover them
+// (sh = 0 or 16; the double shift keeps every shift below 32), without a branch.
 fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
   var r: array<vec4<f32>, 8>;
   let b = row_byte + c * BLOCK_BYTES;
   let d = whalf(b);
+  let i = (b + 2u) >> 2u;
+  let sh = ((b + 2u) & 3u) * 8u;
+  var q: array<u32, 9>;
+  for (var j = 0u; j < 9u; j++) {
+    q[j] = w[i + j];
+  }
   for (var v = 0u; v < 8u; v++) {
-    r[v] = i8x4(wword(b + 2u + 4u * v)) * d;
+    r[v] = i8x4((q[v] >> sh) | ((q[v + 1u] << 16u) << (16u - sh))) * d;
   }
   return r;
 }
