@@ -125,6 +125,8 @@ gpuTest(
       [16, 2, 128, 190, 3],
       // 16 query heads per KV head: two head groups per block
       [16, 1, 32, 70, 3],
+      // 53 blocks: the combine's 4-block loads run for its first block lanes
+      [2, 1, 32, 3330, 2],
     ];
     for (const [hq, hkv, dh, pos0, T] of cases) {
       const shape = { hq, hkv, dh };

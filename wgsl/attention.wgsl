@@ -3,13 +3,13 @@
 // m = max s, l = Σ exp(s − m), acc = Σ exp(s − m)·V with s = q·K/√dh. Matches
 // engine/reference/attention.ts once wgsl/attention_combine.wgsl folds the blocks.
 // Bindings: 0 q: head h of token t at t·q_stride_t + h·q_stride_h, f32 | 1 kc, 2 vc: caches
-//   (pos, hkv, DH) f16 pairs in u32 | 3 part: ((tl·hq + h)·nbs + b)·(DH + 2): m, l, acc[DH] |
-//   4 params. Token t = t0 + tl of the call sees positions 0 ..= pos0 + t.
+//   (pos, hkv, DH) f16 pairs in u32 | 3 part: slot s = (tl·hq + h)·nbs + b holds (m, l) at 2s
+//   and acc[DH] at 2·tokens·hq·nbs + s·DH | 4 params. Token t = t0 + tl sees 0 ..= pos0 + t.
 // Dispatch: tiles = tokens·hkv·groups·nbs, groups = ⌈(hq/hkv)/GMAX⌉; blocks past a token's
 //   position exit. Blocks are fixed runs of absolute positions and a partial reads only its
 //   token's q and the cache, so results do not depend on how tokens are grouped into calls.
-// WG = 256: thread (p, gs) scores position p for heads gs, gs + 4; K/V staged coalesced per chunk.
-// Variants: DH (even, ≤ 512), B (positions per block, = 64: the scoring layout needs WG = 4·B).
+// WG = 256: thread (p, gs) scores position p for heads gs, gs + WG/B, ...; K/V staged coalesced.
+// Variants: DH (even, ≤ 512), B (positions per block: 32 or 64, fitting 16 KB of workgroup memory).
 
 struct Params {
   hq: u32,
@@ -31,8 +31,8 @@ struct Params {
 
 const WG = 256u;
 const GMAX = 8u;
-// Heads each scoring thread serves, GMAX·B / WG.
-const HPT = 2u;
+// Heads each scoring thread serves.
+const HPT = GMAX * B / WG;
 const W = DH / 2u;
 // K is staged KW words (2·KW dims) of every block row at a time; rows padded to KP words so the
 // threads of a warp, one position each, read distinct banks.
@@ -159,13 +159,13 @@ fn main(
     }
     workgroupBarrier();
   }
-  let stride = params.nbs * (DH + 2u);
-  let at = (tl * params.hq + h0) * stride + b * (DH + 2u);
+  let slot = (tl * params.hq + h0) * params.nbs + b;
+  let acc0 = 2u * params.tokens * params.hq * params.nbs;
   for (var jj = 0u; jj < JPT; jj++) {
     let j = lid + jj * WG;
     let g = j / W;
     if (g < gq) {
-      let o = at + g * stride + 2u + 2u * (j % W);
+      let o = acc0 + (slot + g * params.nbs) * DH + 2u * (j % W);
       part[o] = acc[jj].x;
       part[o + 1u] = acc[jj].y;
     }
@@ -175,7 +175,7 @@ fn main(
     for (var r = 0u; r < B; r++) {
       l += ps[lid * B + r];
     }
-    part[at + lid * stride] = ms[lid];
-    part[at + lid * stride + 1u] = l;
+    part[2u * (slot + lid * params.nbs)] = ms[lid];
+    part[2u * (slot + lid * params.nbs) + 1u] = l;
   }
 }

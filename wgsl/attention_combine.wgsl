@@ -3,12 +3,12 @@
 // with M = max_b m_b, then the sigmoid output gate o ⊙ sigmoid(gate). Matches
 // engine/reference/attention.ts. The token's block count ⌈npos/B⌉ and every summation order
 // depend only on its position, so results do not depend on how tokens are grouped into calls.
-// Bindings: 0 part: ((tl·hq + h)·nbs + b)·(DH + 2): m, l, acc[DH] | 1 q: gate of head h of token t
-//   at t·q_stride_t + h·q_stride_h + gate_offset, f32 | 2 o (t·o_stride_t + h·DH) f32 | 3 params.
-// Dispatch: tiles = tokens·hq·⌈DH/DC⌉: one workgroup per (token, head, DC dims). Thread (bl, dl)
-//   sums blocks bl, bl + BL, ... of dim dl; the BL lane sums then add in lane order.
-// WG = 256, DC = 32 (a warp reads one 128-byte run of a partial), BL = 8.
-// Variants: DH (even, ≤ 512), B (positions per block, as in attention.wgsl).
+// Bindings: 0 part: slot s = (tl·hq + h)·nbs + b holds (m, l) at 2s and acc[DH] at
+//   2·tokens·hq·nbs + s·DH | 1 q: gate of head h of token t at t·q_stride_t + h·q_stride_h +
+//   gate_offset, f32 | 2 o (t·o_stride_t + h·DH) f32 | 3 params. Token t = t0 + tl.
+// Dispatch: tiles = tokens·hq·⌈DH/DC⌉: one workgroup per (token, head, DC dims); thread (bl, dl)
+//   sums blocks bl, bl + BL, ... of its dim (loads 4 blocks ahead), lane sums add in lane order.
+// WG = 256, DC = 16 (64-byte runs, whole 32-byte sectors), BL = 16. Variants: DH (even, ≤ 512), B.
 
 #include "_include/reduce.wgsl"
 
@@ -30,7 +30,7 @@ struct Params {
 @group(0) @binding(3) var<uniform> params: Params;
 
 const WG = 256u;
-const DC = 32u;
+const DC = 16u;
 const BL = WG / DC;
 const NEG = -3.0e38;
 
@@ -52,17 +52,17 @@ fn main(
   let h = th % params.hq;
   let t = params.t0 + tl;
   let nb = (params.pos0 + t + B) / B;
-  let at = th * params.nbs * (DH + 2u);
+  let s0 = th * params.nbs;
+  let acc0 = 2u * params.tokens * params.hq * params.nbs;
 
   var mx = NEG;
   for (var b = lid; b < nb; b += WG) {
-    mx = max(mx, part[at + b * (DH + 2u)]);
+    mx = max(mx, part[2u * (s0 + b)]);
   }
   let m = wg_max(mx, lid);
   var ls = 0.0;
   for (var b = lid; b < nb; b += WG) {
-    let pb = at + b * (DH + 2u);
-    ls += part[pb + 1u] * exp(part[pb] - m);
+    ls += part[2u * (s0 + b) + 1u] * exp(part[2u * (s0 + b)] - m);
   }
   let l = wg_sum(ls, lid);
 
@@ -71,9 +71,21 @@ fn main(
   let d = (i % chunks) * DC + dl;
   var a = 0.0;
   if (d < DH) {
-    for (var b = bl; b < nb; b += BL) {
-      let pb = at + b * (DH + 2u);
-      a += part[pb + 2u + d] * exp(part[pb] - m);
+    // Four blocks' loads in flight at once; the sum still runs block by block in order.
+    var b = bl;
+    for (; b + 3u * BL < nb; b += 4u * BL) {
+      var x: array<f32, 4>;
+      var e: array<f32, 4>;
+      for (var u = 0u; u < 4u; u++) {
+        x[u] = part[acc0 + (s0 + b + u * BL) * DH + d];
+        e[u] = part[2u * (s0 + b + u * BL)];
+      }
+      for (var u = 0u; u < 4u; u++) {
+        a += x[u] * exp(e[u] - m);
+      }
+    }
+    for (; b < nb; b += BL) {
+      a += part[acc0 + (s0 + b) * DH + d] * exp(part[2u * (s0 + b)] - m);
     }
   }
   lanes[lid] = a;

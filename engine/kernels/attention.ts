@@ -50,7 +50,7 @@ const PARTIALS_BUDGET_BYTES = 48 * 1024 * 1024;
 /** Query heads of one KV head per pass-1 workgroup (wgsl/attention.wgsl GMAX). */
 const HEADS_PER_WORKGROUP = 8;
 /** Dims per pass-2 workgroup (wgsl/attention_combine.wgsl DC). */
-const COMBINE_DIMS = 32;
+const COMBINE_DIMS = 16;
 
 function kernelNames(dh: number): { split: string; combine: string } {
   return { split: `attention_dh${dh}`, combine: `attention_combine_dh${dh}` };
