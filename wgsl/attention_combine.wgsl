@@ -6,8 +6,8 @@
 // Bindings: 0 part: slot s = (tl·hq + h)·nbs + b holds (m, l) at 2s and acc[DH] at
 //   2·tokens·hq·nbs + s·DH | 1 q: gate of head h of token t at t·q_stride_t + h·q_stride_h +
 //   gate_offset, f32 | 2 o (t·o_stride_t + h·DH) f32 | 3 params. Token t = t0 + tl.
-// Dispatch: tiles = tokens·hq·⌈DH/DC⌉: one workgroup per (token, head, DC dims); thread (bl, dl)
-//   sums blocks bl, bl + BL, ... of its dim (loads 4 blocks ahead), lane sums add in lane order.
+// Dispatch: tiles = tokens·hq·⌈⌈DH/DC⌉/dcs⌉: a workgroup per (token, head, dcs runs of DC dims);
+//   thread (bl, dl) sums blocks bl, bl + BL, ... of a dim, 4 loads ahead; lanes add in order.
 // WG = 256, DC = 16 (64-byte runs, whole 32-byte sectors), BL = 16. Variants: DH (even, ≤ 512), B.
 
 #include "_include/reduce.wgsl"
@@ -22,6 +22,7 @@ struct Params {
   q_stride_h: u32,
   gate_offset: u32,
   o_stride_t: u32,
+  dcs: u32,
 }
 
 @group(0) @binding(0) var<storage, read> part: array<f32>;
@@ -43,11 +44,12 @@ fn main(
   @builtin(local_invocation_index) lid: u32,
 ) {
   let chunks = (DH + DC - 1u) / DC;
+  let per_th = (chunks + params.dcs - 1u) / params.dcs;
   let i = wid.x + wid.y * nwg.x;
-  if (i >= params.tokens * params.hq * chunks) {
+  if (i >= params.tokens * params.hq * per_th) {
     return;
   }
-  let th = i / chunks;
+  let th = i / per_th;
   let tl = th / params.hq;
   let h = th % params.hq;
   let t = params.t0 + tl;
@@ -68,34 +70,38 @@ fn main(
 
   let dl = lid % DC;
   let bl = lid / DC;
-  let d = (i % chunks) * DC + dl;
-  var a = 0.0;
-  if (d < DH) {
-    // Four blocks' loads in flight at once; the sum still runs block by block in order.
-    var b = bl;
-    for (; b + 3u * BL < nb; b += 4u * BL) {
-      var x: array<f32, 4>;
-      var e: array<f32, 4>;
-      for (var u = 0u; u < 4u; u++) {
-        x[u] = part[acc0 + (s0 + b + u * BL) * DH + d];
-        e[u] = part[2u * (s0 + b + u * BL)];
+  let c0 = (i % per_th) * params.dcs;
+  for (var c = c0; c < min(c0 + params.dcs, chunks); c++) {
+    let d = c * DC + dl;
+    var a = 0.0;
+    if (d < DH) {
+      // Four blocks' loads in flight at once; the sum still runs block by block in order.
+      var b = bl;
+      for (; b + 3u * BL < nb; b += 4u * BL) {
+        var x: array<f32, 4>;
+        var e: array<f32, 4>;
+        for (var u = 0u; u < 4u; u++) {
+          x[u] = part[acc0 + (s0 + b + u * BL) * DH + d];
+          e[u] = part[2u * (s0 + b + u * BL)];
+        }
+        for (var u = 0u; u < 4u; u++) {
+          a += x[u] * exp(e[u] - m);
+        }
       }
-      for (var u = 0u; u < 4u; u++) {
-        a += x[u] * exp(e[u] - m);
+      for (; b < nb; b += BL) {
+        a += part[acc0 + (s0 + b) * DH + d] * exp(part[2u * (s0 + b)] - m);
       }
     }
-    for (; b < nb; b += BL) {
-      a += part[acc0 + (s0 + b) * DH + d] * exp(part[2u * (s0 + b)] - m);
+    lanes[lid] = a;
+    workgroupBarrier();
+    if (bl == 0u && d < DH) {
+      var sum = 0.0;
+      for (var k = 0u; k < BL; k++) {
+        sum += lanes[k * DC + dl];
+      }
+      let g = q[t * params.q_stride_t + h * params.q_stride_h + params.gate_offset + d];
+      o[t * params.o_stride_t + h * DH + d] = sum / l / (1.0 + exp(-g));
     }
-  }
-  lanes[lid] = a;
-  workgroupBarrier();
-  if (bl == 0u && d < DH) {
-    var sum = 0.0;
-    for (var k = 0u; k < BL; k++) {
-      sum += lanes[k * DC + dl];
-    }
-    let g = q[t * params.q_stride_t + h * params.q_stride_h + params.gate_offset + d];
-    o[t * params.o_stride_t + h * DH + d] = sum / l / (1.0 + exp(-g));
+    workgroupBarrier();
   }
 }

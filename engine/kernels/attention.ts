@@ -36,6 +36,7 @@ export const ATTENTION_COMBINE: KernelLayout = {
     ["q_stride_h", "u32"],
     ["gate_offset", "u32"],
     ["o_stride_t", "u32"],
+    ["dcs", "u32"],
   ],
 };
 
@@ -49,8 +50,14 @@ export const ATTENTION_BLOCK = 64;
 const PARTIALS_BUDGET_BYTES = 48 * 1024 * 1024;
 /** Query heads of one KV head per pass-1 workgroup (wgsl/attention.wgsl GMAX). */
 const HEADS_PER_WORKGROUP = 8;
-/** Dims per pass-2 workgroup (wgsl/attention_combine.wgsl DC). */
+/** Dims per run of a pass-2 workgroup (wgsl/attention_combine.wgsl DC). */
 const COMBINE_DIMS = 16;
+/**
+ * Pass-2 workgroups wanted per call. Below this a workgroup folds one run of dims (decode);
+ * above, it folds several, so the per-head max and sum are not redone for every 16 dims. The
+ * runs per workgroup change no arithmetic, only which workgroup does it.
+ */
+const COMBINE_WORKGROUPS = 2048;
 
 function kernelNames(dh: number): { split: string; combine: string } {
   return { split: `attention_dh${dh}`, combine: `attention_combine_dh${dh}` };
@@ -142,10 +149,13 @@ export function attention(
       hkv: o.hkv,
       scale: 1 / Math.sqrt(o.dh),
     }, { tiles: tokens * o.hkv * groups * nbs });
+    const runs = Math.ceil(o.dh / COMBINE_DIMS);
+    const dcs = Math.min(runs, Math.max(1, Math.floor(tokens * o.hq * runs / COMBINE_WORKGROUPS)));
     enc.dispatch(combine, { part: b.part, q: b.q, o: b.o }, {
       ...at,
       gate_offset: o.gateOffset,
       o_stride_t: o.oStrideT,
-    }, { tiles: tokens * o.hq * Math.ceil(o.dh / COMBINE_DIMS) });
+      dcs,
+    }, { tiles: tokens * o.hq * Math.ceil(runs / dcs) });
   }
 }
