@@ -46,7 +46,7 @@ export const ATTENTION_COMBINE: KernelLayout = {
  * blocks must be the same in every grouping of tokens into calls (batch invariance).
  */
 export const ATTENTION_BLOCK = 64;
-/** Bytes the partials scratch may take beyond what one token at the last position needs. */
+/** Bytes of the partials scratch, unless one token at the last position alone needs more. */
 const PARTIALS_BUDGET_BYTES = 48 * 1024 * 1024;
 /** Query heads of one KV head per pass-1 workgroup (wgsl/attention.wgsl GMAX). */
 const HEADS_PER_WORKGROUP = 8;
