@@ -53,7 +53,8 @@ async function runPlain(
   const bytes = randomBlocks(type, K * M, 0.5, r);
   const w = dequantize(type, bytes, K * M);
   const x = randomF32(T * K, r);
-  await prepareMulMat(ctx, { type, batched: T > 1 });
+  await prepareMulMat(ctx, { type, batched: false });
+  await prepareMulMat(ctx, { type, batched: true });
   const tensor = await uploadTensorBytes(ctx, { name: "w", type, shape: [K, M] }, bytes, {
     maxPartBytes,
   });
@@ -77,7 +78,7 @@ gpuTest("mulMat() works on a tensor split into several parts", async (ctx) => {
   await runPlain(ctx, GgmlType.Q4_0, 96, 37, 3, 10 * rowBytes(GgmlType.Q4_0, 96));
   // Q8_0 rows of 102 bytes: rows and blocks at both word alignments, decode and prefill.
   await runPlain(ctx, GgmlType.Q8_0, 96, 37, 1, 10 * rowBytes(GgmlType.Q8_0, 96));
-  await runPlain(ctx, GgmlType.Q8_0, 96, 37, 3, 10 * rowBytes(GgmlType.Q8_0, 96));
+  await runPlain(ctx, GgmlType.Q8_0, 96, 37, 7, 10 * rowBytes(GgmlType.Q8_0, 96));
   await runPlain(ctx, GgmlType.Q6_K, 256, 37, 1, 7 * rowBytes(GgmlType.Q6_K, 256));
 });
 
@@ -147,7 +148,7 @@ gpuTest("mulMat() with add accumulates into y at an offset and stride", async (c
   const x = randomF32(T * K, r);
   const stride = M + 5;
   const y0 = randomF32(T * stride, r);
-  await prepareMulMat(ctx, { type, batched: true, add: true });
+  await prepareMulMat(ctx, { type, batched: false, add: true });
   const tensor = await uploadTensorBytes(ctx, { name: "w", type, shape: [K, M] }, bytes);
   const y = upload(ctx, y0);
   await submit(ctx, (enc) =>

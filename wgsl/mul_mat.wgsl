@@ -5,9 +5,10 @@
 // Bindings: 0 w: weight bytes of one part (rows of `k` values, quantized) | 1 x (f32)
 //   | 2 ids (u32: expert ids (T, ids_stride) under ID, the gather table under GATHERED, a dummy
 //   otherwise) | 3 y (f32) | 4 params.
-// Dispatch: (row_tiles folded to 2-D, z). Decode: WG = 128 threads = 8 rows of LANES threads, z =
-//   T·n_used slots under ID, else 1. TILED: WG = 4·TT threads, BM = 64 rows a tile, z = token tiles
-//   or the gather table's most tiles under GATHERED (workgroups past its tile count exit).
+// Dispatch: (row_tiles folded to 2-D, z). Decode: WG = 128 threads = 8 rows of LANES threads,
+//   z = T·n_used slots under ID, else T tokens. TILED: WG = 4·TT threads, BM = 64 rows a tile,
+//   z = token tiles, or the gather table's most tiles under GATHERED (workgroups past its tile
+//   count exit).
 // Variants: TYPE_<type> (one), TILED with TT (slots a tile), ID, GATHERED (with TILED and ID),
 //   X_SWIGLU (x = silu(g)·u with u at g + up_offset), ADD (y += result), SUBGROUPS (decode row sums
 //   by subgroup shuffles), IQ4_TABLE_WORKGROUP (dequant.wgsl; not with the 16 KB dense TILED).

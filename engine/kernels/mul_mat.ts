@@ -63,10 +63,18 @@ const TILE_ROWS = 64;
 export const PREFILL_TT = 32;
 /** Tokens a tile of the dense prefill variant takes (its 16 KB of workgroup memory: 64 rows + 64). */
 const DENSE_TT = 64;
+/**
+ * Plain products of at most this many tokens run the decode kernel, a grid layer (z) a token:
+ * a tile walks all of k in 32-value steps, which costs more than re-reading W a few times.
+ */
+const DECODE_MAX_TOKENS = 4;
 
 export interface MulMatVariant {
   readonly type: GgmlType;
-  /** More than one token per call (prefill tiles). */
+  /**
+   * More than one token per call (prefill tiles). Plain calls of up to DECODE_MAX_TOKENS tokens
+   * use the unbatched variant, so callers prepare both.
+   */
   readonly batched: boolean;
   /**
    * Weights are an expert stack indexed by `ids`; batched, by a gather table of token tiles
@@ -160,7 +168,7 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
   const gathered = gatherTiles !== undefined;
   const v: MulMatVariant = {
     type: w.type,
-    batched: id ? gathered : o.tokens > 1,
+    batched: id ? gathered : o.tokens > DECODE_MAX_TOKENS,
     id,
     swiglu: o.swiglu,
     add: o.add,
