@@ -391,8 +391,12 @@ fn main(
 #else
   partial[lid] = p;
   workgroupBarrier();
-  for (var l = 0u; l < classes; l++) {
-    total = total + partial[lid - lane + l];
+  // A fixed trip count: Mesa's lavapipe (CI's adapter) leaks ~0.6 MB a dispatch when a loop of
+  // data-dependent length follows the last barrier. Same sum, same order.
+  for (var l = 0u; l < LANES; l++) {
+    if (l < classes) {
+      total = total + partial[lid - lane + l];
+    }
   }
 #endif
   if (lane == 0u && r < params.rows) {
