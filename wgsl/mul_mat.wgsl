@@ -94,7 +94,8 @@ fn row_bytes() -> u32 {
   return (params.k / BLOCK_ELEMS) * BLOCK_BYTES;
 }
 
-// The workgroup's tile of rows, or none past the grid's last tile.
+// The workgroup's row tile: the grid folds tiles over x and y, so indices past params.row_tiles
+// exist and their workgroups exit.
 fn row_tile(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
   return wid.x + wid.y * nwg.x;
 }
