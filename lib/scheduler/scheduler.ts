@@ -58,6 +58,12 @@ export class OverloadedError extends Error {
 
 /** How long lane jobs may hold the thread before timers and I/O must get a turn, ms. */
 const STARVE_MS = 5;
+/**
+ * Greedy steps per readback when the head runs the whole model: on Deno's builtin WebGPU every
+ * readback waits ≥ 11 ms, so one per token would cost more than the step itself. Also the most
+ * tokens a stream emits in one burst, and how long other slots may wait for the lane.
+ */
+const FUSED_STEPS = 8;
 
 /**
  * Runs jobs one at a time in call order. A CPU-bound stage resolves its promise at once, so an
@@ -335,20 +341,76 @@ export class Scheduler {
       pos = end;
       if (pos === boundary) await this.#savePrefix(seq, slot, prompt.slice(0, pos));
     }
+    if (!out) return;
     const admitted = this.#admittedAt.get(seq)!;
-    let first = true;
-    while (out) {
-      const id = seq.pick(out.ids[out.ids.length - 1], out.top);
-      if (first) {
-        this.stats.timeToFirstToken.observe((performance.now() - admitted) / 1000);
-        first = false;
+    this.stats.timeToFirstToken.observe((performance.now() - admitted) / 1000);
+    let id = seq.pick(out.ids[out.ids.length - 1], out.top);
+    if (!this.#accept(seq, id, out.top, pos)) return;
+    const fused = this.#fusedGreedy(seq);
+    while (true) {
+      if (fused) {
+        // Several greedy steps per readback, each step's argmax fed to the next on the GPU:
+        // the same ids as one step at a time (the stage's bit-exact contract), overshoot past a
+        // stop is dropped, and the slot's extra positions are never continued from.
+        const left = seq.request.maxTokens - seq.outputTokens;
+        const steps = Math.max(
+          1,
+          Math.min(FUSED_STEPS, left, this.ctx - pos, this.#local.maxBatch),
+        );
+        const ids = await this.#fusedSteps(seq, slot, fused, id, pos, steps);
+        for (const [s, next] of ids.entries()) {
+          if (!this.#accept(seq, next, [], pos + s + 1)) return;
+        }
+        pos += steps;
+        id = ids[steps - 1];
+        continue;
       }
-      this.stats.outputTokens++;
-      const more = seq.accept(id, out.top, this.#tokenizer.eosIds.has(id), pos >= this.ctx);
-      if (!more) return;
       out = await this.#forward(seq, slot, Uint32Array.of(id), pos, topk);
       pos++;
+      id = seq.pick(out.ids[out.ids.length - 1], out.top);
+      if (!this.#accept(seq, id, out.top, pos)) return;
     }
+  }
+
+  /** Hands a generated token (to be placed at `pos`) to its sequence; false when it has ended. */
+  #accept(seq: Sequence, id: number, top: readonly TopEntry[], pos: number): boolean {
+    this.stats.outputTokens++;
+    return seq.accept(id, top, this.#tokenizer.eosIds.has(id), pos >= this.ctx);
+  }
+
+  /**
+   * The local stage's fused greedy decoding, when it may stand in for per-step runs: the head
+   * holds the whole model and the sequence takes each step's argmax as it is (no sampling,
+   * grammar or per-token probabilities).
+   */
+  #fusedGreedy(seq: Sequence): Stage["decodeGreedy"] {
+    const { constraint, nProbs, sampling } = seq.request;
+    if (this.#link || constraint || nProbs || sampling.temperature !== 0) return undefined;
+    return this.#local.decodeGreedy?.bind(this.#local);
+  }
+
+  /** `steps` fused greedy steps from `id` at `pos` on the lane; each step's greedy id. */
+  async #fusedSteps(
+    seq: Sequence,
+    slot: number,
+    decode: NonNullable<Stage["decodeGreedy"]>,
+    id: number,
+    pos: number,
+    steps: number,
+  ): Promise<Uint32Array> {
+    const [localTimes] = this.stats.stages;
+    return await this.#lane.run(async () => {
+      seq.checkCancelled();
+      const t0 = performance.now();
+      try {
+        const { ids } = await decode(slot, id, pos, steps);
+        localTimes.record(performance.now() - t0, steps);
+        return ids;
+      } catch (e) {
+        localTimes.errors++;
+        throw e;
+      }
+    });
   }
 
   /** Runs positions [base, base+n) through every stage; the last stage's ids and top-k. */

@@ -1,0 +1,103 @@
+// The scheduler on a whole-model GPU stage: greedy sequences decode several steps per readback
+// (decodeGreedy) and must end exactly where per-step decoding ends, on length and on stop text.
+
+import assert from "node:assert/strict";
+import { openGpuStage } from "../engine/forward/gpu_stage.ts";
+import { openGguf } from "../engine/gguf/read.ts";
+import type { Stage } from "../engine/stage.ts";
+import { Scheduler } from "../lib/scheduler/scheduler.ts";
+import type { SequenceEvent, SequenceRequest } from "../lib/scheduler/sequence.ts";
+import { tinyModel } from "../lib/server/_test_utils.ts";
+import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
+import { gpuTest } from "./_gpu.ts";
+
+/** `stage` with decodeGreedy hidden (the scheduler then runs one step per readback). */
+function perStepOnly(stage: Stage): Stage {
+  return new Proxy(stage, {
+    get: (target, key) => {
+      if (key === "decodeGreedy") return undefined;
+      const value = Reflect.get(target, key);
+      return typeof value === "function" ? value.bind(target) : value;
+    },
+  });
+}
+
+/** `stage` counting its decodeGreedy calls. */
+function countingFused(stage: Stage): { stage: Stage; calls: () => number } {
+  let calls = 0;
+  const wrapped = new Proxy(stage, {
+    get: (target, key) => {
+      const value = Reflect.get(target, key);
+      if (typeof value !== "function") return value;
+      if (key !== "decodeGreedy") return value.bind(target);
+      return (...args: Parameters<NonNullable<Stage["decodeGreedy"]>>) => {
+        calls++;
+        return stage.decodeGreedy!(...args);
+      };
+    },
+  });
+  return { stage: wrapped, calls: () => calls };
+}
+
+async function run(stage: Stage, tokenizer: TextTokenizer, request: SequenceRequest) {
+  const scheduler = new Scheduler({ local: stage, tokenizer, slots: 1, queue: 0, snapshots: 0 });
+  try {
+    const seq = await scheduler.admit(request);
+    const ids: number[] = [];
+    const texts: string[] = [];
+    let end: string | undefined;
+    for await (const e of seq.events as ReadableStream<SequenceEvent>) {
+      if (e.type === "token") {
+        ids.push(e.id);
+        texts.push(e.text);
+      }
+      if (e.type === "end") end = e.reason;
+      if (e.type === "error") throw e.error;
+    }
+    return { ids, texts, end, outputTokens: scheduler.stats.outputTokens };
+  } finally {
+    await scheduler.close();
+  }
+}
+
+gpuTest(
+  "greedy sequences decode fused on a whole-model GPU stage and end where per-step decoding ends",
+  async (gpu) => {
+    const model = await openGguf(await tinyModel());
+    const stage = await openGpuStage(model, gpu, { first: 0, end: 4, slots: 1, ctx: 128 });
+    try {
+      const tokenizer = TextTokenizer.fromGguf(model.metadata);
+      const prompt = tokenizer.encode("Two machines serve one model");
+      const greedy = (maxTokens: number, stop?: string[]): SequenceRequest => ({
+        prompt,
+        maxTokens,
+        stop,
+        sampling: { temperature: 0, topK: 40, topP: 1, seed: 1n },
+      });
+
+      // 13 tokens: the first from the prompt's run, then bursts of 8 and 4 (not a whole burst).
+      const counted = countingFused(stage);
+      const fused = await run(counted.stage, tokenizer, greedy(13));
+      const stepwise = await run(perStepOnly(stage), tokenizer, greedy(13));
+      assert.equal(stepwise.ids.length, 13);
+      assert.deepEqual(fused.ids, stepwise.ids);
+      assert.equal(fused.end, "max_tokens");
+      assert.equal(stepwise.end, "max_tokens");
+      assert.equal(fused.outputTokens, 13);
+      assert.equal(counted.calls(), 2, "12 tokens after the first in two fused calls");
+
+      // A stop text inside a burst: the fused run drops the rest of the burst.
+      const at = stepwise.texts.findIndex((t, i) => i >= 3 && t.trim().length > 0);
+      assert.ok(at >= 3, `a token with text to stop on: ${JSON.stringify(stepwise.texts)}`);
+      const stop = [stepwise.texts[at]];
+      const fusedStop = await run(stage, tokenizer, greedy(13, stop));
+      const stepStop = await run(perStepOnly(stage), tokenizer, greedy(13, stop));
+      assert.equal(stepStop.end, "stop_sequence");
+      assert.deepEqual(fusedStop, stepStop);
+      assert.ok(fusedStop.ids.length < 13, "the stop ended the sequence early");
+    } finally {
+      stage.close();
+      model.close();
+    }
+  },
+);
