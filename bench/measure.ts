@@ -87,6 +87,34 @@ export async function timeDecode(
 }
 
 /**
+ * The same n greedy tokens as timeDecode, decoded as the server's scheduler decodes a plain
+ * greedy sequence on a whole-model stage: `steps` tokens per readback (Stage.decodeGreedy).
+ */
+export async function timeFusedDecode(
+  stage: Stage,
+  first: number,
+  n: number,
+  steps: number,
+  slot = 0,
+): Promise<DecodeRun> {
+  if (!stage.decodeGreedy) {
+    throw new TypeError(
+      `Cannot time fused decoding on layers ${stage.first}..${stage.end}: the stage has no decodeGreedy`,
+    );
+  }
+  const fed = new Uint32Array(n);
+  fed[0] = first;
+  const start = performance.now();
+  for (let pos = 0; pos < n;) {
+    const k = Math.min(steps, n - pos);
+    const { ids } = await stage.decodeGreedy(slot, fed[pos], pos, k);
+    fed.set(ids.subarray(0, Math.min(k, n - pos - 1)), pos + 1);
+    pos += k;
+  }
+  return { seconds: (performance.now() - start) / 1000, fed };
+}
+
+/**
  * One independent greedy decode per entry of `firsts` (slot i starts from firsts[i]), all in
  * flight at once as separate requests would be; returns the wall time of the whole set.
  */

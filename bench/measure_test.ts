@@ -1,5 +1,6 @@
-// The bench's workloads on the CPU reference: what they feed, that slots and the split over a
-// worker decode the same tokens, deadlines, and the closing table (bench/measure.ts, split.ts).
+// The bench's workloads on the CPU reference (and a GPU stage for fused decoding): what they feed,
+// that slots, fused steps and the split over a worker decode the same tokens, deadlines, and the
+// closing table (bench/measure.ts, split.ts).
 
 import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf/read.ts";
@@ -17,9 +18,12 @@ import {
   seededIds,
   timeConcurrentDecode,
   timeDecode,
+  timeFusedDecode,
   timePrefill,
 } from "./measure.ts";
 import { formatTable } from "./report.ts";
+import { openGpuStage } from "../engine/forward/gpu_stage.ts";
+import { gpuTest } from "../tests/_gpu.ts";
 import { startWorker } from "./split.ts";
 
 const CTX = 48;
@@ -187,6 +191,28 @@ Deno.test("measure keeps a failure as the figure's error instead of throwing", a
   assert.match(lines[0], /^pp8: .*device lost/s);
 });
 
+gpuTest(
+  "timeFusedDecode feeds the same tokens as timeDecode, several steps per readback",
+  async (gpu) => {
+    await withModel(async (model) => {
+      const stage = await openGpuStage(model, gpu, { first: 0, end: 4, slots: 1, ctx: CTX });
+      const reference = await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: CTX });
+      try {
+        const first = seededIds(1, readHParams(model.metadata).V, 5)[0];
+        const stepwise = await timeDecode([stage], first, 11);
+        // 11 tokens in steps of 4: whole bursts and a short last one.
+        const fused = await timeFusedDecode(stage, first, 11, 4);
+        assert.ok(fused.seconds > 0);
+        assert.deepEqual(fused.fed, stepwise.fed);
+        await assert.rejects(timeFusedDecode(reference, first, 4, 2), TypeError);
+      } finally {
+        stage.close();
+        reference.close();
+      }
+    });
+  },
+);
+
 Deno.test("formatTable: tok/s, split ms/token, and numbered notes for missing figures", () => {
   const t = (median: number) => ({ seconds: [median], median });
   const table = formatTable(
@@ -202,6 +228,7 @@ Deno.test("formatTable: tok/s, split ms/token, and numbered notes for missing fi
           figures: {
             pp512: { tokens: 512, timing: t(0.5) },
             tg128: { tokens: 128, timing: t(2) },
+            "tg128-fused": { tokens: 128, timing: t(1.6) },
             tg128x2: { tokens: 256, error: "skipped: out of time" },
           },
           split: { layers: "0:20 + 20:40", decode: { tokens: 128, timing: t(0.32) } },
@@ -224,7 +251,10 @@ Deno.test("formatTable: tok/s, split ms/token, and numbered notes for missing fi
   const lines = table.split("\n");
   assert.equal(lines[0], "2026-11-29, GPU X, commit abc");
   assert.equal(lines[1], "model m.gguf (19.66 GB, made in 42 s)");
-  assert.equal(lines[5], "| tandem gpu dawn | 1024 | 64.0 | (1) | 2.50 (0:20 + 20:40) |");
+  assert.equal(
+    lines[5],
+    "| tandem gpu dawn | 1024 | 64.0 (80.0 fused) | (1) | 2.50 (0:20 + 20:40) |",
+  );
   assert.equal(lines[6], "| tandem gpu builtin | (2) | — | — | — |");
   assert.equal(lines[7], "| llama.cpp | 5120 | 128 (256 without sampling) | — | — |");
   assert.equal(lines[9], "(1) skipped: out of time");

@@ -77,10 +77,12 @@ export function formatTable(
       continue;
     }
     const f = e.figures;
+    const fused = f[`tg${tg}-fused`];
+    const fusedRate = fused && tokensPerSecond(fused);
     rows.push([
       name,
       ...pp.map((n) => tps(f[`pp${n}`])),
-      tps(f[`tg${tg}`]),
+      tps(f[`tg${tg}`]) + (fusedRate ? ` (${rate(fusedRate)} fused)` : ""),
       ...(slots > 1 ? [tps(f[`tg${tg}x${slots}`])] : []),
       e.split
         ? `${cell(e.split.decode, msPerToken, (x) => x.toFixed(2))} (${e.split.layers})`

@@ -8,6 +8,7 @@ import type { GgufModel } from "../engine/gguf/types.ts";
 import { readHParams } from "../engine/model/hparams.ts";
 import { type Backend, openLocalStage, parseBackend } from "../engine/open_stage.ts";
 import type { Stage } from "../engine/stage.ts";
+import { FUSED_STEPS } from "../lib/scheduler/scheduler.ts";
 import { connectRemoteStage } from "../lib/wire/remote_stage.ts";
 import {
   Deadline,
@@ -16,6 +17,7 @@ import {
   seededIds,
   timeConcurrentDecode,
   timeDecode,
+  timeFusedDecode,
   timePrefill,
 } from "./measure.ts";
 import { startWorker } from "./split.ts";
@@ -122,6 +124,16 @@ async function wholeFigures(
     deadline,
     log,
   );
+  if (stage.decodeGreedy) {
+    figures[`tg${tg}-fused`] = await measure(
+      `tg${tg} fused`,
+      tg,
+      runs,
+      async () => (await timeFusedDecode(stage, firsts[0], tg, FUSED_STEPS)).seconds,
+      deadline,
+      log,
+    );
+  }
   if (options.slots > 1) {
     const name = `tg${tg}x${options.slots}`;
     figures[name] = await measure(

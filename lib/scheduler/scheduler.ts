@@ -63,7 +63,7 @@ const STARVE_MS = 5;
  * readback waits ≥ 11 ms, so one per token would cost more than the step itself. Also the most
  * tokens a stream emits in one burst, and how long other slots may wait for the lane.
  */
-const FUSED_STEPS = 8;
+export const FUSED_STEPS = 8;
 
 /**
  * Runs jobs one at a time in call order. A CPU-bound stage resolves its promise at once, so an
