@@ -104,6 +104,19 @@ function rangeOf(stage: { first: number; end: number }): string {
   return `${stage.first}:${stage.end}`;
 }
 
+/** Runs one stage call of `tokens` tokens, recording its time, or an error, in `times`. */
+async function timed<T>(times: StageTimes, tokens: number, call: () => Promise<T>): Promise<T> {
+  const t0 = performance.now();
+  try {
+    const result = await call();
+    times.record(performance.now() - t0, tokens);
+    return result;
+  } catch (e) {
+    times.errors++;
+    throw e;
+  }
+}
+
 export class Scheduler {
   readonly slots: number;
   readonly ctx: number;
@@ -399,17 +412,9 @@ export class Scheduler {
     steps: number,
   ): Promise<Uint32Array> {
     const [localTimes] = this.stats.stages;
-    return await this.#lane.run(async () => {
+    return await this.#lane.run(() => {
       seq.checkCancelled();
-      const t0 = performance.now();
-      try {
-        const { ids } = await decode(slot, id, pos, steps);
-        localTimes.record(performance.now() - t0, steps);
-        return ids;
-      } catch (e) {
-        localTimes.errors++;
-        throw e;
-      }
+      return timed(localTimes, steps, async () => (await decode(slot, id, pos, steps)).ids);
     });
   }
 
@@ -422,31 +427,21 @@ export class Scheduler {
     topk: number,
   ): Promise<{ ids: Uint32Array; top: readonly TopEntry[] }> {
     const [localTimes, remoteTimes] = this.stats.stages;
-    const out = await this.#lane.run(async () => {
+    const out = await this.#lane.run(() => {
       seq.checkCancelled();
-      const t0 = performance.now();
-      try {
-        const result = await this.#local.run(slot, { kind: "ids", ids }, ids.length, base, {
-          topk,
-        });
-        localTimes.record(performance.now() - t0, ids.length);
-        return result;
-      } catch (e) {
-        localTimes.errors++;
-        throw e;
-      }
+      return timed(
+        localTimes,
+        ids.length,
+        () => this.#local.run(slot, { kind: "ids", ids }, ids.length, base, { topk }),
+      );
     });
     if (out.kind === "ids") return out;
     seq.checkCancelled();
-    const t1 = performance.now();
-    try {
-      const result = await this.#link!.run(slot, out.rows, ids.length, base, topk);
-      remoteTimes.record(performance.now() - t1, ids.length);
-      return result;
-    } catch (e) {
-      remoteTimes.errors++;
-      throw e;
-    }
+    return await timed(
+      remoteTimes,
+      ids.length,
+      () => this.#link!.run(slot, out.rows, ids.length, base, topk),
+    );
   }
 
   #epoch(): number {
