@@ -3,11 +3,11 @@
 
 import { openGguf } from "./engine/gguf/read.ts";
 import { parseShardPath } from "./engine/gguf/format.ts";
-import { readHParams } from "./engine/model/hparams.ts";
+import { readHParams } from "./engine/hparams.ts";
 import { type Backend, openLocalStage, parseBackend, parseLayers } from "./engine/open_stage.ts";
 import { StageLink } from "./lib/scheduler/link.ts";
 import { Scheduler } from "./lib/scheduler/scheduler.ts";
-import type { SamplingDefaults } from "./lib/server/generate.ts";
+import type { SamplingDefaults } from "./lib/server/admit.ts";
 import { createHandler } from "./lib/server/handler.ts";
 import { PromptBuilder } from "./lib/server/prompt.ts";
 import { TextTokenizer } from "./lib/tokenizer/tokenizer.ts";

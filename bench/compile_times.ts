@@ -7,10 +7,10 @@
 import { parseArgs } from "node:util";
 import { openGpu } from "../engine/gpu/device.ts";
 import type { ProviderChoice } from "../engine/gpu/provider.ts";
-import { prepareAttention } from "../engine/kernels/attention.ts";
-import { prepareGatedDeltaNet } from "../engine/kernels/gated_delta_net.ts";
-import { MUL_MAT_TYPES, type MulMatVariant, prepareMulMat } from "../engine/kernels/mul_mat.ts";
-import { typeName } from "../engine/quant/types.ts";
+import { prepareAttention } from "../engine/gpu/kernels/attention.ts";
+import { prepareGatedDeltaNet } from "../engine/gpu/kernels/gated_delta_net.ts";
+import { MUL_MAT_TYPES, type MulMatVariant, prepareMulMat } from "../engine/gpu/kernels/mul_mat.ts";
+import { typeName } from "../engine/quant/ggml_types.ts";
 
 const { values } = parseArgs({
   args: Deno.args,

@@ -11,9 +11,9 @@ import {
   type ModelSpec,
   type Quant,
   QUANTS,
-} from "../engine/model/generate_model.ts";
-import { type Arch, ARCHS, readHParams } from "../engine/model/hparams.ts";
-import { type PresetName, PRESETS } from "../engine/model/presets.ts";
+} from "../tools/synth/generate_model.ts";
+import { type Arch, ARCHS, readHParams } from "../engine/hparams.ts";
+import { type PresetName, PRESETS } from "../tools/synth/presets.ts";
 import { parseBackend } from "../engine/open_stage.ts";
 import { Deadline } from "./measure.ts";
 import type { PeerReport } from "./peers/llama.ts";

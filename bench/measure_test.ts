@@ -4,9 +4,9 @@
 
 import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf/read.ts";
-import type { GgufModel } from "../engine/gguf/types.ts";
-import { readHParams } from "../engine/model/hparams.ts";
-import { openReferenceStage } from "../engine/reference/stage.ts";
+import type { GgufModel } from "../engine/gguf/gguf_model.ts";
+import { readHParams } from "../engine/hparams.ts";
+import { openReferenceStage } from "../engine/reference/reference_stage.ts";
 import { connectRemoteStage } from "../lib/wire/remote_stage.ts";
 import { testModel } from "../tests/_models.ts";
 import {
@@ -22,7 +22,7 @@ import {
   timePrefill,
 } from "./measure.ts";
 import { formatTable } from "./report.ts";
-import { openGpuStage } from "../engine/forward/gpu_stage.ts";
+import { openGpuStage } from "../engine/gpu/gpu_stage.ts";
 import { gpuTest } from "../tests/_gpu.ts";
 import { startWorker } from "./split.ts";
 

@@ -4,12 +4,12 @@
 //   deno run -A bench/profile.ts --model M.gguf [--gpu builtin|dawn] [--allow-software-gpu]
 //                                [--prefill 512] [--decode 32]
 
-import { openGpuStage, type StepProfile } from "../engine/forward/gpu_stage.ts";
+import { openGpuStage, type StepProfile } from "../engine/gpu/gpu_stage.ts";
 import { openGguf } from "../engine/gguf/read.ts";
-import type { GgufModel } from "../engine/gguf/types.ts";
+import type { GgufModel } from "../engine/gguf/gguf_model.ts";
 import { type GpuContext, openGpu } from "../engine/gpu/device.ts";
 import { DispatchProfiler, type ProfiledStep } from "../engine/gpu/profiler.ts";
-import { readHParams } from "../engine/model/hparams.ts";
+import { readHParams } from "../engine/hparams.ts";
 import { parseProviderChoice } from "../engine/open_stage.ts";
 import { parseCommandLine } from "../lib/cli.ts";
 import { seededIds } from "./measure.ts";

@@ -4,8 +4,8 @@
 
 import { parseArgs } from "node:util";
 import { openGguf } from "../engine/gguf/read.ts";
-import type { GgufModel } from "../engine/gguf/types.ts";
-import { readHParams } from "../engine/model/hparams.ts";
+import type { GgufModel } from "../engine/gguf/gguf_model.ts";
+import { readHParams } from "../engine/hparams.ts";
 import { type Backend, openLocalStage, parseBackend } from "../engine/open_stage.ts";
 import type { Stage } from "../engine/stage.ts";
 import { FUSED_STEPS } from "../lib/scheduler/scheduler.ts";

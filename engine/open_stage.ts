@@ -1,10 +1,10 @@
 // Opens the local stage of this process on the chosen backend (GPU engine or CPU reference).
 // The one switch point between engines; generate, worker and head all open stages here.
 
-import type { GgufModel } from "./gguf/types.ts";
+import type { GgufModel } from "./gguf/gguf_model.ts";
 import { PROVIDER_CHOICES, type ProviderChoice } from "./gpu/provider.ts";
-import { readHParams } from "./model/hparams.ts";
-import { openReferenceStage } from "./reference/stage.ts";
+import { readHParams } from "./hparams.ts";
+import { openReferenceStage } from "./reference/reference_stage.ts";
 import type { Stage } from "./stage.ts";
 
 export type Backend = "reference" | "gpu";
@@ -58,7 +58,7 @@ export async function openLocalStage(model: GgufModel, options: LocalStageOption
   if (options.backend === "reference") return await openReferenceStage(model, { ...options, end });
   // Imported on demand: a reference-backend worker never loads the GPU providers (Dawn needs FFI).
   const { openGpu } = await import("./gpu/device.ts");
-  const { openGpuStage } = await import("./forward/gpu_stage.ts");
+  const { openGpuStage } = await import("./gpu/gpu_stage.ts");
   const gpu = await openGpu({
     gpu: parseProviderChoice(options.gpu ?? "auto"),
     allowSoftware: options.allowSoftwareGpu,

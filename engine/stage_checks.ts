@@ -1,5 +1,5 @@
 // The request checks every Stage makes before it touches state (slot, snapshot, run shape, input),
-// so the GPU, reference and remote stages (engine/forward, engine/reference, lib/wire) refuse alike.
+// so the GPU, reference and remote stages (engine/gpu, engine/reference, lib/wire) refuse alike.
 
 import type { Stage, StageInput } from "./stage.ts";
 

@@ -1,7 +1,7 @@
 // Hand-made HParams of one DeltaNet layer for the op tests, without a model file.
-// Used by tests/reference_ops_test.ts (CPU) and tests/gpu_deltanet_test.ts (WGSL) alike.
+// Used by engine/reference/reference_ops_test.ts (CPU) and tests/gpu_deltanet_test.ts (WGSL) alike.
 
-import type { Arch, HParams } from "../engine/model/hparams.ts";
+import type { Arch, HParams } from "../engine/hparams.ts";
 
 /** One DeltaNet layer of Nk key heads, Nv value heads and head sizes Dk, Dv; the rest minimal. */
 export function deltaNetHParams(

@@ -1,5 +1,5 @@
 // Test models: every test gets its GGUF through testModel, generated once into tests/fixtures/models/.
-// Between the generator (engine/model/generate_model.ts) and every test or fixture that runs a model.
+// Between the generator (tools/synth/generate_model.ts) and every test or fixture that runs a model.
 
 import { createHash } from "node:crypto";
 import { parseShardPath, shardPath } from "../engine/gguf/format.ts";
@@ -9,8 +9,8 @@ import {
   modelFileStem,
   type ModelSpec,
   type Quant,
-} from "../engine/model/generate_model.ts";
-import type { Arch } from "../engine/model/hparams.ts";
+} from "../tools/synth/generate_model.ts";
+import type { Arch } from "../engine/hparams.ts";
 
 export interface TestModelSpec {
   readonly arch: Arch;
@@ -33,19 +33,19 @@ const MODELS_DIR = new URL("./fixtures/models/", import.meta.url);
  * models are made regenerates them instead of leaving stale files behind.
  */
 const GENERATOR_SOURCES = [
-  "../engine/model/generate_model.ts",
-  "../engine/model/weight_synth.ts",
-  "../engine/model/presets.ts",
-  "../engine/model/vocab.ts",
-  "../engine/model/vocab_corpus.txt",
-  "../engine/model/chat_template.ts",
+  "../tools/synth/generate_model.ts",
+  "../tools/synth/weight_synth.ts",
+  "../tools/synth/presets.ts",
+  "../tools/synth/vocab.ts",
+  "../tools/synth/vocab_corpus.txt",
+  "../tools/synth/qwen_chat_template.ts",
   "../lib/tokenizer/pre_tokenize.ts",
-  "../engine/quant/quantize.ts",
-  "../engine/quant/fit.ts",
+  "../tools/synth/quantize.ts",
+  "../tools/synth/quant_fit.ts",
   "../engine/quant/blocks.ts",
   "../engine/quant/f16.ts",
-  "../engine/quant/types.ts",
-  "../engine/gguf/write.ts",
+  "../engine/quant/ggml_types.ts",
+  "../tools/gguf/gguf_write.ts",
   "../engine/gguf/format.ts",
 ];
 

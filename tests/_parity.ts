@@ -1,9 +1,9 @@
 // Parity of an engine's stage chain with llama.cpp's recorded greedy runs (tests/fixtures/*.json).
 // Used by tests/llama_parity_test.ts for the CPU reference; any engine that builds Stages can reuse it.
 
-import { generateGreedy } from "../engine/generate.ts";
+import { generateGreedy } from "../engine/greedy_loop.ts";
 import { openGguf } from "../engine/gguf/read.ts";
-import type { GgufModel } from "../engine/gguf/types.ts";
+import type { GgufModel } from "../engine/gguf/gguf_model.ts";
 import { chainMaxBatch, runPipeline } from "../engine/pipeline.ts";
 import type { Stage, TopEntry } from "../engine/stage.ts";
 import type { Candidate, LlamaRun, PerPosition } from "../tools/fixtures/driver.ts";
@@ -16,7 +16,7 @@ import {
   readFixture,
   RECORD_HINT,
   TOKENIZER_FIXTURE,
-} from "../tools/fixtures/format.ts";
+} from "../tools/fixtures/fixture_format.ts";
 import { sha256File, testModel } from "./_models.ts";
 
 /** Opens the chain of stages covering every layer, able to hold `ctx` positions in slot 0. */

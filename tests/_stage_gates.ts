@@ -1,9 +1,9 @@
 // What the Stage gate tests share: a tiny model opened per test, seeded prompts, greedy sessions.
-// Used by tests/gpu_stage_test.ts and tests/reference_stage_test.ts, through engine/pipeline.ts.
+// Used by tests/gpu_stage_test.ts and engine/reference/reference_stage_test.ts, through engine/pipeline.ts.
 
 import { openGguf } from "../engine/gguf/read.ts";
-import type { GgufModel } from "../engine/gguf/types.ts";
-import { readHParams } from "../engine/model/hparams.ts";
+import type { GgufModel } from "../engine/gguf/gguf_model.ts";
+import { readHParams } from "../engine/hparams.ts";
 import { runPipeline } from "../engine/pipeline.ts";
 import type { Stage, TopEntry } from "../engine/stage.ts";
 import { testModel, type TestModelSpec } from "./_models.ts";

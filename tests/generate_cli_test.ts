@@ -3,9 +3,9 @@
 
 import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf/read.ts";
-import { generateGreedy } from "../engine/generate.ts";
-import { openReferenceStage } from "../engine/reference/stage.ts";
-import { startWorker } from "../lib/wire/_test_utils.ts";
+import { generateGreedy } from "../engine/greedy_loop.ts";
+import { openReferenceStage } from "../engine/reference/reference_stage.ts";
+import { startWorker } from "./_workers.ts";
 import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { testModel } from "./_models.ts";
 

@@ -1,5 +1,5 @@
-// GPU causal GQA attention with the sigmoid gate (engine/kernels/attention.ts) against
-// engine/reference/attention.ts over caches of several 64-position blocks, and its batch
+// GPU causal GQA attention with the sigmoid gate (engine/gpu/kernels/attention.ts) against
+// engine/reference/gqa_attention.ts over caches of several 64-position blocks, and its batch
 // invariance: a token's output is bit-identical however tokens are grouped into calls.
 
 import assert from "node:assert/strict";
@@ -10,9 +10,9 @@ import {
   ATTENTION_BLOCK,
   attentionPartialFloats,
   prepareAttention,
-} from "../engine/kernels/attention.ts";
+} from "../engine/gpu/kernels/attention.ts";
 import { f16ToF32, f32ToF16 } from "../engine/quant/f16.ts";
-import { attention as refAttention } from "../engine/reference/attention.ts";
+import { attention as refAttention } from "../engine/reference/gqa_attention.ts";
 import { assertClose, gpuTest, randomF32, readF32, rng, submit, upload } from "./_gpu.ts";
 
 /** f16 NaN: cache rows past the attended positions hold it, so any read of them would show. */

@@ -1,11 +1,11 @@
-// GPU DeltaNet conv and recurrence (engine/kernels/{ssm_conv,gated_delta_net}.ts) against
+// GPU DeltaNet conv and recurrence (engine/gpu/kernels/{ssm_conv,gated_delta_net}.ts) against
 // engine/reference/{deltanet,norms}.ts, token by token, for both key-head pairings; and the
 // recurrence's batch invariance (a run of tokens in one call or split into calls, bit for bit).
 
 import { createStorage } from "../engine/gpu/buffers.ts";
 import type { GpuContext } from "../engine/gpu/device.ts";
-import { gatedDeltaNet, prepareGatedDeltaNet } from "../engine/kernels/gated_delta_net.ts";
-import { prepareSsmConv, ssmConv } from "../engine/kernels/ssm_conv.ts";
+import { gatedDeltaNet, prepareGatedDeltaNet } from "../engine/gpu/kernels/gated_delta_net.ts";
+import { prepareSsmConv, ssmConv } from "../engine/gpu/kernels/ssm_conv.ts";
 import { convStep, deltaNetGates, deltaNetStep } from "../engine/reference/deltanet.ts";
 import { gatedRmsNorm, l2NormHeads } from "../engine/reference/norms.ts";
 import { assertClose, gpuTest, randomF32, readF32, rng, submit, upload } from "./_gpu.ts";

@@ -1,9 +1,9 @@
-// engine/generate.ts on the GPU engine: the fused path (several greedy steps per submission)
+// engine/greedy_loop.ts on the GPU engine: the fused path (several greedy steps per submission)
 // gives the same ids as the per-token path, and a stop id inside a fused batch ends the output.
 
 import assert from "node:assert/strict";
-import { openGpuStage } from "../engine/forward/gpu_stage.ts";
-import { generateGreedy } from "../engine/generate.ts";
+import { openGpuStage } from "../engine/gpu/gpu_stage.ts";
+import { generateGreedy } from "../engine/greedy_loop.ts";
 import { openGguf } from "../engine/gguf/read.ts";
 import { gpuTest } from "./_gpu.ts";
 import { testModel } from "./_models.ts";

@@ -2,8 +2,8 @@
 // checks and bounds as the CPU reference (tests/_parity.ts), through the GPU stage.
 
 import assert from "node:assert/strict";
-import { openGpuStage } from "../engine/forward/gpu_stage.ts";
-import { readHParams } from "../engine/model/hparams.ts";
+import { openGpuStage } from "../engine/gpu/gpu_stage.ts";
+import { readHParams } from "../engine/hparams.ts";
 import type { GpuContext } from "../engine/gpu/device.ts";
 import { gpuTest } from "./_gpu.ts";
 import {

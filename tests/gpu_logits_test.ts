@@ -1,10 +1,10 @@
-// GPU greedy ids and top-k (engine/kernels/{argmax,topk}.ts) against engine/reference/logits.ts,
+// GPU greedy ids and top-k (engine/gpu/kernels/{argmax,topk}.ts) against engine/reference/logits.ts,
 // including ties, which must break toward the lower id exactly as the reference does.
 
 import assert from "node:assert/strict";
 import { createStorage } from "../engine/gpu/buffers.ts";
-import { argmax, prepareArgmax } from "../engine/kernels/argmax.ts";
-import { prepareTopK, topK, topKScratchWords } from "../engine/kernels/topk.ts";
+import { argmax, prepareArgmax } from "../engine/gpu/kernels/argmax.ts";
+import { prepareTopK, topK, topKScratchWords } from "../engine/gpu/kernels/topk.ts";
 import { argmaxTopK } from "../engine/reference/logits.ts";
 import { gpuTest, randomF32, readU32, rng, submit, upload } from "./_gpu.ts";
 

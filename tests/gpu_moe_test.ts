@@ -1,10 +1,10 @@
-// GPU MoE routing and expert-output sum (engine/kernels/{moe_route,moe_sum}.ts) against
+// GPU MoE routing and expert-output sum (engine/gpu/kernels/{moe_route,moe_sum}.ts) against
 // engine/reference/ffn.ts moeRoute and the llama.cpp summation order.
 
 import assert from "node:assert/strict";
 import { createStorage } from "../engine/gpu/buffers.ts";
-import { moeRoute, prepareMoeRoute } from "../engine/kernels/moe_route.ts";
-import { moeSum, prepareMoeSum } from "../engine/kernels/moe_sum.ts";
+import { moeRoute, prepareMoeRoute } from "../engine/gpu/kernels/moe_route.ts";
+import { moeSum, prepareMoeSum } from "../engine/gpu/kernels/moe_sum.ts";
 import { moeRoute as refRoute } from "../engine/reference/ffn.ts";
 import { sigmoid } from "../engine/reference/math.ts";
 import { assertClose, gpuTest, randomF32, readF32, readU32, rng, submit, upload } from "./_gpu.ts";

@@ -1,4 +1,4 @@
-// GPU matrix products (engine/kernels/mul_mat.ts) against the CPU dequantizer and float64 dots.
+// GPU matrix products (engine/gpu/kernels/mul_mat.ts) against the CPU dequantizer and float64 dots.
 // Covers every weight type, decode and prefill tiles, split parts, expert ids, SwiGLU input, add.
 
 import assert from "node:assert/strict";
@@ -10,11 +10,11 @@ import {
   gatherWords,
   moeGather,
   prepareMoeGather,
-} from "../engine/kernels/moe_gather.ts";
-import { MUL_MAT_TYPES, mulMat, PREFILL_TT, prepareMulMat } from "../engine/kernels/mul_mat.ts";
+} from "../engine/gpu/kernels/moe_gather.ts";
+import { MUL_MAT_TYPES, mulMat, PREFILL_TT, prepareMulMat } from "../engine/gpu/kernels/mul_mat.ts";
 import { dequantize } from "../engine/quant/dequant.ts";
-import { randomBlocks } from "../engine/quant/quantize.ts";
-import { GgmlType, rowBytes, typeName } from "../engine/quant/types.ts";
+import { randomBlocks } from "../tools/synth/quantize.ts";
+import { GgmlType, rowBytes, typeName } from "../engine/quant/ggml_types.ts";
 import { assertClose, gpuTest, randomF32, readF32, rng, submit, upload } from "./_gpu.ts";
 
 // f32 products summed in a different order than the float64 reference: each output is off by

@@ -1,15 +1,19 @@
-// GPU RMSNorm, embedding lookup and q/k norm + RoPE (engine/kernels/{rms_norm,get_rows,
+// GPU RMSNorm, embedding lookup and q/k norm + RoPE (engine/gpu/kernels/{rms_norm,get_rows,
 // qk_norm_rope}.ts) against engine/reference and engine/quant on random inputs.
 
 import { createStorage } from "../engine/gpu/buffers.ts";
 import { uploadTensorBytes } from "../engine/gpu/tensor.ts";
-import { getRows, prepareGetRows } from "../engine/kernels/get_rows.ts";
-import { kNormRopeStore, prepareQkNormRope, qNormRope } from "../engine/kernels/qk_norm_rope.ts";
-import { prepareRmsNorm, rmsNorm } from "../engine/kernels/rms_norm.ts";
+import { getRows, prepareGetRows } from "../engine/gpu/kernels/get_rows.ts";
+import {
+  kNormRopeStore,
+  prepareQkNormRope,
+  qNormRope,
+} from "../engine/gpu/kernels/qk_norm_rope.ts";
+import { prepareRmsNorm, rmsNorm } from "../engine/gpu/kernels/rms_norm.ts";
 import { dequantize } from "../engine/quant/dequant.ts";
 import { f16ToF32 } from "../engine/quant/f16.ts";
-import { randomBlocks } from "../engine/quant/quantize.ts";
-import { GgmlType, rowBytes } from "../engine/quant/types.ts";
+import { randomBlocks } from "../tools/synth/quantize.ts";
+import { GgmlType, rowBytes } from "../engine/quant/ggml_types.ts";
 import { rmsNorm as refRmsNorm } from "../engine/reference/norms.ts";
 import { ropeImrope, ropeNeox, ropeThetaScale } from "../engine/reference/rope.ts";
 import { assertClose, gpuTest, randomF32, readF32, readU32, rng, submit, upload } from "./_gpu.ts";

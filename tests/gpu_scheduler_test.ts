@@ -2,12 +2,12 @@
 // (decodeGreedy) and must end exactly where per-step decoding ends, on length and on stop text.
 
 import assert from "node:assert/strict";
-import { openGpuStage } from "../engine/forward/gpu_stage.ts";
+import { openGpuStage } from "../engine/gpu/gpu_stage.ts";
 import { openGguf } from "../engine/gguf/read.ts";
 import type { Stage } from "../engine/stage.ts";
 import { Scheduler } from "../lib/scheduler/scheduler.ts";
 import type { SequenceEvent, SequenceRequest } from "../lib/scheduler/sequence.ts";
-import { tinyModel } from "../lib/server/_test_utils.ts";
+import { tinyModel } from "./_head.ts";
 import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { gpuTest } from "./_gpu.ts";
 

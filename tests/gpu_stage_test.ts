@@ -1,15 +1,15 @@
-// Gates of the WebGPU stage (engine/forward/gpu_stage.ts) on the generated tiny models:
+// Gates of the WebGPU stage (engine/gpu/gpu_stage.ts) on the generated tiny models:
 // greedy ids and logits against the float64 CPU reference, split == unsplit at every layer
 // boundary, interleaved slots == solo runs, snapshot/restore, split weight parts, request errors.
 
 import assert from "node:assert/strict";
-import { type GpuStage, openGpuStage, type StepProfile } from "../engine/forward/gpu_stage.ts";
-import type { GgufModel } from "../engine/gguf/types.ts";
+import { type GpuStage, openGpuStage, type StepProfile } from "../engine/gpu/gpu_stage.ts";
+import type { GgufModel } from "../engine/gguf/gguf_model.ts";
 import type { GpuContext } from "../engine/gpu/device.ts";
-import { readHParams } from "../engine/model/hparams.ts";
+import { readHParams } from "../engine/hparams.ts";
 import { runPipeline } from "../engine/pipeline.ts";
 import { argmaxTopK } from "../engine/reference/logits.ts";
-import { openReferenceStage } from "../engine/reference/stage.ts";
+import { openReferenceStage } from "../engine/reference/reference_stage.ts";
 import type { Stage } from "../engine/stage.ts";
 import { gpuTest } from "./_gpu.ts";
 import type { TestModelSpec } from "./_models.ts";

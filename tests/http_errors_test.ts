@@ -2,7 +2,7 @@
 // API keys, model listing, probes, /health and /metrics on an unsplit head.
 
 import assert from "node:assert/strict";
-import { post, startTestHead, type TestHead } from "../lib/server/_test_utils.ts";
+import { post, startTestHead, type TestHead } from "./_head.ts";
 
 const good = {
   model: "claude-sonnet-4-5",

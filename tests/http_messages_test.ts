@@ -2,7 +2,7 @@
 // buffered, stop sequences, prefix cache, forced tool calls and their round trip, cancellation.
 
 import assert from "node:assert/strict";
-import { parseSse, post, startTestHead, streamedText, waitFor } from "../lib/server/_test_utils.ts";
+import { parseSse, post, startTestHead, streamedText, waitFor } from "./_head.ts";
 
 const ask = (content: string, extra: Record<string, unknown> = {}) => ({
   model: "anything",

@@ -2,15 +2,8 @@
 // kill drill (partial tokens + clean error, head survives, serves again after a restart).
 
 import assert from "node:assert/strict";
-import {
-  parseSse,
-  post,
-  startTestHead,
-  streamedText,
-  tinyModel,
-  waitFor,
-} from "../lib/server/_test_utils.ts";
-import { freePort, startWorker, type WorkerProcess } from "../lib/wire/_test_utils.ts";
+import { parseSse, post, startTestHead, streamedText, tinyModel, waitFor } from "./_head.ts";
+import { freePort, startWorker, type WorkerProcess } from "./_workers.ts";
 
 const ask = (content: string, extra: Record<string, unknown> = {}) => ({
   model: "m",

@@ -2,9 +2,9 @@
 // End-to-end numeric check of engine/reference (GGUF → stage → logits); tests/_parity.ts compares.
 
 import assert from "node:assert/strict";
-import { readHParams } from "../engine/model/hparams.ts";
-import { openReferenceStage } from "../engine/reference/stage.ts";
-import { type ModelFixture, readFixture } from "../tools/fixtures/format.ts";
+import { readHParams } from "../engine/hparams.ts";
+import { openReferenceStage } from "../engine/reference/reference_stage.ts";
+import { type ModelFixture, readFixture } from "../tools/fixtures/fixture_format.ts";
 import {
   checkFixture,
   checkFreeRunning,

@@ -3,7 +3,7 @@
 
 import assert from "node:assert/strict";
 import Anthropic from "@anthropic-ai/sdk";
-import { startTestHead } from "../lib/server/_test_utils.ts";
+import { startTestHead } from "./_head.ts";
 
 const tools: Anthropic.Tool[] = [{
   name: "get_weather",

@@ -3,7 +3,7 @@
 
 import assert from "node:assert/strict";
 import OpenAI from "openai";
-import { startTestHead } from "../lib/server/_test_utils.ts";
+import { startTestHead } from "./_head.ts";
 
 const tools: OpenAI.ChatCompletionTool[] = [{
   type: "function",

@@ -3,16 +3,16 @@
 
 import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf/read.ts";
-import { openReferenceStage } from "../engine/reference/stage.ts";
+import { openReferenceStage } from "../engine/reference/reference_stage.ts";
 import type { Stage, StageInput, StageOutput, StageRunOptions, TopEntry } from "../engine/stage.ts";
 import { StageLink } from "../lib/scheduler/link.ts";
 import { OverloadedError, Scheduler } from "../lib/scheduler/scheduler.ts";
 import type { SequenceEvent, SequenceRequest } from "../lib/scheduler/sequence.ts";
-import { tinyModel } from "../lib/server/_test_utils.ts";
+import { tinyModel } from "./_head.ts";
 import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { modelFingerprint } from "../lib/wire/hello.ts";
 import { RemoteStage } from "../lib/wire/remote_stage.ts";
-import { startWorker } from "../lib/wire/_test_utils.ts";
+import { startWorker } from "./_workers.ts";
 
 interface Span {
   readonly slot: number;

@@ -4,7 +4,11 @@
 import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf/read.ts";
 import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
-import { readFixture, TOKENIZER_FIXTURE, type TokenizerFixture } from "../tools/fixtures/format.ts";
+import {
+  readFixture,
+  TOKENIZER_FIXTURE,
+  type TokenizerFixture,
+} from "../tools/fixtures/fixture_format.ts";
 import { testModel } from "./_models.ts";
 import { checkModelHash } from "./_parity.ts";
 

@@ -2,13 +2,13 @@
 // give the greedy ids and top-k of the single-process engine, for every test model arch.
 
 import assert from "node:assert/strict";
-import { generateGreedy } from "../engine/generate.ts";
+import { generateGreedy } from "../engine/greedy_loop.ts";
 import { openGguf } from "../engine/gguf/read.ts";
-import type { GgufModel } from "../engine/gguf/types.ts";
-import { openGpuStage } from "../engine/forward/gpu_stage.ts";
-import { openReferenceStage } from "../engine/reference/stage.ts";
+import type { GgufModel } from "../engine/gguf/gguf_model.ts";
+import { openGpuStage } from "../engine/gpu/gpu_stage.ts";
+import { openReferenceStage } from "../engine/reference/reference_stage.ts";
 import type { Stage } from "../engine/stage.ts";
-import { startWorker } from "../lib/wire/_test_utils.ts";
+import { startWorker } from "./_workers.ts";
 import { connectRemoteStage } from "../lib/wire/remote_stage.ts";
 import { gpuTest } from "./_gpu.ts";
 import { testModel, type TestModelSpec } from "./_models.ts";

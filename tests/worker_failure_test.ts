@@ -2,12 +2,12 @@
 // worker serves the next sequence, and a middle worker reports its dead next stage and reconnects.
 
 import assert from "node:assert/strict";
-import { generateGreedy } from "../engine/generate.ts";
+import { generateGreedy } from "../engine/greedy_loop.ts";
 import { openGguf } from "../engine/gguf/read.ts";
-import type { GgufModel } from "../engine/gguf/types.ts";
-import { openReferenceStage } from "../engine/reference/stage.ts";
+import type { GgufModel } from "../engine/gguf/gguf_model.ts";
+import { openReferenceStage } from "../engine/reference/reference_stage.ts";
 import type { Stage } from "../engine/stage.ts";
-import { startWorker } from "../lib/wire/_test_utils.ts";
+import { startWorker } from "./_workers.ts";
 import { ErrorCode } from "../lib/wire/frame.ts";
 import { StageUnavailableError } from "../lib/wire/peer.ts";
 import { connectRemoteStage, type RemoteStage } from "../lib/wire/remote_stage.ts";

@@ -3,8 +3,8 @@
 
 import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf/read.ts";
-import { openReferenceStage } from "../engine/reference/stage.ts";
-import { runWorkerToExit, startWorker } from "../lib/wire/_test_utils.ts";
+import { openReferenceStage } from "../engine/reference/reference_stage.ts";
+import { runWorkerToExit, startWorker } from "./_workers.ts";
 import { ErrorCode } from "../lib/wire/frame.ts";
 import { importKey } from "../lib/wire/hello.ts";
 import { StageUnavailableError } from "../lib/wire/peer.ts";

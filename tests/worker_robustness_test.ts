@@ -3,8 +3,8 @@
 
 import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf/read.ts";
-import { openReferenceStage } from "../engine/reference/stage.ts";
-import { type RawClient, rawClient, startWorker } from "../lib/wire/_test_utils.ts";
+import { openReferenceStage } from "../engine/reference/reference_stage.ts";
+import { type RawClient, rawClient, startWorker } from "./_workers.ts";
 import { deadline } from "../lib/wire/deadline.ts";
 import {
   encodeFrame,

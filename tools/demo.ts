@@ -1,7 +1,7 @@
 // `deno task demo`: makes the default model if missing, runs a worker (layers 2:4) and a head (0:2)
 // on loopback, streams one /v1/messages reply with per-stage timings, then serves until Ctrl-C.
 
-import { generateModel, modelFileStem, type ModelSpec } from "../engine/model/generate_model.ts";
+import { generateModel, modelFileStem, type ModelSpec } from "./synth/generate_model.ts";
 import { parseBackend } from "../engine/open_stage.ts";
 import { type RunningHead, startHead } from "../main.ts";
 import { parseCommandLine } from "../lib/cli.ts";

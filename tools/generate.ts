@@ -1,9 +1,9 @@
 // `deno task generate`: greedy continuation of a prompt on one process or a chain of stages.
-// Flags → model, tokenizer, local stage (+ remote stages via --next) → engine/generate.ts → stdout.
+// Flags → model, tokenizer, local stage (+ remote stages via --next) → engine/greedy_loop.ts → stdout.
 
 import { parseArgs } from "node:util";
 import { openGguf } from "../engine/gguf/read.ts";
-import { generateGreedy } from "../engine/generate.ts";
+import { generateGreedy } from "../engine/greedy_loop.ts";
 import { checkChain } from "../engine/pipeline.ts";
 import { openLocalStage, parseBackend, parseLayers } from "../engine/open_stage.ts";
 import type { Stage } from "../engine/stage.ts";

@@ -9,9 +9,9 @@ import {
   planModel,
   type Quant,
   QUANTS,
-} from "../engine/model/generate_model.ts";
-import { type Arch, ARCHS } from "../engine/model/hparams.ts";
-import { type PresetName, PRESETS } from "../engine/model/presets.ts";
+} from "./synth/generate_model.ts";
+import { type Arch, ARCHS } from "../engine/hparams.ts";
+import { type PresetName, PRESETS } from "./synth/presets.ts";
 import { parseCommandLine } from "../lib/cli.ts";
 
 const USAGE = `Usage: deno task make-model [options]

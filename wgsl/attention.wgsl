@@ -1,7 +1,7 @@
 // attention: pass 1 of causal GQA attention (split-K): for one token, one KV head, up to GMAX of
 // its query heads and one block b of positions [b·B, (b+1)·B) ∩ [0, npos), the block partial
 // m = max s, l = Σ exp(s − m), acc = Σ exp(s − m)·V with s = q·K/√dh. Matches
-// engine/reference/attention.ts once wgsl/attention_combine.wgsl folds the blocks.
+// engine/reference/gqa_attention.ts once wgsl/attention_combine.wgsl folds the blocks.
 // Bindings: 0 q: head h of token t at t·q_stride_t + h·q_stride_h, f32 | 1 kc, 2 vc: caches
 //   (pos, hkv, DH) f16 pairs in u32 | 3 part: slot s = (tl·hq + h)·nbs + b holds (m, l) at 2s
 //   and acc[DH] at 2·tokens·hq·nbs + s·DH | 4 params. Token t = t0 + tl sees 0 ..= pos0 + t.

@@ -1,7 +1,7 @@
 // attention_combine: pass 2 of causal GQA attention: folds the block partials of
 // wgsl/attention.wgsl for one (token, query head), o = Σ_b acc_b·e^(m_b − M) / Σ_b l_b·e^(m_b − M)
 // with M = max_b m_b, then the sigmoid output gate o ⊙ sigmoid(gate). Matches
-// engine/reference/attention.ts. The token's block count ⌈npos/B⌉ and every summation order
+// engine/reference/gqa_attention.ts. The token's block count ⌈npos/B⌉ and every summation order
 // depend only on its position, so results do not depend on how tokens are grouped into calls.
 // Bindings: 0 part: slot s = (tl·hq + h)·nbs + b holds (m, l) at 2s and acc[DH] at
 //   2·tokens·hq·nbs + s·DH | 1 q: gate of head h of token t at t·q_stride_t + h·q_stride_h +

@@ -13,7 +13,7 @@
 //          |      | each tensor's bytes start at data start + its offset (a multiple of the alignment)
 // string = u64 byte length + UTF-8 bytes (no NUL); array = u32 item type, u64 count, items.
 
-import { blockGeometry, type GgmlType, typeName } from "../quant/types.ts";
+import { blockGeometry, type GgmlType, typeName } from "../quant/ggml_types.ts";
 
 export const GGUF_MAGIC = "GGUF";
 export const SUPPORTED_VERSIONS: readonly number[] = [2, 3];

@@ -1,7 +1,7 @@
 // One GGUF file's header (magic, version, metadata, tensor infos), parsed with positioned reads.
 // The first step of engine/gguf/read.ts; hostile bytes stop here as a SyntaxError with the offset.
 
-import { blockGeometry, type GgmlType, typeName } from "../quant/types.ts";
+import { blockGeometry, type GgmlType, typeName } from "../quant/ggml_types.ts";
 import {
   alignUp,
   DEFAULT_ALIGNMENT,
@@ -17,7 +17,7 @@ import {
   tensorBytes,
   ValueType,
 } from "./format.ts";
-import type { GgufValue } from "./types.ts";
+import type { GgufValue } from "./gguf_model.ts";
 
 /** A tensor info resolved against its file: `fileOffset` is absolute. */
 export interface HeaderTensor {
@@ -333,7 +333,7 @@ async function readTensorInfo(c: Cursor, index: number, names: Set<string>): Pro
     throw c.error(
       at,
       `tensor ${label} has type ${typeName(type)}, which this engine cannot read; ` +
-        `use a file quantized to a supported type (engine/quant/types.ts)`,
+        `use a file quantized to a supported type (engine/quant/ggml_types.ts)`,
     );
   }
   const problem = shapeProblem(shape, type);

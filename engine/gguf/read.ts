@@ -9,7 +9,7 @@ import {
   parseShardPath,
   shardPath,
 } from "./format.ts";
-import type { GgufModel, GgufTensorInfo, GgufValue } from "./types.ts";
+import type { GgufModel, GgufTensorInfo, GgufValue } from "./gguf_model.ts";
 
 /** One open file. Seek+read pairs are queued so concurrent tensor reads cannot interleave. */
 class ShardFile {

@@ -2,11 +2,11 @@
 // placement, truncation at every byte, random corruption, lazy reads and argument range checks.
 
 import assert from "node:assert/strict";
-import { GgmlType } from "../quant/types.ts";
-import { assertOpenFails, Bytes, openFilesUnder, put, withTempDir } from "./_test_utils.ts";
+import { GgmlType } from "../quant/ggml_types.ts";
+import { assertOpenFails, Bytes, openFilesUnder, put, withTempDir } from "./_gguf_bytes.ts";
 import { MAX_HEADER_BYTES } from "./format.ts";
 import { openGguf } from "./read.ts";
-import { writeGguf } from "./write.ts";
+import { writeGguf } from "../../tools/gguf/gguf_write.ts";
 
 const F32 = GgmlType.F32;
 

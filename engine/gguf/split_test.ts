@@ -2,10 +2,10 @@
 // renamed, mixed or inconsistent shards with an error that names the file and the fix.
 
 import assert from "node:assert/strict";
-import { GgmlType } from "../quant/types.ts";
-import { assertOpenFails, Bytes, put, withTempDir } from "./_test_utils.ts";
+import { GgmlType } from "../quant/ggml_types.ts";
+import { assertOpenFails, Bytes, put, withTempDir } from "./_gguf_bytes.ts";
 import { openGguf } from "./read.ts";
-import { type GgufTensorPlan, writeGguf } from "./write.ts";
+import { type GgufTensorPlan, writeGguf } from "../../tools/gguf/gguf_write.ts";
 
 /** One hand-made shard: the three split.* keys and [4] f32 tensors with 16 bytes of data each. */
 function shard(no: number, count: number, total: number, names: readonly string[]): Uint8Array {

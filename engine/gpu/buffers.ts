@@ -1,5 +1,5 @@
 // GPU buffers: creation with 4-byte padding, uploads in bounded pieces, and readbacks.
-// Used by the weight loader (engine/weights/), the stage's state and activations, and tests.
+// Used by the weight loader (engine/gpu/gpu_weights.ts), the stage's state and activations, and tests.
 
 import type { GpuContext } from "./device.ts";
 

@@ -1,6 +1,6 @@
 // One step's GPU work: dispatches, copies and clears recorded, then encoded in one command
 // buffer with every dispatch's Params written to a uniform arena by a single writeBuffer.
-// The forward pass (engine/forward/) records into a StepEncoder; kernel modules add dispatches.
+// The forward pass (engine/gpu/gpu_forward.ts) records into a StepEncoder; kernel modules add dispatches.
 
 import { type BufferRef, isSlice } from "./buffers.ts";
 import type { GpuContext } from "./device.ts";

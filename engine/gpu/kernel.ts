@@ -1,5 +1,5 @@
 // Kernel families as the host sees them: bindings, the Params layout, and cached pipelines.
-// Each engine/kernels/<family>.ts declares one KernelLayout; engine/gpu/encoder.ts dispatches it.
+// Each engine/gpu/kernels/<family>.ts declares one KernelLayout; engine/gpu/encoder.ts dispatches it.
 
 import type { GpuContext } from "./device.ts";
 import { type Defines, expandWgsl } from "./wgsl.ts";

@@ -1,11 +1,11 @@
 // Weight tensors in GPU memory, still quantized, split into parts that each fit one binding.
-// Filled by engine/weights/load_stage.ts; read by the kernels (engine/kernels/*) part by part.
+// Filled by engine/gpu/gpu_weights.ts; read by the kernels (engine/gpu/kernels/*) part by part.
 //
 // A tensor of GGUF shape {cols, rows[, E]} is rows·E rows of `cols` values; a part holds whole
 // rows (whole experts for a 3-D stack) so a kernel can work on each part with its own binding.
 
-import type { GgufModel } from "../gguf/types.ts";
-import { GgmlType, rowBytes, typeName } from "../quant/types.ts";
+import type { GgufModel } from "../gguf/gguf_model.ts";
+import { GgmlType, rowBytes, typeName } from "../quant/ggml_types.ts";
 import { createStorage, writeBytes } from "./buffers.ts";
 import type { GpuContext } from "./device.ts";
 

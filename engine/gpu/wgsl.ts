@@ -1,5 +1,5 @@
 // WGSL sources in wgsl/ and the tiny preprocessor that turns one file into one kernel variant.
-// Used by engine/gpu/kernel.ts when it builds a pipeline; tests/wgsl_contract_test.ts reads the
+// Used by engine/gpu/kernel.ts when it builds a pipeline; engine/gpu/wgsl_contract_test.ts reads the
 // same expanded text.
 //
 // Directives (line-based, nothing else): `#include "file"` (from wgsl/), `#ifdef NAME`,

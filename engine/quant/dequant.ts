@@ -8,7 +8,7 @@
 // Storing into the Float32Array does that rounding; Math.fround marks the per-sub-block scale
 // products that C keeps in f32 variables, so the code reads like the C it must match.
 
-import { blockGeometry, GgmlType, typeName } from "./types.ts";
+import { blockGeometry, GgmlType, typeName } from "./ggml_types.ts";
 import { f16ToF32 } from "./f16.ts";
 import { KVALUES_IQ4NL as KV, readF16, unpackScaleMinK4 } from "./blocks.ts";
 

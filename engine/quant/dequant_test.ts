@@ -3,7 +3,7 @@
 
 import assert from "node:assert/strict";
 import { DEQUANT_TYPES, dequantize } from "./dequant.ts";
-import { GgmlType } from "./types.ts";
+import { GgmlType } from "./ggml_types.ts";
 
 /** kvalues_iq4nl as printed in model-arch.md §6.1. */
 const KV = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];

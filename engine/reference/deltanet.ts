@@ -1,9 +1,9 @@
 // Gated DeltaNet pieces for one token: causal depthwise conv, gates, and the state recurrence.
-// Called by the DeltaNet block in engine/reference/forward.ts; the GPU ssm_conv / gated_delta_net oracle.
+// Called by the DeltaNet block in engine/reference/reference_forward.ts; the GPU ssm_conv / gated_delta_net oracle.
 //
 // Dimensions: C conv channels, Kc conv taps, Nk/Nv key/value heads, Dk/Dv their head dims.
 
-import { type HParams, keyHeadOf } from "../model/hparams.ts";
+import { type HParams, keyHeadOf } from "../hparams.ts";
 import { sigmoid, silu, softplus, type Vec } from "./math.ts";
 
 /**

@@ -1,5 +1,5 @@
 // Feed-forward pieces: SwiGLU, the gate/up/down expert, and the MoE router.
-// Used by the FFN half of every block in engine/reference/forward.ts; oracle for the GPU MoE kernels.
+// Used by the FFN half of every block in engine/reference/reference_forward.ts; oracle for the GPU MoE kernels.
 
 import { matVec, silu, type Vec } from "./math.ts";
 

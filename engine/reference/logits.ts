@@ -1,5 +1,5 @@
 // Greedy choice and top-k candidates from one position's logits.
-// Used by the last reference stage (engine/reference/stage.ts); the GPU argmax/top-k oracle.
+// Used by the last reference stage (engine/reference/reference_stage.ts); the GPU argmax/top-k oracle.
 
 import type { TopEntry } from "../stage.ts";
 import type { Vec } from "./math.ts";

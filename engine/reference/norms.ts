@@ -1,5 +1,5 @@
 // Row normalisations of the hybrid block: RMSNorm, per-head L2 norm, gated RMSNorm.
-// Called by engine/reference/forward.ts; the GPU norm kernels are tested against these.
+// Called by engine/reference/reference_forward.ts; the GPU norm kernels are tested against these.
 
 import { silu, type Vec } from "./math.ts";
 

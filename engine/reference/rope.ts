@@ -1,5 +1,5 @@
 // Partial rotary position embedding exactly as ggml builds its angles: NEOX and IMROPE.
-// Applied to q and k of full-attention blocks by engine/reference/forward.ts; the GPU rope kernel's oracle.
+// Applied to q and k of full-attention blocks by engine/reference/reference_forward.ts; the GPU rope kernel's oracle.
 
 import type { Vec } from "./math.ts";
 

@@ -5,7 +5,7 @@ import type { SequenceEvent, StopReason, TokenProbs } from "../scheduler/sequenc
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
 import { ApiError, errorResponse, toApiError } from "./api_error.ts";
 import { Field, type JsonObject, readSeed } from "./fields.ts";
-import { type Head, resolveSampling, streamSignal } from "./generate.ts";
+import { type Head, resolveSampling, streamSignal } from "./admit.ts";
 import { checkFits } from "./prompt.ts";
 import { type SseMessage, SseStream } from "./sse.ts";
 

@@ -4,7 +4,7 @@
 import { ApiError, errorResponse, type Flavor, toApiError } from "./api_error.ts";
 import { createCompletion } from "./completion.ts";
 import { type JsonObject, parseBody } from "./fields.ts";
-import { type Head, randomId } from "./generate.ts";
+import { type Head, randomId } from "./admit.ts";
 import { countTokens, createMessage } from "./messages.ts";
 import { renderMetrics, RequestCounter } from "./metrics.ts";
 import { createChatCompletion } from "./openai.ts";

@@ -5,7 +5,7 @@ import type { ChatMessage, ChatToolCall } from "../tokenizer/chat_template.ts";
 import { errorResponse, invalidField, toApiError } from "./api_error.ts";
 import { AnthropicEventStream, anthropicUsage } from "./events.ts";
 import { describeJson, Field, type JsonObject } from "./fields.ts";
-import { admitChat, type Head, randomId, type SamplingRequest, streamSignal } from "./generate.ts";
+import { admitChat, type Head, randomId, type SamplingRequest, streamSignal } from "./admit.ts";
 import { collectReply, type Reply, type ToolSpec } from "./output.ts";
 import type { ChatRequest, ToolChoice } from "./prompt.ts";
 import { SseStream } from "./sse.ts";

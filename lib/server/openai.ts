@@ -5,7 +5,7 @@ import type { Usage } from "../scheduler/sequence.ts";
 import type { ChatMessage, ChatToolCall } from "../tokenizer/chat_template.ts";
 import { errorResponse, toApiError } from "./api_error.ts";
 import { Field, type JsonObject, readSeed } from "./fields.ts";
-import { admitChat, type Head, randomId, type SamplingRequest, streamSignal } from "./generate.ts";
+import { admitChat, type Head, randomId, type SamplingRequest, streamSignal } from "./admit.ts";
 import { collectReply, type ReplyEvent, type ReplyStopReason, type ToolSpec } from "./output.ts";
 import type { ChatRequest, ToolChoice } from "./prompt.ts";
 import { type SseMessage, SseStream } from "./sse.ts";

@@ -1,5 +1,5 @@
 // Tests for lib/tokenizer/chat_template.ts: the variables a template sees and the errors it raises.
-// The project's own template is tested in engine/model/chat_template_test.ts.
+// The project's own template is tested in tools/synth/qwen_chat_template_test.ts.
 
 import assert from "node:assert/strict";
 import { renderChat } from "./chat_template.ts";

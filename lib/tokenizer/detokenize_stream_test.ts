@@ -2,7 +2,7 @@
 // invalid and unfinished bytes, a leading BOM, and the generated test vocabulary end to end.
 
 import assert from "node:assert/strict";
-import { tinyTokenizer } from "./_test_utils.ts";
+import { tinyTokenizer } from "../../tests/_tiny_tokenizer.ts";
 import { DetokenizeStream } from "./detokenize_stream.ts";
 
 /** A stand-in tokenizer whose token i is the i-th byte array. */

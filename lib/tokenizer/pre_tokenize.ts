@@ -1,5 +1,5 @@
 // Byte-level BPE input: the split regex named by tokenizer.ggml.pre, and GPT-2's byte ↔ char map.
-// Used by lib/tokenizer/tokenizer.ts (encoding) and engine/model/vocab.ts (training the vocab).
+// Used by lib/tokenizer/tokenizer.ts (encoding) and tools/synth/vocab.ts (training the vocab).
 
 /** The `tokenizer.ggml.pre` values we can split for (model-arch.md §2.3). */
 export type PreTokenizerName = "qwen2" | "qwen35";

@@ -2,7 +2,7 @@
 // Prompt text (lib/tokenizer/chat_template.ts) → ids for the scheduler; ids → bytes for output.
 
 import { BPE } from "@huggingface/tokenizers";
-import type { GgufValue } from "../../engine/gguf/types.ts";
+import type { GgufValue } from "../../engine/gguf/gguf_model.ts";
 import {
   byteLevelDecode,
   byteLevelEncode,

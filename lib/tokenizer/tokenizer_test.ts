@@ -2,11 +2,11 @@
 // does it, round trips over varied text, a naive-BPE cross-check, and metadata errors.
 
 import assert from "node:assert/strict";
-import type { GgufValue } from "../../engine/gguf/types.ts";
-import { handMetadata, tinyTokenizer, vocabMetadata } from "./_test_utils.ts";
+import type { GgufValue } from "../../engine/gguf/gguf_model.ts";
+import { handMetadata, tinyTokenizer, vocabMetadata } from "../../tests/_tiny_tokenizer.ts";
 import { byteLevelEncode, preTokenize, type PreTokenizerName } from "./pre_tokenize.ts";
 import { TextTokenizer, TokenType } from "./tokenizer.ts";
-import { buildVocab } from "../../engine/model/vocab.ts";
+import { buildVocab } from "../../tools/synth/vocab.ts";
 
 const A = 0x61, B = 0x62, X = 0x78, SPACE = 0x20;
 
@@ -163,7 +163,7 @@ function naiveBpe(word: string, ranks: ReadonlyMap<string, number>): string[] {
 
 Deno.test("encode agrees with a naive BPE on the corpus and random text", async () => {
   const corpus = await Deno.readTextFile(
-    new URL("../../engine/model/vocab_corpus.txt", import.meta.url),
+    new URL("../../tools/synth/vocab_corpus.txt", import.meta.url),
   );
   let seed = 99;
   let random = "";

@@ -10,7 +10,7 @@
 // itself never crosses the wire. Each side proves itself: the worker checks the client's proof,
 // the client checks the worker's, so neither talks to an impostor.
 
-import type { GgufModel } from "../../engine/gguf/types.ts";
+import type { GgufModel } from "../../engine/gguf/gguf_model.ts";
 import { encodeHelloInfo, FINGERPRINT_BYTES, type HelloInfo, MAGIC, PROOF_BYTES } from "./frame.ts";
 
 /** What a connecting stage needs from the chain behind a worker. */

@@ -1,7 +1,7 @@
 // "The rest of the chain" as a Stage: layers [first, nLayer) served by a worker behind a Peer.
 // Composed after a local stage by generate, the head, and middle workers (stage_server.ts).
 
-import type { GgufModel } from "../../engine/gguf/types.ts";
+import type { GgufModel } from "../../engine/gguf/gguf_model.ts";
 import type {
   Stage,
   StageInput,

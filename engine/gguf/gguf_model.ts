@@ -1,0 +1,38 @@
+// The shape of an opened GGUF model (one file or all shards of a split): metadata and tensors.
+// Implemented by engine/gguf/read.ts; used by the weight loaders, the generator and the tools.
+
+import type { GgmlType } from "../quant/ggml_types.ts";
+
+/** A metadata value. Integers of every width are numbers; u64/i64 beyond 2^53 are bigints. */
+export type GgufValue = number | bigint | boolean | string | GgufValue[];
+
+/** One tensor as the file describes it. `shape` is ggml's `ne`: shape[0] varies fastest. */
+export interface GgufTensorInfo {
+  readonly name: string;
+  readonly shape: readonly number[];
+  readonly type: GgmlType;
+  /** Byte size of the tensor's data. */
+  readonly nbytes: number;
+  /** Index of the shard (0-based) that holds the data. */
+  readonly shard: number;
+  /** Absolute byte offset of the data in that shard's file. */
+  readonly fileOffset: number;
+}
+
+/** An opened model. Tensor data is read lazily with positioned reads. */
+export interface GgufModel {
+  /** Path of the first (or only) file. */
+  readonly path: string;
+  readonly version: number;
+  /** Paths of all shards, in shard order. */
+  readonly shardPaths: readonly string[];
+  /** All metadata keys (from shard 0 of a split; the split.* keys included). */
+  readonly metadata: ReadonlyMap<string, GgufValue>;
+  /** All tensors over all shards, in file order. */
+  readonly tensors: ReadonlyMap<string, GgufTensorInfo>;
+  /** Reads a whole tensor's bytes. Throws a RangeError naming the tensor if absent. */
+  readTensor(name: string): Promise<Uint8Array>;
+  /** Reads `length` bytes starting `start` bytes into a tensor's data (e.g. one expert's rows). */
+  readTensorBytes(name: string, start: number, length: number): Promise<Uint8Array>;
+  close(): void;
+}

@@ -1,0 +1,379 @@
+// One GPU stage step of the hybrid family, read top to bottom (model-arch.md §4): embed, the
+// owned blocks (DeltaNet or gated attention, then MoE or dense SwiGLU), then norm + LM head +
+// argmax/top-k on the last stage. Records into a StepEncoder; engine/gpu/gpu_stage.ts submits.
+//
+// Dimensions: T tokens this step, D d_model, Hq/Hkv heads, Dh head dim, C conv channels, Kc conv
+// taps, Nk/Nv DeltaNet key/value heads, Dk/Dv their dims, E experts, Ku experts used, Fe/Fs
+// expert widths, F dense width, V vocab. Activation rows are position-major: row t at t·width.
+
+import type { StepEncoder } from "./encoder.ts";
+import type { GpuContext } from "./device.ts";
+import { argmax, prepareArgmax } from "./kernels/argmax.ts";
+import { attention, prepareAttention } from "./kernels/attention.ts";
+import { gatedDeltaNet, prepareGatedDeltaNet } from "./kernels/gated_delta_net.ts";
+import { getRows, prepareGetRows } from "./kernels/get_rows.ts";
+import { gatherTiles, moeGather, prepareMoeGather } from "./kernels/moe_gather.ts";
+import { moeRoute, prepareMoeRoute } from "./kernels/moe_route.ts";
+import { moeSum, prepareMoeSum } from "./kernels/moe_sum.ts";
+import {
+  mulMat,
+  type MulMatOptions,
+  type MulMatVariant,
+  PREFILL_TT,
+  prepareMulMat,
+} from "./kernels/mul_mat.ts";
+import { kNormRopeStore, prepareQkNormRope, qNormRope } from "./kernels/qk_norm_rope.ts";
+import { prepareRmsNorm, rmsNorm } from "./kernels/rms_norm.ts";
+import { prepareSsmConv, ssmConv } from "./kernels/ssm_conv.ts";
+import { prepareTopK, topK } from "./kernels/topk.ts";
+import type { HParams } from "../hparams.ts";
+import { ropeThetaScale } from "../reference/rope.ts";
+import type {
+  AttentionWeights,
+  DeltaNetWeights,
+  DenseWeights,
+  MoeWeights,
+  Projection,
+  StageWeights,
+} from "./gpu_weights.ts";
+
+/** Scratch rows for up to maxBatch tokens, shared by every layer and slot of a stage. */
+export interface Activations {
+  readonly ids: GPUBuffer; // (T + 1) u32 input token ids (decodeGreedy chains its argmaxes here)
+  readonly x: GPUBuffer; // (T, D) residual stream
+  readonly h: GPUBuffer; // (T, D) normed input of a mixer or FFN
+  readonly attn: GPUBuffer; // (T, 2·Hq·Dh + 2·Hkv·Dh) [q|gate per head | k | v]
+  readonly o: GPUBuffer; // (T, max(Hq·Dh, Nv·Dv)) attention or DeltaNet output
+  readonly attnPart: GPUBuffer; // attention block partials (attentionPartialFloats)
+  readonly qkvz: GPUBuffer; // (T, C + Nv·Dv) DeltaNet projections [q | k | v | z]
+  readonly ba: GPUBuffer; // (T, 2·Nv) [b | a]
+  readonly u: GPUBuffer; // (T, C) conv output
+  readonly router: GPUBuffer; // (T, E + 1) router logits and shared gate logit
+  readonly route: GPUBuffer; // (T, Ku) u32 chosen experts
+  readonly routeW: GPUBuffer; // (T, Ku + 1) expert weights and shared gate
+  readonly gather: GPUBuffer; // u32 slots (T·Ku) grouped by expert in token tiles (prefill)
+  readonly gateUp: GPUBuffer; // (T, Ku, 2·Fe) routed [gate | up], or (T, 2·F) dense
+  readonly expertOut: GPUBuffer; // (T, Ku, D)
+  readonly sharedGateUp: GPUBuffer; // (T, 2·Fs)
+  readonly sharedOut: GPUBuffer; // (T, D)
+  readonly logits: GPUBuffer; // (L, V) one chunk of LM-head rows
+  readonly greedy: GPUBuffer; // (T) u32 argmax per position
+  readonly topScratch: GPUBuffer; // top-k candidates of the first pass
+  readonly top: GPUBuffer; // (k) (f32 bits, id) pairs
+}
+
+/** Per-slot state of one block. */
+export type LayerState =
+  | { readonly kind: "attention"; readonly kc: GPUBuffer; readonly vc: GPUBuffer } // (ctx, Hkv, Dh) f16
+  | { readonly kind: "deltanet"; readonly conv: GPUBuffer; readonly ssm: GPUBuffer }; // (Kc−1, C), (Nv, Dk, Dv) f32
+
+/** What a stage step needs besides its slot state. */
+export interface ForwardPlan {
+  readonly hp: HParams;
+  readonly first: number;
+  readonly weights: StageWeights;
+  readonly act: Activations;
+  /** LM-head rows per chunk (the logits buffer holds this many positions). */
+  readonly lmChunk: number;
+}
+
+/** y[offsets] = W·x for every projection writing into one row of `width`. */
+function project(
+  enc: StepEncoder,
+  projections: readonly Projection[],
+  x: GPUBuffer,
+  y: GPUBuffer,
+  width: number,
+  o: Omit<MulMatOptions, "yOffset" | "yStrideT">,
+): void {
+  for (const p of projections) {
+    mulMat(enc, { w: p.w, x, y }, { ...o, yOffset: p.offset, yStrideT: width });
+  }
+}
+
+/** Gated DeltaNet block on h, added into x (§4.6). */
+function deltaNetBlock(
+  enc: StepEncoder,
+  plan: ForwardPlan,
+  w: DeltaNetWeights,
+  s: LayerState,
+  T: number,
+): void {
+  if (s.kind !== "deltanet") throw new TypeError("Cannot run a DeltaNet block on attention state");
+  const { hp, act } = plan;
+  const { C, Nk, Nv, Dk, Dv } = hp;
+  const width = C + Nv * Dv;
+  // projections: [q | k | v | z] and [b | a]
+  project(enc, w.qkvz, act.h, act.qkvz, width, { tokens: T });
+  project(enc, w.ba, act.h, act.ba, 2 * Nv, { tokens: T });
+  // causal conv over the raw qkv history, SiLU
+  ssmConv(enc, { x: act.qkvz, w: w.conv, state: s.conv, u: act.u }, {
+    channels: C,
+    kc: hp.Kc,
+    tokens: T,
+    xStrideT: width,
+    uStrideT: C,
+  });
+  // L2 norms, gates, recurrence per value head, RMSNorm(o)·ssm_norm·silu(z)
+  gatedDeltaNet(enc, { u: act.u, ba: act.ba, z: act.qkvz, p: w.params, state: s.ssm, y: act.o }, {
+    nk: Nk,
+    nv: Nv,
+    dk: Dk,
+    dv: Dv,
+    tokens: T,
+    interleave: hp.arch === "qwen3next",
+    uStrideT: C,
+    baStrideT: 2 * Nv,
+    zOffset: C,
+    zStrideT: width,
+    yStrideT: Nv * Dv,
+    eps: hp.eps,
+  });
+  // out_proj, residual
+  mulMat(enc, { w: w.out, x: act.o, y: act.x }, { tokens: T, add: true });
+}
+
+/** Gated full attention on h at positions base.., added into x (§4.5). */
+function attentionBlock(
+  enc: StepEncoder,
+  plan: ForwardPlan,
+  w: AttentionWeights,
+  s: LayerState,
+  T: number,
+  base: number,
+): void {
+  if (s.kind !== "attention") {
+    throw new TypeError("Cannot run an attention block on DeltaNet state");
+  }
+  const { hp, act } = plan;
+  const { Hq, Hkv, Dh } = hp;
+  const qDim = 2 * Hq * Dh;
+  const width = qDim + 2 * Hkv * Dh;
+  // [q | gate] per head, k, v
+  project(enc, w.qkv, act.h, act.attn, width, { tokens: T });
+  // per-head RMSNorm and partial RoPE (NEOX, or IMROPE with text positions); k, v into the cache
+  const rope = {
+    tokens: T,
+    dh: Dh,
+    nRot: hp.nRot,
+    thetaScale: ropeThetaScale(hp.ropeBase, hp.nRot),
+    sections: hp.ropeSections,
+    eps: hp.eps,
+    pos0: base,
+    xStrideT: width,
+  };
+  qNormRope(enc, { x: act.attn, w: w.qNorm }, { ...rope, heads: Hq, xStrideH: 2 * Dh });
+  kNormRopeStore(enc, { x: act.attn, w: w.kNorm, kc: s.kc, vc: s.vc }, {
+    ...rope,
+    heads: Hkv,
+    xOffset: qDim,
+    xStrideH: Dh,
+    vOffset: qDim + Hkv * Dh,
+  });
+  // causal GQA over positions 0..base+t, ⊙ sigmoid(gate)
+  attention(enc, { q: act.attn, kc: s.kc, vc: s.vc, part: act.attnPart, o: act.o }, {
+    tokens: T,
+    hq: Hq,
+    hkv: Hkv,
+    dh: Dh,
+    pos0: base,
+    qStrideT: width,
+    qStrideH: 2 * Dh,
+    gateOffset: Dh,
+    oStrideT: Hq * Dh,
+  });
+  // o_proj, residual
+  mulMat(enc, { w: w.out, x: act.o, y: act.x }, { tokens: T, add: true });
+}
+
+/** Routed experts + sigmoid-gated shared expert on h, added into x (§4.7). */
+function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, T: number): void {
+  const { hp, act } = plan;
+  const { D, E, Ku, Fe, Fs } = hp;
+  // router logits and the shared expert's gate logit; softmax, top-k, renormalise
+  project(enc, w.router, act.h, act.router, E + 1, { tokens: T });
+  moeRoute(enc, { logits: act.router, ids: act.route, weights: act.routeW }, {
+    experts: E,
+    k: Ku,
+    tokens: T,
+    logitsStride: E + 1,
+    sharedGate: true,
+  });
+  // prefill: the (token, rank) slots grouped by expert, so weights are read once per token tile
+  let ids = act.route;
+  let tiles: number | undefined;
+  if (T > 1) {
+    moeGather(enc, { ids: act.route, table: act.gather }, {
+      slots: T * Ku,
+      experts: E,
+      tt: PREFILL_TT,
+    });
+    ids = act.gather;
+    tiles = gatherTiles(T * Ku, E, PREFILL_TT);
+  }
+  // each token's experts: [gate | up], then down of silu(gate)·up
+  for (const p of w.gateUp) {
+    mulMat(enc, { w: p.w, x: act.h, y: act.gateUp, ids }, {
+      tokens: T,
+      nUsed: Ku,
+      gatherTiles: tiles,
+      yOffset: p.offset,
+      yStrideT: Ku * 2 * Fe,
+      yStrideI: 2 * Fe,
+    });
+  }
+  mulMat(enc, { w: w.down, x: act.gateUp, y: act.expertOut, ids }, {
+    tokens: T,
+    nUsed: Ku,
+    gatherTiles: tiles,
+    xStrideT: Ku * 2 * Fe,
+    xStrideI: 2 * Fe,
+    upOffset: Fe,
+    swiglu: true,
+  });
+  // shared expert
+  project(enc, w.sharedGateUp, act.h, act.sharedGateUp, 2 * Fs, { tokens: T });
+  mulMat(enc, { w: w.sharedDown, x: act.sharedGateUp, y: act.sharedOut }, {
+    tokens: T,
+    xStrideT: 2 * Fs,
+    upOffset: Fs,
+    swiglu: true,
+  });
+  // Σ weight·expert in rank order + gate·shared, residual
+  moeSum(enc, { o: act.expertOut, s: act.sharedOut, weights: act.routeW, x: act.x }, {
+    d: D,
+    k: Ku,
+    tokens: T,
+    sharedExpert: true,
+  });
+}
+
+/** Dense SwiGLU FFN on h, added into x (qwen35). */
+function denseBlock(enc: StepEncoder, plan: ForwardPlan, w: DenseWeights, T: number): void {
+  const { F } = plan.hp;
+  project(enc, w.gateUp, plan.act.h, plan.act.gateUp, 2 * F, { tokens: T });
+  mulMat(enc, { w: w.down, x: plan.act.gateUp, y: plan.act.x }, {
+    tokens: T,
+    xStrideT: 2 * F,
+    upOffset: F,
+    swiglu: true,
+    add: true,
+  });
+}
+
+/**
+ * Records the owned blocks for positions [base, base+T) of one slot, starting from the token
+ * ids in act.ids from `idsOffset` (first stage) or the hidden rows already in act.x.
+ */
+export function encodeLayers(
+  enc: StepEncoder,
+  plan: ForwardPlan,
+  states: readonly LayerState[],
+  T: number,
+  base: number,
+  idsOffset = 0,
+): void {
+  const { hp, act, weights } = plan;
+  const D = hp.D;
+  const norm = { n: D, rows: T, eps: hp.eps };
+  // 1. embed
+  if (weights.embedding) {
+    getRows(enc, { w: weights.embedding, ids: act.ids, y: act.x }, { tokens: T, idsOffset });
+  }
+  weights.layers.forEach((lw, i) => {
+    // a. pre-mixer RMSNorm
+    rmsNorm(enc, { x: act.x, w: lw.attnNorm, y: act.h }, norm);
+    // b, c. token mixer, residual
+    if (lw.mixer.kind === "deltanet") deltaNetBlock(enc, plan, lw.mixer, states[i], T);
+    else attentionBlock(enc, plan, lw.mixer, states[i], T, base);
+    // d. pre-FFN RMSNorm (post_attention_norm)
+    rmsNorm(enc, { x: act.x, w: lw.postNorm, y: act.h }, norm);
+    // e, f. MoE or dense SwiGLU, residual
+    if (lw.ffn.kind === "moe") moeBlock(enc, plan, lw.ffn, T);
+    else denseBlock(enc, plan, lw.ffn, T);
+  });
+}
+
+/**
+ * Records the last stage's head: output RMSNorm, LM head in chunks of plan.lmChunk positions,
+ * the greedy id of every position into `greedy` (u32, from element `offset`) and the top
+ * `topk` of the last position into act.top.
+ */
+export function encodeHead(
+  enc: StepEncoder,
+  plan: ForwardPlan,
+  T: number,
+  topk: number,
+  greedy: { readonly buffer: GPUBuffer; readonly offset: number },
+): void {
+  const { hp, act, weights } = plan;
+  const { D, V } = hp;
+  if (!weights.output || !weights.outputNorm) {
+    throw new RangeError("Cannot run the LM head: this stage does not own the last layer");
+  }
+  rmsNorm(enc, { x: act.x, w: weights.outputNorm, y: act.h }, { n: D, rows: T, eps: hp.eps });
+  for (let t0 = 0; t0 < T; t0 += plan.lmChunk) {
+    const rows = Math.min(plan.lmChunk, T - t0);
+    mulMat(enc, { w: weights.output, x: act.h, y: act.logits }, { tokens: rows, xOffset: t0 * D });
+    argmax(enc, { src: act.logits, out: greedy.buffer }, {
+      n: V,
+      rows,
+      outOffset: greedy.offset + t0,
+    });
+    if (topk > 0 && t0 + rows === T) {
+      topK(enc, { src: act.logits, scratch: act.topScratch, out: act.top }, {
+        n: V,
+        k: topk,
+        offset: (rows - 1) * V,
+      });
+    }
+  }
+}
+
+/** Compiles every kernel variant the stage's steps use (encoding itself cannot wait). */
+export async function prepareForward(
+  ctx: GpuContext,
+  hp: HParams,
+  weights: StageWeights,
+  maxBatch: number,
+): Promise<void> {
+  const variants = new Map<string, MulMatVariant>();
+  const use = (v: Omit<MulMatVariant, "batched">) => {
+    for (const batched of maxBatch > 1 ? [false, true] : [false]) {
+      variants.set(JSON.stringify({ ...v, batched }), { ...v, batched });
+    }
+  };
+  const all = (ps: readonly Projection[]) => ps.forEach((p) => use({ type: p.w.type }));
+  for (const lw of weights.layers) {
+    if (lw.mixer.kind === "deltanet") {
+      all(lw.mixer.qkvz);
+      all(lw.mixer.ba);
+    } else all(lw.mixer.qkv);
+    use({ type: lw.mixer.out.type, add: true });
+    if (lw.ffn.kind === "moe") {
+      all(lw.ffn.router);
+      all(lw.ffn.sharedGateUp);
+      lw.ffn.gateUp.forEach((p) => use({ type: p.w.type, id: true }));
+      use({ type: lw.ffn.down.type, id: true, swiglu: true });
+      use({ type: lw.ffn.sharedDown.type, swiglu: true });
+    } else {
+      all(lw.ffn.gateUp);
+      use({ type: lw.ffn.down.type, swiglu: true, add: true });
+    }
+  }
+  if (weights.output) use({ type: weights.output.type });
+  const jobs: Promise<void>[] = [...variants.values()].map((v) => prepareMulMat(ctx, v));
+  jobs.push(prepareRmsNorm(ctx));
+  if (weights.embedding) jobs.push(prepareGetRows(ctx, weights.embedding.type));
+  if (weights.layers.some((l) => l.mixer.kind === "attention")) {
+    jobs.push(prepareQkNormRope(ctx), prepareAttention(ctx, hp.Dh));
+  }
+  if (weights.layers.some((l) => l.mixer.kind === "deltanet")) {
+    jobs.push(prepareSsmConv(ctx), prepareGatedDeltaNet(ctx, hp.Dk, hp.Dv));
+  }
+  if (weights.layers.some((l) => l.ffn.kind === "moe")) {
+    jobs.push(prepareMoeRoute(ctx), prepareMoeSum(ctx), prepareMoeGather(ctx));
+  }
+  if (weights.output) jobs.push(prepareArgmax(ctx), prepareTopK(ctx));
+  await Promise.all(jobs);
+}

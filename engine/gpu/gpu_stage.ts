@@ -1,0 +1,502 @@
+// The WebGPU Stage: layers [first, end) of one model on one device, with per-slot KV caches and
+// DeltaNet states allocated once for the whole context, and numbered snapshots of them.
+// Implements engine/stage.ts like engine/reference/reference_stage.ts; forward.ts records each step.
+
+import { createReadback, createStorage, mapRead, writeBytes } from "./buffers.ts";
+import type { GpuContext } from "./device.ts";
+import { createStepTimer, ParamArena, StepEncoder, type StepTimer } from "./encoder.ts";
+import type { DispatchProfiler } from "./profiler.ts";
+import { destroyTensor } from "./tensor.ts";
+import type { GgufModel } from "../gguf/gguf_model.ts";
+import { attentionPartialFloats } from "./kernels/attention.ts";
+import { gatherWords } from "./kernels/moe_gather.ts";
+import { PREFILL_TT } from "./kernels/mul_mat.ts";
+import { MAX_TOPK, topKScratchWords } from "./kernels/topk.ts";
+import { type HParams, readHParams } from "../hparams.ts";
+import type { Stage, StageInput, StageOutput, StageRunOptions, TopEntry } from "../stage.ts";
+import { checkOpen, checkRun, checkSlot, checkSnapshot } from "../stage_checks.ts";
+import { loadStageWeights, type StageWeights } from "./gpu_weights.ts";
+import {
+  type Activations,
+  encodeHead,
+  encodeLayers,
+  type ForwardPlan,
+  type LayerState,
+  prepareForward,
+} from "./gpu_forward.ts";
+
+export interface GpuStageOptions {
+  readonly first: number;
+  readonly end: number;
+  readonly slots: number;
+  readonly ctx: number;
+  /** Largest n of one run; default min(ctx, 512). */
+  readonly maxBatch?: number;
+  /** Numbered snapshot places for save/restore; default 0. */
+  readonly snapshots?: number;
+  /** Largest weight part in bytes (default: the device's binding limit); tests force splits. */
+  readonly maxPartBytes?: number;
+  /** Start-up report lines (weights, memory); default stderr. */
+  readonly log?: (line: string) => void;
+  /** Called after every run with its timings (GPU time where the device has timestamp-query). */
+  readonly profile?: (p: StepProfile) => void;
+  /** Times every dispatch of every run (bench/profile.ts); collect it after each run. */
+  readonly dispatchProfiler?: DispatchProfiler;
+}
+
+/** Where one run's time went. */
+export interface StepProfile {
+  readonly tokens: number;
+  readonly dispatches: number;
+  /** Validating, recording and submitting on the CPU. */
+  readonly encodeMs: number;
+  /** From submit until the outputs were read back. */
+  readonly waitMs: number;
+  /** GPU time from the first dispatch's start to the last one's end; undefined without timestamps. */
+  readonly gpuMs?: number;
+}
+
+/** Bytes of logits one LM-head chunk may take. */
+const LOGITS_BYTES = 64 * 1024 * 1024;
+
+function allocActivations(
+  ctx: GpuContext,
+  hp: HParams,
+  T: number,
+  lmChunk: number,
+  attnPartFloats: number,
+): Activations {
+  const { D, Hq, Hkv, Dh, C, Nv, Dv, E, Ku, Fe, Fs, F, V } = hp;
+  const f32 = (label: string, n: number) => createStorage(ctx, label, 4 * n);
+  return {
+    ids: f32("ids", T + 1),
+    x: f32("x", T * D),
+    h: f32("h", T * D),
+    attn: f32("attn qkv", T * (2 * Hq * Dh + 2 * Hkv * Dh)),
+    o: f32("mixer out", T * Math.max(Hq * Dh, Nv * Dv)),
+    attnPart: f32("attention partials", attnPartFloats),
+    qkvz: f32("deltanet qkvz", T * (C + Nv * Dv)),
+    ba: f32("deltanet ba", T * 2 * Nv),
+    u: f32("conv out", T * C),
+    router: f32("router logits", T * (E + 1)),
+    route: f32("expert ids", T * Ku),
+    routeW: f32("expert weights", T * (Ku + 1)),
+    gather: f32("expert gather table", gatherWords(T * Ku, E, PREFILL_TT)),
+    gateUp: f32("ffn gate|up", T * Math.max(Ku * 2 * Fe, 2 * F)),
+    expertOut: f32("expert out", T * Ku * D),
+    sharedGateUp: f32("shared gate|up", T * 2 * Fs),
+    sharedOut: f32("shared out", T * D),
+    logits: f32("logits", lmChunk * V),
+    greedy: f32("greedy ids", T),
+    topScratch: f32("top-k scratch", topKScratchWords(MAX_TOPK)),
+    top: f32("top-k", 2 * MAX_TOPK),
+  };
+}
+
+/** One slot's (or snapshot's) state buffers for the owned layers. */
+function allocState(
+  ctx: GpuContext,
+  hp: HParams,
+  first: number,
+  end: number,
+  positions: number,
+  label: string,
+): LayerState[] {
+  const states: LayerState[] = [];
+  for (let il = first; il < end; il++) {
+    if (hp.isDeltaNet[il]) {
+      states.push({
+        kind: "deltanet",
+        conv: createStorage(ctx, `${label} conv ${il}`, 4 * (hp.Kc - 1) * hp.C),
+        ssm: createStorage(ctx, `${label} ssm ${il}`, 4 * hp.Nv * hp.Dk * hp.Dv),
+      });
+      continue;
+    }
+    const bytes = 2 * positions * hp.Hkv * hp.Dh;
+    if (bytes > ctx.limits.maxStorageBufferBindingSize) {
+      throw new RangeError(
+        `Cannot allocate the KV cache of layer ${il} for ${positions} positions: ${bytes} bytes per K or V exceed the device's binding limit ${ctx.limits.maxStorageBufferBindingSize}; use a smaller --ctx`,
+      );
+    }
+    states.push({
+      kind: "attention",
+      kc: createStorage(ctx, `${label} k ${il}`, bytes),
+      vc: createStorage(ctx, `${label} v ${il}`, bytes),
+    });
+  }
+  return states;
+}
+
+function stateBuffers(s: LayerState): GPUBuffer[] {
+  return s.kind === "attention" ? [s.kc, s.vc] : [s.conv, s.ssm];
+}
+
+function formatBytes(n: number): string {
+  return n >= 2 ** 30 ? `${(n / 2 ** 30).toFixed(2)} GiB` : `${(n / 2 ** 20).toFixed(1)} MiB`;
+}
+
+/** A Stage on the GPU, plus greedy multi-token decoding where it owns the whole model. */
+export class GpuStage implements Stage {
+  readonly nLayer: number;
+  readonly nEmbd: number;
+  readonly #gpu: GpuContext;
+  readonly #hp: HParams;
+  readonly #plan: ForwardPlan;
+  readonly #arena: ParamArena;
+  /** Slots 0..slots−1, then snapshot places. */
+  readonly #sets: readonly LayerState[][];
+  /** Positions seen per slot; per snapshot the saved position, or −1 when empty. */
+  readonly #pos: number[];
+  readonly #readbacks: GPUBuffer[] = [];
+  readonly #profile: ((p: StepProfile) => void) | undefined;
+  readonly #timer: StepTimer | undefined;
+  readonly #dispatchProfiler: DispatchProfiler | undefined;
+  #closed = false;
+
+  constructor(
+    gpu: GpuContext,
+    hp: HParams,
+    plan: ForwardPlan,
+    sets: LayerState[][],
+    readonly first: number,
+    readonly end: number,
+    readonly slots: number,
+    readonly ctx: number,
+    readonly maxBatch: number,
+    timing: Pick<GpuStageOptions, "profile" | "dispatchProfiler">,
+  ) {
+    this.#gpu = gpu;
+    this.#profile = timing.profile;
+    this.#dispatchProfiler = timing.dispatchProfiler;
+    this.#timer = timing.profile ? createStepTimer(gpu) : undefined;
+    this.#hp = hp;
+    this.#plan = plan;
+    this.#sets = sets;
+    this.#arena = new ParamArena(gpu);
+    this.#pos = sets.map((_, i) => (i < slots ? 0 : -1));
+    this.nLayer = hp.nLayer;
+    this.nEmbd = hp.D;
+  }
+
+  get #last(): boolean {
+    return this.end === this.nLayer;
+  }
+
+  #checkSlot(slot: number): void {
+    checkOpen(this, this.#closed);
+    checkSlot(this, slot);
+  }
+
+  get snapshots(): number {
+    return this.#sets.length - this.slots;
+  }
+
+  #snapshot(idx: number): number {
+    checkSnapshot(idx, this.snapshots);
+    return this.slots + idx;
+  }
+
+  /** Validates a run and writes its input rows or ids. */
+  #input(slot: number, input: StageInput, n: number, base: number): void {
+    this.#checkSlot(slot);
+    checkRun(this, slot, input, n, base, this.#pos[slot], this.#hp.V);
+    const act = this.#plan.act;
+    if (input.kind === "ids") writeBytes(this.#gpu, act.ids, 0, input.ids);
+    else writeBytes(this.#gpu, act.x, 0, input.rows);
+  }
+
+  #takeReadback(bytes: number): GPUBuffer {
+    const i = this.#readbacks.findIndex((b) => b.size >= bytes);
+    if (i >= 0) return this.#readbacks.splice(i, 1)[0];
+    return createReadback(this.#gpu, "stage output", Math.max(bytes, 256));
+  }
+
+  async run(
+    slot: number,
+    input: StageInput,
+    n: number,
+    base: number,
+    options: StageRunOptions = {},
+  ): Promise<StageOutput> {
+    // Everything up to submit runs synchronously, so concurrent runs reach the queue in call order.
+    const started = performance.now();
+    const k = this.#topk(options);
+    this.#input(slot, input, n, base);
+    const { act } = this.#plan;
+    const enc = this.#begin(slot, base);
+    encodeLayers(enc, this.#plan, this.#sets[slot], n, base);
+    if (!this.#last) {
+      const data = await this.#finish(enc, started, slot, n, base, [[
+        act.x,
+        0,
+        4 * n * this.#hp.D,
+      ]]);
+      return { kind: "hidden", rows: new Float32Array(data) };
+    }
+    encodeHead(enc, this.#plan, n, k, { buffer: act.greedy, offset: 0 });
+    const data = await this.#finish(enc, started, slot, n, base, [
+      [act.greedy, 0, 4 * n],
+      [act.top, 0, 8 * k],
+    ]);
+    return { kind: "ids", ids: new Uint32Array(data, 0, n).slice(), top: this.#top(data, n, k) };
+  }
+
+  /**
+   * Greedy decoding of `steps` tokens in one submission, for a stage that owns the whole model:
+   * position base takes `id`, and each step's argmax is embedded at the next position without
+   * leaving the GPU. Returns every step's greedy id (what `steps` single-token runs fed their own
+   * output would return) and the top-k of the last step.
+   */
+  async decodeGreedy(
+    slot: number,
+    id: number,
+    base: number,
+    steps: number,
+    options: StageRunOptions = {},
+  ): Promise<{ ids: Uint32Array; top: TopEntry[] }> {
+    const started = performance.now();
+    if (this.first !== 0 || !this.#last) {
+      throw new RangeError(
+        `Cannot decode on the GPU alone with stage ${this.first}..${this.end}: it needs the whole model (0..${this.nLayer}); use run per token`,
+      );
+    }
+    const k = this.#topk(options);
+    this.#input(slot, { kind: "ids", ids: Uint32Array.of(id) }, 1, base);
+    if (!Number.isInteger(steps) || steps < 1 || steps > this.maxBatch || base + steps > this.ctx) {
+      throw new RangeError(
+        `Cannot decode ${steps} tokens from position ${base}: expected 1..${this.maxBatch} steps within the context of ${this.ctx}`,
+      );
+    }
+    const { act } = this.#plan;
+    const enc = this.#begin(slot, base);
+    for (let s = 0; s < steps; s++) {
+      encodeLayers(enc, this.#plan, this.#sets[slot], 1, base + s, s);
+      encodeHead(enc, this.#plan, 1, s === steps - 1 ? k : 0, { buffer: act.ids, offset: s + 1 });
+    }
+    const data = await this.#finish(enc, started, slot, steps, base, [
+      [act.ids, 4, 4 * steps],
+      [act.top, 0, 8 * k],
+    ]);
+    return { ids: new Uint32Array(data, 0, steps).slice(), top: this.#top(data, steps, k) };
+  }
+
+  #topk(options: StageRunOptions): number {
+    const topk = options.topk ?? 0;
+    if (!Number.isInteger(topk) || topk < 0 || topk > MAX_TOPK) {
+      throw new RangeError(`Cannot return the top ${topk} logits: expected 0..${MAX_TOPK}`);
+    }
+    return Math.min(topk, this.#hp.V);
+  }
+
+  /** A step encoder for `slot`; a run from position 0 first zeroes its DeltaNet states. */
+  #begin(slot: number, base: number): StepEncoder {
+    const enc = new StepEncoder(this.#gpu, this.#arena);
+    if (base === 0) {
+      for (const s of this.#sets[slot]) {
+        if (s.kind === "deltanet") {
+          enc.clear(s.conv);
+          enc.clear(s.ssm);
+        }
+      }
+    }
+    return enc;
+  }
+
+  /** The top-k pairs that follow `n` u32 ids in a readback. */
+  #top(data: ArrayBuffer, n: number, k: number): TopEntry[] {
+    const words = new Uint32Array(data);
+    const floats = new Float32Array(data);
+    const top: TopEntry[] = [];
+    for (let i = 0; i < k; i++) {
+      const id = words[n + 2 * i + 1];
+      if (id !== 0xffffffff) top.push({ id, logit: floats[n + 2 * i] });
+    }
+    return top;
+  }
+
+  /**
+   * Copies `outputs` ([buffer, byte offset, bytes]) one after another into a readback, submits
+   * the step, advances the slot to base + n and returns the outputs once they are back.
+   */
+  async #finish(
+    enc: StepEncoder,
+    started: number,
+    slot: number,
+    n: number,
+    base: number,
+    outputs: readonly (readonly [GPUBuffer, number, number])[],
+  ): Promise<ArrayBuffer> {
+    const bytes = outputs.reduce((s, [, , size]) => s + size, 0);
+    const timer = this.#timer;
+    // Timestamps (2 u64) follow the outputs, 8-byte aligned.
+    const timeAt = Math.ceil(bytes / 8) * 8;
+    const total = timer ? timeAt + 16 : bytes;
+    const readback = this.#takeReadback(total);
+    let at = 0;
+    for (const [src, offset, size] of outputs) {
+      enc.copy(src, offset, readback, at, size);
+      at += size;
+    }
+    if (timer) enc.copy(timer.resolve, 0, readback, timeAt, 16);
+    const dispatches = enc.dispatches;
+    this.#gpu.device.pushErrorScope("validation");
+    enc.submit(timer, this.#dispatchProfiler);
+    const rejected = this.#gpu.device.popErrorScope();
+    this.#pos[slot] = base + n;
+    const submitted = performance.now();
+    try {
+      const all = await mapRead(readback, total);
+      if (this.#profile) {
+        const ns = timer ? new BigUint64Array(all, timeAt, 2) : undefined;
+        this.#profile({
+          tokens: n,
+          dispatches,
+          encodeMs: submitted - started,
+          waitMs: performance.now() - submitted,
+          gpuMs: ns ? Number(ns[1] - ns[0]) / 1e6 : undefined,
+        });
+      }
+      const error = await rejected;
+      if (error) {
+        throw new Error(
+          `Cannot run positions ${base}..${
+            base + n
+          } on stage ${this.first}..${this.end}: the GPU rejected the step: ${error.message}`,
+        );
+      }
+      return all.slice(0, bytes);
+    } finally {
+      this.#readbacks.push(readback);
+    }
+  }
+
+  /** Copies one state set into another: KV up to `pos` positions, DeltaNet states whole. */
+  #copy(from: number, to: number, pos: number): void {
+    const enc = new StepEncoder(this.#gpu, this.#arena);
+    const kvBytes = 2 * pos * this.#hp.Hkv * this.#hp.Dh;
+    this.#sets[from].forEach((s, i) => {
+      const d = this.#sets[to][i];
+      const src = stateBuffers(s);
+      const dst = stateBuffers(d);
+      for (let b = 0; b < src.length; b++) {
+        enc.copy(src[b], 0, dst[b], 0, s.kind === "attention" ? kvBytes : src[b].size);
+      }
+    });
+    enc.submit();
+  }
+
+  save(slot: number, idx: number): Promise<void> {
+    return new Promise((resolve) => {
+      this.#checkSlot(slot);
+      const snap = this.#snapshot(idx);
+      this.#copy(slot, snap, this.#pos[slot]);
+      this.#pos[snap] = this.#pos[slot];
+      resolve();
+    });
+  }
+
+  restore(slot: number, idx: number): Promise<number> {
+    return new Promise((resolve) => {
+      this.#checkSlot(slot);
+      const snap = this.#snapshot(idx);
+      const pos = this.#pos[snap];
+      if (pos < 0) {
+        throw new RangeError(`Cannot restore snapshot ${idx}: nothing was saved there; save first`);
+      }
+      this.#copy(snap, slot, pos);
+      this.#pos[slot] = pos;
+      resolve(pos);
+    });
+  }
+
+  close(): void {
+    if (this.#closed) return;
+    this.#closed = true;
+    const w: StageWeights = this.#plan.weights;
+    const tensors = new Set([w.embedding, w.output]);
+    for (const l of w.layers) {
+      const m = l.mixer;
+      const f = l.ffn;
+      const ps = m.kind === "attention" ? m.qkv : [...m.qkvz, ...m.ba];
+      ps.forEach((p) => tensors.add(p.w));
+      tensors.add(m.out);
+      const fs = f.kind === "moe" ? [...f.router, ...f.gateUp, ...f.sharedGateUp] : f.gateUp;
+      fs.forEach((p) => tensors.add(p.w));
+      tensors.add(f.down);
+      if (f.kind === "moe") tensors.add(f.sharedDown);
+      for (const b of [l.attnNorm, l.postNorm]) b.destroy();
+      if (m.kind === "attention") [m.qNorm, m.kNorm].forEach((b) => b.destroy());
+      else [m.conv, m.params].forEach((b) => b.destroy());
+    }
+    for (const t of tensors) if (t) destroyTensor(t);
+    w.outputNorm?.destroy();
+    for (const set of this.#sets) for (const s of set) stateBuffers(s).forEach((b) => b.destroy());
+    for (const b of Object.values(this.#plan.act)) b.destroy();
+    for (const b of this.#readbacks) b.destroy();
+    this.#timer?.querySet.destroy();
+    this.#timer?.resolve.destroy();
+    this.#arena.destroy();
+  }
+}
+
+/**
+ * Opens layers [first, end) of `model` on the GPU: uploads their weights (quantized), compiles
+ * the kernels, and allocates the state of every slot and snapshot place for `ctx` positions.
+ */
+export async function openGpuStage(
+  model: GgufModel,
+  gpu: GpuContext,
+  options: GpuStageOptions,
+): Promise<GpuStage> {
+  const hp = readHParams(model.metadata);
+  const { first, end, slots, ctx } = options;
+  if (
+    !Number.isInteger(first) || !Number.isInteger(end) || first < 0 || end > hp.nLayer ||
+    first >= end
+  ) {
+    throw new RangeError(
+      `Cannot open layers ${first}..${end}: the model has ${hp.nLayer} layers; check --layers`,
+    );
+  }
+  if (!Number.isInteger(slots) || slots < 1 || !Number.isInteger(ctx) || ctx < 1) {
+    throw new RangeError(
+      `Cannot open a stage with ${slots} slots of ${ctx} positions: both must be ≥ 1`,
+    );
+  }
+  const maxBatch = options.maxBatch ?? Math.min(ctx, 512);
+  const snapshots = options.snapshots ?? 0;
+  if (
+    !Number.isInteger(maxBatch) || maxBatch < 1 || !Number.isInteger(snapshots) || snapshots < 0
+  ) {
+    throw new RangeError(
+      `Cannot open a stage with maxBatch ${maxBatch} and ${snapshots} snapshots: expected maxBatch ≥ 1, snapshots ≥ 0`,
+    );
+  }
+  const log = options.log ?? ((line: string) => console.error(line));
+  const weights = await loadStageWeights(gpu, model, hp, {
+    first,
+    end,
+    maxPartBytes: options.maxPartBytes,
+    log,
+  });
+  await prepareForward(gpu, hp, weights, maxBatch);
+  const lmChunk = Math.max(1, Math.min(maxBatch, Math.floor(LOGITS_BYTES / (4 * hp.V))));
+  const attnPartFloats = weights.layers.some((l) => l.mixer.kind === "attention")
+    ? attentionPartialFloats({ hq: hp.Hq, dh: hp.Dh, ctx, maxBatch })
+    : 0;
+  const act = allocActivations(gpu, hp, maxBatch, lmChunk, attnPartFloats);
+  const sets = Array.from(
+    { length: slots + snapshots },
+    (_, i) =>
+      allocState(gpu, hp, first, end, ctx, i < slots ? `slot ${i}` : `snapshot ${i - slots}`),
+  );
+  const stateBytes = sets.flat().flatMap(stateBuffers).reduce((s, b) => s + b.size, 0);
+  const actBytes = Object.values(act).reduce((s, b) => s + b.size, 0);
+  log(
+    `GPU state for ${slots} slots + ${snapshots} snapshots of ${ctx} positions: ${
+      formatBytes(stateBytes)
+    }; activations for ${maxBatch} tokens: ${formatBytes(actBytes)}`,
+  );
+  const plan: ForwardPlan = { hp, first, weights, act, lmChunk };
+  return new GpuStage(gpu, hp, plan, sets, first, end, slots, ctx, maxBatch, options);
+}

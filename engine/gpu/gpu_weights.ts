@@ -1,0 +1,398 @@
+// The weights of one GPU stage: its layers' tensors uploaded still quantized (matrices) or as f32
+// (small vectors), arranged so each projection writes its rows into one shared activation row.
+// Read from a GgufModel by engine/gpu/gpu_stage.ts; consumed by engine/gpu/gpu_forward.ts.
+//
+// Dimensions (engine/hparams.ts): D d_model, Hq/Hkv heads, Dh head dim, C conv channels,
+// Kc conv taps, Nk/Nv DeltaNet key/value heads, Dk/Dv their dims, E experts, Fe/Fs expert
+// widths, F dense width, V vocab. A GGUF {cols, rows} matrix computes rows outputs from cols.
+//
+// Layout changes happen here by permuting whole quantized rows (exact): legacy qwen3next ssm_in
+// becomes [q | k | v | z] and ssm_ba becomes [b | a], so the forward pass sees one layout.
+
+import type { GgufModel, GgufTensorInfo } from "../gguf/gguf_model.ts";
+import type { HParams } from "../hparams.ts";
+import { dequantize } from "../quant/dequant.ts";
+import { uploadStorage } from "./buffers.ts";
+import type { GpuContext } from "./device.ts";
+import { type GpuTensor, uploadConcat, type UploadOptions, uploadTensor } from "./tensor.ts";
+
+/** A matrix whose output rows land at `offset` of a wider activation row. */
+export interface Projection {
+  readonly w: GpuTensor;
+  readonly offset: number;
+}
+
+export interface AttentionWeights {
+  readonly kind: "attention";
+  /** Into a (2·Hq·Dh + 2·Hkv·Dh) row: [q and gate interleaved per head | k | v]. */
+  readonly qkv: readonly Projection[];
+  readonly qNorm: GPUBuffer; // (Dh) f32
+  readonly kNorm: GPUBuffer; // (Dh) f32
+  readonly out: GpuTensor; // {Hq·Dh, D}
+}
+
+export interface DeltaNetWeights {
+  readonly kind: "deltanet";
+  /** Into a (C + Nv·Dv) row: [q (Nk·Dk) | k (Nk·Dk) | v (Nv·Dv) | z (Nv·Dv)]. */
+  readonly qkvz: readonly Projection[];
+  /** Into a (2·Nv) row: [b | a]. */
+  readonly ba: readonly Projection[];
+  readonly conv: GPUBuffer; // (C, Kc) f32
+  readonly params: GPUBuffer; // [dt_bias (Nv) | ssm_a (Nv) | ssm_norm (Dv)] f32
+  readonly out: GpuTensor; // {Nv·Dv, D}
+}
+
+export interface MoeWeights {
+  readonly kind: "moe";
+  /** Into an (E + 1) row: router logits, then the shared expert's gate logit. */
+  readonly router: readonly Projection[];
+  /** Expert stacks into a (2·Fe) row per (token, rank): [gate | up]. */
+  readonly gateUp: readonly Projection[];
+  readonly down: GpuTensor; // {Fe, D, E}
+  /** Shared expert into a (2·Fs) row: [gate | up]. */
+  readonly sharedGateUp: readonly Projection[];
+  readonly sharedDown: GpuTensor; // {Fs, D}
+}
+
+export interface DenseWeights {
+  readonly kind: "dense";
+  /** Into a (2·F) row: [gate | up]. */
+  readonly gateUp: readonly Projection[];
+  readonly down: GpuTensor; // {F, D}
+}
+
+export interface LayerWeights {
+  readonly attnNorm: GPUBuffer; // (D) f32
+  readonly postNorm: GPUBuffer; // (D) f32, post_attention_norm
+  readonly mixer: AttentionWeights | DeltaNetWeights;
+  readonly ffn: MoeWeights | DenseWeights;
+}
+
+export interface StageWeights {
+  readonly layers: readonly LayerWeights[];
+  readonly embedding?: GpuTensor; // {D, V} token_embd (first stage)
+  readonly outputNorm?: GPUBuffer; // (D) f32 (last stage)
+  readonly output?: GpuTensor; // {D, V} output, or token_embd when tied (last stage)
+  /** GPU bytes per tensor class, for the start-up report. */
+  readonly bytes: ReadonlyMap<string, number>;
+}
+
+export interface LoadStageOptions {
+  readonly first: number;
+  readonly end: number;
+  /** Largest part per tensor (default: the device's binding limit); tests force splits. */
+  readonly maxPartBytes?: number;
+  /** Progress and the memory report go here. */
+  readonly log?: (line: string) => void;
+}
+
+/** Bytes above which loading shows progress. */
+const PROGRESS_BYTES = 256 * 1024 * 1024;
+
+class Loader {
+  readonly bytes = new Map<string, number>();
+  #done = 0;
+  #shown = -1;
+
+  constructor(
+    readonly ctx: GpuContext,
+    readonly model: GgufModel,
+    readonly hp: HParams,
+    readonly options: LoadStageOptions,
+    readonly total: number,
+  ) {}
+
+  info(name: string, shape: readonly number[]): GgufTensorInfo {
+    const t = this.model.tensors.get(name);
+    if (!t) {
+      throw new RangeError(
+        `Cannot load the GPU stage: "${this.model.path}" has no tensor "${name}"; the file does not match its architecture metadata`,
+      );
+    }
+    const same = Array.from({ length: Math.max(t.shape.length, shape.length) })
+      .every((_, i) => (t.shape[i] ?? 1) === (shape[i] ?? 1));
+    if (!same) {
+      throw new RangeError(
+        `Cannot load "${name}" from "${this.model.path}": shape [${
+          t.shape.join(", ")
+        }], expected [${shape.join(", ")}]`,
+      );
+    }
+    return t;
+  }
+
+  #count(cls: string, n: number): void {
+    this.bytes.set(cls, (this.bytes.get(cls) ?? 0) + n);
+  }
+
+  #progress(n: number): void {
+    this.#done += n;
+    if (this.total < PROGRESS_BYTES || !this.options.log) return;
+    const step = Math.floor((20 * this.#done) / this.total);
+    if (step === this.#shown) return;
+    this.#shown = step;
+    const gib = (b: number) => (b / 2 ** 30).toFixed(2);
+    this.options.log(
+      `Loading weights [${"#".repeat(step)}${".".repeat(20 - step)}] ${gib(this.#done)}/${
+        gib(this.total)
+      } GiB`,
+    );
+  }
+
+  /** A matrix kept quantized on the GPU. */
+  async matrix(
+    cls: string,
+    name: string,
+    shape: readonly number[],
+    rowOrder?: Uint32Array,
+  ): Promise<GpuTensor> {
+    this.info(name, shape);
+    const opts: UploadOptions = {
+      maxPartBytes: this.options.maxPartBytes,
+      rowOrder,
+      onBytes: (n) => this.#progress(n),
+    };
+    const t = await uploadTensor(this.ctx, this.model, name, opts);
+    this.#count(cls, t.bytes);
+    return t;
+  }
+
+  /**
+   * Matrices that read the same input and write consecutive parts of one activation row
+   * (`offset` of the first, then each after the previous). Joined into one tensor, so one
+   * dispatch computes them all, when they share a type; one projection each otherwise.
+   */
+  async projections(
+    cls: string,
+    label: string,
+    offset: number,
+    parts: readonly { name: string; shape: readonly number[] }[],
+  ): Promise<Projection[]> {
+    const infos = parts.map((p) => this.info(p.name, p.shape));
+    if (parts.length > 1 && infos.every((t) => t.type === infos[0].type)) {
+      const w = await uploadConcat(this.ctx, this.model, label, parts.map((p) => p.name), {
+        maxPartBytes: this.options.maxPartBytes,
+        onBytes: (n) => this.#progress(n),
+      });
+      this.#count(cls, w.bytes);
+      return [{ w, offset }];
+    }
+    const out: Projection[] = [];
+    let at = offset;
+    for (const p of parts) {
+      const w = await this.matrix(cls, p.name, p.shape);
+      out.push({ w, offset: at });
+      at += p.shape[1] ?? 1;
+    }
+    return out;
+  }
+
+  /** A small tensor dequantized to f32 on the CPU. */
+  async vector(name: string, shape: readonly number[]): Promise<Float32Array> {
+    const t = this.info(name, shape);
+    const n = shape.reduce((a, b) => a * b, 1);
+    const bytes = await this.model.readTensor(name);
+    this.#progress(bytes.length);
+    return dequantize(t.type, bytes, n);
+  }
+
+  /** Small f32 vectors concatenated into one GPU buffer. */
+  async vectors(cls: string, label: string, parts: Promise<Float32Array>[]): Promise<GPUBuffer> {
+    const values = await Promise.all(parts);
+    const all = new Float32Array(values.reduce((s, v) => s + v.length, 0));
+    let at = 0;
+    for (const v of values) {
+      all.set(v, at);
+      at += v.length;
+    }
+    const buffer = uploadStorage(this.ctx, label, all);
+    this.#count(cls, buffer.size);
+    return buffer;
+  }
+}
+
+/** Row order turning a per-key-head grouped tensor into [part 0 of all groups | part 1 | …]. */
+function ungroup(groups: number, sizes: readonly number[]): Uint32Array {
+  const g = sizes.reduce((a, b) => a + b, 0);
+  const order: number[] = [];
+  let start = 0;
+  for (const size of sizes) {
+    for (let kh = 0; kh < groups; kh++) {
+      for (let i = 0; i < size; i++) order.push(kh * g + start + i);
+    }
+    start += size;
+  }
+  return Uint32Array.from(order);
+}
+
+async function attention(l: Loader, il: number): Promise<AttentionWeights> {
+  const { D, Hq, Hkv, Dh } = l.hp;
+  const p = `blk.${il}`;
+  const qDim = 2 * Hq * Dh;
+  const kvDim = Hkv * Dh;
+  const cls = "attention";
+  const qkv = l.model.tensors.has(`${p}.attn_qkv.weight`)
+    ? [{ w: await l.matrix(cls, `${p}.attn_qkv.weight`, [D, qDim + 2 * kvDim]), offset: 0 }]
+    : await l.projections(cls, `${p}.attn_q|k|v`, 0, [
+      { name: `${p}.attn_q.weight`, shape: [D, qDim] },
+      { name: `${p}.attn_k.weight`, shape: [D, kvDim] },
+      { name: `${p}.attn_v.weight`, shape: [D, kvDim] },
+    ]);
+  return {
+    kind: "attention",
+    qkv,
+    qNorm: await l.vectors("norms", `${p}.attn_q_norm`, [
+      l.vector(`${p}.attn_q_norm.weight`, [Dh]),
+    ]),
+    kNorm: await l.vectors("norms", `${p}.attn_k_norm`, [
+      l.vector(`${p}.attn_k_norm.weight`, [Dh]),
+    ]),
+    out: await l.matrix(cls, `${p}.attn_output.weight`, [Hq * Dh, D]),
+  };
+}
+
+async function deltaNet(l: Loader, il: number): Promise<DeltaNetWeights> {
+  const { D, Nk, Nv, Dk, Dv, C, Kc, arch } = l.hp;
+  const p = `blk.${il}`;
+  const r = Nv / Nk;
+  const valueDim = Nv * Dv;
+  const cls = "deltanet";
+  let qkvz: Projection[];
+  if (l.model.tensors.has(`${p}.attn_qkv.weight`) || arch !== "qwen3next") {
+    qkvz = await l.projections(cls, `${p}.attn_qkv|gate`, 0, [
+      { name: `${p}.attn_qkv.weight`, shape: [D, C] },
+      { name: `${p}.attn_gate.weight`, shape: [D, valueDim] },
+    ]);
+  } else {
+    // Legacy ssm_in: per key head [q (Dk) | k (Dk) | v (r·Dv) | z (r·Dv)] (§4.6.1).
+    const order = ungroup(Nk, [Dk, Dk, r * Dv, r * Dv]);
+    qkvz = [{ w: await l.matrix(cls, `${p}.ssm_in.weight`, [D, C + valueDim], order), offset: 0 }];
+  }
+  const ba = arch === "qwen3next"
+    ? [{
+      w: await l.matrix(cls, `${p}.ssm_ba.weight`, [D, 2 * Nv], ungroup(Nk, [r, r])),
+      offset: 0,
+    }]
+    : await l.projections(cls, `${p}.ssm_beta|alpha`, 0, [
+      { name: `${p}.ssm_beta.weight`, shape: [D, Nv] },
+      { name: `${p}.ssm_alpha.weight`, shape: [D, Nv] },
+    ]);
+  return {
+    kind: "deltanet",
+    qkvz,
+    ba,
+    conv: await l.vectors(cls, `${p}.ssm_conv1d`, [l.vector(`${p}.ssm_conv1d.weight`, [Kc, C])]),
+    params: await l.vectors(cls, `${p}.ssm params`, [
+      l.vector(`${p}.ssm_dt.bias`, [Nv]),
+      l.vector(`${p}.ssm_a`, [Nv]),
+      l.vector(`${p}.ssm_norm.weight`, [Dv]),
+    ]),
+    out: await l.matrix(cls, `${p}.ssm_out.weight`, [valueDim, D]),
+  };
+}
+
+async function moe(l: Loader, il: number): Promise<MoeWeights> {
+  const { D, E, Fe, Fs } = l.hp;
+  const p = `blk.${il}`;
+  const gateUp = l.model.tensors.has(`${p}.ffn_gate_up_exps.weight`)
+    ? [{ w: await l.matrix("experts", `${p}.ffn_gate_up_exps.weight`, [D, 2 * Fe, E]), offset: 0 }]
+    : await l.projections("experts", `${p}.ffn_gate|up_exps`, 0, [
+      { name: `${p}.ffn_gate_exps.weight`, shape: [D, Fe, E] },
+      { name: `${p}.ffn_up_exps.weight`, shape: [D, Fe, E] },
+    ]);
+  return {
+    kind: "moe",
+    router: await l.projections("router", `${p}.ffn_gate_inp|shexp`, 0, [
+      { name: `${p}.ffn_gate_inp.weight`, shape: [D, E] },
+      { name: `${p}.ffn_gate_inp_shexp.weight`, shape: [D] },
+    ]),
+    gateUp,
+    down: await l.matrix("experts", `${p}.ffn_down_exps.weight`, [Fe, D, E]),
+    sharedGateUp: await l.projections("shared expert", `${p}.ffn_gate|up_shexp`, 0, [
+      { name: `${p}.ffn_gate_shexp.weight`, shape: [D, Fs] },
+      { name: `${p}.ffn_up_shexp.weight`, shape: [D, Fs] },
+    ]),
+    sharedDown: await l.matrix("shared expert", `${p}.ffn_down_shexp.weight`, [Fs, D]),
+  };
+}
+
+async function dense(l: Loader, il: number): Promise<DenseWeights> {
+  const { D, F } = l.hp;
+  const p = `blk.${il}`;
+  return {
+    kind: "dense",
+    gateUp: await l.projections("dense ffn", `${p}.ffn_gate|up`, 0, [
+      { name: `${p}.ffn_gate.weight`, shape: [D, F] },
+      { name: `${p}.ffn_up.weight`, shape: [D, F] },
+    ]),
+    down: await l.matrix("dense ffn", `${p}.ffn_down.weight`, [F, D]),
+  };
+}
+
+/** The names of the tensors a stage needs, for sizing the progress bar. */
+function stageTensorNames(model: GgufModel, hp: HParams, first: number, end: number): string[] {
+  const names: string[] = [];
+  for (const name of model.tensors.keys()) {
+    const m = /^blk\.(\d+)\./.exec(name);
+    if (m && Number(m[1]) >= first && Number(m[1]) < end) names.push(name);
+  }
+  if (first === 0) names.push("token_embd.weight");
+  if (end === hp.nLayer) {
+    names.push("output_norm.weight");
+    if (model.tensors.has("output.weight")) names.push("output.weight");
+    else if (first !== 0) names.push("token_embd.weight");
+  }
+  return names;
+}
+
+function formatBytes(n: number): string {
+  return n >= 2 ** 30 ? `${(n / 2 ** 30).toFixed(2)} GiB` : `${(n / 2 ** 20).toFixed(1)} MiB`;
+}
+
+/**
+ * Uploads what layers [first, end) need: their blocks, plus token_embd on the first stage and
+ * output_norm + the LM head (output, or token_embd when tied) on the last. Logs GPU memory per
+ * tensor class.
+ */
+export async function loadStageWeights(
+  ctx: GpuContext,
+  model: GgufModel,
+  hp: HParams,
+  options: LoadStageOptions,
+): Promise<StageWeights> {
+  const { first, end } = options;
+  const total = stageTensorNames(model, hp, first, end)
+    .reduce((s, n) => s + (model.tensors.get(n)?.nbytes ?? 0), 0);
+  const l = new Loader(ctx, model, hp, options, total);
+  const layers: LayerWeights[] = [];
+  for (let il = first; il < end; il++) {
+    const p = `blk.${il}`;
+    layers.push({
+      attnNorm: await l.vectors("norms", `${p}.attn_norm`, [
+        l.vector(`${p}.attn_norm.weight`, [hp.D]),
+      ]),
+      postNorm: await l.vectors("norms", `${p}.post_attention_norm`, [
+        l.vector(`${p}.post_attention_norm.weight`, [hp.D]),
+      ]),
+      mixer: hp.isDeltaNet[il] ? await deltaNet(l, il) : await attention(l, il),
+      ffn: hp.arch === "qwen35" ? await dense(l, il) : await moe(l, il),
+    });
+  }
+  const embedding = first === 0
+    ? await l.matrix("token embedding", "token_embd.weight", [hp.D, hp.V])
+    : undefined;
+  let outputNorm: GPUBuffer | undefined;
+  let output: GpuTensor | undefined;
+  if (end === hp.nLayer) {
+    outputNorm = await l.vectors("norms", "output_norm", [
+      l.vector("output_norm.weight", [hp.D]),
+    ]);
+    const tied = !model.tensors.has("output.weight");
+    output = tied && embedding
+      ? embedding
+      : await l.matrix("lm head", tied ? "token_embd.weight" : "output.weight", [hp.D, hp.V]);
+  }
+  const report = [...l.bytes].map(([cls, n]) => `${cls} ${formatBytes(n)}`).join(", ");
+  options.log?.(`GPU weights for layers ${first}..${end}: ${report}`);
+  return { layers, embedding, outputNorm, output, bytes: l.bytes };
+}

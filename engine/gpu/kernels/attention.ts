@@ -1,0 +1,161 @@
+// Causal GQA attention with the sigmoid output gate over the f16 KV cache, split over fixed
+// blocks of positions (wgsl/attention.wgsl) and folded per head (wgsl/attention_combine.wgsl),
+// for the full-attention blocks of engine/gpu/gpu_forward.ts.
+
+import type { BufferRef } from "../buffers.ts";
+import type { GpuContext } from "../device.ts";
+import type { StepEncoder } from "../encoder.ts";
+import { getKernel, type KernelLayout, readyKernel } from "../kernel.ts";
+
+export const ATTENTION: KernelLayout = {
+  file: "attention.wgsl",
+  bindings: [["q", "read"], ["kc", "read"], ["vc", "read"], ["part", "read_write"]],
+  params: [
+    ["hq", "u32"],
+    ["hkv", "u32"],
+    ["tokens", "u32"],
+    ["t0", "u32"],
+    ["pos0", "u32"],
+    ["nbs", "u32"],
+    ["q_stride_t", "u32"],
+    ["q_stride_h", "u32"],
+    ["scale", "f32"],
+  ],
+};
+
+export const ATTENTION_COMBINE: KernelLayout = {
+  file: "attention_combine.wgsl",
+  bindings: [["part", "read"], ["q", "read"], ["o", "read_write"]],
+  params: [
+    ["hq", "u32"],
+    ["tokens", "u32"],
+    ["t0", "u32"],
+    ["pos0", "u32"],
+    ["nbs", "u32"],
+    ["q_stride_t", "u32"],
+    ["q_stride_h", "u32"],
+    ["gate_offset", "u32"],
+    ["o_stride_t", "u32"],
+    ["dcs", "u32"],
+  ],
+};
+
+/**
+ * Positions per block: one workgroup of pass 1 per (token, KV head, block), so a decode step at
+ * position p runs ⌈(p+1)/64⌉·Hkv of them. Fixed, never derived from a call's size: a token's
+ * blocks must be the same in every grouping of tokens into calls (batch invariance).
+ */
+export const ATTENTION_BLOCK = 64;
+/** Bytes of the partials scratch, unless one token at the last position alone needs more. */
+const PARTIALS_BUDGET_BYTES = 48 * 1024 * 1024;
+/** Query heads of one KV head per pass-1 workgroup (wgsl/attention.wgsl GMAX). */
+const HEADS_PER_WORKGROUP = 8;
+/** Dims per run of a pass-2 workgroup (wgsl/attention_combine.wgsl DC). */
+const COMBINE_DIMS = 16;
+/**
+ * Pass-2 workgroups wanted per call. Below this a workgroup folds one run of dims (decode);
+ * above, it folds several, so the per-head max and sum are not redone for every 16 dims. The
+ * runs per workgroup change no arithmetic, only which workgroup does it.
+ */
+const COMBINE_WORKGROUPS = 2048;
+
+function kernelNames(dh: number): { split: string; combine: string } {
+  return { split: `attention_dh${dh}`, combine: `attention_combine_dh${dh}` };
+}
+
+function checkShape(hq: number, hkv: number, dh: number): void {
+  if (dh > 512 || dh % 2 !== 0 || dh < 2 || hq % hkv !== 0) {
+    throw new RangeError(
+      `Cannot attend with ${hq} query heads, ${hkv} KV heads of ${dh}: need even dh ≤ 512 and Hq a multiple of Hkv`,
+    );
+  }
+}
+
+/** Compiles both passes for head dim `dh`. */
+export async function prepareAttention(ctx: GpuContext, dh: number): Promise<void> {
+  const defines = { DH: dh, B: ATTENTION_BLOCK };
+  const names = kernelNames(dh);
+  await Promise.all([
+    getKernel(ctx, ATTENTION, names.split, defines),
+    getKernel(ctx, ATTENTION_COMBINE, names.combine, defines),
+  ]);
+}
+
+/**
+ * f32 values of the partials scratch for calls of up to maxBatch tokens within ctx positions:
+ * (dh + 2)·max(hq·⌈ctx/64⌉, min(maxBatch·hq·⌈ctx/64⌉, ⌊48 MiB / (4·(dh + 2))⌋)). Calls that
+ * need more are run in token chunks that fit (attention()).
+ */
+export function attentionPartialFloats(
+  o: { readonly hq: number; readonly dh: number; readonly ctx: number; readonly maxBatch: number },
+): number {
+  const perToken = o.hq * Math.ceil(o.ctx / ATTENTION_BLOCK);
+  const budget = Math.floor(PARTIALS_BUDGET_BYTES / (4 * (o.dh + 2)));
+  return (o.dh + 2) * Math.max(perToken, Math.min(o.maxBatch * perToken, budget));
+}
+
+export interface AttentionOptions {
+  readonly tokens: number;
+  readonly hq: number;
+  readonly hkv: number;
+  readonly dh: number;
+  /** Position of the first token; token t attends to positions 0 ..= pos0 + t. */
+  readonly pos0: number;
+  readonly qStrideT: number;
+  readonly qStrideH: number;
+  readonly gateOffset: number;
+  readonly oStrideT: number;
+}
+
+/**
+ * Records o[t][h] = softmax(q·K/√dh)·V ⊙ sigmoid(gate) for every token and query head: pass 1
+ * writes one partial per (token, head, 64-position block) into `part`, pass 2 folds them.
+ * Tokens go in chunks whose partials fit `part` (sized by attentionPartialFloats); the chunking
+ * changes where partials are stored, never their values.
+ */
+export function attention(
+  enc: StepEncoder,
+  b: {
+    readonly q: BufferRef;
+    readonly kc: BufferRef;
+    readonly vc: BufferRef;
+    readonly part: BufferRef;
+    readonly o: BufferRef;
+  },
+  o: AttentionOptions,
+): void {
+  checkShape(o.hq, o.hkv, o.dh);
+  const names = kernelNames(o.dh);
+  const split = readyKernel(enc.ctx, names.split);
+  const combine = readyKernel(enc.ctx, names.combine);
+  const blocksOf = (tokens: number) => Math.ceil((o.pos0 + tokens) / ATTENTION_BLOCK);
+  const slots = Math.floor(Number(b.part.size) / (4 * (o.dh + 2)));
+  const need = o.hq * blocksOf(o.tokens);
+  const last = o.pos0 + o.tokens - 1;
+  const chunk = Math.min(o.tokens, Math.floor(slots / need));
+  if (chunk < 1 && o.tokens > 0) {
+    throw new RangeError(
+      `Cannot attend at position ${last}: the partials buffer holds ${slots} head-blocks, one token needs ${need}; size it with attentionPartialFloats for this context`,
+    );
+  }
+  const groups = Math.ceil(o.hq / o.hkv / HEADS_PER_WORKGROUP);
+  const common = { hq: o.hq, pos0: o.pos0, q_stride_t: o.qStrideT, q_stride_h: o.qStrideH };
+  for (let t0 = 0; t0 < o.tokens; t0 += chunk) {
+    const tokens = Math.min(chunk, o.tokens - t0);
+    const nbs = blocksOf(t0 + tokens);
+    const at = { ...common, tokens, t0, nbs };
+    enc.dispatch(split, { q: b.q, kc: b.kc, vc: b.vc, part: b.part }, {
+      ...at,
+      hkv: o.hkv,
+      scale: 1 / Math.sqrt(o.dh),
+    }, { tiles: tokens * o.hkv * groups * nbs });
+    const runs = Math.ceil(o.dh / COMBINE_DIMS);
+    const dcs = Math.min(runs, Math.max(1, Math.floor(tokens * o.hq * runs / COMBINE_WORKGROUPS)));
+    enc.dispatch(combine, { part: b.part, q: b.q, o: b.o }, {
+      ...at,
+      gate_offset: o.gateOffset,
+      o_stride_t: o.oStrideT,
+      dcs,
+    }, { tiles: tokens * o.hq * Math.ceil(runs / dcs) });
+  }
+}

@@ -1,0 +1,103 @@
+// The DeltaNet recurrence + gated output norm (wgsl/gated_delta_net.wgsl) for single tokens and
+// prefill runs: the core of a DeltaNet block in engine/gpu/gpu_forward.ts.
+//
+// Dimensions: Nk/Nv key/value heads, Dk/Dv their head dims; Dv·R threads per workgroup, R the
+// row slices each state column is split into (up to 8, as the device's workgroup size allows).
+
+import type { BufferRef } from "../buffers.ts";
+import type { GpuContext } from "../device.ts";
+import type { StepEncoder } from "../encoder.ts";
+import { getKernel, type KernelLayout, readyKernel } from "../kernel.ts";
+
+export const GATED_DELTA_NET: KernelLayout = {
+  file: "gated_delta_net.wgsl",
+  bindings: [
+    ["u", "read"],
+    ["ba", "read"],
+    ["z", "read"],
+    ["p", "read"],
+    ["state", "read_write"],
+    ["y", "read_write"],
+  ],
+  params: [
+    ["nk", "u32"],
+    ["nv", "u32"],
+    ["tokens", "u32"],
+    ["interleave", "u32"],
+    ["u_stride_t", "u32"],
+    ["ba_stride_t", "u32"],
+    ["z_offset", "u32"],
+    ["z_stride_t", "u32"],
+    ["y_stride_t", "u32"],
+    ["eps", "f32"],
+  ],
+};
+
+/** Row slices per column: the most (≤ 8, dividing dk) that fit the device's workgroup size. */
+function rowSlices(ctx: GpuContext, dk: number, dv: number): number {
+  let r = 8;
+  while (r > 1 && (dv * r > ctx.limits.maxComputeInvocationsPerWorkgroup || dk % r !== 0)) r /= 2;
+  return r;
+}
+
+function name(ctx: GpuContext, dk: number, dv: number): string {
+  return `gated_delta_net_dk${dk}_dv${dv}_r${rowSlices(ctx, dk, dv)}`;
+}
+
+/** Compiles the variant for head dims dk × dv (dv a power of two up to 256). */
+export async function prepareGatedDeltaNet(ctx: GpuContext, dk: number, dv: number): Promise<void> {
+  if ((dv & (dv - 1)) !== 0 || dv > 256 || dk > 256 || dk < 1) {
+    throw new RangeError(
+      `Cannot run DeltaNet heads of ${dk} x ${dv}: value heads must be a power of two ≤ 256, key heads ≤ 256`,
+    );
+  }
+  await getKernel(ctx, GATED_DELTA_NET, name(ctx, dk, dv), {
+    DK: dk,
+    DV: dv,
+    R: rowSlices(ctx, dk, dv),
+    GS: Math.min(16, dv),
+  });
+}
+
+export interface GatedDeltaNetOptions {
+  readonly nk: number;
+  readonly nv: number;
+  readonly dk: number;
+  readonly dv: number;
+  readonly tokens: number;
+  /** Value head h reads key head ⌊h/(Nv/Nk)⌋ (qwen3next) instead of h mod Nk (qwen35*). */
+  readonly interleave: boolean;
+  readonly uStrideT: number;
+  readonly baStrideT: number;
+  readonly zOffset: number;
+  readonly zStrideT: number;
+  readonly yStrideT: number;
+  readonly eps: number;
+}
+
+/** Records the recurrence over `tokens` tokens for every value head, updating the state. */
+export function gatedDeltaNet(
+  enc: StepEncoder,
+  b: {
+    readonly u: BufferRef;
+    readonly ba: BufferRef;
+    readonly z: BufferRef;
+    readonly p: BufferRef;
+    readonly state: BufferRef;
+    readonly y: BufferRef;
+  },
+  o: GatedDeltaNetOptions,
+): void {
+  enc.dispatch(readyKernel(enc.ctx, name(enc.ctx, o.dk, o.dv)), b, {
+    nk: o.nk,
+    nv: o.nv,
+    tokens: o.tokens,
+    interleave: o.interleave ? 1 : 0,
+    u_stride_t: o.uStrideT,
+    ba_stride_t: o.baStrideT,
+    z_offset: o.zOffset,
+    z_stride_t: o.zStrideT,
+    y_stride_t: o.yStrideT,
+    eps: o.eps,
+  }, { tiles: o.nv });
+}

@@ -1,0 +1,57 @@
+// Embedding lookup (wgsl/get_rows.wgsl): y[t] = dequantized row ids[t] of a quantized table.
+// The first step of the first stage in engine/gpu/gpu_forward.ts.
+
+import type { BufferRef } from "../buffers.ts";
+import type { GpuContext } from "../device.ts";
+import type { StepEncoder } from "../encoder.ts";
+import { getKernel, type KernelLayout, readyKernel } from "../kernel.ts";
+import type { GpuTensor } from "../tensor.ts";
+import { type GgmlType, typeName } from "../../quant/ggml_types.ts";
+import { MUL_MAT_TYPES } from "./mul_mat.ts";
+
+export const GET_ROWS: KernelLayout = {
+  file: "get_rows.wgsl",
+  bindings: [["w", "read"], ["ids", "read"], ["y", "read_write"]],
+  params: [
+    ["cols", "u32"],
+    ["tokens", "u32"],
+    ["row_first", "u32"],
+    ["row_count", "u32"],
+    ["ids_offset", "u32"],
+    ["chunk_tiles", "u32"],
+  ],
+};
+
+const WG = 64;
+
+function name(type: GgmlType): string {
+  return `get_rows_${typeName(type)}`;
+}
+
+export async function prepareGetRows(ctx: GpuContext, type: GgmlType): Promise<void> {
+  if (!MUL_MAT_TYPES.includes(type)) {
+    throw new TypeError(`Cannot look up rows of a ${typeName(type)} table: no GPU decoder`);
+  }
+  await getKernel(ctx, GET_ROWS, name(type), { [`TYPE_${typeName(type)}`]: true });
+}
+
+/** Records y[t] = table row ids[idsOffset + t] for t < tokens (one dispatch per part). */
+export function getRows(
+  enc: StepEncoder,
+  b: { readonly w: GpuTensor; readonly ids: BufferRef; readonly y: BufferRef },
+  o: { readonly tokens: number; readonly idsOffset?: number },
+): void {
+  const { w } = b;
+  const kernel = readyKernel(enc.ctx, name(w.type));
+  const tiles = Math.ceil(w.cols / 32 / WG);
+  for (const part of w.parts) {
+    enc.dispatch(kernel, { w: part.buffer, ids: b.ids, y: b.y }, {
+      cols: w.cols,
+      tokens: o.tokens,
+      row_first: part.firstRow,
+      row_count: part.rows,
+      ids_offset: o.idsOffset ?? 0,
+      chunk_tiles: tiles,
+    }, { tiles, z: o.tokens });
+  }
+}

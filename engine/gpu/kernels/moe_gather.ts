@@ -1,0 +1,46 @@
+// Groups a prefill run's routed (token, rank) slots by expert (wgsl/moe_gather.wgsl), so the
+// expert products of engine/gpu/gpu_forward.ts run token tiles per expert instead of one slot at a time.
+
+import type { BufferRef } from "../buffers.ts";
+import type { GpuContext } from "../device.ts";
+import type { StepEncoder } from "../encoder.ts";
+import { getKernel, type KernelLayout, readyKernel } from "../kernel.ts";
+
+export const MOE_GATHER: KernelLayout = {
+  file: "moe_gather.wgsl",
+  bindings: [["ids", "read"], ["table", "read_write"]],
+  params: [["slots", "u32"], ["experts", "u32"], ["tt", "u32"], ["max_tiles", "u32"]],
+};
+
+export async function prepareMoeGather(ctx: GpuContext): Promise<void> {
+  await getKernel(ctx, MOE_GATHER, "moe_gather", {});
+}
+
+/** Most tiles `slots` slots over `experts` experts can need with `tt` slots a tile. */
+export function gatherTiles(slots: number, experts: number, tt: number): number {
+  return Math.min(slots, Math.ceil(slots / tt) + experts);
+}
+
+/** u32 words of a gather table for `slots` slots. */
+export function gatherWords(slots: number, experts: number, tt: number): number {
+  return 1 + gatherTiles(slots, experts, tt) + slots;
+}
+
+/** Records the gather table of the first `slots` entries of ids, in tiles of `tt`. */
+export function moeGather(
+  enc: StepEncoder,
+  b: { readonly ids: BufferRef; readonly table: BufferRef },
+  o: { readonly slots: number; readonly experts: number; readonly tt: number },
+): void {
+  if (o.slots > 65535 || o.experts > 1024 || o.tt > 63) {
+    throw new RangeError(
+      `Cannot gather ${o.slots} slots over ${o.experts} experts in tiles of ${o.tt}: the table packs up to 65535 slots, 1024 experts, 63 a tile`,
+    );
+  }
+  enc.dispatch(readyKernel(enc.ctx, "moe_gather"), b, {
+    slots: o.slots,
+    experts: o.experts,
+    tt: o.tt,
+    max_tiles: gatherTiles(o.slots, o.experts, o.tt),
+  }, { tiles: 1 });
+}

@@ -1,0 +1,55 @@
+// DeltaNet causal depthwise conv + SiLU with its rolling state (wgsl/ssm_conv.wgsl), the first
+// step of a DeltaNet block in engine/gpu/gpu_forward.ts after the input projections.
+
+import type { BufferRef } from "../buffers.ts";
+import type { GpuContext } from "../device.ts";
+import type { StepEncoder } from "../encoder.ts";
+import { getKernel, type KernelLayout, readyKernel } from "../kernel.ts";
+
+export const SSM_CONV: KernelLayout = {
+  file: "ssm_conv.wgsl",
+  bindings: [["x", "read"], ["w", "read"], ["state", "read_write"], ["u", "read_write"]],
+  params: [
+    ["channels", "u32"],
+    ["kc", "u32"],
+    ["tokens", "u32"],
+    ["x_offset", "u32"],
+    ["x_stride_t", "u32"],
+    ["u_stride_t", "u32"],
+  ],
+};
+
+export async function prepareSsmConv(ctx: GpuContext): Promise<void> {
+  await getKernel(ctx, SSM_CONV, "ssm_conv", {});
+}
+
+/** Records u[t] = silu(conv(state ++ x[0..t])) and advances the state by `tokens` inputs. */
+export function ssmConv(
+  enc: StepEncoder,
+  b: {
+    readonly x: BufferRef;
+    readonly w: BufferRef;
+    readonly state: BufferRef;
+    readonly u: BufferRef;
+  },
+  o: {
+    readonly channels: number;
+    readonly kc: number;
+    readonly tokens: number;
+    readonly xOffset?: number;
+    readonly xStrideT: number;
+    readonly uStrideT: number;
+  },
+): void {
+  if (o.kc < 2 || o.kc > 8) {
+    throw new RangeError(`Cannot run a conv of ${o.kc} taps: the kernel takes 2 to 8`);
+  }
+  enc.dispatch(readyKernel(enc.ctx, "ssm_conv"), b, {
+    channels: o.channels,
+    kc: o.kc,
+    tokens: o.tokens,
+    x_offset: o.xOffset ?? 0,
+    x_stride_t: o.xStrideT,
+    u_stride_t: o.uStrideT,
+  }, { tiles: Math.ceil(o.channels / 64) });
+}

@@ -1,0 +1,141 @@
+// Hyperparameters of a qwen3next / qwen35moe / qwen35 model, read from GGUF metadata.
+// The one place that turns `%s.*` keys into sizes; every engine (reference, GPU) starts here.
+
+import type { GgufValue } from "./gguf/gguf_model.ts";
+
+export type Arch = "qwen3next" | "qwen35moe" | "qwen35";
+export const ARCHS: readonly Arch[] = ["qwen3next", "qwen35moe", "qwen35"];
+
+/**
+ * Dimension legend (docs/model-arch.md §2): D d_model, Hq/Hkv query/KV heads, Dh head dim,
+ * Nk/Nv DeltaNet key/value heads, Dk/Dv their head dims, Kc conv taps, C conv channels,
+ * E experts, Ku experts used, Fe/Fs routed/shared expert width, F dense FFN width, V vocab.
+ */
+export interface HParams {
+  readonly arch: Arch;
+  /** Layers run in normal decoding (block_count minus MTP blocks). */
+  readonly nLayer: number;
+  readonly D: number;
+  readonly Hq: number;
+  readonly Hkv: number;
+  readonly Dh: number;
+  /** Rotated dimensions of each head (partial RoPE). */
+  readonly nRot: number;
+  readonly ropeBase: number;
+  /** IMROPE sections for qwen35/qwen35moe; empty for qwen3next (NEOX). */
+  readonly ropeSections: readonly number[];
+  readonly eps: number;
+  readonly Kc: number;
+  readonly Nk: number;
+  readonly Nv: number;
+  readonly Dk: number;
+  readonly Dv: number;
+  /** Conv channels: 2·Nk·Dk + Nv·Dv. */
+  readonly C: number;
+  /** 0 for the dense arch. */
+  readonly E: number;
+  readonly Ku: number;
+  readonly Fe: number;
+  readonly Fs: number;
+  /** Dense FFN width (qwen35). */
+  readonly F: number;
+  readonly V: number;
+  /** true where block i is a gated-DeltaNet block, false where it is full attention. */
+  readonly isDeltaNet: readonly boolean[];
+}
+
+function num(meta: ReadonlyMap<string, GgufValue>, key: string, fallback?: number): number {
+  const v = meta.get(key);
+  if (v === undefined) {
+    if (fallback !== undefined) return fallback;
+    throw new SyntaxError(`Cannot read model hyperparameters: metadata key "${key}" is missing`);
+  }
+  if (Array.isArray(v)) {
+    const first = v[0];
+    if (typeof first === "number" && v.every((x) => x === first)) return first;
+    throw new SyntaxError(
+      `Cannot read model hyperparameters: "${key}" varies per layer, which is not supported`,
+    );
+  }
+  if (typeof v === "number") return v;
+  if (typeof v === "bigint") return Number(v);
+  throw new SyntaxError(
+    `Cannot read model hyperparameters: "${key}" is ${typeof v}, expected a number`,
+  );
+}
+
+/** Reads and checks the hyperparameters. Throws a SyntaxError naming the key at fault. */
+export function readHParams(meta: ReadonlyMap<string, GgufValue>): HParams {
+  const archValue = meta.get("general.architecture");
+  if (typeof archValue !== "string" || !ARCHS.includes(archValue as Arch)) {
+    throw new SyntaxError(
+      `Cannot load model: general.architecture is ${JSON.stringify(archValue)}, expected one of ${
+        ARCHS.join(", ")
+      }`,
+    );
+  }
+  const arch = archValue as Arch;
+  const k = (name: string, fallback?: number) => num(meta, `${arch}.${name}`, fallback);
+  const blockCount = k("block_count");
+  const nLayer = blockCount - k("nextn_predict_layers", 0);
+  const D = k("embedding_length");
+  const Hq = k("attention.head_count");
+  const Hkv = k("attention.head_count_kv", Hq);
+  const Dh = k("attention.key_length", D / Hq);
+  const Dk = k("ssm.state_size");
+  const Nk = k("ssm.group_count");
+  const Nv = k("ssm.time_step_rank");
+  const Dv = k("ssm.inner_size") / Nv;
+  const moe = arch !== "qwen35";
+  const E = moe ? k("expert_count") : 0;
+  const interval = k("full_attention_interval", 4);
+  const recurrent = meta.get(`${arch}.attention.recurrent_layers`);
+  const isDeltaNet = Array.from(
+    { length: nLayer },
+    (_, i) => Array.isArray(recurrent) ? Boolean(recurrent[i]) : (i + 1) % interval !== 0,
+  );
+  const tokens = meta.get("tokenizer.ggml.tokens");
+  const V = k("vocab_size", Array.isArray(tokens) ? tokens.length : undefined);
+  const sections = meta.get(`${arch}.rope.dimension_sections`);
+  const hp: HParams = {
+    arch,
+    nLayer,
+    D,
+    Hq,
+    Hkv,
+    Dh,
+    nRot: k("rope.dimension_count", Dh),
+    ropeBase: k("rope.freq_base", 10000),
+    ropeSections: arch === "qwen3next" ? [] : (Array.isArray(sections) ? sections.map(Number) : []),
+    eps: k("attention.layer_norm_rms_epsilon"),
+    Kc: k("ssm.conv_kernel"),
+    Nk,
+    Nv,
+    Dk,
+    Dv,
+    C: 2 * Nk * Dk + Nv * Dv,
+    E,
+    Ku: moe ? k("expert_used_count") : 0,
+    Fe: moe ? k("expert_feed_forward_length") : 0,
+    Fs: moe ? k("expert_shared_feed_forward_length") : 0,
+    F: moe ? k("feed_forward_length", 0) : k("feed_forward_length"),
+    V,
+    isDeltaNet,
+  };
+  if (arch !== "qwen3next" && hp.ropeSections.length === 0) {
+    throw new SyntaxError(
+      `Cannot load model: ${arch}.rope.dimension_sections is missing (required for ${arch})`,
+    );
+  }
+  if (Nv % Nk !== 0 || !Number.isInteger(Dv) || Hq % Hkv !== 0 || nLayer <= 0) {
+    throw new SyntaxError(
+      `Cannot load model: inconsistent sizes (layers ${nLayer}, Hq ${Hq}, Hkv ${Hkv}, Nk ${Nk}, Nv ${Nv}, Dv ${Dv})`,
+    );
+  }
+  return hp;
+}
+
+/** DeltaNet key head used by value head h: interleaved for qwen3next, tiled for qwen35*. */
+export function keyHeadOf(hp: HParams, h: number): number {
+  return hp.arch === "qwen3next" ? Math.floor(h / (hp.Nv / hp.Nk)) : h % hp.Nk;
+}

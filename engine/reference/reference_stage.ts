@@ -1,0 +1,277 @@
+// The CPU reference Stage: layers [first, end) of one model, per-slot state and snapshots.
+// Opened by engine/open_stage.ts for the "reference" backend; the oracle the GPU stage must match.
+
+import type { GgufModel } from "../gguf/gguf_model.ts";
+import { type HParams, readHParams } from "../hparams.ts";
+import type { Stage, StageInput, StageOutput, StageRunOptions, TopEntry } from "../stage.ts";
+import { checkOpen, checkRun, checkSlot, checkSnapshot } from "../stage_checks.ts";
+import { forwardLayer, type LayerState, lmHead, newLayerState } from "./reference_forward.ts";
+import { argmaxTopK } from "./logits.ts";
+import {
+  type Embedding,
+  type HeadWeights,
+  type LayerWeights,
+  loadEmbedding,
+  loadHead,
+  loadLayer,
+} from "./reference_weights.ts";
+
+export interface ReferenceStageOptions {
+  readonly first: number;
+  readonly end: number;
+  readonly slots: number;
+  readonly ctx: number;
+  /** Default min(ctx, 512). */
+  readonly maxBatch?: number;
+  /** Numbered snapshot places for save/restore; default 0. */
+  readonly snapshots?: number;
+}
+
+/** One sequence's state: its position and one LayerState per owned layer. */
+interface SlotState {
+  pos: number;
+  readonly layers: readonly LayerState[];
+}
+
+/** Copies `from` into `to` (same layer kinds); KV only up to `pos` positions of `kvRow`. */
+function copyLayers(
+  from: readonly LayerState[],
+  to: readonly LayerState[],
+  pos: number,
+  kvRow: number,
+): void {
+  from.forEach((f, i) => {
+    const t = to[i];
+    if (f.kind === "attention" && t.kind === "attention") {
+      t.k.set(f.k.subarray(0, pos * kvRow));
+      t.v.set(f.v.subarray(0, pos * kvRow));
+    } else if (f.kind === "deltanet" && t.kind === "deltanet") {
+      t.conv.set(f.conv);
+      t.ssm.set(f.ssm);
+    }
+  });
+}
+
+/** Runs synchronous work as a promise, so a thrown error becomes a rejection as callers expect. */
+function settle<T>(work: () => T): Promise<T> {
+  return new Promise((resolve) => resolve(work()));
+}
+
+/** A Stage on the CPU; also computes full logits per position for llama.cpp parity tests. */
+export class ReferenceStage implements Stage {
+  readonly nLayer: number;
+  readonly nEmbd: number;
+  #closed = false;
+  readonly #hp: HParams;
+  #layers: readonly LayerWeights[];
+  #embedding: Embedding | undefined;
+  #head: HeadWeights | undefined;
+  #slots: readonly SlotState[];
+  /** Snapshots hold the same state shapes; their KV is copied only up to their position. */
+  #snapshots: (SlotState | undefined)[];
+
+  constructor(
+    hp: HParams,
+    readonly first: number,
+    readonly end: number,
+    readonly slots: number,
+    readonly ctx: number,
+    readonly maxBatch: number,
+    readonly snapshots: number,
+    weights: {
+      layers: readonly LayerWeights[];
+      embedding?: Embedding;
+      head?: HeadWeights;
+    },
+  ) {
+    this.#hp = hp;
+    this.nLayer = hp.nLayer;
+    this.nEmbd = hp.D;
+    this.#layers = weights.layers;
+    this.#embedding = weights.embedding;
+    this.#head = weights.head;
+    this.#slots = Array.from({ length: slots }, () => this.#newSlot());
+    this.#snapshots = new Array(snapshots).fill(undefined);
+  }
+
+  run(
+    slot: number,
+    input: StageInput,
+    n: number,
+    base: number,
+    options: StageRunOptions = {},
+  ): Promise<StageOutput> {
+    return settle(() => this.#run(slot, input, n, base, options.topk ?? 0));
+  }
+
+  #run(slot: number, input: StageInput, n: number, base: number, topk: number): StageOutput {
+    if (!Number.isInteger(topk) || topk < 0) {
+      throw new RangeError(`Cannot return the top ${topk} logits: expected a whole number ≥ 0`);
+    }
+    const rows = this.#forward(slot, input, n, base);
+    const head = this.#head;
+    if (!head) return { kind: "hidden", rows };
+    const D = this.#hp.D;
+    const ids = new Uint32Array(n);
+    let top: TopEntry[] = [];
+    for (let t = 0; t < n; t++) {
+      const logits = lmHead(this.#hp, head, rows.subarray(t * D, (t + 1) * D));
+      const best = argmaxTopK(logits, t === n - 1 ? topk : 0);
+      ids[t] = best.argmax;
+      if (t === n - 1) top = best.top;
+    }
+    return { kind: "ids", ids, top };
+  }
+
+  /**
+   * Like run on the last stage, but returns every position's logits (n·V, position-major, the
+   * float64 logits rounded to f32): what the llama.cpp parity fixtures compare against.
+   */
+  logits(slot: number, input: StageInput, n: number, base: number): Promise<Float32Array> {
+    return settle(() => this.#logits(slot, input, n, base));
+  }
+
+  #logits(slot: number, input: StageInput, n: number, base: number): Float32Array {
+    this.#slot(slot);
+    const head = this.#head;
+    if (!head) {
+      throw new RangeError(
+        `Cannot compute logits on stage ${this.first}..${this.end}: only the last stage (ending at ${this.nLayer}) has the LM head`,
+      );
+    }
+    const rows = this.#forward(slot, input, n, base);
+    const { D, V } = this.#hp;
+    const out = new Float32Array(n * V);
+    for (let t = 0; t < n; t++) {
+      out.set(lmHead(this.#hp, head, rows.subarray(t * D, (t + 1) * D)), t * V);
+    }
+    return out;
+  }
+
+  save(slot: number, idx: number): Promise<void> {
+    return settle(() => this.#save(slot, idx));
+  }
+
+  #save(slot: number, idx: number): void {
+    const from = this.#slot(slot);
+    checkSnapshot(idx, this.#snapshots.length);
+    const to = this.#snapshots[idx] ??= this.#newSlot();
+    copyLayers(from.layers, to.layers, from.pos, this.#kvRow());
+    to.pos = from.pos;
+  }
+
+  restore(slot: number, idx: number): Promise<number> {
+    return settle(() => this.#restore(slot, idx));
+  }
+
+  #restore(slot: number, idx: number): number {
+    const to = this.#slot(slot);
+    checkSnapshot(idx, this.#snapshots.length);
+    const from = this.#snapshots[idx];
+    if (!from) {
+      throw new RangeError(`Cannot restore snapshot ${idx}: nothing was saved there; save first`);
+    }
+    copyLayers(from.layers, to.layers, from.pos, this.#kvRow());
+    to.pos = from.pos;
+    return to.pos;
+  }
+
+  /** Drops weights and state so their memory can go; later calls throw. */
+  close(): void {
+    this.#closed = true;
+    this.#layers = [];
+    this.#slots = [];
+    this.#snapshots = [];
+    this.#embedding = undefined;
+    this.#head = undefined;
+  }
+
+  #newSlot(): SlotState {
+    const layers = [];
+    for (let il = this.first; il < this.end; il++) {
+      layers.push(newLayerState(this.#hp, il, this.ctx));
+    }
+    return { pos: 0, layers };
+  }
+
+  #kvRow(): number {
+    return this.#hp.Hkv * this.#hp.Dh;
+  }
+
+  #slot(slot: number): SlotState {
+    checkOpen(this, this.#closed);
+    checkSlot(this, slot);
+    return this.#slots[slot];
+  }
+
+  /** Checks the request, then runs positions [base, base+n) through the owned layers. */
+  #forward(slot: number, input: StageInput, n: number, base: number): Float32Array {
+    const state = this.#slot(slot);
+    const { D, V } = this.#hp;
+    checkRun(this, slot, input, n, base, state.pos, V);
+    const rows = new Float32Array(n * D);
+    if (input.kind === "ids") {
+      // checkRun takes ids only on the first stage, which is opened with the embedding.
+      for (let t = 0; t < n; t++) rows.set(this.#embedding!.row(input.ids[t]), t * D);
+    } else {
+      rows.set(input.rows);
+    }
+    if (base === 0) {
+      for (const l of state.layers) {
+        if (l.kind === "deltanet") {
+          l.conv.fill(0);
+          l.ssm.fill(0);
+        }
+      }
+    }
+    for (let i = 0; i < this.#layers.length; i++) {
+      for (let t = 0; t < n; t++) {
+        const x = rows.subarray(t * D, (t + 1) * D);
+        forwardLayer(this.#hp, this.#layers[i], state.layers[i], x, base + t);
+      }
+    }
+    state.pos = base + n;
+    return rows;
+  }
+}
+
+function wholeAtLeast(name: string, value: number, min: number): void {
+  if (!Number.isInteger(value) || value < min) {
+    throw new RangeError(
+      `Cannot open a stage with ${name} ${value}: expected a whole number ≥ ${min}`,
+    );
+  }
+}
+
+/**
+ * Opens layers [first, end) of `model` on the CPU, plus token_embd when first is 0 and the LM
+ * head when end is the layer count. The caller keeps ownership of `model` (close it after).
+ */
+export async function openReferenceStage(
+  model: GgufModel,
+  options: ReferenceStageOptions,
+): Promise<ReferenceStage> {
+  const hp = readHParams(model.metadata);
+  const { first, end, slots, ctx } = options;
+  const maxBatch = options.maxBatch ?? Math.min(ctx, 512);
+  const snapshots = options.snapshots ?? 0;
+  if (!Number.isInteger(first) || !Number.isInteger(end) || first < 0 || first >= end) {
+    throw new RangeError(`Cannot open layers ${first}..${end}: expected whole numbers first < end`);
+  }
+  if (end > hp.nLayer) {
+    throw new RangeError(
+      `Cannot open layers ${first}..${end}: "${model.path}" has ${hp.nLayer} layers; check --layers`,
+    );
+  }
+  wholeAtLeast("slots", slots, 1);
+  wholeAtLeast("ctx", ctx, 1);
+  wholeAtLeast("maxBatch", maxBatch, 1);
+  wholeAtLeast("snapshots", snapshots, 0);
+  const layers = [];
+  for (let il = first; il < end; il++) layers.push(await loadLayer(model, hp, il));
+  return new ReferenceStage(hp, first, end, slots, ctx, maxBatch, snapshots, {
+    layers,
+    embedding: first === 0 ? await loadEmbedding(model, hp) : undefined,
+    head: end === hp.nLayer ? await loadHead(model, hp) : undefined,
+  });
+}

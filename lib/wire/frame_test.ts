@@ -1,0 +1,197 @@
+// Tests of the frame byte layout (lib/wire/frame.ts): bytes as the header table says, round trips,
+// and every way a frame can be malformed: truncation, trailing bytes, bad fields, oversize, noise.
+
+import assert from "node:assert/strict";
+import {
+  AuthMode,
+  decodeFrame,
+  encodeFrame,
+  encodeGreeting,
+  ErrorCode,
+  type Frame,
+  type FrameLimits,
+  MAGIC,
+  MAX_MESSAGE_BYTES,
+  MAX_TOPK,
+  Op,
+} from "./frame.ts";
+
+const D = 3;
+const LIMITS: FrameLimits = { nEmbd: D, maxBatch: 8 };
+
+function bytes(...words: number[]): number[] {
+  return words.flatMap((w) => [w & 0xff, (w >>> 8) & 0xff, (w >>> 16) & 0xff, w >>> 24]);
+}
+
+/** One frame of every op, with values exactly representable in f32. */
+const SAMPLES: Frame[] = [
+  { op: Op.Run, slot: 1, base: 7, n: 2, topk: 4, rows: Float32Array.of(1, -2, 0.5, 3, 4.25, -0) },
+  { op: Op.Close },
+  { op: Op.Save, slot: 3, idx: 9 },
+  { op: Op.Restore, slot: 0, idx: 2 },
+  { op: Op.Auth, proof: new Uint8Array(32).fill(7) },
+  { op: Op.Ping },
+  { op: Op.Pong },
+  {
+    op: Op.Ids,
+    slot: 2,
+    base: 11,
+    ids: Uint32Array.of(5, 0xffff_fffe),
+    top: [{ id: 5, logit: 2.5 }, { id: 1, logit: -1 }],
+  },
+  { op: Op.Saved, slot: 3, idx: 9 },
+  { op: Op.Restored, slot: 1, idx: 2, position: 40 },
+  { op: Op.Challenge, magic: MAGIC, auth: AuthMode.HmacSha256, nonce: new Uint8Array(32).fill(1) },
+  {
+    op: Op.Hello,
+    info: {
+      first: 2,
+      end: 4,
+      nLayer: 4,
+      nEmbd: D,
+      slots: 2,
+      ctx: 64,
+      maxBatch: 8,
+      snapshots: 3,
+      fingerprint: new Uint8Array(32).fill(0xab),
+    },
+    proof: new Uint8Array(32).fill(0xcd),
+  },
+  { op: Op.Error, code: ErrorCode.Range, message: "Cannot use slot 9: ünïcode ✓" },
+];
+
+Deno.test("the greeting and a Run frame are laid out as the header table says", () => {
+  assert.deepEqual(
+    [...encodeGreeting(new Uint8Array(32).fill(9))],
+    [0x54, 0x44, 0x4d, 0x32, ...new Array(32).fill(9)],
+  );
+  assert.equal(new TextDecoder().decode(encodeGreeting(new Uint8Array(32)).subarray(0, 4)), "TDM2");
+  const run = encodeFrame(
+    { op: Op.Run, slot: 2, base: 5, n: 1, topk: 3, rows: Float32Array.of(1.5, -2) },
+    2,
+  );
+  // 1.5 = 0x3fc00000, -2 = 0xc0000000.
+  assert.deepEqual([...run], [...bytes(1, 2, 1, 5, 3), ...bytes(0x3fc00000, 0xc0000000)]);
+  const ids = encodeFrame({ op: Op.Ids, slot: 1, base: 4, ids: Uint32Array.of(7), top: [] });
+  assert.deepEqual([...ids], [...bytes(0x81, 1, 1, 4, 0), ...bytes(7)]);
+  const error = encodeFrame({ op: Op.Error, code: ErrorCode.Busy, message: "no" });
+  assert.deepEqual([...error], [...bytes(0xff, 0, 2, 0, 0), ...bytes(4), 0x6e, 0x6f]);
+  const restored = encodeFrame({ op: Op.Restored, slot: 1, idx: 6, position: 30 });
+  assert.deepEqual([...restored], bytes(0x84, 1, 30, 6, 0));
+  assert.deepEqual([...encodeFrame({ op: Op.Ping })], bytes(7, 0, 0, 0, 0));
+  assert.deepEqual([...encodeFrame({ op: Op.Pong })], bytes(0x87, 0, 0, 0, 0));
+});
+
+Deno.test("every op survives encode → decode unchanged", () => {
+  for (const frame of SAMPLES) {
+    assert.deepEqual(decodeFrame(encodeFrame(frame, D), LIMITS), frame, Op[frame.op]);
+  }
+});
+
+Deno.test("a frame cut short at any byte, or followed by one more byte, is a SyntaxError", () => {
+  for (const frame of SAMPLES) {
+    const whole = encodeFrame(frame, D);
+    for (let cut = 0; cut < whole.length; cut++) {
+      assert.throws(() => decodeFrame(whole.subarray(0, cut), LIMITS), SyntaxError);
+    }
+    const longer = new Uint8Array(whole.length + 1);
+    longer.set(whole);
+    assert.throws(() => decodeFrame(longer, LIMITS), /trailing bytes/);
+  }
+});
+
+Deno.test("unknown ops and nonzero unused header words are refused", () => {
+  assert.throws(() => decodeFrame(Uint8Array.from(bytes(6, 0, 0, 0, 0)), LIMITS), /unknown op 0x6/);
+  assert.throws(() => decodeFrame(Uint8Array.from(bytes(0, 0, 0, 0, 0)), LIMITS), SyntaxError);
+  assert.throws(
+    () => decodeFrame(Uint8Array.from(bytes(Op.Close, 0, 0, 1, 0)), LIMITS),
+    /field base is 1, expected 0/,
+  );
+  assert.throws(
+    () => decodeFrame(Uint8Array.from(bytes(Op.Save, 1, 2, 3, 0)), LIMITS),
+    /field n is 2/,
+  );
+  for (const op of [Op.Ping, Op.Pong]) {
+    assert.throws(
+      () => decodeFrame(Uint8Array.from(bytes(op, 1, 0, 0, 0)), LIMITS),
+      new RegExp(`Cannot decode ${Op[op]} frame: header field slot is 1, expected 0`),
+    );
+  }
+});
+
+Deno.test("counts above their caps are RangeErrors before any payload is read", () => {
+  const header = (op: number, n: number, topk: number) => Uint8Array.from(bytes(op, 0, n, 0, topk));
+  // Only the 20 header bytes are given: the cap check must fire before the payload is wanted.
+  assert.throws(() => decodeFrame(header(Op.Run, 9, 0), LIMITS), /n is 9, expected 1\.\.8/);
+  assert.throws(() => decodeFrame(header(Op.Run, 0, 0), LIMITS), RangeError);
+  assert.throws(() => decodeFrame(header(Op.Run, 0xffff_ffff, 0), LIMITS), RangeError);
+  assert.throws(() => decodeFrame(header(Op.Ids, 1, MAX_TOPK + 1), LIMITS), /topk is 1025/);
+  assert.throws(() => decodeFrame(header(Op.Error, 0xffff_fff0, 0), LIMITS), RangeError);
+  const end = Uint8Array.from(bytes(Op.Run, 0, 2, 0xffff_fffe, 0));
+  assert.throws(() => decodeFrame(end, LIMITS), /overflow/);
+});
+
+Deno.test("non-finite hidden values and invalid UTF-8 messages are malformed", () => {
+  for (const bad of [NaN, Infinity, -Infinity]) {
+    const run = encodeFrame({
+      op: Op.Run,
+      slot: 0,
+      base: 0,
+      n: 1,
+      topk: 0,
+      rows: Float32Array.of(0, bad, 0),
+    }, D);
+    assert.throws(() => decodeFrame(run, LIMITS), /hidden value 1 of row 0 is/);
+  }
+  const error = Uint8Array.from([...bytes(Op.Error, 0, 2, 0, 0), ...bytes(1), 0xc3, 0x28]);
+  assert.throws(() => decodeFrame(error, LIMITS), /not valid UTF-8/);
+});
+
+Deno.test("long error messages are cut to the cap at a character boundary", () => {
+  const message = "é".repeat(MAX_MESSAGE_BYTES);
+  const frame = decodeFrame(encodeFrame({ op: Op.Error, code: 1, message }), LIMITS);
+  assert.equal(frame.op, Op.Error);
+  if (frame.op !== Op.Error) return;
+  assert.equal(frame.message, "é".repeat(MAX_MESSAGE_BYTES / 2));
+});
+
+Deno.test("the encoder refuses values that do not fit the layout", () => {
+  assert.throws(
+    () =>
+      encodeFrame({ op: Op.Run, slot: 0, base: 0, n: 2, topk: 0, rows: new Float32Array(5) }, D),
+    /5 values is not n·D/,
+  );
+  assert.throws(() => encodeFrame({ op: Op.Save, slot: -1, idx: 0 }), /slot is -1, not a u32/);
+  assert.throws(() => encodeFrame({ op: Op.Auth, proof: new Uint8Array(31) }), /31 bytes/);
+  const top = Array.from({ length: MAX_TOPK + 1 }, (_, id) => ({ id, logit: 0 }));
+  assert.throws(
+    () => encodeFrame({ op: Op.Ids, slot: 0, base: 0, ids: Uint32Array.of(1), top }),
+    RangeError,
+  );
+});
+
+Deno.test("random and mutated bytes decode or fail only with SyntaxError or RangeError", () => {
+  let seed = 12345;
+  const next = () => (seed = (Math.imul(seed, 1103515245) + 12345) >>> 0);
+  const encoded = SAMPLES.map((f) => encodeFrame(f, D));
+  let decoded = 0;
+  for (let i = 0; i < 20_000; i++) {
+    let input: Uint8Array;
+    if (i % 2 === 0) {
+      input = Uint8Array.from({ length: next() % 80 }, () => next() & 0xff);
+    } else {
+      input = encoded[next() % encoded.length].slice();
+      for (let m = 1 + (next() % 3); m > 0 && input.length > 0; m--) {
+        input[next() % input.length] = next() & 0xff;
+      }
+    }
+    try {
+      decodeFrame(input, LIMITS);
+      decoded++;
+    } catch (e) {
+      assert.ok(e instanceof SyntaxError || e instanceof RangeError, `${e}`);
+    }
+  }
+  // Mutations inside payloads leave many frames valid: the loop exercised both outcomes.
+  assert.ok(decoded > 100 && decoded < 20_000, `decoded ${decoded}`);
+});

@@ -1,0 +1,287 @@
+// Tests of the client side over real loopback TCP against in-process stage servers: peer.ts,
+// remote_stage.ts and stage_server.ts with reference stages of a tiny generated model.
+
+import assert from "node:assert/strict";
+import { generateGreedy } from "../../engine/greedy_loop.ts";
+import { openGguf } from "../../engine/gguf/read.ts";
+import { openReferenceStage } from "../../engine/reference/reference_stage.ts";
+import type { Stage } from "../../engine/stage.ts";
+import { serveLocal } from "../../tests/_workers.ts";
+import { ErrorCode, Op } from "./frame.ts";
+import { FrameReader } from "./frame_stream.ts";
+import { importKey, modelFingerprint } from "./hello.ts";
+import { StageUnavailableError } from "./peer.ts";
+import { connectRemoteStage, RemoteStage } from "./remote_stage.ts";
+import { testModel } from "../../tests/_models.ts";
+
+const model = await openGguf(await testModel({ arch: "qwen35moe", quant: "q4_k_m" }));
+const fingerprint = await modelFingerprint(model);
+const CTX = 32;
+
+/** Greedy ids and top-k of `stages` must equal the single-stage run: ids exactly, logits as f32. */
+async function assertSameAsWhole(
+  stages: readonly Stage[],
+  prompt: number[],
+  slot: number,
+): Promise<void> {
+  const whole = await openReferenceStage(model, { first: 0, end: 4, slots: 2, ctx: CTX });
+  try {
+    const want = await generateGreedy([whole], prompt, { n: 5, topk: 4 });
+    const got = await generateGreedy(stages, prompt, { n: 5, topk: 4, slot });
+    assert.deepEqual(got.ids, want.ids);
+    assert.deepEqual(
+      got.tops,
+      want.tops.map((top) => top.map((t) => ({ id: t.id, logit: Math.fround(t.logit) }))),
+    );
+  } finally {
+    whole.close();
+  }
+}
+
+Deno.test("a chain over the wire gives the whole model's ids and top-k, slots interleaved", async () => {
+  // max batch 3 at the worker: the 7-token prompt crosses the wire in three frames.
+  const worker = await serveLocal(model, { first: 2, end: 4, slots: 2, ctx: CTX, maxBatch: 3 });
+  const head = await openReferenceStage(model, { first: 0, end: 2, slots: 2, ctx: CTX });
+  const remote = await connectRemoteStage(worker.address, { local: head, model });
+  try {
+    await Promise.all([
+      assertSameAsWhole([head, remote], [3, 14, 15, 92, 65, 35, 89], 0),
+      assertSameAsWhole([head, remote], [27, 18, 28], 1),
+    ]);
+    assert.equal(remote.epoch, 1);
+  } finally {
+    remote.close();
+    head.close();
+    await worker.stop();
+  }
+});
+
+Deno.test("save and restore reach every stage of a three-stage chain", async () => {
+  const last = await serveLocal(model, { first: 3, end: 4, slots: 1, ctx: CTX, snapshots: 2 });
+  const middleStage = await openReferenceStage(model, { first: 1, end: 3, slots: 1, ctx: CTX });
+  const toLast = new RemoteStage(last.address, {
+    first: 3,
+    nLayer: 4,
+    nEmbd: middleStage.nEmbd,
+    slots: 1,
+    ctx: CTX,
+    snapshots: 2,
+    fingerprint,
+  });
+  middleStage.close();
+  const middle = await serveLocal(model, { first: 1, end: 3, slots: 1, ctx: CTX, snapshots: 2 }, {
+    next: toLast,
+  });
+  const head = await openReferenceStage(model, {
+    first: 0,
+    end: 1,
+    slots: 1,
+    ctx: CTX,
+    snapshots: 2,
+  });
+  const remote = await connectRemoteStage(middle.address, { local: head, model });
+  const stages = [head, remote];
+  try {
+    assert.equal((await remote.connect()).snapshots, 2);
+    await assertSameAsWhole(stages, [5, 6, 7, 8], 0);
+    const prompt = [40, 41, 42, 43, 44];
+    const first = await generateGreedy(stages, prompt, { n: 1 });
+    for (const s of stages) await s.save(0, 1);
+    const step = async (id: number, pos: number) => {
+      const hidden = await head.run(0, { kind: "ids", ids: Uint32Array.of(id) }, 1, pos);
+      const out = await remote.run(0, hidden, 1, pos);
+      return out.kind === "ids" ? out.ids[0] : -1;
+    };
+    const firstPass = [await step(first.ids[0], 5), await step(7, 6)];
+    assert.deepEqual(await Promise.all(stages.map((s) => s.restore(0, 1))), [5, 5]);
+    assert.deepEqual([await step(first.ids[0], 5), await step(7, 6)], firstPass);
+    // The snapshot holds the state after the prompt, so the restored run is the whole model's.
+    const whole = await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: CTX });
+    const ids = Uint32Array.from([...prompt, first.ids[0], 7]);
+    const out = await whole.run(0, { kind: "ids", ids }, ids.length, 0);
+    whole.close();
+    assert.deepEqual(out.kind === "ids" ? [...out.ids.subarray(5)] : [], firstPass);
+  } finally {
+    remote.close();
+    head.close();
+    await middle.stop();
+    await last.stop();
+  }
+});
+
+Deno.test("a middle stage whose next hop has fewer snapshot places fails the hello", async () => {
+  const head = await openReferenceStage(model, { first: 0, end: 1, slots: 1, ctx: CTX });
+  const last = await serveLocal(model, { first: 3, end: 4, slots: 1, ctx: CTX, snapshots: 1 });
+  const toLast = new RemoteStage(last.address, {
+    first: 3,
+    nLayer: 4,
+    nEmbd: head.nEmbd,
+    slots: 1,
+    ctx: CTX,
+    snapshots: 2,
+    fingerprint,
+  });
+  const middle = await serveLocal(model, { first: 1, end: 3, slots: 1, ctx: CTX, snapshots: 2 }, {
+    next: toLast,
+  });
+  try {
+    const e = await connectRemoteStage(middle.address, { local: head, model })
+      .then(() => undefined, (e) => e);
+    assert.ok(e instanceof StageUnavailableError, `expected a refusal, got ${e}`);
+    assert.equal(e.code, ErrorCode.Downstream);
+    assert.match(
+      e.reason,
+      new RegExp(`${last.address}: it has 1 snapshot places, this stage uses 2; start it with`),
+    );
+  } finally {
+    head.close();
+    await middle.stop();
+    await last.stop();
+  }
+});
+
+Deno.test("PING crosses a chain without touching any slot; a dead hop behind it fails it", async () => {
+  const head = await openReferenceStage(model, { first: 0, end: 1, slots: 1, ctx: CTX });
+  const chain = { nLayer: 4, nEmbd: head.nEmbd, slots: 1, ctx: CTX, snapshots: 0, fingerprint };
+  const last = await serveLocal(model, { first: 3, end: 4, slots: 1, ctx: CTX });
+  const middle = await serveLocal(model, { first: 1, end: 3, slots: 1, ctx: CTX }, {
+    next: new RemoteStage(last.address, { ...chain, first: 3 }),
+  });
+  const remote = new RemoteStage(middle.address, { ...chain, first: 1 });
+  const whole = await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: CTX });
+  try {
+    await remote.ping(); // Connects on first use, like a run.
+    assert.equal(remote.epoch, 1);
+    const prompt = Uint32Array.of(9, 8, 7, 6);
+    const part = async (ids: Uint32Array, base: number) =>
+      await remote.run(0, await head.run(0, { kind: "ids", ids }, ids.length, base), 2, base);
+    await part(prompt.subarray(0, 2), 0);
+    await remote.ping();
+    // The slot continues at base 2 on every stage, as if no PING had been sent.
+    const got = await part(prompt.subarray(2), 2);
+    const want = await whole.run(0, { kind: "ids", ids: prompt }, 4, 0);
+    assert.ok(got.kind === "ids" && want.kind === "ids");
+    assert.deepEqual([...got.ids], [...want.ids.subarray(2)]);
+    assert.equal(remote.epoch, 1);
+
+    await last.stop();
+    const e = await remote.ping().then(() => undefined, (e) => e);
+    assert.ok(e instanceof StageUnavailableError, `expected a refusal, got ${e}`);
+    assert.equal(e.code, ErrorCode.Downstream);
+    assert.equal(e.address, middle.address);
+    assert.match(e.reason, new RegExp(`^Cannot use the stage at ${last.address}: `));
+  } finally {
+    whole.close();
+    remote.close();
+    head.close();
+    await middle.stop();
+    await last.stop();
+  }
+});
+
+Deno.test("keys: the right key connects, a wrong or missing one fails with its reason", async () => {
+  const key = await importKey(new TextEncoder().encode("correct horse battery staple"), "a");
+  const wrong = await importKey(new TextEncoder().encode("incorrect horse battery staple"), "b");
+  const keyed = await serveLocal(model, { first: 2, end: 4, slots: 1, ctx: CTX }, { key });
+  const open = await serveLocal(model, { first: 2, end: 4, slots: 1, ctx: CTX });
+  const head = await openReferenceStage(model, { first: 0, end: 2, slots: 1, ctx: CTX });
+  try {
+    const good = await connectRemoteStage(keyed.address, { local: head, model, key });
+    await assertSameAsWhole([head, good], [1, 2, 3], 0);
+    good.close();
+    const refusal = await connectRemoteStage(keyed.address, { local: head, model, key: wrong })
+      .then(() => undefined, (e) => e);
+    assert.ok(refusal instanceof StageUnavailableError);
+    assert.equal(refusal.code, ErrorCode.Auth);
+    assert.match(refusal.message, /its key proof does not match this worker's key/);
+    await assert.rejects(
+      connectRemoteStage(keyed.address, { local: head, model }),
+      /it requires a shared key; pass --key-file/,
+    );
+    await assert.rejects(
+      connectRemoteStage(open.address, { local: head, model, key }),
+      /it checks no key \(it runs without --key-file\) but this side has one/,
+    );
+  } finally {
+    head.close();
+    await keyed.stop();
+    await open.stop();
+  }
+});
+
+Deno.test("a second client is refused as busy until the first one leaves", async () => {
+  const worker = await serveLocal(model, { first: 2, end: 4, slots: 1, ctx: CTX });
+  const head = await openReferenceStage(model, { first: 0, end: 2, slots: 1, ctx: CTX });
+  try {
+    const first = await connectRemoteStage(worker.address, { local: head, model });
+    const busy = await connectRemoteStage(worker.address, { local: head, model })
+      .then(() => undefined, (e) => e);
+    assert.ok(busy instanceof StageUnavailableError);
+    assert.equal(busy.code, ErrorCode.Busy);
+    assert.match(busy.message, /takes one client at a time/);
+    // Connecting right after a close must not race the worker winding the first client down.
+    first.close();
+    const second = await connectRemoteStage(worker.address, { local: head, model });
+    await assertSameAsWhole([head, second], [9, 8, 7], 0);
+    second.close();
+  } finally {
+    head.close();
+    await worker.stop();
+  }
+});
+
+Deno.test("a new connection is a new epoch: older sequences and snapshots are refused", async () => {
+  const worker = await serveLocal(model, { first: 2, end: 4, slots: 1, ctx: CTX, snapshots: 1 });
+  const head = await openReferenceStage(model, {
+    first: 0,
+    end: 2,
+    slots: 1,
+    ctx: CTX,
+    snapshots: 1,
+  });
+  const remote = await connectRemoteStage(worker.address, { local: head, model });
+  try {
+    const hidden = await head.run(0, { kind: "ids", ids: Uint32Array.of(1, 2) }, 2, 0);
+    await remote.run(0, hidden, 2, 0);
+    await remote.save(0, 0);
+    remote.disconnect();
+    const next = await head.run(0, { kind: "ids", ids: Uint32Array.of(3) }, 1, 2);
+    await assert.rejects(
+      remote.run(0, next, 1, 2),
+      /slot 0's sequence was lost when the connection/,
+    );
+    await assert.rejects(remote.restore(0, 0), /snapshot 0 was lost when the connection/);
+    assert.equal(remote.epoch, 2);
+    // Refused here, the stale requests never reached the worker: the connection is still good.
+    await assertSameAsWhole([head, remote], [1, 2, 3], 0);
+    assert.equal(remote.epoch, 2);
+  } finally {
+    remote.close();
+    head.close();
+    await worker.stop();
+  }
+});
+
+Deno.test("a client that stalls in the hello is refused with a timeout; the next one is served", async () => {
+  const worker = await serveLocal(model, { first: 2, end: 4, slots: 1, ctx: CTX }, {
+    handshakeTimeoutMs: 200,
+  });
+  const head = await openReferenceStage(model, { first: 0, end: 2, slots: 1, ctx: CTX });
+  const [hostname, port] = worker.address.split(":");
+  const stalled = await Deno.connect({ hostname, port: Number(port) });
+  try {
+    const reader = new FrameReader(stalled);
+    const refusal = await reader.readFrame({ nEmbd: 0, maxBatch: 0 });
+    assert.ok(refusal?.op === Op.Error, JSON.stringify(refusal));
+    assert.equal(refusal.code, ErrorCode.Timeout);
+    assert.match(refusal.message, /no hello within 200 ms/);
+    assert.equal(await reader.readFrame({ nEmbd: 0, maxBatch: 0 }), null);
+    const remote = await connectRemoteStage(worker.address, { local: head, model });
+    await assertSameAsWhole([head, remote], [2, 4, 6], 0);
+    remote.close();
+  } finally {
+    stalled.close();
+    head.close();
+    await worker.stop();
+  }
+});

@@ -1,0 +1,81 @@
+// Test helpers for the head: a head on the tiny model (CPU reference stages, a free port), SSE
+// parsing, JSON posting. Used by tests/http_*_test.ts, tests/sdk_*_test.ts, tests/server_*_test.ts.
+
+import { type HeadConfig, type RunningHead, startHead } from "../main.ts";
+import { testModel } from "./_models.ts";
+
+/** The model every server test uses: tiny qwen35moe, f32, seed 1. */
+export function tinyModel(): Promise<string> {
+  return testModel({ arch: "qwen35moe" });
+}
+
+export interface TestHead extends RunningHead {
+  /** Everything the head logged. */
+  readonly lines: string[];
+}
+
+/** A head on a free loopback port; reference backend, a 256-position context unless given. */
+export async function startTestHead(config: Partial<HeadConfig> = {}): Promise<TestHead> {
+  const lines: string[] = [];
+  const running = await startHead({
+    model: config.model ?? await tinyModel(),
+    backend: "reference",
+    port: 0,
+    ctx: 256,
+    log: (line) => lines.push(line),
+    ...config,
+  });
+  return { ...running, lines };
+}
+
+export interface SseFrame {
+  readonly event: string | null;
+  readonly data: string;
+}
+
+/** Parses an SSE body into frames (comments dropped), as the SDKs' decoders do. */
+export function parseSse(text: string): SseFrame[] {
+  const frames: SseFrame[] = [];
+  for (const block of text.split("\n\n")) {
+    let event: string | null = null;
+    const data: string[] = [];
+    for (const line of block.split("\n")) {
+      if (line.startsWith("event: ")) event = line.slice(7);
+      else if (line.startsWith("data: ")) data.push(line.slice(6));
+    }
+    if (event !== null || data.length) frames.push({ event, data: data.join("\n") });
+  }
+  return frames;
+}
+
+/** POSTs `body` as JSON. */
+export function post(
+  url: string,
+  body: unknown,
+  headers: Record<string, string> = {},
+): Promise<Response> {
+  return fetch(url, {
+    method: "POST",
+    headers: { "content-type": "application/json", ...headers },
+    body: typeof body === "string" ? body : JSON.stringify(body),
+  });
+}
+
+/** The Anthropic reply text of a streamed /v1/messages body. */
+export function streamedText(frames: readonly SseFrame[]): string {
+  return frames
+    .filter((f) => f.event === "content_block_delta")
+    .map((f) => JSON.parse(f.data).delta)
+    .filter((d) => d.type === "text_delta")
+    .map((d) => d.text)
+    .join("");
+}
+
+/** Waits until `check` holds, polling every 20 ms, at most `ms`. */
+export async function waitFor(check: () => boolean | Promise<boolean>, ms = 5000): Promise<void> {
+  const until = performance.now() + ms;
+  while (!(await check())) {
+    if (performance.now() > until) throw new Error(`Condition not met within ${ms} ms`);
+    await new Promise((r) => setTimeout(r, 20));
+  }
+}

@@ -1,0 +1,230 @@
+// Test helpers for lib/wire and worker.ts: free ports, worker processes started with the
+// restricted permissions docs/WIRE.md prescribes, in-process stage servers, raw hello clients.
+
+import { parseShardPath, shardPath } from "../engine/gguf/format.ts";
+import type { GgufModel } from "../engine/gguf/gguf_model.ts";
+import {
+  openReferenceStage,
+  type ReferenceStageOptions,
+} from "../engine/reference/reference_stage.ts";
+import type { Stage } from "../engine/stage.ts";
+import { encodeFrame, encodeGreeting, type Frame, MAGIC, Op } from "../lib/wire/frame.ts";
+import { FrameReader, writeAll } from "../lib/wire/frame_stream.ts";
+import { freshNonce, modelFingerprint, NO_PROOF } from "../lib/wire/hello.ts";
+import type { RemoteStage } from "../lib/wire/remote_stage.ts";
+import { serveStage, type StageServer } from "../lib/wire/stage_server.ts";
+
+export const PROJECT_ROOT = decodeURIComponent(new URL("../", import.meta.url).pathname)
+  .replace(/\/$/, "");
+const WORKER = `${PROJECT_ROOT}/worker.ts`;
+
+/** A port that was free a moment ago (the OS picks it). */
+export function freePort(): number {
+  const l = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const port = (l.addr as Deno.NetAddr).port;
+  l.close();
+  return port;
+}
+
+/** Every file of a model: the shards of a gguf-split, or the one file. */
+export function modelFiles(path: string): string[] {
+  const shard = parseShardPath(path);
+  return shard
+    ? Array.from({ length: shard.count }, (_, i) => shardPath(shard.stem, i, shard.count))
+    : [path];
+}
+
+export interface WorkerOptions {
+  readonly model: string;
+  readonly layers: string;
+  readonly port?: number;
+  /** --host; default (and the address tests connect to) 127.0.0.1. */
+  readonly host?: string;
+  readonly slots?: number;
+  readonly ctx?: number;
+  readonly maxBatch?: number;
+  readonly snapshots?: number;
+  readonly next?: string;
+  readonly keyFile?: string;
+  /**
+   * Engine of the worker: the CPU reference by default (these tests are about the wire), or the
+   * GPU engine on Deno's builtin provider, which needs no permission beyond net and read.
+   */
+  readonly backend?: "reference" | "gpu";
+  /** Flags after the usual ones, e.g. ["--host", "0.0.0.0"]. */
+  readonly extra?: readonly string[];
+  /** Permission flags instead of the restricted ones, e.g. those of `deno task worker`. */
+  readonly permissions?: readonly string[];
+}
+
+export interface WorkerProcess {
+  readonly address: string;
+  readonly child: Deno.ChildProcess;
+  /** Everything the worker wrote to stderr so far. */
+  log(): string;
+  /** SIGTERM, then waits for the exit. */
+  stop(): Promise<void>;
+}
+
+/** The `deno run` arguments of a worker: net only to its port and --next, read only its files. */
+export function workerArgs(options: WorkerOptions, port: number): string[] {
+  const net = [`${options.host ?? "127.0.0.1"}:${port}`, ...(options.next ? [options.next] : [])];
+  const read = [
+    ...modelFiles(options.model),
+    PROJECT_ROOT,
+    ...(options.keyFile ? [options.keyFile] : []),
+  ];
+  const flags = [
+    ["--model", options.model],
+    ["--layers", options.layers],
+    ["--port", String(port)],
+    ...(options.host ? [["--host", options.host]] : []),
+    ["--slots", String(options.slots ?? 1)],
+    ["--ctx", String(options.ctx ?? 64)],
+    ["--snapshots", String(options.snapshots ?? 0)],
+    ...(options.maxBatch ? [["--max-batch", String(options.maxBatch)]] : []),
+    ...(options.next ? [["--next", options.next]] : []),
+    ...(options.keyFile ? [["--key-file", options.keyFile]] : []),
+    ...(options.backend === "gpu"
+      ? [["--backend", "gpu", "--gpu", "builtin", "--allow-software-gpu"]]
+      : [["--backend", "reference"]]),
+  ].flat();
+  return [
+    "run",
+    "--no-prompt",
+    ...(options.permissions ?? [`--allow-net=${net.join(",")}`, `--allow-read=${read.join(",")}`]),
+    WORKER,
+    ...flags,
+    ...(options.extra ?? []),
+  ];
+}
+
+/** Starts worker.ts and waits until it listens. Throws with its output if it exits first. */
+export async function startWorker(options: WorkerOptions): Promise<WorkerProcess> {
+  const port = options.port ?? freePort();
+  const child = new Deno.Command(Deno.execPath(), {
+    args: workerArgs(options, port),
+    cwd: PROJECT_ROOT,
+    stdin: "null",
+    stdout: "null",
+    stderr: "piped",
+  }).spawn();
+  let text = "";
+  const listening = Promise.withResolvers<void>();
+  const drained = (async () => {
+    for await (const chunk of child.stderr.pipeThrough(new TextDecoderStream())) {
+      text += chunk;
+      if (text.includes("listening on")) listening.resolve();
+    }
+  })();
+  const exited = child.status.then(async (s) => {
+    await drained;
+    return s;
+  });
+  const early = await Promise.race([listening.promise.then(() => undefined), exited]);
+  if (early) throw new Error(`worker ${options.layers} exited with ${early.code}:\n${text}`);
+  return {
+    address: `127.0.0.1:${port}`,
+    child,
+    log: () => text,
+    async stop() {
+      try {
+        child.kill("SIGTERM");
+      } catch (e) {
+        if (!(e instanceof TypeError)) throw e; // Already exited.
+      }
+      await exited;
+    },
+  };
+}
+
+/** Runs worker.ts with `args` to completion (for start-up failures); exit code and stderr. */
+export async function runWorkerToExit(
+  options: WorkerOptions,
+): Promise<{ code: number; stderr: string }> {
+  const out = await new Deno.Command(Deno.execPath(), {
+    args: workerArgs(options, options.port ?? freePort()),
+    cwd: PROJECT_ROOT,
+    stdin: "null",
+    stdout: "null",
+    stderr: "piped",
+  }).output();
+  return { code: out.code, stderr: new TextDecoder().decode(out.stderr) };
+}
+
+export interface LocalServer {
+  readonly address: string;
+  readonly stage: Stage;
+  readonly server: StageServer;
+  stop(): Promise<void>;
+}
+
+/** A stage server in this process on a free loopback port, over a reference stage. */
+export async function serveLocal(
+  model: GgufModel,
+  stageOptions: ReferenceStageOptions,
+  options: { key?: CryptoKey; next?: RemoteStage; handshakeTimeoutMs?: number } = {},
+): Promise<LocalServer> {
+  const stage = await openReferenceStage(model, stageOptions);
+  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const server = serveStage(listener, {
+    stage,
+    fingerprint: await modelFingerprint(model),
+    ...options,
+  });
+  return {
+    address: `127.0.0.1:${(listener.addr as Deno.NetAddr).port}`,
+    stage,
+    server,
+    async stop() {
+      server.close();
+      await server.finished;
+      options.next?.close();
+      stage.close();
+    },
+  };
+}
+
+/** A raw connection past the hello of a worker without a key: for sending arbitrary bytes. */
+export interface RawClient {
+  readonly conn: Deno.TcpConn;
+  readonly reader: FrameReader;
+  /** The worker's HELLO. */
+  readonly hello: Frame;
+  send(bytes: Uint8Array): Promise<void>;
+  /** The next frame from the worker, null when it closed the connection. */
+  next(): Promise<Frame | null>;
+  close(): void;
+}
+
+export async function rawClient(address: string): Promise<RawClient> {
+  const [hostname, port] = address.split(":");
+  const conn = await Deno.connect({ hostname, port: Number(port) });
+  conn.setNoDelay(true);
+  const reader = new FrameReader(conn);
+  const limits = { nEmbd: 0, maxBatch: 0 };
+  // Greeting and AUTH go out together: without a key the proof does not depend on the nonce.
+  await writeAll(conn, encodeGreeting(freshNonce(), MAGIC));
+  await writeAll(conn, encodeFrame({ op: Op.Auth, proof: NO_PROOF }));
+  const challenge = await reader.readFrame(limits);
+  if (challenge?.op !== Op.Challenge) throw new Error(`expected a challenge, got ${challenge?.op}`);
+  const hello = await reader.readFrame(limits);
+  if (hello?.op !== Op.Hello) {
+    throw new Error(`expected a hello, got ${JSON.stringify(hello)}`);
+  }
+  const frameLimits = { nEmbd: hello.info.nEmbd, maxBatch: hello.info.maxBatch };
+  return {
+    conn,
+    reader,
+    hello,
+    send: (bytes) => writeAll(conn, bytes),
+    next: () => reader.readFrame(frameLimits),
+    close() {
+      try {
+        conn.close();
+      } catch (e) {
+        if (!(e instanceof Deno.errors.BadResource)) throw e;
+      }
+    },
+  };
+}

@@ -1,0 +1,78 @@
+// Checks bench/profile.ts and the DispatchProfiler under it on a tiny qwen35moe model: the table
+// covers every dispatched kernel, counts match the encoder's, and times fit in the step's span.
+
+import assert from "node:assert/strict";
+import type { GpuContext } from "../engine/gpu/device.ts";
+import { readyKernel } from "../engine/gpu/kernel.ts";
+import { gpuTest } from "./_gpu.ts";
+import { withModel } from "./_stage_gates.ts";
+import { formatSteps, kernelRows, profileModel, type StepReport } from "../bench/profile.ts";
+
+/** Families every qwen35moe step dispatches (DeltaNet and attention layers, MoE, the head). */
+const FAMILIES = [
+  "get_rows",
+  "rms_norm",
+  "mul_mat",
+  "ssm_conv",
+  "gated_delta_net",
+  "qk_norm_rope",
+  "attention",
+  "moe_route",
+  "moe_sum",
+  "argmax",
+];
+
+function checkStep(gpuCtx: GpuContext, step: StepReport, what: string): void {
+  const gpu = step.gpu;
+  if (!gpu) throw new Error(`${what}: a device with timestamp-query timed no dispatch`);
+  assert.equal(gpu.dispatches.length, step.dispatches, `${what}: timed vs encoded dispatches`);
+  const rows = kernelRows([gpu]);
+  assert.equal(rows.reduce((s, r) => s + r.dispatches, 0), step.dispatches, `${what}: counts`);
+  for (const d of gpu.dispatches) {
+    assert.ok(
+      d.startNs >= 0 && d.endNs >= d.startNs,
+      `${what}: ${d.kernel} ${d.startNs}..${d.endNs}`,
+    );
+    assert.ok(d.endNs <= gpu.spanNs, `${what}: ${d.kernel} ends after the step's span`);
+  }
+  const names = new Set(gpu.dispatches.map((d) => d.kernel));
+  assert.deepEqual(new Set(rows.map((r) => r.kernel)), names, `${what}: table kernels`);
+  for (const r of rows) {
+    readyKernel(gpuCtx, r.kernel);
+    const want: number = gpu.dispatches.filter((d) => d.kernel === r.kernel).length;
+    assert.equal(r.dispatches, want, `${what}: ${r.kernel} count`);
+    assert.ok(r.ns >= 0, `${what}: ${r.kernel} time ${r.ns}`);
+  }
+  for (const f of FAMILIES) {
+    assert.ok(rows.some((r) => r.kernel.startsWith(f)), `${what}: no ${f} kernel in the table`);
+  }
+  const busy = rows.reduce((s, r) => s + r.ns, 0);
+  assert.ok(busy <= gpu.spanNs, `${what}: busy ${busy} ns exceeds the span ${gpu.spanNs} ns`);
+  assert.ok(step.wallMs * 1e6 >= gpu.spanNs, `${what}: the wall time is shorter than the GPU span`);
+}
+
+gpuTest("bench/profile: per-kernel GPU times of a prefill chunk and decode steps", async (gpu) => {
+  await withModel({ arch: "qwen35moe" }, async (model) => {
+    const report = await profileModel(model, gpu, { prefill: 6, decode: 2 });
+    assert.equal(report.prefill.tokens, 6);
+    assert.deepEqual(report.decode.map((s) => s.tokens), [1, 1]);
+    if (!gpu.features.timestamps) {
+      assert.ok(report.prefill.gpu === undefined);
+      assert.match(formatSteps("prefill", [report.prefill]), /wall times only/);
+      return;
+    }
+    checkStep(gpu, report.prefill, "prefill");
+    report.decode.forEach((s, i) => checkStep(gpu, s, `decode ${i}`));
+    const table = formatSteps("decode", report.decode);
+    for (const r of kernelRows(report.decode.map((s) => s.gpu!))) {
+      assert.match(table, new RegExp(`\\n  ${r.kernel} +${r.dispatches / 2} `), r.kernel);
+    }
+  });
+});
+
+Deno.test("bench/profile: a step without timestamps prints its wall time only", () => {
+  const text = formatSteps("decode", [{ tokens: 1, dispatches: 50, wallMs: 2.5, encodeMs: 0.5 }]);
+  assert.match(text, /wall 2\.500 ms, encode 0\.500 ms, 50 dispatches/);
+  assert.match(text, /no timestamp-query/);
+  assert.doesNotMatch(text, /kernel/);
+});

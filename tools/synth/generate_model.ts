@@ -1,0 +1,409 @@
+// Writes seeded random-weight GGUF models of the hybrid archs (qwen35moe, qwen3next, qwen35).
+// The source of every test and bench model: tools/make_model.ts and tests/_models.ts call it.
+
+import { type GgufMetaEntry, writeGguf } from "../gguf/gguf_write.ts";
+import { QUANT_TYPES } from "./quantize.ts";
+import { blockGeometry, GgmlType, rowBytes, typeName } from "../../engine/quant/ggml_types.ts";
+import { CHAT_TEMPLATE } from "./qwen_chat_template.ts";
+import type { Arch } from "../../engine/hparams.ts";
+import { type Preset, type PresetName, PRESETS } from "./presets.ts";
+import { buildVocab, tokenizerEntries, type Vocab } from "./vocab.ts";
+import { ChunkPool, type Init, type SynthTensor, tensorData } from "./weight_synth.ts";
+
+/** Weight-type schemes; see SCHEMES and MIXED_CYCLE for what each puts on which tensor. */
+export type Quant = "f32" | "f16" | "bf16" | "q8_0" | "q4_k_m" | "iq4_xs" | "mixed";
+export const QUANTS: readonly Quant[] = ["f32", "f16", "bf16", "q8_0", "q4_k_m", "iq4_xs", "mixed"];
+
+/** qwen3next DeltaNet input: `attn_qkv`+`attn_gate` ("split") or the fused `ssm_in` ("legacy"). */
+export type Layout = "split" | "legacy";
+
+export interface ModelSpec {
+  readonly preset: PresetName;
+  readonly arch: Arch;
+  /** qwen3next only; default "split". */
+  readonly layout?: Layout;
+  /** Default "f32". */
+  readonly quant?: Quant;
+  /** Default 1. Every tensor's values depend only on the seed and the tensor's name. */
+  readonly seed?: number;
+  /** Leave out `output.weight` so the LM head reuses `token_embd.weight`. */
+  readonly tied?: boolean;
+}
+
+/**
+ * What a tensor does, which decides its weight type. "vector" covers the 1-D tensors (norms,
+ * ssm_a, ssm_dt, the shared-expert gate); "ssm_gate_in" the tiny b/a projections.
+ */
+type Role =
+  | "embd"
+  | "output"
+  | "vector"
+  | "conv"
+  | "router"
+  | "attn"
+  | "attn_v"
+  | "ssm"
+  | "ssm_gate_in"
+  | "exps"
+  | "exps_down"
+  | "shexp"
+  | "shexp_down"
+  | "ffn"
+  | "ffn_down";
+
+export interface TensorDef extends SynthTensor {
+  readonly role: Role;
+}
+
+export interface ModelPlan {
+  readonly meta: GgufMetaEntry[];
+  readonly tensors: TensorDef[];
+  /** Bytes of tensor data (without header and alignment padding). */
+  readonly dataBytes: number;
+}
+
+type MatrixRole = Exclude<Role, "vector" | "conv" | "router">;
+
+const { F32, F16, BF16, Q8_0, Q4_K, Q5_K, Q6_K, IQ4_XS } = GgmlType;
+
+function uniformScheme(type: GgmlType): Readonly<Record<MatrixRole, GgmlType>> {
+  return {
+    embd: type,
+    output: type,
+    attn: type,
+    attn_v: type,
+    ssm: type,
+    ssm_gate_in: type,
+    exps: type,
+    exps_down: type,
+    shexp: type,
+    shexp_down: type,
+    ffn: type,
+    ffn_down: type,
+  };
+}
+
+/**
+ * Types of the 2-D/3-D weights. 1-D tensors, `ssm_conv1d` and routers stay F32 (as llama.cpp's
+ * quantizer and converter leave them) except in "mixed", which exercises every type everywhere.
+ */
+const SCHEMES: Readonly<Record<Exclude<Quant, "mixed">, Readonly<Record<MatrixRole, GgmlType>>>> = {
+  f32: uniformScheme(F32),
+  f16: uniformScheme(F16),
+  bf16: uniformScheme(BF16),
+  q8_0: uniformScheme(Q8_0),
+  // Like llama.cpp's Q4_K_M: Q4_K bulk, Q6_K for the down projections, V and the LM head.
+  q4_k_m: {
+    embd: Q4_K,
+    output: Q6_K,
+    attn: Q5_K,
+    attn_v: Q6_K,
+    ssm: Q5_K,
+    ssm_gate_in: Q8_0,
+    exps: Q4_K,
+    exps_down: Q6_K,
+    shexp: Q5_K,
+    shexp_down: Q6_K,
+    ffn: Q4_K,
+    ffn_down: Q6_K,
+  },
+  // The bench model's shape (shared/device/README.md): IQ4_XS experts, Q8_0 elsewhere.
+  iq4_xs: {
+    embd: Q8_0,
+    output: Q6_K,
+    attn: Q8_0,
+    attn_v: Q8_0,
+    ssm: Q8_0,
+    ssm_gate_in: Q8_0,
+    exps: IQ4_XS,
+    exps_down: IQ4_XS,
+    shexp: Q8_0,
+    shexp_down: Q8_0,
+    ffn: IQ4_XS,
+    ffn_down: IQ4_XS,
+  },
+};
+
+/**
+ * Every non-F32 type the quantizers write (the same set the dequantizers read), assigned in turn
+ * to the 2-D/3-D tensors of a "mixed" model so each type is exercised inside a real model.
+ */
+const MIXED_CYCLE: readonly GgmlType[] = QUANT_TYPES.filter((t) => t !== F32);
+
+/** llama.cpp's LlamaFileType for each scheme ("mixed" has none and writes no key). */
+const FILE_TYPE: Readonly<Partial<Record<Quant, number>>> = {
+  f32: 0,
+  f16: 1,
+  q8_0: 7,
+  q4_k_m: 15,
+  iq4_xs: 30,
+  bf16: 32,
+};
+
+/** Weight type per tensor: `mixed` counts the matrices seen so far to walk MIXED_CYCLE. */
+function typeChooser(quant: Quant): (role: Role) => GgmlType {
+  let matrices = 0;
+  return (role) => {
+    if (role === "vector" || role === "conv") return F32;
+    if (quant === "mixed") return MIXED_CYCLE[matrices++ % MIXED_CYCLE.length];
+    if (role === "router") return F32;
+    return SCHEMES[quant][role];
+  };
+}
+
+/** N(0, 1/in): keeps each projection's output at the scale of its RMS-normalised input. */
+function proj(inDim: number): Init {
+  return { dist: "normal", a: 0, b: 1 / Math.sqrt(inDim) };
+}
+
+/** Stored norm weights of the zero-centred norms are 1 + w (model-arch.md §3.7). */
+const NORM: Init = { dist: "normal", a: 1, b: 0.1 };
+
+/** The tensor list, in the order HF checkpoints name them (embedding, blocks, final norm, head). */
+function planTensors(
+  p: Preset,
+  arch: Arch,
+  layout: Layout,
+  tied: boolean,
+  V: number,
+): Omit<TensorDef, "type">[] {
+  const { D, Hq, Hkv, Dh, Nk, Nv, Dk, Dv, Kc, E, Fe, Fs, F } = p;
+  const keyDim = Nk * Dk;
+  const valueDim = Nv * Dv;
+  const C = 2 * keyDim + valueDim;
+  const out: Omit<TensorDef, "type">[] = [];
+  const add = (name: string, shape: number[], role: Role, init: Init) =>
+    out.push({ name, shape, role, init });
+  // Unit-variance embeddings: RMSNorm rescales them anyway, and the residual stream keeps the
+  // token's identity at the same scale as what each block adds. A tied head reads the residual
+  // back through the same rows, where a unit-scale e_t would make every token predict itself
+  // (e_t·e_t ≈ D); at std 0.1 the blocks' outputs dominate the residual instead.
+  add("token_embd.weight", [D, V], "embd", { dist: "normal", a: 0, b: tied ? 0.1 : 1 });
+  for (let i = 0; i < p.nLayer; i++) {
+    const blk = (s: string) => `blk.${i}.${s}`;
+    add(blk("attn_norm.weight"), [D], "vector", NORM);
+    if ((i + 1) % p.fullAttentionInterval !== 0) {
+      if (arch === "qwen3next" && layout === "legacy") {
+        add(blk("ssm_in.weight"), [D, 2 * keyDim + 2 * valueDim], "ssm", proj(D));
+      } else {
+        add(blk("attn_qkv.weight"), [D, C], "ssm", proj(D));
+        add(blk("attn_gate.weight"), [D, valueDim], "ssm", proj(D));
+      }
+      if (arch === "qwen3next") {
+        add(blk("ssm_ba.weight"), [D, 2 * Nv], "ssm_gate_in", proj(D));
+      } else {
+        add(blk("ssm_beta.weight"), [D, Nv], "ssm_gate_in", proj(D));
+        add(blk("ssm_alpha.weight"), [D, Nv], "ssm_gate_in", proj(D));
+      }
+      // K taps summing K unit inputs: N(0, 1/K) keeps the conv output near unit scale.
+      add(blk("ssm_conv1d.weight"), [Kc, C], "conv", proj(Kc));
+      // softplus(a + dt_bias) with dt_bias in [-4, -1] and |ssm_a| in [e^-1, e] gives per-token
+      // decays between ~0.4 and ~0.999: some heads remember the whole prompt, some only the tail.
+      add(blk("ssm_dt.bias"), [Nv], "vector", { dist: "uniform", a: -4, b: -1 });
+      add(blk("ssm_a"), [Nv], "vector", { dist: "neg-exp-uniform", a: -1, b: 1 });
+      add(blk("ssm_norm.weight"), [Dv], "vector", NORM);
+      add(blk("ssm_out.weight"), [valueDim, D], "ssm", proj(valueDim));
+    } else {
+      add(blk("attn_q.weight"), [D, 2 * Hq * Dh], "attn", proj(D));
+      add(blk("attn_k.weight"), [D, Hkv * Dh], "attn", proj(D));
+      add(blk("attn_v.weight"), [D, Hkv * Dh], "attn_v", proj(D));
+      add(blk("attn_q_norm.weight"), [Dh], "vector", NORM);
+      add(blk("attn_k_norm.weight"), [Dh], "vector", NORM);
+      add(blk("attn_output.weight"), [Hq * Dh, D], "attn", proj(Hq * Dh));
+    }
+    add(blk("post_attention_norm.weight"), [D], "vector", NORM);
+    if (arch === "qwen35") {
+      add(blk("ffn_gate.weight"), [D, F], "ffn", proj(D));
+      add(blk("ffn_up.weight"), [D, F], "ffn", proj(D));
+      add(blk("ffn_down.weight"), [F, D], "ffn_down", proj(F));
+    } else {
+      // Router logits ~ N(0, 1) per expert and token: different tokens pick different experts.
+      add(blk("ffn_gate_inp.weight"), [D, E], "router", proj(D));
+      add(blk("ffn_gate_exps.weight"), [D, Fe, E], "exps", proj(D));
+      add(blk("ffn_up_exps.weight"), [D, Fe, E], "exps", proj(D));
+      add(blk("ffn_down_exps.weight"), [Fe, D, E], "exps_down", proj(Fe));
+      add(blk("ffn_gate_inp_shexp.weight"), [D], "vector", proj(D));
+      add(blk("ffn_gate_shexp.weight"), [D, Fs], "shexp", proj(D));
+      add(blk("ffn_up_shexp.weight"), [D, Fs], "shexp", proj(D));
+      add(blk("ffn_down_shexp.weight"), [Fs, D], "shexp_down", proj(Fs));
+    }
+  }
+  add("output_norm.weight", [D], "vector", NORM);
+  if (!tied) add("output.weight", [D, V], "output", proj(D));
+  return out;
+}
+
+function archKeys(p: Preset, arch: Arch): GgufMetaEntry[] {
+  const u32 = (key: string, value: number): GgufMetaEntry => ({
+    key: `${arch}.${key}`,
+    type: "u32",
+    value,
+  });
+  const f32 = (key: string, value: number): GgufMetaEntry => ({
+    key: `${arch}.${key}`,
+    type: "f32",
+    value,
+  });
+  const keys = [
+    u32("block_count", p.nLayer),
+    u32("context_length", p.contextLength),
+    u32("embedding_length", p.D),
+    u32("attention.head_count", p.Hq),
+    u32("attention.head_count_kv", p.Hkv),
+    u32("attention.key_length", p.Dh),
+    u32("attention.value_length", p.Dh),
+    u32("rope.dimension_count", p.nRot),
+    f32("rope.freq_base", p.ropeBase),
+    f32("attention.layer_norm_rms_epsilon", p.eps),
+    u32("full_attention_interval", p.fullAttentionInterval),
+    u32("ssm.conv_kernel", p.Kc),
+    u32("ssm.state_size", p.Dk),
+    u32("ssm.group_count", p.Nk),
+    u32("ssm.time_step_rank", p.Nv),
+    u32("ssm.inner_size", p.Nv * p.Dv),
+  ];
+  // qwen35moe files carry no dense width; the 80B qwen3next file does (model-arch.md §2.2).
+  if (arch !== "qwen35moe") keys.push(u32("feed_forward_length", p.F));
+  if (arch !== "qwen35") {
+    keys.push(
+      u32("expert_count", p.E),
+      u32("expert_used_count", p.Ku),
+      u32("expert_feed_forward_length", p.Fe),
+      u32("expert_shared_feed_forward_length", p.Fs),
+    );
+  }
+  if (arch !== "qwen3next") {
+    keys.push(u32("nextn_predict_layers", 0), {
+      key: `${arch}.rope.dimension_sections`,
+      type: "array",
+      itemType: "i32",
+      value: [...p.ropeSections],
+    });
+  }
+  return keys;
+}
+
+/** Vocabularies by preset: training the merges takes a moment and plans are made repeatedly. */
+const VOCABS = new Map<PresetName, Vocab>();
+
+function vocabOf(p: Preset): Vocab {
+  let vocab = VOCABS.get(p.name);
+  if (!vocab) VOCABS.set(p.name, vocab = buildVocab(p.vocab));
+  return vocab;
+}
+
+/** Metadata and tensor list of the model `spec` describes; nothing is drawn or written. */
+export function planModel(spec: ModelSpec): ModelPlan {
+  const p = PRESETS[spec.preset];
+  if (!p) {
+    throw new RangeError(
+      `Cannot plan a model for preset "${spec.preset}": use one of ${
+        Object.keys(PRESETS).join(", ")
+      }`,
+    );
+  }
+  const quant = spec.quant ?? "f32";
+  if (!QUANTS.includes(quant)) {
+    throw new RangeError(
+      `Cannot plan a model with quant "${quant}": use one of ${QUANTS.join(", ")}`,
+    );
+  }
+  const layout = spec.layout ?? "split";
+  if (
+    layout !== "split" && layout !== "legacy" || (layout === "legacy" && spec.arch !== "qwen3next")
+  ) {
+    throw new RangeError(
+      `Cannot plan a ${spec.arch} model with layout "${layout}": "legacy" (fused ssm_in) exists ` +
+        `only for qwen3next; use "split"`,
+    );
+  }
+  const vocab = vocabOf(p);
+  const chooseType = typeChooser(quant);
+  const tensors = planTensors(p, spec.arch, layout, spec.tied ?? false, vocab.tokens.length)
+    .map((t) => ({ ...t, type: chooseType(t.role) }));
+  let dataBytes = 0;
+  for (const t of tensors) {
+    const g = blockGeometry(t.type)!;
+    if (t.shape[0] % g.blockSize !== 0) {
+      throw new RangeError(
+        `Cannot plan "${t.name}" [${t.shape}] as ${typeName(t.type)}: rows of ${t.shape[0]} are ` +
+          `not a multiple of its block size ${g.blockSize}; pick a preset with 256-multiple widths`,
+      );
+    }
+    dataBytes += rowBytes(t.type, t.shape[0]) * t.shape.slice(1).reduce((a, b) => a * b, 1);
+  }
+  const seed = spec.seed ?? 1;
+  const fileType = FILE_TYPE[quant];
+  const meta: GgufMetaEntry[] = [
+    { key: "general.architecture", type: "string", value: spec.arch },
+    {
+      key: "general.name",
+      type: "string",
+      value: `tandem random ${p.name} ${spec.arch} ${quant} seed ${seed}`,
+    },
+    ...(fileType === undefined
+      ? []
+      : [{ key: "general.file_type", type: "u32", value: fileType } as const]),
+    { key: "general.quantization_version", type: "u32", value: 2 },
+    ...archKeys(p, spec.arch),
+    ...tokenizerEntries(vocab, {
+      pre: spec.arch === "qwen3next" ? "qwen2" : "qwen35",
+      chatTemplate: CHAT_TEMPLATE,
+    }),
+  ];
+  return { meta, tensors, dataBytes };
+}
+
+/** A file stem that names every spec field: "tiny-qwen3next-legacy-q8_0-seed1-tied". */
+export function modelFileStem(spec: ModelSpec): string {
+  const parts: string[] = [spec.preset, spec.arch];
+  if (spec.arch === "qwen3next") parts.push(spec.layout ?? "split");
+  parts.push(spec.quant ?? "f32", `seed${spec.seed ?? 1}`);
+  if (spec.tied) parts.push("tied");
+  return parts.join("-");
+}
+
+/** Models smaller than this are made on the calling thread; starting workers costs more. */
+const POOL_MIN_BYTES = 256 << 20;
+
+export interface GenerateOptions {
+  /** gguf-split shards; default 1 (one file). */
+  readonly split?: number;
+  /**
+   * Worker threads making tensor bytes; 0 makes them on this thread. Default: one per core (at
+   * most 16) for models over 256 MiB, else 0. The bytes do not depend on it.
+   */
+  readonly workers?: number;
+}
+
+/**
+ * Writes the model to `path` (or, with split > 1, to gguf-split shards named after it) and
+ * returns the written paths. The same spec always gives the same bytes. Memory: one tensor's
+ * bytes at a time (twice that while its parts are joined), plus the metadata.
+ */
+export async function generateModel(
+  path: string,
+  spec: ModelSpec,
+  options: GenerateOptions = {},
+): Promise<string[]> {
+  const plan = planModel(spec);
+  const seed = spec.seed ?? 1;
+  const synthesis = PRESETS[spec.preset].synthesis;
+  const workers = options.workers ??
+    (plan.dataBytes > POOL_MIN_BYTES ? Math.min(navigator.hardwareConcurrency, 16) : 0);
+  const pool = workers > 0 ? new ChunkPool(workers) : undefined;
+  try {
+    return await writeGguf(
+      path,
+      plan.meta,
+      plan.tensors,
+      (_, i) =>
+        pool
+          ? pool.tensor(plan.tensors[i], seed, synthesis)
+          : tensorData(plan.tensors[i], seed, synthesis),
+      { shards: options.split ?? 1 },
+    );
+  } finally {
+    pool?.close();
+  }
+}
