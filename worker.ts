@@ -1,91 +1,50 @@
-// `deno task worker`: one pipeline stage served over TCP (lib/wire/), optionally chained to --next.
-// Flags → model → its layers (engine/open_stage.ts) → lib/wire/stage_server.ts until SIGINT/SIGTERM.
+// `deno task worker`: one pipeline stage served over TCP, optionally chained to --next.
+// Flags (lib/cli.ts) → lib/wire/stage_worker.ts (bind, open the layers, serve) until SIGINT/SIGTERM.
 
-import { parseArgs } from "node:util";
-import { openGguf } from "./engine/gguf/read.ts";
-import { type Backend, openLocalStage, parseBackend, parseLayers } from "./engine/open_stage.ts";
-import type { Stage } from "./engine/stage.ts";
-import { hex, loadKeyFile, modelFingerprint } from "./lib/wire/hello.ts";
-import { parseAddress } from "./lib/wire/peer.ts";
-import { RemoteStage } from "./lib/wire/remote_stage.ts";
-import { serveStage } from "./lib/wire/stage_server.ts";
+import type { Backend } from "./engine/open_stage.ts";
+import {
+  address,
+  type Command,
+  ENGINE_FLAGS,
+  flag,
+  type FlagTable,
+  layerRange,
+  MODEL_FLAG,
+  requiredFlag,
+  runCommand,
+  switchFlag,
+  text,
+  UsageError,
+  whole,
+} from "./lib/cli.ts";
+import { loadKeyFile } from "./lib/wire/hello.ts";
+import { startWorker } from "./lib/wire/stage_worker.ts";
 
-const USAGE = `Usage: deno task worker --model M.gguf --layers a:b --port P [--host H]
-  [--slots N] [--ctx N] [--max-batch N] [--snapshots N] [--next host:port]
-  [--key-file F | --insecure] [--backend reference|gpu] [--gpu auto|builtin|dawn]
-Binds 127.0.0.1 unless --host is given; any other address needs --key-file or --insecure.
-Permissions: see docs/WIRE.md (net: the listen address and --next only; read: the model files).`;
-
-function fail(message: string): never {
-  console.error(`${message}\n${USAGE}`);
-  Deno.exit(2);
-}
-
-function whole(name: string, text: string, min: number): number {
-  const n = Number(text);
-  if (!/^\d+$/.test(text) || n < min) {
-    fail(`Cannot use --${name} "${text}": expected a whole number ≥ ${min}`);
-  }
-  return n;
-}
+const WORKER = {
+  name: "Worker",
+  usage: "deno task worker",
+  about: "Serves layers a:b of a model to the stage before it (the head or another worker) over " +
+    "the stage wire protocol. Binds 127.0.0.1 unless --host is given; any other address needs " +
+    "--key-file or --insecure. Permissions: docs/WIRE.md (net: the listen address and --next " +
+    "only; read: the model files).",
+  flags: {
+    model: MODEL_FLAG,
+    layers: requiredFlag(layerRange, "the layers served here, a:b with a > 0"),
+    port: requiredFlag(whole(0, 65535), "the TCP port; 0 picks a free one"),
+    host: flag(text("HOST"), "the listen address", "127.0.0.1"),
+    slots: flag(whole(1), "sequences decoded at once; must equal the head's", 1),
+    ctx: flag(whole(1), "positions per slot; at least the head's", 4096),
+    "max-batch": flag(whole(1), "positions per frame (default the engine's)"),
+    snapshots: flag(whole(0), "prefix-cache places; at least the head's", 0),
+    next: flag(address, "the worker serving the layers after these"),
+    "key-file": flag(text("PATH"), "the wire's shared key, a secret file (docs/WIRE.md)"),
+    insecure: switchFlag("listen on a non-loopback address without a key"),
+    ...ENGINE_FLAGS,
+  },
+} satisfies Command<FlagTable>;
 
 function isLoopback(host: string): boolean {
   return host === "localhost" || host === "::1" || /^127\.\d+\.\d+\.\d+$/.test(host);
-}
-
-function parseFlags() {
-  const { values } = parseArgs({
-    args: Deno.args,
-    options: {
-      model: { type: "string" },
-      layers: { type: "string" },
-      port: { type: "string" },
-      host: { type: "string", default: "127.0.0.1" },
-      slots: { type: "string", default: "1" },
-      ctx: { type: "string", default: "4096" },
-      "max-batch": { type: "string" },
-      snapshots: { type: "string", default: "0" },
-      next: { type: "string" },
-      "key-file": { type: "string" },
-      insecure: { type: "boolean", default: false },
-      backend: { type: "string" },
-      gpu: { type: "string", default: "auto" },
-      "allow-software-gpu": { type: "boolean", default: false },
-    },
-  });
-  if (!values.model) fail("Missing --model");
-  if (!values.layers) fail("Missing --layers");
-  if (!values.port) fail("Missing --port");
-  const layers = parseLayers(values.layers);
-  if (layers.first === 0) {
-    fail(
-      `Cannot serve layers ${values.layers} on a worker: layer 0 embeds token ids, which the ` +
-        `head does; start the worker at the layer where the previous stage ends`,
-    );
-  }
-  if (!isLoopback(values.host) && !values["key-file"] && !values.insecure) {
-    fail(
-      `Cannot listen on ${values.host} without a key: pass --key-file F (a shared secret, see ` +
-        `docs/WIRE.md) or --insecure to serve anyone who can reach the port`,
-    );
-  }
-  return {
-    model: values.model,
-    layers,
-    port: whole("port", values.port, 1),
-    host: values.host,
-    slots: whole("slots", values.slots, 1),
-    ctx: whole("ctx", values.ctx, 1),
-    maxBatch: values["max-batch"] === undefined
-      ? undefined
-      : whole("max-batch", values["max-batch"], 1),
-    snapshots: whole("snapshots", values.snapshots, 0),
-    next: values.next,
-    keyFile: values["key-file"],
-    backend: parseBackend(values.backend),
-    gpu: values.gpu,
-    allowSoftwareGpu: values["allow-software-gpu"],
-  };
 }
 
 /**
@@ -110,64 +69,42 @@ async function narrowPermissions(backend: Backend, log: (line: string) => void):
   }
 }
 
-async function main(): Promise<void> {
-  const flags = parseFlags();
-  if (flags.next) parseAddress(flags.next);
-  const key = flags.keyFile ? await loadKeyFile(flags.keyFile) : undefined;
-  const model = await openGguf(flags.model);
-  let stage: Stage | undefined;
-  try {
-    stage = await openLocalStage(model, {
-      backend: flags.backend,
-      gpu: flags.gpu,
-      allowSoftwareGpu: flags.allowSoftwareGpu,
-      first: flags.layers.first,
-      end: flags.layers.end,
+if (import.meta.main) {
+  await runCommand(WORKER, async (flags) => {
+    const { layers, host } = flags;
+    if (layers.first === 0) {
+      throw new UsageError(
+        `Cannot serve layers ${layers.first}:${layers.end} on a worker: layer 0 embeds token ` +
+          `ids, which the head does; start the worker at the layer where the previous stage ends`,
+      );
+    }
+    if (!isLoopback(host) && !flags["key-file"] && !flags.insecure) {
+      throw new UsageError(
+        `Cannot listen on ${host} without a key: pass --key-file F (a shared secret, see ` +
+          `docs/WIRE.md) or --insecure to serve anyone who can reach the port`,
+      );
+    }
+    const key = flags["key-file"] ? await loadKeyFile(flags["key-file"]) : undefined;
+    const log = (line: string) => console.error(`[worker ${layers.first}..${layers.end}] ${line}`);
+    await narrowPermissions(flags.backend, log);
+    const worker = await startWorker({
+      model: flags.model,
+      layers,
+      host,
+      port: flags.port,
       slots: flags.slots,
       ctx: flags.ctx,
-      maxBatch: flags.maxBatch,
+      maxBatch: flags["max-batch"],
       snapshots: flags.snapshots,
+      next: flags.next,
+      key,
+      backend: flags.backend,
+      gpu: flags.gpu,
+      allowSoftwareGpu: flags["allow-software-gpu"],
+      log,
     });
-    const fingerprint = await modelFingerprint(model);
-    const next = flags.next
-      ? new RemoteStage(flags.next, {
-        first: stage.end,
-        nLayer: stage.nLayer,
-        nEmbd: stage.nEmbd,
-        slots: stage.slots,
-        ctx: stage.ctx,
-        snapshots: stage.snapshots,
-        fingerprint,
-      }, { key })
-      : undefined;
-    const range = `${stage.first}..${stage.end}`;
-    const log = (line: string) => console.error(`[worker ${range}] ${line}`);
-    await narrowPermissions(flags.backend, log);
-    const listener = Deno.listen({ hostname: flags.host, port: flags.port });
-    const server = serveStage(listener, { stage, fingerprint, key, next, log });
-    const stop = () => server.close();
-    Deno.addSignalListener("SIGINT", stop);
-    Deno.addSignalListener("SIGTERM", stop);
-    const i = server.info;
-    log(
-      `listening on ${flags.host}:${flags.port}: layers ${range} of ${i.nLayer}` +
-        `${next ? `, then ${next.address}` : ""}; n_embd ${i.nEmbd}, slots ${i.slots}, ` +
-        `ctx ${i.ctx}, max batch ${i.maxBatch}, fingerprint ${hex(fingerprint).slice(0, 16)}, ` +
-        `${key ? "key required" : "no key"}`,
-    );
-    await server.finished;
-    next?.close();
-  } finally {
-    stage?.close();
-    model.close();
-  }
-}
-
-if (import.meta.main) {
-  try {
-    await main();
-  } catch (e) {
-    console.error(`Worker stopped: ${(e as Error).message}`);
-    Deno.exit(1);
-  }
+    Deno.addSignalListener("SIGINT", worker.close);
+    Deno.addSignalListener("SIGTERM", worker.close);
+    await worker.finished;
+  });
 }

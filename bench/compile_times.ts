@@ -1,59 +1,76 @@
 // How long each kernel variant takes to compile on a provider: a stage compiles every variant
 // it uses when it opens, so this is the floor of a stage's (and a worker's) start-up time.
 //
-// Usage: deno run -A bench/compile_times.ts [--gpu builtin|dawn] [--allow-software-gpu]
-// Prints one line per variant as it compiles (so a stuck compile shows where), then the total.
+// Usage: deno run -A bench/compile_times.ts --help. Prints one line per variant as it compiles (so a stuck compile shows where), then the total.
 
-import { parseArgs } from "node:util";
 import { openGpu } from "../engine/gpu/device.ts";
-import type { ProviderChoice } from "../engine/gpu/provider.ts";
+import { PROVIDER_CHOICES } from "../engine/gpu/provider.ts";
+import {
+  type Command,
+  flag,
+  type FlagTable,
+  type FlagValues,
+  oneOf,
+  runCommand,
+  switchFlag,
+} from "../lib/cli.ts";
 import { prepareAttention } from "../engine/gpu/kernels/attention.ts";
 import { prepareGatedDeltaNet } from "../engine/gpu/kernels/gated_delta_net.ts";
 import { MUL_MAT_TYPES, type MulMatVariant, prepareMulMat } from "../engine/gpu/kernels/mul_mat.ts";
 import { typeName } from "../engine/quant/ggml_types.ts";
 
-const { values } = parseArgs({
-  args: Deno.args,
-  options: {
-    gpu: { type: "string", default: "builtin" },
-    "allow-software-gpu": { type: "boolean", default: false },
+const COMPILE_TIMES = {
+  name: "Compile times",
+  usage: "deno run -A bench/compile_times.ts",
+  about: "How long each kernel variant takes to compile on a provider.",
+  flags: {
+    gpu: flag(oneOf(PROVIDER_CHOICES), "the WebGPU provider", "builtin"),
+    "allow-software-gpu": switchFlag("accept a software (CPU) adapter"),
   },
-});
-const ctx = await openGpu({
-  gpu: values.gpu as ProviderChoice,
-  allowSoftware: values["allow-software-gpu"],
-  log: (line) => console.log(line),
-});
+} satisfies Command<FlagTable>;
 
-const jobs: [string, () => Promise<void>][] = [];
-for (const type of MUL_MAT_TYPES) {
-  const shapes: Omit<MulMatVariant, "type">[] = [
-    { batched: false },
-    { batched: true },
-    { batched: false, id: true },
-    { batched: true, id: true },
-  ];
-  for (const shape of shapes) {
-    const v = { type, ...shape };
-    jobs.push([`mul_mat ${typeName(type)} ${JSON.stringify(shape)}`, () => prepareMulMat(ctx, v)]);
+async function main(values: FlagValues<typeof COMPILE_TIMES.flags>): Promise<void> {
+  const ctx = await openGpu({
+    gpu: values.gpu,
+    allowSoftware: values["allow-software-gpu"],
+    log: (line) => console.log(line),
+  });
+
+  const jobs: [string, () => Promise<void>][] = [];
+  for (const type of MUL_MAT_TYPES) {
+    const shapes: Omit<MulMatVariant, "type">[] = [
+      { batched: false },
+      { batched: true },
+      { batched: false, id: true },
+      { batched: true, id: true },
+    ];
+    for (const shape of shapes) {
+      const v = { type, ...shape };
+      jobs.push([
+        `mul_mat ${typeName(type)} ${JSON.stringify(shape)}`,
+        () => prepareMulMat(ctx, v),
+      ]);
+    }
   }
-}
-for (const dh of [64, 128, 256]) {
-  jobs.push([`attention dh ${dh}`, () => prepareAttention(ctx, dh)]);
-}
-for (const d of [64, 128]) {
-  jobs.push([`gated_delta_net ${d}x${d}`, () => prepareGatedDeltaNet(ctx, d, d)]);
+  for (const dh of [64, 128, 256]) {
+    jobs.push([`attention dh ${dh}`, () => prepareAttention(ctx, dh)]);
+  }
+  for (const d of [64, 128]) {
+    jobs.push([`gated_delta_net ${d}x${d}`, () => prepareGatedDeltaNet(ctx, d, d)]);
+  }
+
+  let total = 0;
+  for (const [name, job] of jobs) {
+    const start = performance.now();
+    await job();
+    const ms = performance.now() - start;
+    total += ms;
+    console.log(`${ms.toFixed(0).padStart(7)} ms  ${name}`);
+  }
+  console.log(
+    `${total.toFixed(0).padStart(7)} ms  total, ${jobs.length} variants on ${ctx.provider}`,
+  );
+  ctx.device.destroy();
 }
 
-let total = 0;
-for (const [name, job] of jobs) {
-  const start = performance.now();
-  await job();
-  const ms = performance.now() - start;
-  total += ms;
-  console.log(`${ms.toFixed(0).padStart(7)} ms  ${name}`);
-}
-console.log(
-  `${total.toFixed(0).padStart(7)} ms  total, ${jobs.length} variants on ${ctx.provider}`,
-);
-ctx.device.destroy();
+await runCommand(COMPILE_TIMES, main);

@@ -9,115 +9,83 @@ import {
   generateModel,
   modelFileStem,
   type ModelSpec,
-  type Quant,
   QUANTS,
 } from "../tools/synth/generate_model.ts";
-import { type Arch, ARCHS, readHParams } from "../engine/hparams.ts";
+import { ARCHS, readHParams } from "../engine/hparams.ts";
 import { type PresetName, PRESETS } from "../tools/synth/presets.ts";
-import { parseBackend } from "../engine/open_stage.ts";
 import { Deadline } from "./measure.ts";
 import type { PeerReport } from "./peers/llama.ts";
 import { formatTable } from "./report.ts";
 import type { StageReport } from "./stage_bench.ts";
-import { parseCommandLine } from "../lib/cli.ts";
+import {
+  type Command,
+  flag,
+  type FlagTable,
+  type FlagValues,
+  listOf,
+  oneOf,
+  runCommand,
+  switchFlag,
+  text,
+  UsageError,
+  whole,
+} from "../lib/cli.ts";
 
-const USAGE = `Usage: deno task bench [options]
-  --model M.gguf           bench this file instead of making one
-  --preset P --arch A --quant Q
-                           the model to make (default qwen35moe-35b, qwen35moe, iq4_xs)
-  --model-dir DIR          where it is made (default /tmp/tandem-bench); an existing one is reused
-  --backend gpu|reference  our engine (default gpu)
-  --gpu builtin,dawn       GPU providers to run, one child process each (default both)
-  --pp 512,2048 --tg 128   prefill lengths and decode steps
-  --slots N                slots decoding at once for the aggregate figure (default 2; 1: none)
-  --split K                also decode through layers 0:K here + K:n in a worker (default n/2)
-  --no-split --no-peers    leave out the split or the llama.cpp peer
-  --runs N                 timed runs per figure after one warm-up; the median is kept (default 3)
-  --deadline-s S           stop starting measurements after S seconds (default none)
-  --json PATH              results file (default $OUT/bench.json when $OUT is set)
-  --commit SHA             recorded commit where git is absent (the GPU box)`;
-
-function fail(message: string): never {
-  console.error(`${message}\n\n${USAGE}`);
-  Deno.exit(2);
-}
+const BENCH = {
+  name: "Bench",
+  usage: "deno task bench",
+  about: "Makes the bench model, runs our engine per GPU provider and the llama.cpp peer, each " +
+    "in a child process, and prints a table (docs/PERFORMANCE.md).",
+  flags: {
+    model: flag(text("PATH"), "bench this file instead of making one"),
+    preset: flag(oneOf(Object.keys(PRESETS) as PresetName[]), "the model to make", "qwen35moe-35b"),
+    arch: flag(oneOf(ARCHS), "its architecture", "qwen35moe"),
+    quant: flag(oneOf(QUANTS), "its weight types", "iq4_xs"),
+    "model-dir": flag(
+      text("DIR"),
+      "where it is made; an existing one is reused",
+      "/tmp/tandem-bench",
+    ),
+    backend: flag(oneOf(["gpu", "reference"] as const), "our engine", "gpu"),
+    gpu: flag(listOf(oneOf(["builtin", "dawn"])), "GPU providers, one child each", [
+      "builtin",
+      "dawn",
+    ]),
+    pp: flag(listOf(whole(1)), "prefill lengths", [512, 2048]),
+    tg: flag(whole(1), "decode steps", 128),
+    slots: flag(whole(1), "slots decoding at once for the aggregate figure (1: none)", 2),
+    split: flag(whole(1), "also decode through layers 0:K here + K:n in a worker (default n/2)"),
+    "no-split": switchFlag("leave out the split"),
+    "no-peers": switchFlag("leave out the llama.cpp peer"),
+    runs: flag(whole(1), "timed runs per figure after one warm-up; the median is kept", 3),
+    seed: flag(whole(0), "seed of the prompt ids", 1),
+    "deadline-s": flag(whole(1), "stop starting measurements after S seconds (default none)"),
+    json: flag(text("PATH"), "results file (default $OUT/bench.json when $OUT is set)"),
+    commit: flag(text("SHA"), "recorded commit where git is absent (the GPU box)"),
+  },
+} satisfies Command<FlagTable>;
 
 function log(line: string): void {
   console.error(`[bench] ${line}`);
 }
 
-function wholes(flag: string, text: string, min: number): number[] {
-  const values = text.split(",").map(Number);
-  if (values.some((v) => !Number.isSafeInteger(v) || v < min)) {
-    fail(`Cannot use --${flag} "${text}": expected whole numbers ≥ ${min}, comma-separated`);
-  }
-  return values;
-}
-
-function oneOf<T extends string>(flag: string, value: string, allowed: readonly T[]): T {
-  if (!allowed.includes(value as T)) {
-    fail(`Cannot use --${flag} "${value}": use one of ${allowed.join(", ")}`);
-  }
-  return value as T;
-}
-
-function parseFlags() {
-  const values = parseCommandLine({
-    args: Deno.args,
-    options: {
-      model: { type: "string" },
-      preset: { type: "string", default: "qwen35moe-35b" },
-      arch: { type: "string", default: "qwen35moe" },
-      quant: { type: "string", default: "iq4_xs" },
-      "model-dir": { type: "string", default: "/tmp/tandem-bench" },
-      backend: { type: "string", default: "gpu" },
-      gpu: { type: "string", default: "builtin,dawn" },
-      pp: { type: "string", default: "512,2048" },
-      tg: { type: "string", default: "128" },
-      slots: { type: "string", default: "2" },
-      split: { type: "string" },
-      "no-split": { type: "boolean", default: false },
-      "no-peers": { type: "boolean", default: false },
-      runs: { type: "string", default: "3" },
-      seed: { type: "string", default: "1" },
-      "deadline-s": { type: "string" },
-      json: { type: "string" },
-      commit: { type: "string" },
-      help: { type: "boolean", short: "h", default: false },
-    },
-  }, fail);
-  if (values.help) {
-    console.log(USAGE);
-    Deno.exit(0);
-  }
-  const backend = parseBackend(values.backend);
+function parseFlags(values: FlagValues<typeof BENCH.flags>) {
+  const backend = values.backend;
   const out = Deno.env.get("OUT");
   return {
     model: values.model,
-    spec: {
-      preset: oneOf<PresetName>("preset", values.preset, Object.keys(PRESETS) as PresetName[]),
-      arch: oneOf<Arch>("arch", values.arch, ARCHS),
-      quant: oneOf<Quant>("quant", values.quant, QUANTS),
-    } satisfies ModelSpec,
+    spec: { preset: values.preset, arch: values.arch, quant: values.quant } satisfies ModelSpec,
     modelDir: values["model-dir"],
     backend,
-    providers: backend === "gpu"
-      ? values.gpu.split(",").map((p) => oneOf("gpu", p, ["builtin", "dawn"]))
-      : ["cpu"],
-    pp: wholes("pp", values.pp, 1),
-    tg: wholes("tg", values.tg, 1)[0],
-    slots: wholes("slots", values.slots, 1)[0],
-    split: values["no-split"]
-      ? null
-      : values.split === undefined
-      ? undefined
-      : wholes("split", values.split, 1)[0],
+    providers: backend === "gpu" ? values.gpu : ["cpu"],
+    pp: values.pp,
+    tg: values.tg,
+    slots: values.slots,
+    split: values["no-split"] ? null : values.split,
     peers: !values["no-peers"],
-    runs: wholes("runs", values.runs, 1)[0],
-    seed: wholes("seed", values.seed, 0)[0],
-    deadlineS: values["deadline-s"] === undefined
-      ? 1e9
-      : wholes("deadline-s", values["deadline-s"], 1)[0],
+    runs: values.runs,
+    seed: values.seed,
+    deadlineS: values["deadline-s"] ?? 1e9,
     json: values.json ?? (out ? `${out}/bench.json` : undefined),
     commit: values.commit,
   };
@@ -147,7 +115,7 @@ async function size(path: string): Promise<number | undefined> {
 async function benchModel(flags: Flags): Promise<ModelReport> {
   if (flags.model) {
     const bytes = await size(flags.model);
-    if (bytes === undefined) fail(`Cannot find --model "${flags.model}"`);
+    if (bytes === undefined) throw new UsageError(`Cannot find --model "${flags.model}"`);
     return { path: flags.model, bytes, source: "given" };
   }
   const stem = modelFileStem(flags.spec);
@@ -237,8 +205,8 @@ export interface BenchReport {
   readonly peers: readonly (PeerReport | { readonly name: string; readonly error: string })[];
 }
 
-async function main(): Promise<void> {
-  const flags = parseFlags();
+async function main(values: FlagValues<typeof BENCH.flags>): Promise<void> {
+  const flags = parseFlags(values);
   const deadline = new Deadline(flags.deadlineS);
   const command = `deno task bench ${Deno.args.join(" ")}`.trim();
   const commit = flags.commit ?? gitCommit();
@@ -248,7 +216,7 @@ async function main(): Promise<void> {
   gguf.close();
   const split = flags.split === null ? undefined : flags.split ?? Math.floor(hp.nLayer / 2);
   if (split !== undefined && (split < 1 || split >= hp.nLayer)) {
-    fail(
+    throw new UsageError(
       `Cannot split at layer ${split}: the model has ${hp.nLayer} layers; use 1..${hp.nLayer - 1}`,
     );
   }
@@ -329,4 +297,4 @@ async function main(): Promise<void> {
   console.log(formatTable(report, flags.pp, flags.tg, flags.slots));
 }
 
-if (import.meta.main) await main();
+if (import.meta.main) await runCommand(BENCH, main);

@@ -10,8 +10,19 @@ import type { GgufModel } from "../engine/gguf/gguf_model.ts";
 import { type GpuContext, openGpu } from "../engine/gpu/device.ts";
 import { DispatchProfiler, type ProfiledStep } from "../engine/gpu/profiler.ts";
 import { readHParams } from "../engine/hparams.ts";
-import { parseProviderChoice } from "../engine/open_stage.ts";
-import { parseCommandLine } from "../lib/cli.ts";
+import { PROVIDER_CHOICES } from "../engine/gpu/provider.ts";
+import {
+  type Command,
+  flag,
+  type FlagTable,
+  type FlagValues,
+  oneOf,
+  requiredFlag,
+  runCommand,
+  switchFlag,
+  text,
+  whole,
+} from "../lib/cli.ts";
 import { seededIds } from "./measure.ts";
 
 /** GPU time of one kernel variant over the steps of a report. */
@@ -185,48 +196,25 @@ export function formatDecodeSteps(steps: readonly StepReport[], prefill: number)
   }).join("\n");
 }
 
-const USAGE = `deno run -A bench/profile.ts --model M.gguf [options]
-  --gpu builtin|dawn|auto   WebGPU provider (default builtin)
-  --allow-software-gpu      accept a CPU adapter (also TANDEM_ALLOW_SOFTWARE_GPU=1)
-  --prefill N               prefill chunk length (default 512)
-  --decode N                single-token decode steps after it (default 32)
-  --seed N                  prefill ids seed (default 1)`;
+const PROFILE = {
+  name: "Profile",
+  usage: "deno run -A bench/profile.ts",
+  about: "GPU time per kernel of one whole-model GPU stage: one prefill chunk, then " +
+    "single-token decode steps.",
+  flags: {
+    model: requiredFlag(text("PATH"), "the GGUF file"),
+    gpu: flag(oneOf(PROVIDER_CHOICES), "the WebGPU provider", "builtin"),
+    "allow-software-gpu": switchFlag("accept a software (CPU) adapter"),
+    prefill: flag(whole(1), "prefill chunk length", 512),
+    decode: flag(whole(0), "single-token decode steps after it", 32),
+    seed: flag(whole(0), "prefill ids seed", 1),
+  },
+} satisfies Command<FlagTable>;
 
-function fail(message: string): never {
-  console.error(`${message}\n\n${USAGE}`);
-  Deno.exit(2);
-}
-
-function whole(flag: string, text: string, min: number): number {
-  const v = Number(text);
-  if (!Number.isSafeInteger(v) || v < min) {
-    fail(`Cannot use --${flag} "${text}": expected a whole number ≥ ${min}`);
-  }
-  return v;
-}
-
-async function main(): Promise<void> {
-  const flags = parseCommandLine({
-    args: Deno.args,
-    options: {
-      model: { type: "string" },
-      gpu: { type: "string", default: "builtin" },
-      "allow-software-gpu": { type: "boolean", default: false },
-      prefill: { type: "string", default: "512" },
-      decode: { type: "string", default: "32" },
-      seed: { type: "string", default: "1" },
-      help: { type: "boolean", short: "h", default: false },
-    },
-  }, fail);
-  if (flags.help) {
-    console.log(USAGE);
-    return;
-  }
-  if (!flags.model) fail("Cannot profile without --model: give a GGUF file");
-  const prefill = whole("prefill", flags.prefill, 1);
-  const decode = whole("decode", flags.decode, 0);
+async function main(flags: FlagValues<typeof PROFILE.flags>): Promise<void> {
+  const { prefill, decode } = flags;
   const gpu = await openGpu({
-    gpu: parseProviderChoice(flags.gpu),
+    gpu: flags.gpu,
     allowSoftware: flags["allow-software-gpu"],
   });
   if (!gpu.features.timestamps) {
@@ -237,7 +225,7 @@ async function main(): Promise<void> {
     const report = await profileModel(model, gpu, {
       prefill,
       decode,
-      seed: whole("seed", flags.seed, 0),
+      seed: flags.seed,
     });
     console.log(`GPU: ${gpu.summary}\nmodel: ${flags.model}\n`);
     console.log(formatSteps(`prefill`, [report.prefill]));
@@ -254,4 +242,4 @@ async function main(): Promise<void> {
   }
 }
 
-if (import.meta.main) await main();
+if (import.meta.main) await runCommand(PROFILE, main);

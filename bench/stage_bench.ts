@@ -2,11 +2,22 @@
 // Spawned by bench/decode.ts once per GPU provider, so that a crash or a leaked device in one
 // provider cannot take the other's figures with it; answers JSON on stdout, logs on stderr.
 
-import { parseArgs } from "node:util";
 import { openGguf } from "../engine/gguf/read.ts";
 import type { GgufModel } from "../engine/gguf/gguf_model.ts";
 import { readHParams } from "../engine/hparams.ts";
-import { type Backend, openLocalStage, parseBackend } from "../engine/open_stage.ts";
+import { type Backend, openLocalStage } from "../engine/open_stage.ts";
+import type { ProviderName } from "../engine/gpu/provider.ts";
+import {
+  type Command,
+  flag,
+  type FlagTable,
+  listOf,
+  oneOf,
+  requiredFlag,
+  runCommand,
+  text,
+  whole,
+} from "../lib/cli.ts";
 import type { Stage } from "../engine/stage.ts";
 import { FUSED_STEPS } from "../lib/scheduler/scheduler.ts";
 import { connectRemoteStage } from "../lib/wire/remote_stage.ts";
@@ -25,8 +36,8 @@ import { startWorker } from "./split.ts";
 export interface StageBenchOptions {
   readonly model: string;
   readonly backend: Backend;
-  /** GPU provider (builtin or dawn); ignored by the reference backend. */
-  readonly gpu: string;
+  /** GPU provider; ignored by the reference backend. */
+  readonly gpu: ProviderName;
   readonly pp: readonly number[];
   readonly tg: number;
   /** Slots decoding at once for the aggregate figure; 1 leaves it out. */
@@ -238,41 +249,38 @@ export async function benchStage(options: StageBenchOptions): Promise<StageRepor
   }
 }
 
-function numbers(text: string): number[] {
-  return text.split(",").map(Number);
-}
+const STAGE_BENCH = {
+  name: "Stage bench",
+  usage: "deno run -A bench/stage_bench.ts",
+  about: "One engine's bench figures as JSON on stdout (started by bench/decode.ts).",
+  flags: {
+    model: requiredFlag(text("PATH"), "the GGUF file"),
+    backend: flag(oneOf(["gpu", "reference"] as const), "the engine", "gpu"),
+    gpu: flag(oneOf<ProviderName>(["builtin", "dawn"]), "the WebGPU provider", "builtin"),
+    pp: flag(listOf(whole(1)), "prefill lengths", [512, 2048]),
+    tg: flag(whole(1), "decode steps", 128),
+    slots: flag(whole(1), "slots decoding at once for the aggregate figure", 2),
+    split: flag(whole(1), "also decode through layers 0:K here + K:n in a worker"),
+    runs: flag(whole(1), "timed runs per figure", 3),
+    seed: flag(whole(0), "seed of the prompt ids", 1),
+    "deadline-s": flag(whole(1), "stop starting measurements after S seconds", 600),
+  },
+} satisfies Command<FlagTable>;
 
 if (import.meta.main) {
-  const { values } = parseArgs({
-    args: Deno.args,
-    options: {
-      model: { type: "string" },
-      backend: { type: "string", default: "gpu" },
-      gpu: { type: "string", default: "builtin" },
-      pp: { type: "string", default: "512,2048" },
-      tg: { type: "string", default: "128" },
-      slots: { type: "string", default: "2" },
-      split: { type: "string" },
-      runs: { type: "string", default: "3" },
-      seed: { type: "string", default: "1" },
-      "deadline-s": { type: "string", default: "600" },
-    },
+  await runCommand(STAGE_BENCH, async (values) => {
+    const report = await benchStage({
+      model: values.model,
+      backend: values.backend,
+      gpu: values.gpu,
+      pp: values.pp,
+      tg: values.tg,
+      slots: values.slots,
+      split: values.split,
+      runs: values.runs,
+      seed: values.seed,
+      deadlineS: values["deadline-s"],
+    });
+    console.log(JSON.stringify(report));
   });
-  if (!values.model) {
-    console.error("Missing --model (this script is started by bench/decode.ts)");
-    Deno.exit(2);
-  }
-  const report = await benchStage({
-    model: values.model,
-    backend: parseBackend(values.backend),
-    gpu: values.gpu,
-    pp: numbers(values.pp),
-    tg: Number(values.tg),
-    slots: Number(values.slots),
-    split: values.split === undefined ? undefined : Number(values.split),
-    runs: Number(values.runs),
-    seed: Number(values.seed),
-    deadlineS: Number(values["deadline-s"]),
-  });
-  console.log(JSON.stringify(report));
 }

@@ -2,7 +2,7 @@
 // The one switch point between engines; generate, worker and head all open stages here.
 
 import type { GgufModel } from "./gguf/gguf_model.ts";
-import { PROVIDER_CHOICES, type ProviderChoice } from "./gpu/provider.ts";
+import type { ProviderChoice } from "./gpu/provider.ts";
 import { readHParams } from "./hparams.ts";
 import { openReferenceStage } from "./reference/reference_stage.ts";
 import type { Stage } from "./stage.ts";
@@ -11,8 +11,8 @@ export type Backend = "reference" | "gpu";
 
 export interface LocalStageOptions {
   readonly backend: Backend;
-  /** GPU provider: auto, builtin or dawn (GPU backend only). */
-  readonly gpu?: string;
+  /** GPU provider (GPU backend only); default auto. */
+  readonly gpu?: ProviderChoice;
   readonly allowSoftwareGpu?: boolean;
   readonly first: number;
   /** Defaults to the model's layer count. */
@@ -21,30 +21,6 @@ export interface LocalStageOptions {
   readonly ctx: number;
   readonly maxBatch?: number;
   readonly snapshots?: number;
-}
-
-/** Parses `--backend`; the GPU engine is the default, the CPU reference the slow fallback. */
-export function parseBackend(value: string | undefined): Backend {
-  if (value === undefined || value === "gpu") return "gpu";
-  if (value === "reference") return "reference";
-  throw new TypeError(`Cannot use --backend "${value}": expected "reference" or "gpu"`);
-}
-
-/** Parses `--gpu`. */
-export function parseProviderChoice(value: string): ProviderChoice {
-  if ((PROVIDER_CHOICES as readonly string[]).includes(value)) return value as ProviderChoice;
-  throw new TypeError(
-    `Cannot use --gpu "${value}": expected one of ${PROVIDER_CHOICES.join(", ")}`,
-  );
-}
-
-/** Parses `a:b` into a layer range. */
-export function parseLayers(value: string): { first: number; end: number } {
-  const m = /^(\d+):(\d+)$/.exec(value);
-  if (!m || Number(m[1]) >= Number(m[2])) {
-    throw new RangeError(`Cannot use --layers "${value}": expected a:b with a < b, e.g. 0:20`);
-  }
-  return { first: Number(m[1]), end: Number(m[2]) };
 }
 
 export async function openLocalStage(model: GgufModel, options: LocalStageOptions): Promise<Stage> {
@@ -60,7 +36,7 @@ export async function openLocalStage(model: GgufModel, options: LocalStageOption
   const { openGpu } = await import("./gpu/device.ts");
   const { openGpuStage } = await import("./gpu/gpu_stage.ts");
   const gpu = await openGpu({
-    gpu: parseProviderChoice(options.gpu ?? "auto"),
+    gpu: options.gpu ?? "auto",
     allowSoftware: options.allowSoftwareGpu,
   });
   return await openGpuStage(model, gpu, { ...options, end });

@@ -1,7 +1,7 @@
 // Test helpers for the head: a head on the tiny model (CPU reference stages, a free port), SSE
 // parsing, JSON posting. Used by tests/http_*_test.ts, tests/sdk_*_test.ts, tests/server_*_test.ts.
 
-import { type HeadConfig, type RunningHead, startHead } from "../main.ts";
+import { type HeadOptions, type RunningHead, startHead } from "../lib/server/head.ts";
 import { testModel } from "./_models.ts";
 
 /** The model every server test uses: tiny qwen35moe, f32, seed 1. */
@@ -15,7 +15,7 @@ export interface TestHead extends RunningHead {
 }
 
 /** A head on a free loopback port; reference backend, a 256-position context unless given. */
-export async function startTestHead(config: Partial<HeadConfig> = {}): Promise<TestHead> {
+export async function startTestHead(config: Partial<HeadOptions> = {}): Promise<TestHead> {
   const lines: string[] = [];
   const running = await startHead({
     model: config.model ?? await tinyModel(),

@@ -77,5 +77,8 @@ Deno.test("generate rejects bad flags with a usage message and exit code 2", asy
     stderr: "piped",
   }).output();
   assert.equal(out.code, 2);
-  assert.match(new TextDecoder().decode(out.stderr), /Cannot parse --prompt-ids "1,x"/);
+  assert.match(
+    new TextDecoder().decode(out.stderr),
+    /Cannot use --prompt-ids "1,x": expected comma-separated token ids/,
+  );
 });

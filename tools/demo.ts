@@ -2,22 +2,39 @@
 // on loopback, streams one /v1/messages reply with per-stage timings, then serves until Ctrl-C.
 
 import { generateModel, modelFileStem, type ModelSpec } from "./synth/generate_model.ts";
-import { parseBackend } from "../engine/open_stage.ts";
-import { type RunningHead, startHead } from "../main.ts";
-import { parseCommandLine } from "../lib/cli.ts";
+import type { Backend } from "../engine/open_stage.ts";
+import { type RunningHead, startHead } from "../lib/server/head.ts";
+import {
+  type Command,
+  flag,
+  type FlagTable,
+  type FlagValues,
+  oneOf,
+  runCommand,
+  text,
+  whole,
+} from "../lib/cli.ts";
 
-const USAGE = `Usage: deno task demo [--port 8080] [--backend gpu|reference] [--model M.gguf]
-  [--prompt "text"] [--max-tokens N]
-Without --model, makes the tiny qwen35moe test model in ./models/ (random weights: the reply is
-gibberish, the plumbing is real).`;
+const DEMO = {
+  name: "Demo",
+  usage: "deno task demo",
+  about: "Runs a worker (layers 2:4) and a head (0:2) on loopback, streams one reply with " +
+    "per-stage timings, then serves until Ctrl-C. Without --model, makes the tiny qwen35moe test " +
+    "model in ./models/ (random weights: the reply is gibberish, the plumbing is real).",
+  flags: {
+    port: flag(whole(0, 65535), "the head's HTTP port; 0 picks a free one", 8080),
+    backend: flag(
+      oneOf(["gpu", "reference"] as const),
+      "the engine (default gpu, falling back to reference when no GPU works)",
+    ),
+    model: flag(text("PATH"), "a 4-layer GGUF to serve instead of the tiny test model"),
+    prompt: flag(text("TEXT"), "the prompt", "Tell me about two machines serving one model."),
+    "max-tokens": flag(whole(1), "tokens to generate at most", 48),
+  },
+} satisfies Command<FlagTable>;
 
 const ROOT = decodeURIComponent(new URL("../", import.meta.url).pathname).replace(/\/$/, "");
 const DEFAULT_SPEC: ModelSpec = { preset: "tiny", arch: "qwen35moe", quant: "f32", seed: 1 };
-
-function fail(message: string): never {
-  console.error(`${message}\n${USAGE}`);
-  Deno.exit(2);
-}
 
 async function exists(path: string): Promise<boolean> {
   try {
@@ -53,7 +70,7 @@ interface Worker {
 }
 
 /** Starts worker.ts for layers 2:4; resolves once it listens, rejects with its output if not. */
-async function startWorker(model: string, backend: string): Promise<Worker> {
+async function startWorker(model: string, backend: Backend): Promise<Worker> {
   const port = freePort();
   const child = new Deno.Command(Deno.execPath(), {
     args: [
@@ -142,24 +159,10 @@ function ms(value: number | null): string {
   return value === null ? "–" : `${value.toFixed(2)} ms`;
 }
 
-async function main(): Promise<void> {
-  const values = parseCommandLine({
-    args: Deno.args,
-    options: {
-      port: { type: "string", default: "8080" },
-      backend: { type: "string" },
-      model: { type: "string" },
-      prompt: { type: "string", default: "Tell me about two machines serving one model." },
-      "max-tokens": { type: "string", default: "48" },
-    },
-  }, fail);
-  const port = Number(values.port);
-  const maxTokens = Number(values["max-tokens"]);
-  if (!Number.isInteger(port) || port < 0) fail(`Cannot use --port "${values.port}"`);
-  if (!Number.isInteger(maxTokens) || maxTokens < 1) {
-    fail(`Cannot use --max-tokens "${values["max-tokens"]}": expected a whole number ≥ 1`);
-  }
-  let backend = parseBackend(values.backend);
+async function main(values: FlagValues<typeof DEMO.flags>): Promise<void> {
+  const { port } = values;
+  const maxTokens = values["max-tokens"];
+  let backend: Backend = values.backend ?? "gpu";
   const model = values.model ?? await defaultModel();
 
   let worker: Worker;
@@ -221,11 +224,6 @@ async function main(): Promise<void> {
 }
 
 if (import.meta.main) {
-  try {
-    await main();
-    Deno.exit(0);
-  } catch (e) {
-    console.error(`Demo stopped: ${(e as Error).message}`);
-    Deno.exit(1);
-  }
+  await runCommand(DEMO, main);
+  Deno.exit(0);
 }

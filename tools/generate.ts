@@ -1,71 +1,77 @@
 // `deno task generate`: greedy continuation of a prompt on one process or a chain of stages.
 // Flags → model, tokenizer, local stage (+ remote stages via --next) → engine/greedy_loop.ts → stdout.
 
-import { parseArgs } from "node:util";
 import { openGguf } from "../engine/gguf/read.ts";
 import { generateGreedy } from "../engine/greedy_loop.ts";
 import { checkChain } from "../engine/pipeline.ts";
-import { openLocalStage, parseBackend, parseLayers } from "../engine/open_stage.ts";
+import { openLocalStage } from "../engine/open_stage.ts";
 import type { Stage } from "../engine/stage.ts";
+import {
+  address,
+  type Command,
+  ENGINE_FLAGS,
+  flag,
+  type FlagTable,
+  type FlagValues,
+  type Kind,
+  layerRange,
+  MODEL_FLAG,
+  runCommand,
+  switchFlag,
+  text,
+  UsageError,
+  whole,
+} from "../lib/cli.ts";
 import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
 
-const USAGE = `Usage: deno task generate --model M.gguf (--prompt "text" | --prompt-ids 1,2,3) --n N
-  [--json] [--backend reference|gpu] [--gpu auto|builtin|dawn] [--layers a:b --next host:port [--key-file F]]
-  [--ctx N] [--ignore-eos]`;
+const tokenIds: Kind<number[]> = {
+  value: "ID,...",
+  parse(t) {
+    const ids = t.split(",").map((s) => Number(s.trim()));
+    if (ids.some((id) => !Number.isInteger(id) || id < 0)) {
+      throw new Error("expected comma-separated token ids");
+    }
+    return ids;
+  },
+};
 
-function fail(message: string): never {
-  console.error(`${message}\n${USAGE}`);
-  Deno.exit(2);
-}
+const GENERATE = {
+  name: "Generate",
+  usage: "deno task generate",
+  about: "Greedy continuation of a prompt (--prompt or --prompt-ids, exactly one) on this " +
+    "process, or on layers 0:k here and the rest at --next.",
+  flags: {
+    model: MODEL_FLAG,
+    prompt: flag(text("TEXT"), "the prompt, tokenized with the model's tokenizer"),
+    "prompt-ids": flag(tokenIds, "the prompt as token ids"),
+    n: flag(whole(1), "tokens to generate at most", 32),
+    json: switchFlag("print {prompt_ids, ids, text} as JSON instead of the text"),
+    "ignore-eos": switchFlag("keep generating past an end-of-sequence token"),
+    ctx: flag(whole(1), "positions (default the prompt plus --n, at least 256)"),
+    layers: flag(layerRange, "this process's layers, 0:k; needed with --next (default all)"),
+    next: flag(address, "the worker serving the layers after --layers"),
+    "key-file": flag(text("PATH"), "the wire's shared key (the worker's --key-file)"),
+    ...ENGINE_FLAGS,
+  },
+} satisfies Command<FlagTable>;
 
-function parsePromptIds(text: string): number[] {
-  const ids = text.split(",").map((s) => Number(s.trim()));
-  if (ids.some((id) => !Number.isInteger(id) || id < 0)) {
-    fail(`Cannot parse --prompt-ids "${text}": expected comma-separated token ids`);
-  }
-  return ids;
-}
-
-async function main(): Promise<void> {
-  const { values } = parseArgs({
-    args: Deno.args,
-    options: {
-      model: { type: "string" },
-      prompt: { type: "string" },
-      "prompt-ids": { type: "string" },
-      n: { type: "string", default: "32" },
-      json: { type: "boolean", default: false },
-      backend: { type: "string" },
-      gpu: { type: "string", default: "auto" },
-      layers: { type: "string" },
-      next: { type: "string" },
-      "key-file": { type: "string" },
-      ctx: { type: "string" },
-      "ignore-eos": { type: "boolean", default: false },
-      "allow-software-gpu": { type: "boolean", default: false },
-    },
-  });
-  if (!values.model) fail("Missing --model");
+async function main(values: FlagValues<typeof GENERATE.flags>): Promise<void> {
   if ((values.prompt === undefined) === (values["prompt-ids"] === undefined)) {
-    fail("Give exactly one of --prompt and --prompt-ids");
+    throw new UsageError("Give exactly one of --prompt and --prompt-ids");
   }
-  const n = Number(values.n);
-  if (!Number.isInteger(n) || n < 1) {
-    fail(`Cannot use --n "${values.n}": expected a positive integer`);
+  if (values.next && !values.layers) {
+    throw new UsageError("--next needs --layers 0:k for the local stage");
   }
+  const n = values.n;
   const model = await openGguf(values.model);
   const tokenizer = TextTokenizer.fromGguf(model.metadata);
-  const prompt = values.prompt !== undefined
-    ? tokenizer.encode(values.prompt)
-    : parsePromptIds(values["prompt-ids"]!);
-  const ctx = Number(values.ctx ?? Math.max(256, prompt.length + n));
+  const prompt = values["prompt-ids"] ?? tokenizer.encode(values.prompt!);
+  const ctx = values.ctx ?? Math.max(256, prompt.length + n);
   const stages: Stage[] = [];
   try {
-    const backend = parseBackend(values.backend);
-    const layers = values.layers ? parseLayers(values.layers) : undefined;
-    if (values.next && !layers) fail("--next needs --layers 0:k for the local stage");
+    const layers = values.layers;
     const local = await openLocalStage(model, {
-      backend,
+      backend: values.backend,
       gpu: values.gpu,
       allowSoftwareGpu: values["allow-software-gpu"],
       first: layers?.first ?? 0,
@@ -92,11 +98,4 @@ async function main(): Promise<void> {
   }
 }
 
-if (import.meta.main) {
-  try {
-    await main();
-  } catch (e) {
-    console.error(`generate: ${e instanceof Error ? e.message : String(e)}`);
-    Deno.exit(1);
-  }
-}
+if (import.meta.main) await runCommand(GENERATE, main);

@@ -7,75 +7,53 @@ import {
   modelFileStem,
   type ModelSpec,
   planModel,
-  type Quant,
   QUANTS,
 } from "./synth/generate_model.ts";
-import { type Arch, ARCHS } from "../engine/hparams.ts";
+import { ARCHS } from "../engine/hparams.ts";
 import { type PresetName, PRESETS } from "./synth/presets.ts";
-import { parseCommandLine } from "../lib/cli.ts";
+import {
+  type Command,
+  flag,
+  type FlagTable,
+  type FlagValues,
+  oneOf,
+  runCommand,
+  switchFlag,
+  text,
+  whole,
+} from "../lib/cli.ts";
 
-const USAGE = `Usage: deno task make-model [options]
-  --preset ${Object.keys(PRESETS).join("|")}   model shape (default tiny)
-  --arch ${ARCHS.join("|")}                   architecture (default qwen35moe)
-  --layout split|legacy                          qwen3next DeltaNet input layout (default split)
-  --quant ${QUANTS.join("|")}   weight types (default f32)
-  --seed N                                       random seed (default 1)
-  --split N                                      write N gguf-split shards (default 1)
-  --tied                                         no output.weight: the LM head reuses token_embd
-  --out PATH                                     output file (default models/<name>.gguf)`;
-
-function fail(message: string): never {
-  console.error(`${message}\n\n${USAGE}`);
-  Deno.exit(2);
-}
-
-function oneOf<T extends string>(flag: string, value: string, allowed: readonly T[]): T {
-  if (!allowed.includes(value as T)) {
-    fail(`Cannot use --${flag} "${value}": use one of ${allowed.join(", ")}`);
-  }
-  return value as T;
-}
-
-function positiveInt(flag: string, value: string, min: number): number {
-  const n = Number(value);
-  if (!Number.isSafeInteger(n) || n < min) {
-    fail(`Cannot use --${flag} "${value}": expected an integer ≥ ${min}`);
-  }
-  return n;
-}
+const MAKE_MODEL = {
+  name: "Make-model",
+  usage: "deno task make-model",
+  about: "Writes a random-weight GGUF (or its gguf-split shards) of a preset shape, the model " +
+    "tests, benches and the demo load.",
+  flags: {
+    preset: flag(oneOf(Object.keys(PRESETS) as PresetName[]), "the model's shape", "tiny"),
+    arch: flag(oneOf(ARCHS), "the architecture", "qwen35moe"),
+    layout: flag(oneOf<Layout>(["split", "legacy"]), "qwen3next DeltaNet input layout", "split"),
+    quant: flag(oneOf(QUANTS), "weight types", "f32"),
+    seed: flag(whole(0), "random seed", 1),
+    split: flag(whole(1), "write this many gguf-split shards", 1),
+    tied: switchFlag("no output.weight: the LM head reuses token_embd"),
+    out: flag(text("PATH"), "the output file (default models/<name>.gguf)"),
+  },
+} satisfies Command<FlagTable>;
 
 function gb(bytes: number): string {
   return `${(bytes / 1e9).toFixed(bytes < 1e8 ? 4 : 2)} GB`;
 }
 
-async function main(): Promise<void> {
-  const values = parseCommandLine({
-    args: Deno.args,
-    options: {
-      preset: { type: "string", default: "tiny" },
-      arch: { type: "string", default: "qwen35moe" },
-      layout: { type: "string", default: "split" },
-      quant: { type: "string", default: "f32" },
-      seed: { type: "string", default: "1" },
-      split: { type: "string", default: "1" },
-      tied: { type: "boolean", default: false },
-      out: { type: "string" },
-      help: { type: "boolean", short: "h", default: false },
-    },
-  }, fail);
-  if (values.help) {
-    console.log(USAGE);
-    return;
-  }
+async function main(values: FlagValues<typeof MAKE_MODEL.flags>): Promise<void> {
   const spec: ModelSpec = {
-    preset: oneOf<PresetName>("preset", values.preset, Object.keys(PRESETS) as PresetName[]),
-    arch: oneOf<Arch>("arch", values.arch, ARCHS),
-    layout: oneOf<Layout>("layout", values.layout, ["split", "legacy"]),
-    quant: oneOf<Quant>("quant", values.quant, QUANTS),
-    seed: positiveInt("seed", values.seed, 0),
+    preset: values.preset,
+    arch: values.arch,
+    layout: values.layout,
+    quant: values.quant,
+    seed: values.seed,
     tied: values.tied,
   };
-  const split = positiveInt("split", values.split, 1);
+  const split = values.split;
   const out = values.out ?? `models/${modelFileStem(spec)}.gguf`;
   const plan = planModel(spec);
   console.log(
@@ -98,4 +76,4 @@ async function main(): Promise<void> {
   );
 }
 
-if (import.meta.main) await main();
+if (import.meta.main) await runCommand(MAKE_MODEL, main);

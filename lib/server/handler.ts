@@ -1,5 +1,5 @@
 // handle(Request) → Response for the head: routes, API keys, body limits, and containment (every
-// failure becomes an error response in the route's API shape). main.ts serves it with Deno.serve.
+// failure becomes an error response in the route's API shape). lib/server/head.ts serves it with Deno.serve.
 
 import { ApiError, errorResponse, type Flavor, toApiError } from "./api_error.ts";
 import { createCompletion } from "./completion.ts";

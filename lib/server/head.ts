@@ -1,0 +1,213 @@
+// The head assembled: binds its HTTP address, then opens model, tokenizer, chat template, the
+// local stage (layers 0:k) and the link to the next stage → lib/scheduler/ → lib/server/handler.ts.
+
+import { parseShardPath } from "../../engine/gguf/format.ts";
+import { openGguf } from "../../engine/gguf/read.ts";
+import { readHParams } from "../../engine/hparams.ts";
+import { type Backend, openLocalStage } from "../../engine/open_stage.ts";
+import { StageLink } from "../scheduler/link.ts";
+import { Scheduler } from "../scheduler/scheduler.ts";
+import { TextTokenizer } from "../tokenizer/tokenizer.ts";
+import { modelFingerprint } from "../wire/hello.ts";
+import { RemoteStage } from "../wire/remote_stage.ts";
+import type { ProviderChoice } from "../../engine/gpu/provider.ts";
+import type { SamplingDefaults } from "./admit.ts";
+import { ApiError, errorResponse } from "./api_error.ts";
+import { listenError } from "../cli.ts";
+import { createHandler } from "./handler.ts";
+import { PromptBuilder } from "./prompt.ts";
+
+export interface HeadOptions {
+  readonly model: string;
+  /** The local layers; required with `next`, the whole model without it. */
+  readonly layers?: { readonly first: number; readonly end: number };
+  /** host:port of the worker serving the layers after `layers`. */
+  readonly next?: string;
+  readonly host?: string;
+  /** 0 picks a free port. Default 8080. */
+  readonly port?: number;
+  readonly slots?: number;
+  readonly ctx?: number;
+  readonly queue?: number;
+  readonly snapshots?: number;
+  readonly maxBatch?: number;
+  readonly apiKey?: string;
+  /** Request bodies beyond this are refused with 413. Default 32 MiB. */
+  readonly maxBodyBytes?: number;
+  /** The wire's shared key (the worker's --key-file). */
+  readonly wireKey?: CryptoKey;
+  readonly backend?: Backend;
+  readonly gpu?: ProviderChoice;
+  readonly allowSoftwareGpu?: boolean;
+  readonly sampling?: Partial<SamplingDefaults>;
+  readonly modelId?: string;
+  readonly pingMs?: number;
+  readonly log?: (line: string) => void;
+}
+
+export interface RunningHead {
+  readonly url: string;
+  readonly scheduler: Scheduler;
+  /** Stops serving, cancels every sequence and closes the stages and the model. */
+  close(): Promise<void>;
+}
+
+/** "models/tiny-00001-of-00002.gguf" → "tiny". */
+function modelIdOf(path: string): string {
+  const stem = parseShardPath(path)?.stem ?? path.replace(/\.gguf$/i, "");
+  return stem.slice(stem.lastIndexOf("/") + 1);
+}
+
+type Handle = (request: Request) => Response | Promise<Response>;
+
+/** Until the model is loaded every request is told to come back, as llama.cpp's server does. */
+const loading: Handle = () =>
+  errorResponse(
+    new ApiError("stage_unavailable", "The model is still loading; retry in a few seconds", {
+      retryAfter: 5,
+    }),
+    "anthropic",
+    "req_loading",
+  );
+
+/**
+ * Binds host:port first (so a busy port fails before minutes of weight loading), then opens the
+ * model and its stages and serves the head until close.
+ */
+export async function startHead(options: HeadOptions): Promise<RunningHead> {
+  const log = options.log ?? ((line: string) => console.error(`[head] ${line}`));
+  let handle: Handle = loading;
+  const hostname = options.host ?? "127.0.0.1";
+  const port = options.port ?? 8080;
+  const listening = Promise.withResolvers<Deno.NetAddr>();
+  let server: Deno.HttpServer;
+  try {
+    server = Deno.serve({
+      hostname,
+      port,
+      onListen: (addr) => listening.resolve(addr as Deno.NetAddr),
+      onError: (e) => {
+        log(`unhandled: ${(e as Error)?.stack ?? e}`);
+        return Response.json(
+          { type: "error", error: { type: "api_error", message: "Internal server error" } },
+          { status: 500 },
+        );
+      },
+    }, (request) => handle(request));
+  } catch (e) {
+    throw listenError(hostname, port, e, "--host/--port");
+  }
+  const addr = await listening.promise;
+  const cleanup: (() => void)[] = [];
+  try {
+    const model = await openGguf(options.model);
+    cleanup.push(() => model.close());
+    const tokenizer = TextTokenizer.fromGguf(model.metadata);
+    const template = model.metadata.get("tokenizer.chat_template");
+    if (typeof template !== "string") {
+      throw new TypeError(
+        `Cannot serve "${options.model}": it has no tokenizer.chat_template, which the chat ` +
+          `routes need to build prompts`,
+      );
+    }
+    const hp = readHParams(model.metadata);
+    const layers = options.layers ?? { first: 0, end: hp.nLayer };
+    if (layers.first !== 0) {
+      throw new RangeError(
+        `Cannot start the head on layers ${layers.first}:${layers.end}: the head embeds tokens, ` +
+          `so its layers start at 0; use --layers 0:${layers.end}`,
+      );
+    }
+    if (options.next && layers.end >= hp.nLayer) {
+      throw new RangeError(
+        `Cannot use --next with layers 0:${layers.end}: the model has ${hp.nLayer} layers, so ` +
+          `nothing is left for the next stage; give --layers 0:k with k < ${hp.nLayer}`,
+      );
+    }
+    const slots = options.slots ?? 1;
+    const ctx = options.ctx ?? 4096;
+    const snapshots = options.snapshots ?? 0;
+    const local = await openLocalStage(model, {
+      backend: options.backend ?? "gpu",
+      gpu: options.gpu,
+      allowSoftwareGpu: options.allowSoftwareGpu,
+      first: 0,
+      end: layers.end,
+      slots,
+      ctx,
+      maxBatch: options.maxBatch,
+      snapshots,
+    });
+    cleanup.push(() => local.close());
+    const link = options.next
+      ? new StageLink(
+        new RemoteStage(options.next, {
+          first: local.end,
+          nLayer: local.nLayer,
+          nEmbd: local.nEmbd,
+          slots,
+          ctx,
+          snapshots,
+          fingerprint: await modelFingerprint(model),
+        }, { key: options.wireKey, connectTimeoutMs: 3000 }),
+        { log },
+      )
+      : undefined;
+    if (link) cleanup.push(() => link.close());
+    const scheduler = new Scheduler({
+      local,
+      link,
+      tokenizer,
+      slots,
+      queue: options.queue ?? 16,
+      snapshots,
+      log,
+    });
+    const sampling = options.sampling ?? {};
+    const modelId = options.modelId ?? modelIdOf(options.model);
+    handle = createHandler({
+      scheduler,
+      tokenizer,
+      prompts: new PromptBuilder(tokenizer, template),
+      modelId,
+      defaults: {
+        temperature: sampling.temperature ?? 0,
+        temperatureCap: sampling.temperatureCap ?? 2,
+        topK: sampling.topK ?? 40,
+        topP: sampling.topP ?? 1,
+      },
+      pingMs: options.pingMs ?? 10_000,
+      log,
+    }, { apiKey: options.apiKey, maxBodyBytes: options.maxBodyBytes });
+    const host = addr.hostname.includes(":") ? `[${addr.hostname}]` : addr.hostname;
+    const url = `http://${host}:${addr.port}`;
+    const split = link
+      ? `layers 0:${layers.end} here, ${layers.end}:${hp.nLayer} at ${options.next}`
+      : "unsplit";
+    log(
+      `serving ${modelId} at ${url}: ${split}; slots ${slots}, ctx ${ctx}, prefix cache ` +
+        `${snapshots} places${options.apiKey ? ", API key required" : ""}`,
+    );
+    if (link) {
+      // Lazy: a worker that starts later is fine; this only reports the first contact.
+      link.connect().then(
+        () => log(`next stage ${options.next} answered`),
+        (e) => log(`next stage ${options.next} is not answering yet: ${(e as Error).message}`),
+      );
+    }
+    return {
+      url,
+      scheduler,
+      async close() {
+        // Ending the sequences first lets their streams finish, which shutdown waits for.
+        await scheduler.close();
+        await server.shutdown();
+        for (const f of cleanup.reverse()) f();
+      },
+    };
+  } catch (e) {
+    await server.shutdown();
+    for (const f of cleanup.reverse()) f();
+    throw e;
+  }
+}
