@@ -14,9 +14,11 @@ import {
   runCommand,
   switchFlag,
 } from "../lib/cli.ts";
-import { prepareAttention } from "../engine/gpu/kernels/attention.ts";
-import { prepareGatedDeltaNet } from "../engine/gpu/kernels/gated_delta_net.ts";
-import { MUL_MAT_TYPES, type MulMatVariant, prepareMulMat } from "../engine/gpu/kernels/mul_mat.ts";
+import { compileKernel } from "../engine/gpu/kernel.ts";
+import { ATTENTION, ATTENTION_BLOCK } from "../engine/gpu/kernels/attention.ts";
+import { ATTENTION_COMBINE } from "../engine/gpu/kernels/attention_combine.ts";
+import { GATED_DELTA_NET } from "../engine/gpu/kernels/gated_delta_net.ts";
+import { MUL_MAT, MUL_MAT_TYPES, type MulMatKey } from "../engine/gpu/kernels/mul_mat.ts";
 import { typeName } from "../engine/quant/ggml_types.ts";
 
 const COMPILE_TIMES = {
@@ -36,9 +38,9 @@ async function main(values: FlagValues<typeof COMPILE_TIMES.flags>): Promise<voi
     log: (line) => console.log(line),
   });
 
-  const jobs: [string, () => Promise<void>][] = [];
+  const jobs: [string, () => Promise<unknown>][] = [];
   for (const type of MUL_MAT_TYPES) {
-    const shapes: Omit<MulMatVariant, "type">[] = [
+    const shapes: Omit<MulMatKey, "type">[] = [
       { batched: false },
       { batched: true },
       { batched: false, id: true },
@@ -48,15 +50,21 @@ async function main(values: FlagValues<typeof COMPILE_TIMES.flags>): Promise<voi
       const v = { type, ...shape };
       jobs.push([
         `mul_mat ${typeName(type)} ${JSON.stringify(shape)}`,
-        () => prepareMulMat(ctx, v),
+        () => compileKernel(ctx, MUL_MAT, v),
       ]);
     }
   }
   for (const dh of [64, 128, 256]) {
-    jobs.push([`attention dh ${dh}`, () => prepareAttention(ctx, dh)]);
+    jobs.push([`attention dh ${dh}`, async () => {
+      await compileKernel(ctx, ATTENTION, { dh });
+      await compileKernel(ctx, ATTENTION_COMBINE, { dh, block: ATTENTION_BLOCK });
+    }]);
   }
   for (const d of [64, 128]) {
-    jobs.push([`gated_delta_net ${d}x${d}`, () => prepareGatedDeltaNet(ctx, d, d)]);
+    jobs.push([
+      `gated_delta_net ${d}x${d}`,
+      () => compileKernel(ctx, GATED_DELTA_NET, { dk: d, dv: d }),
+    ]);
   }
 
   let total = 0;

@@ -4,9 +4,15 @@
 // Tests skip only when there is no WebGPU adapter at all; CI's Mesa CPU adapter runs them.
 // TANDEM_GPU=dawn|auto runs them on another provider (default: Deno's builtin WebGPU).
 
-import { readBuffer, uploadStorage } from "../engine/gpu/buffers.ts";
+import { GpuMemory, readBuffer, uploadStorage } from "../engine/gpu/buffers.ts";
 import { type GpuContext, openGpu } from "../engine/gpu/device.ts";
 import type { ProviderChoice } from "../engine/gpu/provider.ts";
+import {
+  type GpuTensor,
+  type TensorDesc,
+  type UploadOptions,
+  uploadTensorBytes,
+} from "../engine/gpu/tensor.ts";
 import { ParamArena, StepEncoder } from "../engine/gpu/encoder.ts";
 
 async function open(): Promise<GpuContext | undefined> {
@@ -30,7 +36,7 @@ export function gpuTest(name: string, fn: (ctx: GpuContext) => Promise<void>): v
 
 /** Records GPU work with `record`, submits it as one step, and fails on a validation error. */
 export async function submit(ctx: GpuContext, record: (enc: StepEncoder) => void): Promise<void> {
-  const enc = new StepEncoder(ctx, new ParamArena(ctx, 16));
+  const enc = new StepEncoder(ctx, new ParamArena(new GpuMemory(ctx), 16));
   record(enc);
   ctx.device.pushErrorScope("validation");
   enc.submit();
@@ -62,6 +68,16 @@ export function upload(
   label = "test",
 ): GPUBuffer {
   return uploadStorage(ctx, label, data);
+}
+
+/** A weight tensor from GGUF-layout bytes, in memory the test process keeps until it ends. */
+export function uploadWeights(
+  ctx: GpuContext,
+  desc: TensorDesc,
+  bytes: Uint8Array,
+  options?: UploadOptions,
+): Promise<GpuTensor> {
+  return uploadTensorBytes(new GpuMemory(ctx), desc, bytes, options);
 }
 
 export async function readF32(

@@ -9,7 +9,6 @@ import {
   attention,
   ATTENTION_BLOCK,
   attentionPartialFloats,
-  prepareAttention,
 } from "../engine/gpu/kernels/attention.ts";
 import { f16ToF32, f32ToF16 } from "../engine/quant/f16.ts";
 import { attention as refAttention } from "../engine/reference/gqa_attention.ts";
@@ -130,7 +129,6 @@ gpuTest(
     ];
     for (const [hq, hkv, dh, pos0, T] of cases) {
       const shape = { hq, hkv, dh };
-      await prepareAttention(ctx, dh);
       const npos = pos0 + T;
       const layer = makeLayer(ctx, shape, npos, pos0 + dh + hq);
       const got = await runCall(ctx, layer, pos0, T, fullPartials(shape, npos, T));
@@ -163,7 +161,6 @@ gpuTest(
   "attention() gives every token the same bits in one call, one by one, split or chunked",
   async (ctx) => {
     const shape = { hq: 16, hkv: 2, dh: 128 };
-    await prepareAttention(ctx, shape.dh);
     // 37 tokens at positions 170..206: blocks 2 and 3 of 64 positions are partly filled.
     const first = 170;
     const T = 37;

@@ -4,15 +4,14 @@
 
 import { createStorage } from "../engine/gpu/buffers.ts";
 import type { GpuContext } from "../engine/gpu/device.ts";
-import { gatedDeltaNet, prepareGatedDeltaNet } from "../engine/gpu/kernels/gated_delta_net.ts";
-import { prepareSsmConv, ssmConv } from "../engine/gpu/kernels/ssm_conv.ts";
+import { gatedDeltaNet } from "../engine/gpu/kernels/gated_delta_net.ts";
+import { ssmConv } from "../engine/gpu/kernels/ssm_conv.ts";
 import { convStep, deltaNetGates, deltaNetStep } from "../engine/reference/deltanet.ts";
 import { gatedRmsNorm, l2NormHeads } from "../engine/reference/norms.ts";
 import { assertClose, gpuTest, randomF32, readF32, rng, submit, upload } from "./_gpu.ts";
 import { deltaNetHParams } from "./_hparams.ts";
 
 gpuTest("ssmConv() matches convStep over a run of tokens and carries the state", async (ctx) => {
-  await prepareSsmConv(ctx);
   const [C, Kc, T, stride] = [100, 4, 5, 130];
   const r = rng(11);
   const x = randomF32(T * stride, r, 2);
@@ -87,7 +86,6 @@ async function runGpu(
   calls: readonly number[],
 ): Promise<{ y: Float32Array; state: Float32Array }> {
   const { Nk, Nv, Dk, Dv, C } = c;
-  await prepareGatedDeltaNet(ctx, Dk, Dv);
   const zStride = C + Nv * Dv;
   const state = upload(ctx, c.s0);
   const p = upload(ctx, c.p);

@@ -3,14 +3,12 @@
 
 import assert from "node:assert/strict";
 import { createStorage } from "../engine/gpu/buffers.ts";
-import { argmax, prepareArgmax } from "../engine/gpu/kernels/argmax.ts";
-import { prepareTopK, topK, topKScratchWords } from "../engine/gpu/kernels/topk.ts";
+import { argmax } from "../engine/gpu/kernels/argmax.ts";
+import { topK, topKScratchWords } from "../engine/gpu/kernels/topk.ts";
 import { argmaxTopK } from "../engine/reference/logits.ts";
 import { gpuTest, randomF32, readU32, rng, submit, upload } from "./_gpu.ts";
 
 gpuTest("argmax() and topK() equal the reference, ties to the lower id", async (ctx) => {
-  await prepareArgmax(ctx);
-  await prepareTopK(ctx);
   for (const [V, rows, k] of [[1000, 3, 5], [257, 2, 40], [5000, 1, 1]]) {
     const r = rng(V);
     const logits = randomF32(V * rows, r, 4);

@@ -3,8 +3,8 @@
 
 import assert from "node:assert/strict";
 import { createStorage } from "../engine/gpu/buffers.ts";
-import { moeRoute, prepareMoeRoute } from "../engine/gpu/kernels/moe_route.ts";
-import { moeSum, prepareMoeSum } from "../engine/gpu/kernels/moe_sum.ts";
+import { moeRoute } from "../engine/gpu/kernels/moe_route.ts";
+import { moeSum } from "../engine/gpu/kernels/moe_sum.ts";
 import { moeRoute as refRoute } from "../engine/reference/ffn.ts";
 import { sigmoid } from "../engine/reference/math.ts";
 import { assertClose, gpuTest, randomF32, readF32, readU32, rng, submit, upload } from "./_gpu.ts";
@@ -12,7 +12,6 @@ import { assertClose, gpuTest, randomF32, readF32, readU32, rng, submit, upload 
 gpuTest(
   "moeRoute() picks the reference's experts and weights, and the shared gate",
   async (ctx) => {
-    await prepareMoeRoute(ctx);
     for (const [E, k, T] of [[8, 2, 5], [100, 10, 3]]) {
       const stride = E + 1;
       const logits = randomF32(T * stride, rng(E), 3);
@@ -53,7 +52,6 @@ gpuTest(
 );
 
 gpuTest("moeSum() adds the weighted experts and the gated shared expert to x", async (ctx) => {
-  await prepareMoeSum(ctx);
   const [D, k, T] = [70, 3, 2];
   const r = rng(5);
   const o = randomF32(T * k * D, r);

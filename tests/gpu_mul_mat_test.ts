@@ -4,18 +4,21 @@
 import assert from "node:assert/strict";
 import { createStorage } from "../engine/gpu/buffers.ts";
 import type { GpuContext } from "../engine/gpu/device.ts";
-import { uploadTensorBytes } from "../engine/gpu/tensor.ts";
-import {
-  gatherTiles,
-  gatherWords,
-  moeGather,
-  prepareMoeGather,
-} from "../engine/gpu/kernels/moe_gather.ts";
-import { MUL_MAT_TYPES, mulMat, PREFILL_TT, prepareMulMat } from "../engine/gpu/kernels/mul_mat.ts";
+import { gatherTiles, gatherWords, moeGather } from "../engine/gpu/kernels/moe_gather.ts";
+import { MUL_MAT_TYPES, mulMat, PREFILL_TT } from "../engine/gpu/kernels/mul_mat.ts";
 import { dequantize } from "../engine/quant/dequant.ts";
 import { randomBlocks } from "../tools/synth/quantize.ts";
 import { GgmlType, rowBytes, typeName } from "../engine/quant/ggml_types.ts";
-import { assertClose, gpuTest, randomF32, readF32, rng, submit, upload } from "./_gpu.ts";
+import {
+  assertClose,
+  gpuTest,
+  randomF32,
+  readF32,
+  rng,
+  submit,
+  upload,
+  uploadWeights,
+} from "./_gpu.ts";
 
 // f32 products summed in a different order than the float64 reference: each output is off by
 // at most ~(chunk length 32 + log2 K)·2^-24 of Σ|w·x|; 1e-5 leaves a wide margin.
@@ -53,9 +56,7 @@ async function runPlain(
   const bytes = randomBlocks(type, K * M, 0.5, r);
   const w = dequantize(type, bytes, K * M);
   const x = randomF32(T * K, r);
-  await prepareMulMat(ctx, { type, batched: false });
-  await prepareMulMat(ctx, { type, batched: true });
-  const tensor = await uploadTensorBytes(ctx, { name: "w", type, shape: [K, M] }, bytes, {
+  const tensor = await uploadWeights(ctx, { name: "w", type, shape: [K, M] }, bytes, {
     maxPartBytes,
   });
   if (maxPartBytes) assert.ok(tensor.parts.length > 1, "the tensor is split into parts");
@@ -93,9 +94,8 @@ gpuTest(
     // Per (t, i): an input row of [gate (K) | up (K)] halves: the SwiGLU input of a down projection.
     const x = randomF32(T * nUsed * 2 * K, r);
     const ids = Uint32Array.from([4, 0, 2, 2, 1, 3]);
-    await prepareMulMat(ctx, { type, batched: false, id: true, swiglu: true });
     // Two experts per part: parts hold experts {0,1}, {2,3}, {4}.
-    const tensor = await uploadTensorBytes(ctx, { name: "exps", type, shape: [K, M, E] }, bytes, {
+    const tensor = await uploadWeights(ctx, { name: "exps", type, shape: [K, M, E] }, bytes, {
       maxPartBytes: 2 * M * rowBytes(type, K),
     });
     assert.equal(tensor.parts.length, 3);
@@ -148,8 +148,7 @@ gpuTest("mulMat() with add accumulates into y at an offset and stride", async (c
   const x = randomF32(T * K, r);
   const stride = M + 5;
   const y0 = randomF32(T * stride, r);
-  await prepareMulMat(ctx, { type, batched: false, add: true });
-  const tensor = await uploadTensorBytes(ctx, { name: "w", type, shape: [K, M] }, bytes);
+  const tensor = await uploadWeights(ctx, { name: "w", type, shape: [K, M] }, bytes);
   const y = upload(ctx, y0);
   await submit(ctx, (enc) =>
     mulMat(enc, { w: tensor, x: upload(ctx, x), y }, {
@@ -181,10 +180,7 @@ gpuTest(
     const x = randomF32(T * K, r);
     // Expert 4 gets more than one tile of slots, expert 1 none.
     const ids = Uint32Array.from({ length: T * nUsed }, (_, s) => [4, 0, 2, 4, 3, 4][s % 6]);
-    await prepareMulMat(ctx, { type, batched: false, id: true });
-    await prepareMulMat(ctx, { type, batched: true, id: true });
-    await prepareMoeGather(ctx);
-    const tensor = await uploadTensorBytes(ctx, { name: "exps", type, shape: [K, M, E] }, bytes, {
+    const tensor = await uploadWeights(ctx, { name: "exps", type, shape: [K, M, E] }, bytes, {
       maxPartBytes: 2 * M * rowBytes(type, K),
     });
     const xb = upload(ctx, x);
@@ -235,9 +231,7 @@ async function singleAndBatched(
   const xWidth = o.swiglu ? 2 * K : K;
   const x = upload(ctx, randomF32(T * xWidth, r));
   const y0 = randomF32(T * M, r);
-  await prepareMulMat(ctx, { type, batched: false, ...o });
-  await prepareMulMat(ctx, { type, batched: true, ...o });
-  const w = await uploadTensorBytes(ctx, { name: "w", type, shape: [K, M] }, bytes);
+  const w = await uploadWeights(ctx, { name: "w", type, shape: [K, M] }, bytes);
   const single = upload(ctx, y0);
   const batched = upload(ctx, y0);
   const common = { swiglu: o.swiglu, add: o.add, upOffset: o.swiglu ? K : 0 };
@@ -300,10 +294,7 @@ gpuTest(
     );
     assert.ok(ids.filter((e) => e === 2).length > PREFILL_TT, "expert 2 needs two tiles");
     const o = { swiglu: true };
-    await prepareMulMat(ctx, { type, batched: false, id: true, ...o });
-    await prepareMulMat(ctx, { type, batched: true, id: true, ...o });
-    await prepareMoeGather(ctx);
-    const w = await uploadTensorBytes(ctx, { name: "exps", type, shape: [K, M, E] }, bytes);
+    const w = await uploadWeights(ctx, { name: "exps", type, shape: [K, M, E] }, bytes);
     const idsb = upload(ctx, ids);
     // A decode call reads the ids of its one token from the start of the buffer.
     const tokenIds = Array.from(

@@ -2,24 +2,28 @@
 // qk_norm_rope}.ts) against engine/reference and engine/quant on random inputs.
 
 import { createStorage } from "../engine/gpu/buffers.ts";
-import { uploadTensorBytes } from "../engine/gpu/tensor.ts";
-import { getRows, prepareGetRows } from "../engine/gpu/kernels/get_rows.ts";
-import {
-  kNormRopeStore,
-  prepareQkNormRope,
-  qNormRope,
-} from "../engine/gpu/kernels/qk_norm_rope.ts";
-import { prepareRmsNorm, rmsNorm } from "../engine/gpu/kernels/rms_norm.ts";
+import { getRows } from "../engine/gpu/kernels/get_rows.ts";
+import { kNormRopeStore, qNormRope } from "../engine/gpu/kernels/qk_norm_rope.ts";
+import { rmsNorm } from "../engine/gpu/kernels/rms_norm.ts";
 import { dequantize } from "../engine/quant/dequant.ts";
 import { f16ToF32 } from "../engine/quant/f16.ts";
 import { randomBlocks } from "../tools/synth/quantize.ts";
 import { GgmlType, rowBytes } from "../engine/quant/ggml_types.ts";
 import { rmsNorm as refRmsNorm } from "../engine/reference/norms.ts";
 import { ropeImrope, ropeNeox, ropeThetaScale } from "../engine/reference/rope.ts";
-import { assertClose, gpuTest, randomF32, readF32, readU32, rng, submit, upload } from "./_gpu.ts";
+import {
+  assertClose,
+  gpuTest,
+  randomF32,
+  readF32,
+  readU32,
+  rng,
+  submit,
+  upload,
+  uploadWeights,
+} from "./_gpu.ts";
 
 gpuTest("rmsNorm() matches the reference on rows longer than the workgroup", async (ctx) => {
-  await prepareRmsNorm(ctx);
   const [n, rows, stride] = [300, 3, 310];
   const r = rng(1);
   const x = randomF32(rows * stride, r, 3);
@@ -45,9 +49,8 @@ gpuTest("rmsNorm() matches the reference on rows longer than the workgroup", asy
 gpuTest("getRows() gathers dequantized rows across table parts", async (ctx) => {
   const type = GgmlType.Q5_K;
   const [cols, rows] = [512, 13];
-  await prepareGetRows(ctx, type);
   const bytes = randomBlocks(type, cols * rows, 1, rng(2));
-  const table = await uploadTensorBytes(ctx, { name: "embd", type, shape: [cols, rows] }, bytes, {
+  const table = await uploadWeights(ctx, { name: "embd", type, shape: [cols, rows] }, bytes, {
     maxPartBytes: 4 * rowBytes(type, cols),
   });
   const ids = Uint32Array.from([12, 0, 5, 5, 3]);
@@ -92,7 +95,6 @@ function refRope(x: Float64Array, c: RopeCase, dh: number, nRot: number, pos: nu
 }
 
 gpuTest("qNormRope() matches RMSNorm then NEOX/IMROPE of every q head", async (ctx) => {
-  await prepareQkNormRope(ctx);
   const [T, H, dh, nRot] = [3, 4, 80, 16];
   // q heads interleaved with gate halves, as attn_q produces them: stride 2·dh per head.
   for (const c of CASES) {
@@ -129,7 +131,6 @@ gpuTest("qNormRope() matches RMSNorm then NEOX/IMROPE of every q head", async (c
 });
 
 gpuTest("kNormRopeStore() writes rotated k and raw v as f16 into the cache", async (ctx) => {
-  await prepareQkNormRope(ctx);
   const [T, H, dh, nRot, pos0, ctxLen] = [2, 2, 64, 16, 3, 8];
   const r = rng(4);
   // The k/v projection: per token [k (H·dh) | v (H·dh)].

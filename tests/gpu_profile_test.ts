@@ -3,7 +3,7 @@
 
 import assert from "node:assert/strict";
 import type { GpuContext } from "../engine/gpu/device.ts";
-import { readyKernel } from "../engine/gpu/kernel.ts";
+import { builtKernel } from "../engine/gpu/kernel.ts";
 import { gpuTest } from "./_gpu.ts";
 import { withModel } from "./_stage_gates.ts";
 import { formatSteps, kernelRows, profileModel, type StepReport } from "../bench/profile.ts";
@@ -38,7 +38,7 @@ function checkStep(gpuCtx: GpuContext, step: StepReport, what: string): void {
   const names = new Set(gpu.dispatches.map((d) => d.kernel));
   assert.deepEqual(new Set(rows.map((r) => r.kernel)), names, `${what}: table kernels`);
   for (const r of rows) {
-    readyKernel(gpuCtx, r.kernel);
+    builtKernel(gpuCtx, r.kernel);
     const want: number = gpu.dispatches.filter((d) => d.kernel === r.kernel).length;
     assert.equal(r.dispatches, want, `${what}: ${r.kernel} count`);
     assert.ok(r.ns >= 0, `${what}: ${r.kernel} time ${r.ns}`);

@@ -1,5 +1,6 @@
-// GPU buffers: creation with 4-byte padding, uploads in bounded pieces, and readbacks.
-// Used by the weight loader (engine/gpu/gpu_weights.ts), the stage's state and activations, and tests.
+// GPU buffers: creation with 4-byte padding, uploads, readbacks, and GpuMemory, the one owner
+// of everything a stage allocates. Used by the weight loader (engine/gpu/gpu_weights.ts), the
+// stage's state and activations (engine/gpu/gpu_stage.ts), the encoder's arena, and tests.
 
 import type { GpuContext } from "./device.ts";
 
@@ -106,5 +107,66 @@ export async function readBuffer(
     return await mapRead(staging, bytes);
   } finally {
     staging.destroy();
+  }
+}
+
+/**
+ * The owner of a stage's GPU allocations: weights, activations, per-slot state, snapshots,
+ * readbacks, the params arena and timers are all created here and destroyed together by
+ * destroy(), so nothing a stage made can outlive it or be freed twice.
+ */
+export class GpuMemory {
+  readonly ctx: GpuContext;
+  readonly #owned = new Set<GPUBuffer | GPUQuerySet>();
+
+  constructor(ctx: GpuContext) {
+    this.ctx = ctx;
+  }
+
+  /** A zero-filled storage buffer (createStorage), owned here. */
+  storage(label: string, bytes: number): GPUBuffer {
+    return this.#own(createStorage(this.ctx, label, bytes));
+  }
+
+  /** A storage buffer holding `data` (zero-padded), owned here. */
+  upload(label: string, data: ArrayBufferView): GPUBuffer {
+    return this.#own(uploadStorage(this.ctx, label, data));
+  }
+
+  /** A readback buffer (createReadback), owned here. */
+  readback(label: string, bytes: number): GPUBuffer {
+    return this.#own(createReadback(this.ctx, label, bytes));
+  }
+
+  /** Any other buffer (uniforms, query resolves), owned here. */
+  buffer(desc: GPUBufferDescriptor): GPUBuffer {
+    return this.#own(this.ctx.device.createBuffer(desc));
+  }
+
+  querySet(desc: GPUQuerySetDescriptor): GPUQuerySet {
+    return this.#own(this.ctx.device.createQuerySet(desc));
+  }
+
+  /** Bytes of the buffers owned now. */
+  get bytes(): number {
+    let n = 0;
+    for (const b of this.#owned) if ("size" in b) n += b.size;
+    return n;
+  }
+
+  /** Destroys one allocation before the rest (a buffer replaced by a larger one). */
+  free(b: GPUBuffer | GPUQuerySet): void {
+    if (this.#owned.delete(b)) b.destroy();
+  }
+
+  /** Destroys everything owned; the memory can be reused afterwards. */
+  destroy(): void {
+    for (const b of this.#owned) b.destroy();
+    this.#owned.clear();
+  }
+
+  #own<T extends GPUBuffer | GPUQuerySet>(b: T): T {
+    this.#owned.add(b);
+    return b;
   }
 }

@@ -2,9 +2,16 @@
 // buffer with every dispatch's Params written to a uniform arena by a single writeBuffer.
 // The forward pass (engine/gpu/gpu_forward.ts) records into a StepEncoder; kernel modules add dispatches.
 
-import { type BufferRef, isSlice } from "./buffers.ts";
+import { type BufferRef, type GpuMemory, isSlice } from "./buffers.ts";
 import type { GpuContext } from "./device.ts";
-import { type Kernel, packParams, PARAMS_SLOT_BYTES } from "./kernel.ts";
+import {
+  type Kernel,
+  type KernelFamily,
+  kernelFor,
+  orderBindings,
+  packParams,
+  PARAMS_SLOT_BYTES,
+} from "./kernel.ts";
 import type { DispatchProfiler } from "./profiler.ts";
 
 /** Workgroups of a dispatch: `tiles` along x (folded into y past the per-dimension limit), z. */
@@ -45,12 +52,12 @@ export interface StepTimer {
   readonly resolve: GPUBuffer;
 }
 
-/** A timer for `ctx`, or undefined where the device has no timestamp-query. */
-export function createStepTimer(ctx: GpuContext): StepTimer | undefined {
-  if (!ctx.features.timestamps) return undefined;
+/** A timer owned by `mem`, or undefined where the device has no timestamp-query. */
+export function createStepTimer(mem: GpuMemory): StepTimer | undefined {
+  if (!mem.ctx.features.timestamps) return undefined;
   return {
-    querySet: ctx.device.createQuerySet({ type: "timestamp", count: 2 }),
-    resolve: ctx.device.createBuffer({
+    querySet: mem.querySet({ type: "timestamp", count: 2 }),
+    resolve: mem.buffer({
       label: "step timestamps",
       size: 16,
       // COPY_DST: a DispatchProfiler copies its first start and last end here instead.
@@ -71,27 +78,28 @@ function bufferId(b: GPUBuffer): number {
   return id;
 }
 
+const SLOT_WORDS = PARAMS_SLOT_BYTES / 4;
+
 /**
  * The uniform buffer holding every dispatch's Params for a step, plus the bind groups built
  * over it. Dispatch i of a step always uses slot i, so a step that repeats the previous step's
- * sequence reuses all its bind groups. One arena per stage.
+ * sequence reuses all its bind groups. One arena per stage, its buffer owned by the stage's
+ * GpuMemory.
  */
 export class ParamArena {
-  #ctx: GpuContext;
+  #mem: GpuMemory;
   #buffer: GPUBuffer;
   #slots: number;
-  #host: ArrayBuffer;
   readonly bindGroups = new Map<string, GPUBindGroup>();
 
-  constructor(ctx: GpuContext, slots = 256) {
-    this.#ctx = ctx;
+  constructor(mem: GpuMemory, slots = 256) {
+    this.#mem = mem;
     this.#slots = slots;
     this.#buffer = this.#create(slots);
-    this.#host = new ArrayBuffer(slots * PARAMS_SLOT_BYTES);
   }
 
   #create(slots: number): GPUBuffer {
-    return this.#ctx.device.createBuffer({
+    return this.#mem.buffer({
       label: "params arena",
       size: slots * PARAMS_SLOT_BYTES,
       usage: GPUBufferUsage.UNIFORM | GPUBufferUsage.COPY_DST,
@@ -102,26 +110,16 @@ export class ParamArena {
     return this.#buffer;
   }
 
-  /** Host view for `slots` slots, growing the arena (and dropping cached bind groups) if needed. */
-  view(slots: number): DataView {
+  /** Uploads `slots` slots of packed Params, growing the arena (dropping bind groups) if needed. */
+  upload(words: Uint32Array<ArrayBuffer>, slots: number): void {
     if (slots > this.#slots) {
-      this.#buffer.destroy();
+      this.#mem.free(this.#buffer);
       this.#slots = Math.max(slots, 2 * this.#slots);
       this.#buffer = this.#create(this.#slots);
-      this.#host = new ArrayBuffer(this.#slots * PARAMS_SLOT_BYTES);
       this.bindGroups.clear();
     }
-    return new DataView(this.#host);
-  }
-
-  /** Uploads the first `slots` slots. */
-  upload(slots: number): void {
-    this.#ctx.device.queue.writeBuffer(this.#buffer, 0, this.#host, 0, slots * PARAMS_SLOT_BYTES);
-  }
-
-  destroy(): void {
-    this.#buffer.destroy();
-    this.bindGroups.clear();
+    // A typed array's offset and size count elements.
+    this.#mem.ctx.device.queue.writeBuffer(this.#buffer, 0, words, 0, slots * SLOT_WORDS);
   }
 }
 
@@ -129,7 +127,10 @@ export class StepEncoder {
   readonly ctx: GpuContext;
   #arena: ParamArena;
   #commands: Command[] = [];
-  #params: { fields: Kernel["layout"]["params"]; values: Record<string, number> }[] = [];
+  /** Packed Params, one arena slot per dispatch. */
+  #words = new Uint32Array(64 * SLOT_WORDS);
+  #view = new DataView(this.#words.buffer);
+  #dispatches = 0;
 
   constructor(ctx: GpuContext, arena: ParamArena) {
     this.ctx = ctx;
@@ -138,25 +139,23 @@ export class StepEncoder {
 
   /** Number of dispatches recorded so far. */
   get dispatches(): number {
-    return this.#params.length;
+    return this.#dispatches;
   }
 
   /**
-   * Records one dispatch. `buffers` is keyed by the WGSL binding names of the kernel's layout
-   * (all must be given); `params` by its Params field names.
+   * Records one dispatch of the family's variant for `key` (built on first use). `buffers` and
+   * `params` are keyed by the names the variant's WGSL declares: its bindings and its Params
+   * fields, all of them and nothing else.
    */
-  dispatch(
-    kernel: Kernel,
+  dispatch<K>(
+    family: KernelFamily<K>,
+    key: K,
     buffers: Readonly<Record<string, BufferRef>>,
-    params: Record<string, number>,
+    params: Readonly<Record<string, number>>,
     grid: Grid,
   ): void {
-    const { layout } = kernel;
-    const refs = layout.bindings.map(([name]) => {
-      const b = buffers[name];
-      if (!b) throw new TypeError(`Cannot dispatch ${kernel.name}: buffer "${name}" is missing`);
-      return b;
-    });
+    const kernel = kernelFor(this.ctx, family, key);
+    const refs = orderBindings(kernel, buffers);
     const max = this.ctx.limits.maxComputeWorkgroupsPerDimension;
     const z = grid.z ?? 1;
     if (grid.tiles <= 0 || z <= 0) return;
@@ -167,14 +166,16 @@ export class StepEncoder {
         `Cannot dispatch ${kernel.name}: ${grid.tiles} x ${z} workgroups exceed the device's grid`,
       );
     }
-    this.#commands.push({
-      kind: "dispatch",
-      kernel,
-      buffers: refs,
-      slot: this.#params.length,
-      size: [x, y, z],
-    });
-    this.#params.push({ fields: layout.params, values: params });
+    const slot = this.#dispatches;
+    if ((slot + 1) * SLOT_WORDS > this.#words.length) {
+      const grown = new Uint32Array(2 * this.#words.length);
+      grown.set(this.#words);
+      this.#words = grown;
+      this.#view = new DataView(grown.buffer);
+    }
+    packParams(kernel, params, this.#view, slot * PARAMS_SLOT_BYTES);
+    this.#commands.push({ kind: "dispatch", kernel, buffers: refs, slot, size: [x, y, z] });
+    this.#dispatches++;
   }
 
   /** Records a buffer-to-buffer copy (sizes and offsets multiples of 4). */
@@ -189,7 +190,7 @@ export class StepEncoder {
 
   #bindGroup(kernel: Kernel, refs: readonly BufferRef[], slot: number): GPUBindGroup {
     const arena = this.#arena;
-    let key = `${kernel.layout.file}|${slot}`;
+    let key = `${kernel.file}|${slot}`;
     for (const r of refs) {
       key += isSlice(r) ? `|${bufferId(r.buffer)}@${r.offset}+${r.size}` : `|${bufferId(r)}`;
     }
@@ -230,12 +231,8 @@ export class StepEncoder {
    * its own, labelled with its kernel, whose start and end the profiler records.
    */
   submit(timer?: StepTimer, profiler?: DispatchProfiler): void {
-    const n = this.#params.length;
-    const view = this.#arena.view(Math.max(n, 1));
-    for (let i = 0; i < n; i++) {
-      packParams(this.#params[i].fields, this.#params[i].values, view, i * PARAMS_SLOT_BYTES);
-    }
-    if (n) this.#arena.upload(n);
+    const n = this.#dispatches;
+    if (n) this.#arena.upload(this.#words, n);
     const enc = this.ctx.device.createCommandEncoder();
     profiler?.begin(this.#commands.flatMap((c) => c.kind === "dispatch" ? [c.kernel.name] : []));
     const first = this.#commands.findIndex((c) => c.kind === "dispatch");
@@ -286,6 +283,6 @@ export class StepEncoder {
     endPass();
     this.ctx.device.queue.submit([enc.finish()]);
     this.#commands = [];
-    this.#params = [];
+    this.#dispatches = 0;
   }
 }

@@ -7,25 +7,18 @@
 // expert widths, F dense width, V vocab. Activation rows are position-major: row t at t·width.
 
 import type { StepEncoder } from "./encoder.ts";
-import type { GpuContext } from "./device.ts";
-import { argmax, prepareArgmax } from "./kernels/argmax.ts";
-import { attention, prepareAttention } from "./kernels/attention.ts";
-import { gatedDeltaNet, prepareGatedDeltaNet } from "./kernels/gated_delta_net.ts";
-import { getRows, prepareGetRows } from "./kernels/get_rows.ts";
-import { gatherTiles, moeGather, prepareMoeGather } from "./kernels/moe_gather.ts";
-import { moeRoute, prepareMoeRoute } from "./kernels/moe_route.ts";
-import { moeSum, prepareMoeSum } from "./kernels/moe_sum.ts";
-import {
-  mulMat,
-  type MulMatOptions,
-  type MulMatVariant,
-  PREFILL_TT,
-  prepareMulMat,
-} from "./kernels/mul_mat.ts";
-import { kNormRopeStore, prepareQkNormRope, qNormRope } from "./kernels/qk_norm_rope.ts";
-import { prepareRmsNorm, rmsNorm } from "./kernels/rms_norm.ts";
-import { prepareSsmConv, ssmConv } from "./kernels/ssm_conv.ts";
-import { prepareTopK, topK } from "./kernels/topk.ts";
+import { argmax } from "./kernels/argmax.ts";
+import { attention } from "./kernels/attention.ts";
+import { gatedDeltaNet } from "./kernels/gated_delta_net.ts";
+import { getRows } from "./kernels/get_rows.ts";
+import { gatherTiles, moeGather } from "./kernels/moe_gather.ts";
+import { moeRoute } from "./kernels/moe_route.ts";
+import { moeSum } from "./kernels/moe_sum.ts";
+import { mulMat, type MulMatOptions, PREFILL_TT } from "./kernels/mul_mat.ts";
+import { kNormRopeStore, qNormRope } from "./kernels/qk_norm_rope.ts";
+import { rmsNorm } from "./kernels/rms_norm.ts";
+import { ssmConv } from "./kernels/ssm_conv.ts";
+import { topK } from "./kernels/topk.ts";
 import type { HParams } from "../hparams.ts";
 import { ropeThetaScale } from "../reference/rope.ts";
 import type {
@@ -63,7 +56,7 @@ export interface Activations {
 }
 
 /** Per-slot state of one block. */
-export type LayerState =
+export type GpuLayerState =
   | { readonly kind: "attention"; readonly kc: GPUBuffer; readonly vc: GPUBuffer } // (ctx, Hkv, Dh) f16
   | { readonly kind: "deltanet"; readonly conv: GPUBuffer; readonly ssm: GPUBuffer }; // (Kc−1, C), (Nv, Dk, Dv) f32
 
@@ -96,7 +89,7 @@ function deltaNetBlock(
   enc: StepEncoder,
   plan: ForwardPlan,
   w: DeltaNetWeights,
-  s: LayerState,
+  s: GpuLayerState,
   T: number,
 ): void {
   if (s.kind !== "deltanet") throw new TypeError("Cannot run a DeltaNet block on attention state");
@@ -138,7 +131,7 @@ function attentionBlock(
   enc: StepEncoder,
   plan: ForwardPlan,
   w: AttentionWeights,
-  s: LayerState,
+  s: GpuLayerState,
   T: number,
   base: number,
 ): void {
@@ -268,7 +261,7 @@ function denseBlock(enc: StepEncoder, plan: ForwardPlan, w: DenseWeights, T: num
 export function encodeLayers(
   enc: StepEncoder,
   plan: ForwardPlan,
-  states: readonly LayerState[],
+  states: readonly GpuLayerState[],
   T: number,
   base: number,
   idsOffset = 0,
@@ -328,52 +321,4 @@ export function encodeHead(
       });
     }
   }
-}
-
-/** Compiles every kernel variant the stage's steps use (encoding itself cannot wait). */
-export async function prepareForward(
-  ctx: GpuContext,
-  hp: HParams,
-  weights: StageWeights,
-  maxBatch: number,
-): Promise<void> {
-  const variants = new Map<string, MulMatVariant>();
-  const use = (v: Omit<MulMatVariant, "batched">) => {
-    for (const batched of maxBatch > 1 ? [false, true] : [false]) {
-      variants.set(JSON.stringify({ ...v, batched }), { ...v, batched });
-    }
-  };
-  const all = (ps: readonly Projection[]) => ps.forEach((p) => use({ type: p.w.type }));
-  for (const lw of weights.layers) {
-    if (lw.mixer.kind === "deltanet") {
-      all(lw.mixer.qkvz);
-      all(lw.mixer.ba);
-    } else all(lw.mixer.qkv);
-    use({ type: lw.mixer.out.type, add: true });
-    if (lw.ffn.kind === "moe") {
-      all(lw.ffn.router);
-      all(lw.ffn.sharedGateUp);
-      lw.ffn.gateUp.forEach((p) => use({ type: p.w.type, id: true }));
-      use({ type: lw.ffn.down.type, id: true, swiglu: true });
-      use({ type: lw.ffn.sharedDown.type, swiglu: true });
-    } else {
-      all(lw.ffn.gateUp);
-      use({ type: lw.ffn.down.type, swiglu: true, add: true });
-    }
-  }
-  if (weights.output) use({ type: weights.output.type });
-  const jobs: Promise<void>[] = [...variants.values()].map((v) => prepareMulMat(ctx, v));
-  jobs.push(prepareRmsNorm(ctx));
-  if (weights.embedding) jobs.push(prepareGetRows(ctx, weights.embedding.type));
-  if (weights.layers.some((l) => l.mixer.kind === "attention")) {
-    jobs.push(prepareQkNormRope(ctx), prepareAttention(ctx, hp.Dh));
-  }
-  if (weights.layers.some((l) => l.mixer.kind === "deltanet")) {
-    jobs.push(prepareSsmConv(ctx), prepareGatedDeltaNet(ctx, hp.Dk, hp.Dv));
-  }
-  if (weights.layers.some((l) => l.ffn.kind === "moe")) {
-    jobs.push(prepareMoeRoute(ctx), prepareMoeSum(ctx), prepareMoeGather(ctx));
-  }
-  if (weights.output) jobs.push(prepareArgmax(ctx), prepareTopK(ctx));
-  await Promise.all(jobs);
 }

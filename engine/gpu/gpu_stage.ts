@@ -1,12 +1,13 @@
 // The WebGPU Stage: layers [first, end) of one model on one device, with per-slot KV caches and
 // DeltaNet states allocated once for the whole context, and numbered snapshots of them.
-// Implements engine/stage.ts like engine/reference/reference_stage.ts; forward.ts records each step.
+// Implements engine/stage.ts like engine/reference/reference_stage.ts; gpu_forward.ts records
+// each step. One GpuMemory owns everything the stage allocates; close() frees it in one place.
 
-import { createReadback, createStorage, mapRead, writeBytes } from "./buffers.ts";
+import { GpuMemory, mapRead, writeBytes } from "./buffers.ts";
 import type { GpuContext } from "./device.ts";
 import { createStepTimer, ParamArena, StepEncoder, type StepTimer } from "./encoder.ts";
+import { settleKernels } from "./kernel.ts";
 import type { DispatchProfiler } from "./profiler.ts";
-import { destroyTensor } from "./tensor.ts";
 import type { GgufModel } from "../gguf/gguf_model.ts";
 import { attentionPartialFloats } from "./kernels/attention.ts";
 import { gatherWords } from "./kernels/moe_gather.ts";
@@ -15,14 +16,13 @@ import { MAX_TOPK, topKScratchWords } from "./kernels/topk.ts";
 import { type HParams, readHParams } from "../hparams.ts";
 import type { Stage, StageInput, StageOutput, StageRunOptions, TopEntry } from "../stage.ts";
 import { checkOpen, checkRun, checkSlot, checkSnapshot } from "../stage_checks.ts";
-import { loadStageWeights, type StageWeights } from "./gpu_weights.ts";
+import { loadStageWeights } from "./gpu_weights.ts";
 import {
   type Activations,
   encodeHead,
   encodeLayers,
   type ForwardPlan,
-  type LayerState,
-  prepareForward,
+  type GpuLayerState,
 } from "./gpu_forward.ts";
 
 export interface GpuStageOptions {
@@ -60,14 +60,14 @@ export interface StepProfile {
 const LOGITS_BYTES = 64 * 1024 * 1024;
 
 function allocActivations(
-  ctx: GpuContext,
+  mem: GpuMemory,
   hp: HParams,
   T: number,
   lmChunk: number,
   attnPartFloats: number,
 ): Activations {
   const { D, Hq, Hkv, Dh, C, Nv, Dv, E, Ku, Fe, Fs, F, V } = hp;
-  const f32 = (label: string, n: number) => createStorage(ctx, label, 4 * n);
+  const f32 = (label: string, n: number) => mem.storage(label, 4 * n);
   return {
     ids: f32("ids", T + 1),
     x: f32("x", T * D),
@@ -95,20 +95,21 @@ function allocActivations(
 
 /** One slot's (or snapshot's) state buffers for the owned layers. */
 function allocState(
-  ctx: GpuContext,
+  mem: GpuMemory,
   hp: HParams,
   first: number,
   end: number,
   positions: number,
   label: string,
-): LayerState[] {
-  const states: LayerState[] = [];
+): GpuLayerState[] {
+  const states: GpuLayerState[] = [];
+  const { ctx } = mem;
   for (let il = first; il < end; il++) {
     if (hp.isDeltaNet[il]) {
       states.push({
         kind: "deltanet",
-        conv: createStorage(ctx, `${label} conv ${il}`, 4 * (hp.Kc - 1) * hp.C),
-        ssm: createStorage(ctx, `${label} ssm ${il}`, 4 * hp.Nv * hp.Dk * hp.Dv),
+        conv: mem.storage(`${label} conv ${il}`, 4 * (hp.Kc - 1) * hp.C),
+        ssm: mem.storage(`${label} ssm ${il}`, 4 * hp.Nv * hp.Dk * hp.Dv),
       });
       continue;
     }
@@ -120,14 +121,14 @@ function allocState(
     }
     states.push({
       kind: "attention",
-      kc: createStorage(ctx, `${label} k ${il}`, bytes),
-      vc: createStorage(ctx, `${label} v ${il}`, bytes),
+      kc: mem.storage(`${label} k ${il}`, bytes),
+      vc: mem.storage(`${label} v ${il}`, bytes),
     });
   }
   return states;
 }
 
-function stateBuffers(s: LayerState): GPUBuffer[] {
+function stateBuffers(s: GpuLayerState): GPUBuffer[] {
   return s.kind === "attention" ? [s.kc, s.vc] : [s.conv, s.ssm];
 }
 
@@ -140,11 +141,12 @@ export class GpuStage implements Stage {
   readonly nLayer: number;
   readonly nEmbd: number;
   readonly #gpu: GpuContext;
+  readonly #memory: GpuMemory;
   readonly #hp: HParams;
   readonly #plan: ForwardPlan;
   readonly #arena: ParamArena;
   /** Slots 0..slots−1, then snapshot places. */
-  readonly #sets: readonly LayerState[][];
+  readonly #sets: readonly GpuLayerState[][];
   /** Positions seen per slot; per snapshot the saved position, or −1 when empty. */
   readonly #pos: number[];
   readonly #readbacks: GPUBuffer[] = [];
@@ -154,10 +156,11 @@ export class GpuStage implements Stage {
   #closed = false;
 
   constructor(
-    gpu: GpuContext,
+    memory: GpuMemory,
+    arena: ParamArena,
     hp: HParams,
     plan: ForwardPlan,
-    sets: LayerState[][],
+    sets: GpuLayerState[][],
     readonly first: number,
     readonly end: number,
     readonly slots: number,
@@ -165,14 +168,15 @@ export class GpuStage implements Stage {
     readonly maxBatch: number,
     timing: Pick<GpuStageOptions, "profile" | "dispatchProfiler">,
   ) {
-    this.#gpu = gpu;
+    this.#gpu = memory.ctx;
+    this.#memory = memory;
     this.#profile = timing.profile;
     this.#dispatchProfiler = timing.dispatchProfiler;
-    this.#timer = timing.profile ? createStepTimer(gpu) : undefined;
+    this.#timer = timing.profile ? createStepTimer(memory) : undefined;
     this.#hp = hp;
     this.#plan = plan;
     this.#sets = sets;
-    this.#arena = new ParamArena(gpu);
+    this.#arena = arena;
     this.#pos = sets.map((_, i) => (i < slots ? 0 : -1));
     this.nLayer = hp.nLayer;
     this.nEmbd = hp.D;
@@ -208,7 +212,7 @@ export class GpuStage implements Stage {
   #takeReadback(bytes: number): GPUBuffer {
     const i = this.#readbacks.findIndex((b) => b.size >= bytes);
     if (i >= 0) return this.#readbacks.splice(i, 1)[0];
-    return createReadback(this.#gpu, "stage output", Math.max(bytes, 256));
+    return this.#memory.readback("stage output", Math.max(bytes, 256));
   }
 
   async run(
@@ -412,30 +416,7 @@ export class GpuStage implements Stage {
   close(): void {
     if (this.#closed) return;
     this.#closed = true;
-    const w: StageWeights = this.#plan.weights;
-    const tensors = new Set([w.embedding, w.output]);
-    for (const l of w.layers) {
-      const m = l.mixer;
-      const f = l.ffn;
-      const ps = m.kind === "attention" ? m.qkv : [...m.qkvz, ...m.ba];
-      ps.forEach((p) => tensors.add(p.w));
-      tensors.add(m.out);
-      const fs = f.kind === "moe" ? [...f.router, ...f.gateUp, ...f.sharedGateUp] : f.gateUp;
-      fs.forEach((p) => tensors.add(p.w));
-      tensors.add(f.down);
-      if (f.kind === "moe") tensors.add(f.sharedDown);
-      for (const b of [l.attnNorm, l.postNorm]) b.destroy();
-      if (m.kind === "attention") [m.qNorm, m.kNorm].forEach((b) => b.destroy());
-      else [m.conv, m.params].forEach((b) => b.destroy());
-    }
-    for (const t of tensors) if (t) destroyTensor(t);
-    w.outputNorm?.destroy();
-    for (const set of this.#sets) for (const s of set) stateBuffers(s).forEach((b) => b.destroy());
-    for (const b of Object.values(this.#plan.act)) b.destroy();
-    for (const b of this.#readbacks) b.destroy();
-    this.#timer?.querySet.destroy();
-    this.#timer?.resolve.destroy();
-    this.#arena.destroy();
+    this.#memory.destroy();
   }
 }
 
@@ -473,30 +454,55 @@ export async function openGpuStage(
     );
   }
   const log = options.log ?? ((line: string) => console.error(line));
-  const weights = await loadStageWeights(gpu, model, hp, {
-    first,
-    end,
-    maxPartBytes: options.maxPartBytes,
-    log,
-  });
-  await prepareForward(gpu, hp, weights, maxBatch);
-  const lmChunk = Math.max(1, Math.min(maxBatch, Math.floor(LOGITS_BYTES / (4 * hp.V))));
-  const attnPartFloats = weights.layers.some((l) => l.mixer.kind === "attention")
-    ? attentionPartialFloats({ hq: hp.Hq, dh: hp.Dh, ctx, maxBatch })
-    : 0;
-  const act = allocActivations(gpu, hp, maxBatch, lmChunk, attnPartFloats);
-  const sets = Array.from(
-    { length: slots + snapshots },
-    (_, i) =>
-      allocState(gpu, hp, first, end, ctx, i < slots ? `slot ${i}` : `snapshot ${i - slots}`),
-  );
-  const stateBytes = sets.flat().flatMap(stateBuffers).reduce((s, b) => s + b.size, 0);
-  const actBytes = Object.values(act).reduce((s, b) => s + b.size, 0);
-  log(
-    `GPU state for ${slots} slots + ${snapshots} snapshots of ${ctx} positions: ${
-      formatBytes(stateBytes)
-    }; activations for ${maxBatch} tokens: ${formatBytes(actBytes)}`,
-  );
-  const plan: ForwardPlan = { hp, first, weights, act, lmChunk };
-  return new GpuStage(gpu, hp, plan, sets, first, end, slots, ctx, maxBatch, options);
+  const mem = new GpuMemory(gpu);
+  try {
+    const weights = await loadStageWeights(mem, model, hp, {
+      first,
+      end,
+      maxPartBytes: options.maxPartBytes,
+      log,
+    });
+    const lmChunk = Math.max(1, Math.min(maxBatch, Math.floor(LOGITS_BYTES / (4 * hp.V))));
+    const attnPartFloats = weights.layers.some((l) => l.mixer.kind === "attention")
+      ? attentionPartialFloats({ hq: hp.Hq, dh: hp.Dh, ctx, maxBatch })
+      : 0;
+    const act = allocActivations(mem, hp, maxBatch, lmChunk, attnPartFloats);
+    const sets = Array.from(
+      { length: slots + snapshots },
+      (_, i) =>
+        allocState(mem, hp, first, end, ctx, i < slots ? `slot ${i}` : `snapshot ${i - slots}`),
+    );
+    const stateBytes = sets.flat().flatMap(stateBuffers).reduce((s, b) => s + b.size, 0);
+    const actBytes = Object.values(act).reduce((s, b) => s + b.size, 0);
+    log(
+      `GPU state for ${slots} slots + ${snapshots} snapshots of ${ctx} positions: ${
+        formatBytes(stateBytes)
+      }; activations for ${maxBatch} tokens: ${formatBytes(actBytes)}`,
+    );
+    const plan: ForwardPlan = { hp, first, weights, act, lmChunk };
+    const arena = new ParamArena(mem);
+    await buildKernels(new StepEncoder(gpu, arena), plan, sets[0], maxBatch);
+    return new GpuStage(mem, arena, hp, plan, sets, first, end, slots, ctx, maxBatch, options);
+  } catch (e) {
+    mem.destroy();
+    throw e;
+  }
+}
+
+/**
+ * Builds every kernel variant the stage's steps use, by recording (never submitting) steps of
+ * 1, 2 and maxBatch tokens, the shapes between which variants change, then waits for their
+ * compilation: encoding is synchronous, so no step should have to build a pipeline.
+ */
+async function buildKernels(
+  enc: StepEncoder,
+  plan: ForwardPlan,
+  states: readonly GpuLayerState[],
+  maxBatch: number,
+): Promise<void> {
+  for (const T of new Set([1, Math.min(2, maxBatch), maxBatch])) {
+    encodeLayers(enc, plan, states, T, 0);
+    if (plan.weights.output) encodeHead(enc, plan, T, 1, { buffer: plan.act.greedy, offset: 0 });
+  }
+  await settleKernels(enc.ctx);
 }

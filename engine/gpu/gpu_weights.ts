@@ -12,8 +12,7 @@
 import type { GgufModel, GgufTensorInfo } from "../gguf/gguf_model.ts";
 import type { HParams } from "../hparams.ts";
 import { dequantize } from "../quant/dequant.ts";
-import { uploadStorage } from "./buffers.ts";
-import type { GpuContext } from "./device.ts";
+import type { GpuMemory } from "./buffers.ts";
 import { type GpuTensor, uploadConcat, type UploadOptions, uploadTensor } from "./tensor.ts";
 
 /** A matrix whose output rows land at `offset` of a wider activation row. */
@@ -95,7 +94,7 @@ class Loader {
   #shown = -1;
 
   constructor(
-    readonly ctx: GpuContext,
+    readonly mem: GpuMemory,
     readonly model: GgufModel,
     readonly hp: HParams,
     readonly options: LoadStageOptions,
@@ -152,7 +151,7 @@ class Loader {
       rowOrder,
       onBytes: (n) => this.#progress(n),
     };
-    const t = await uploadTensor(this.ctx, this.model, name, opts);
+    const t = await uploadTensor(this.mem, this.model, name, opts);
     this.#count(cls, t.bytes);
     return t;
   }
@@ -170,7 +169,7 @@ class Loader {
   ): Promise<Projection[]> {
     const infos = parts.map((p) => this.info(p.name, p.shape));
     if (parts.length > 1 && infos.every((t) => t.type === infos[0].type)) {
-      const w = await uploadConcat(this.ctx, this.model, label, parts.map((p) => p.name), {
+      const w = await uploadConcat(this.mem, this.model, label, parts.map((p) => p.name), {
         maxPartBytes: this.options.maxPartBytes,
         onBytes: (n) => this.#progress(n),
       });
@@ -205,7 +204,7 @@ class Loader {
       all.set(v, at);
       at += v.length;
     }
-    const buffer = uploadStorage(this.ctx, label, all);
+    const buffer = this.mem.upload(label, all);
     this.#count(cls, buffer.size);
     return buffer;
   }
@@ -355,7 +354,7 @@ function formatBytes(n: number): string {
  * tensor class.
  */
 export async function loadStageWeights(
-  ctx: GpuContext,
+  mem: GpuMemory,
   model: GgufModel,
   hp: HParams,
   options: LoadStageOptions,
@@ -363,7 +362,7 @@ export async function loadStageWeights(
   const { first, end } = options;
   const total = stageTensorNames(model, hp, first, end)
     .reduce((s, n) => s + (model.tensors.get(n)?.nbytes ?? 0), 0);
-  const l = new Loader(ctx, model, hp, options, total);
+  const l = new Loader(mem, model, hp, options, total);
   const layers: LayerWeights[] = [];
   for (let il = first; il < end; il++) {
     const p = `blk.${il}`;

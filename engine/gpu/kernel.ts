@@ -1,25 +1,43 @@
-// Kernel families as the host sees them: bindings, the Params layout, and cached pipelines.
-// Each engine/gpu/kernels/<family>.ts declares one KernelLayout; engine/gpu/encoder.ts dispatches it.
+// Kernel families as the host sees them: a variant key → defines → pipeline, with the binding
+// layout and Params struct parsed from the variant's WGSL. engine/gpu/kernels/<op>.ts each
+// declare one KernelFamily; engine/gpu/encoder.ts dispatches a (family, key) by binding names.
+//
+// The WGSL is the one source of a kernel's interface: nothing in TS restates its bindings or
+// Params. A dispatch names its buffers and params; the encoder orders them as the WGSL declares
+// and refuses a name the WGSL lacks or a name it misses.
 
 import type { GpuContext } from "./device.ts";
 import { type Defines, expandWgsl } from "./wgsl.ts";
 
-/** A storage binding: its WGSL `var` name and access mode. `params` (uniform) always comes last. */
-export type StorageBinding = readonly [name: string, access: "read" | "read_write"];
+export type StorageAccess = "read" | "read_write";
 export type ParamType = "u32" | "i32" | "f32";
-export type ParamField = readonly [name: string, type: ParamType];
 
-/** The host side of one wgsl/<file>: same names, order and types as the WGSL declares. */
-export interface KernelLayout {
-  readonly file: string;
-  readonly bindings: readonly StorageBinding[];
-  readonly params: readonly ParamField[];
+/** What a kernel variant declares: storage bindings in binding order, then Params' fields. */
+export interface KernelInterface {
+  readonly bindings: readonly { readonly name: string; readonly access: StorageAccess }[];
+  readonly params: readonly { readonly name: string; readonly type: ParamType }[];
 }
 
-/** One compiled variant of a family. */
+/** What a variant may depend on besides its key: the device's features and limits. */
+export type KernelTarget = Pick<GpuContext, "features" | "limits">;
+
+/** A kernel's variant: its pipeline name (which must identify the defines) and its defines. */
+export interface Variant {
+  readonly name: string;
+  readonly defines: Defines;
+}
+
+/** One wgsl/<op>.wgsl and the one function mapping a typed key to a variant of it. */
+export interface KernelFamily<K> {
+  readonly file: string;
+  variant(target: KernelTarget, key: K): Variant;
+}
+
+/** One compiled variant. */
 export interface Kernel {
   readonly name: string;
-  readonly layout: KernelLayout;
+  readonly file: string;
+  readonly iface: KernelInterface;
   readonly pipeline: GPUComputePipeline;
   readonly bindGroupLayout: GPUBindGroupLayout;
 }
@@ -27,124 +45,225 @@ export interface Kernel {
 /** Bytes one dispatch's Params occupy in the uniform arena (64 fields at most). */
 export const PARAMS_SLOT_BYTES = 256;
 
+const BINDING =
+  /@group\((\d+)\)\s*@binding\((\d+)\)\s*var<(\w+)(?:\s*,\s*(\w+))?>\s*(\w+)\s*:\s*([^;]+);/g;
+const PARAM_TYPES: readonly string[] = ["u32", "i32", "f32"];
+
+/**
+ * The interface of one expanded variant. The layout rules are checked here, so a kernel that
+ * breaks them cannot be built: group 0, bindings numbered 0.. in order, storage buffers first,
+ * then `params: Params` as the last binding (uniform), Params fields of u32, i32 or f32.
+ */
+export function parseInterface(code: string, where: string): KernelInterface {
+  const fail = (why: string) => {
+    throw new SyntaxError(`Cannot read the interface of ${where}: ${why}`);
+  };
+  const found = [...code.matchAll(BINDING)];
+  const bindings: { name: string; access: StorageAccess }[] = [];
+  found.forEach((m, i) => {
+    const [, group, index, space, access = "read", name, type] = m;
+    if (group !== "0" || Number(index) !== i) {
+      fail(`"${name}" is @group(${group}) @binding(${index}), expected @group(0) @binding(${i})`);
+    }
+    if (i === found.length - 1) {
+      if (space !== "uniform" || name !== "params" || type.trim() !== "Params") {
+        fail(`the last binding is "${name}", expected "params: Params" (uniform)`);
+      }
+      return;
+    }
+    if (space !== "storage" || (access !== "read" && access !== "read_write")) {
+      fail(`binding "${name}" is var<${m[3]}${m[4] ? `, ${m[4]}` : ""}>, expected storage`);
+    }
+    bindings.push({ name, access: access as StorageAccess });
+  });
+  if (!found.length) fail("it declares no bindings; expected storage buffers, then params");
+  const struct = /struct Params\s*\{([^}]*)\}/.exec(code);
+  if (!struct) fail("it has no `struct Params`");
+  const params = [...struct![1].matchAll(/(\w+)\s*:\s*(\w+)/g)].map(([, name, type]) => {
+    if (!PARAM_TYPES.includes(type)) fail(`Params.${name} is ${type}, expected u32, i32 or f32`);
+    return { name, type: type as ParamType };
+  });
+  if (params.length * 4 > PARAMS_SLOT_BYTES) {
+    fail(`${params.length} Params fields exceed the ${PARAMS_SLOT_BYTES / 4} of an arena slot`);
+  }
+  return { bindings, params };
+}
+
+/** The expanded WGSL of a variant and its interface; pure, for the contract test too. */
+export function variantSource(
+  family: KernelFamily<unknown>,
+  v: Variant,
+): { code: string; iface: KernelInterface } {
+  const code = expandWgsl(family.file, v.defines);
+  return { code, iface: parseInterface(code, `kernel ${v.name} (${family.file})`) };
+}
+
 interface DeviceCache {
-  readonly layouts: Map<KernelLayout, GPUBindGroupLayout>;
-  readonly kernels: Map<string, Promise<Kernel>>;
-  /** Compiled kernels, for the synchronous lookups made while encoding a step. */
-  readonly ready: Map<string, Kernel>;
+  /** Bind group layouts by access pattern: variants with the same layout share one. */
+  readonly layouts: Map<string, GPUBindGroupLayout>;
+  readonly kernels: Map<string, { kernel: Kernel; defines: string }>;
+  /** Compile errors not yet awaited (settleKernels). */
+  pending: Promise<void>[];
 }
 const caches = new WeakMap<GPUDevice, DeviceCache>();
 
 function cacheOf(device: GPUDevice): DeviceCache {
   let c = caches.get(device);
   if (!c) {
-    c = { layouts: new Map(), kernels: new Map(), ready: new Map() };
+    c = { layouts: new Map(), kernels: new Map(), pending: [] };
     caches.set(device, c);
   }
   return c;
 }
 
-function bindGroupLayoutOf(ctx: GpuContext, layout: KernelLayout): GPUBindGroupLayout {
+function bindGroupLayoutOf(ctx: GpuContext, iface: KernelInterface): GPUBindGroupLayout {
   const cache = cacheOf(ctx.device);
-  let bgl = cache.layouts.get(layout);
+  const key = iface.bindings.map((b) => b.access).join(",");
+  let bgl = cache.layouts.get(key);
   if (!bgl) {
-    if (layout.params.length * 4 > PARAMS_SLOT_BYTES) {
-      throw new RangeError(
-        `Cannot lay out kernel ${layout.file}: ${layout.params.length} params exceed ${
-          PARAMS_SLOT_BYTES / 4
-        }`,
-      );
-    }
-    const entries: GPUBindGroupLayoutEntry[] = layout.bindings.map(([, access], i) => ({
+    const entries: GPUBindGroupLayoutEntry[] = iface.bindings.map(({ access }, i) => ({
       binding: i,
       visibility: GPUShaderStage.COMPUTE,
       buffer: { type: access === "read" ? "read-only-storage" : "storage" },
     }));
     entries.push({
-      binding: layout.bindings.length,
+      binding: iface.bindings.length,
       visibility: GPUShaderStage.COMPUTE,
       buffer: { type: "uniform" },
     });
-    bgl = ctx.device.createBindGroupLayout({ label: layout.file, entries });
-    cache.layouts.set(layout, bgl);
+    bgl = ctx.device.createBindGroupLayout({ label: key, entries });
+    cache.layouts.set(key, bgl);
   }
   return bgl;
 }
 
 /**
- * Compiles one variant. Pipelines are created synchronously inside an error scope: stages compile
- * at open time, where blocking is fine, and Dawn under Deno was seen to leave
- * createComputePipelineAsync unresolved now and then.
+ * Builds a variant's pipeline synchronously inside an error scope, whose outcome joins the
+ * device's pending list: stages compile while they open, where blocking is fine, and Dawn under
+ * Deno was seen to leave createComputePipelineAsync unresolved now and then.
  */
-async function build(
-  ctx: GpuContext,
-  layout: KernelLayout,
-  name: string,
-  defines: Defines,
-): Promise<Kernel> {
-  const code = expandWgsl(layout.file, defines);
+function build(ctx: GpuContext, family: KernelFamily<unknown>, v: Variant): Kernel {
+  const { code, iface } = variantSource(family, v);
   const { device } = ctx;
-  const bindGroupLayout = bindGroupLayoutOf(ctx, layout);
+  const bindGroupLayout = bindGroupLayoutOf(ctx, iface);
   device.pushErrorScope("validation");
   const pipeline = device.createComputePipeline({
-    label: name,
-    layout: device.createPipelineLayout({ label: name, bindGroupLayouts: [bindGroupLayout] }),
-    compute: { module: device.createShaderModule({ label: name, code }), entryPoint: "main" },
+    label: v.name,
+    layout: device.createPipelineLayout({ label: v.name, bindGroupLayouts: [bindGroupLayout] }),
+    compute: { module: device.createShaderModule({ label: v.name, code }), entryPoint: "main" },
   });
-  const error = await device.popErrorScope();
-  if (error) throw new Error(`Cannot compile kernel ${name} (${layout.file}): ${error.message}`);
-  return { name, layout, pipeline, bindGroupLayout };
+  const cache = cacheOf(device);
+  cache.pending.push(
+    device.popErrorScope().then((error) => {
+      if (!error) return;
+      cache.kernels.delete(v.name);
+      throw new Error(`Cannot compile kernel ${v.name} (${family.file}): ${error.message}`);
+    }),
+  );
+  return { name: v.name, file: family.file, iface, pipeline, bindGroupLayout };
 }
 
 /**
- * The pipeline of variant `name` of a family (compiled once per device). `name` must identify
- * the defines, e.g. "mul_mat_Q4_K_t8_add"; it labels the pipeline in errors and profiles.
+ * The pipeline of a family's variant for `key`, built on first use (once per device). Encoding
+ * is synchronous, so a stage records one step of each shape when it opens to build them all,
+ * then awaits settleKernels.
  */
-export function getKernel(
-  ctx: GpuContext,
-  layout: KernelLayout,
-  name: string,
-  defines: Defines,
-): Promise<Kernel> {
+export function kernelFor<K>(ctx: GpuContext, family: KernelFamily<K>, key: K): Kernel {
+  const v = family.variant(ctx, key);
   const cache = cacheOf(ctx.device);
-  let k = cache.kernels.get(name);
-  if (!k) {
-    k = build(ctx, layout, name, defines);
-    cache.kernels.set(name, k);
-    k.then((kernel) => cache.ready.set(name, kernel), () => cache.kernels.delete(name));
+  const hit = cache.kernels.get(v.name);
+  const defines = JSON.stringify(v.defines);
+  if (hit) {
+    if (hit.defines !== defines) {
+      throw new Error(
+        `Cannot build kernel ${v.name}: the name already stands for defines ${hit.defines}, not ${defines}; name variants after all their defines`,
+      );
+    }
+    return hit.kernel;
   }
-  return k;
+  const kernel = build(ctx, family as KernelFamily<unknown>, v);
+  cache.kernels.set(v.name, { kernel, defines });
+  return kernel;
 }
 
-/**
- * A kernel compiled earlier by getKernel, looked up without waiting. Encoding is synchronous,
- * so stages compile every variant they use when they open.
- */
-export function readyKernel(ctx: GpuContext, name: string): Kernel {
-  const k = cacheOf(ctx.device).ready.get(name);
-  if (!k) {
-    throw new Error(
-      `Cannot dispatch kernel ${name}: it was not compiled; prepare it (getKernel) before encoding`,
+/** Waits for every pipeline built so far; throws the first that failed to compile. */
+export async function settleKernels(ctx: GpuContext): Promise<void> {
+  const cache = cacheOf(ctx.device);
+  const pending = cache.pending;
+  cache.pending = [];
+  await Promise.all(pending);
+}
+
+/** Builds one variant and waits for its compilation (tools that time or check one kernel). */
+export async function compileKernel<K>(
+  ctx: GpuContext,
+  family: KernelFamily<K>,
+  key: K,
+): Promise<Kernel> {
+  const kernel = kernelFor(ctx, family, key);
+  await settleKernels(ctx);
+  return kernel;
+}
+
+/** A variant built earlier, by pipeline name (profiles report kernels by name). */
+export function builtKernel(ctx: GpuContext, name: string): Kernel {
+  const hit = cacheOf(ctx.device).kernels.get(name);
+  if (!hit) throw new Error(`Cannot find kernel ${name}: no variant of that name was built`);
+  return hit.kernel;
+}
+
+/** What the name checks need of a kernel. */
+type Named = Pick<Kernel, "name" | "file" | "iface">;
+
+/** `named` in the kernel's binding order; every binding given, no other name. */
+export function orderBindings<T>(kernel: Named, named: Readonly<Record<string, T>>): T[] {
+  const { bindings } = kernel.iface;
+  const out = bindings.map(({ name }) => {
+    const b = named[name];
+    if (b === undefined) {
+      throw new TypeError(
+        `Cannot dispatch ${kernel.name}: buffer "${name}" is missing; ${kernel.file} binds ${
+          bindings.map((x) => x.name).join(", ")
+        }`,
+      );
+    }
+    return b;
+  });
+  if (Object.keys(named).length !== bindings.length) {
+    const extra = Object.keys(named).filter((n) => !bindings.some((b) => b.name === n));
+    throw new TypeError(
+      `Cannot dispatch ${kernel.name}: ${kernel.file} has no binding ${extra.join(", ")}`,
     );
   }
-  return k;
+  return out;
 }
 
-/** Writes `values` into `view` at `offset` in the order and types of `fields`. */
+/** Writes `values` into `view` at `offset` in the order and types of the kernel's Params. */
 export function packParams(
-  fields: readonly ParamField[],
+  kernel: Named,
   values: Readonly<Record<string, number>>,
   view: DataView,
   offset: number,
 ): void {
+  const fields = kernel.iface.params;
   for (let i = 0; i < fields.length; i++) {
-    const [name, type] = fields[i];
+    const { name, type } = fields[i];
     const v = values[name];
     if (v === undefined || Number.isNaN(v)) {
-      throw new TypeError(`Cannot pack kernel params: "${name}" is ${v}, expected a ${type}`);
+      throw new TypeError(
+        `Cannot pack the params of ${kernel.name}: "${name}" is ${v}, expected a ${type}`,
+      );
     }
     if (type === "f32") view.setFloat32(offset + 4 * i, v, true);
     else if (type === "i32") view.setInt32(offset + 4 * i, v, true);
     else view.setUint32(offset + 4 * i, v, true);
+  }
+  if (Object.keys(values).length !== fields.length) {
+    const extra = Object.keys(values).filter((n) => !fields.some((f) => f.name === n));
+    throw new TypeError(
+      `Cannot pack the params of ${kernel.name}: ${kernel.file}'s Params has no ${
+        extra.join(", ")
+      }`,
+    );
   }
 }

@@ -1,13 +1,13 @@
 // Weight tensors in GPU memory, still quantized, split into parts that each fit one binding.
-// Filled by engine/gpu/gpu_weights.ts; read by the kernels (engine/gpu/kernels/*) part by part.
+// Filled by engine/gpu/gpu_weights.ts into the stage's GpuMemory; read by the kernels
+// (engine/gpu/kernels/*) part by part.
 //
 // A tensor of GGUF shape {cols, rows[, E]} is rows·E rows of `cols` values; a part holds whole
 // rows (whole experts for a 3-D stack) so a kernel can work on each part with its own binding.
 
 import type { GgufModel } from "../gguf/gguf_model.ts";
 import { GgmlType, rowBytes, typeName } from "../quant/ggml_types.ts";
-import { createStorage, writeBytes } from "./buffers.ts";
-import type { GpuContext } from "./device.ts";
+import { type GpuMemory, writeBytes } from "./buffers.ts";
 
 export interface TensorPart {
   readonly buffer: GPUBuffer;
@@ -66,7 +66,7 @@ export function planParts(
 
 /** Uploads tensor `name` of `model` as it is stored (quantized), split into parts. */
 export function uploadTensor(
-  ctx: GpuContext,
+  mem: GpuMemory,
   model: GgufModel,
   name: string,
   options: UploadOptions = {},
@@ -76,7 +76,7 @@ export function uploadTensor(
     throw new RangeError(`Cannot upload tensor "${name}": "${model.path}" has no such tensor`);
   }
   return uploadRows(
-    ctx,
+    mem,
     { name, type: info.type, shape: info.shape },
     (start, len) => model.readTensorBytes(name, start, len),
     options,
@@ -89,7 +89,7 @@ export function uploadTensor(
  * input become one matrix product, with results bit-identical to separate ones.
  */
 export function uploadConcat(
-  ctx: GpuContext,
+  mem: GpuMemory,
   model: GgufModel,
   label: string,
   names: readonly string[],
@@ -137,18 +137,18 @@ export function uploadConcat(
     return out;
   };
   const shape = experts > 1 ? [cols, rows, experts] : [cols, rows];
-  return uploadRows(ctx, { name: label, type, shape }, read, options);
+  return uploadRows(mem, { name: label, type, shape }, read, options);
 }
 
 /** Uploads a tensor held in memory (`bytes` in GGUF layout); for tests and derived tensors. */
 export function uploadTensorBytes(
-  ctx: GpuContext,
+  mem: GpuMemory,
   desc: TensorDesc,
   bytes: Uint8Array,
   options: UploadOptions = {},
 ): Promise<GpuTensor> {
   return uploadRows(
-    ctx,
+    mem,
     desc,
     (start, len) => Promise.resolve(bytes.subarray(start, start + len)),
     options,
@@ -163,7 +163,7 @@ export interface TensorDesc {
 }
 
 async function uploadRows(
-  ctx: GpuContext,
+  mem: GpuMemory,
   desc: TensorDesc,
   read: (start: number, length: number) => Promise<Uint8Array>,
   options: UploadOptions,
@@ -178,6 +178,7 @@ async function uploadRows(
   const rb = rowBytes(type, cols);
   const rows = matrixRows * experts;
   // Binding sizes must be multiples of 4 and the dequantizer may read one word past a row.
+  const { ctx } = mem;
   const limit = Math.min(ctx.limits.maxStorageBufferBindingSize, ctx.limits.maxBufferSize) - 8;
   const maxBytes = Math.min(options.maxPartBytes ?? limit, limit);
   const plan = planParts(rows, experts > 1 ? matrixRows : 1, rb, maxBytes);
@@ -192,7 +193,7 @@ async function uploadRows(
   let bytes = 0;
   for (const p of plan) {
     const partBytes = p.rows * rb;
-    const buffer = createStorage(ctx, `${name}[${p.firstRow}+${p.rows}]`, partBytes + 4);
+    const buffer = mem.storage(`${name}[${p.firstRow}+${p.rows}]`, partBytes + 4);
     for (let at = 0; at < partBytes; at += PIECE_BYTES) {
       const len = Math.min(PIECE_BYTES, partBytes - at);
       const start = p.firstRow * rb + at;
@@ -212,11 +213,6 @@ function permuteRows(src: Uint8Array, order: Uint32Array, rb: number): Uint8Arra
     out.set(src.subarray(order[r] * rb, order[r] * rb + rb), r * rb);
   }
   return out;
-}
-
-/** Frees a tensor's GPU memory. */
-export function destroyTensor(t: GpuTensor): void {
-  for (const p of t.parts) p.buffer.destroy();
 }
 
 /** "Q4_K [2048 x 512 x 256]" for logs and errors. */

@@ -1,109 +1,137 @@
-// Checks each wgsl/*.wgsl against the TS kernel module that dispatches it: binding names, order
-// and access, `params` last, and the Params fields' names, order and types. Also that every
-// kernel file opens with its contract block. Catches host/shader drift without a GPU.
+// Checks the WGSL side of every kernel without a GPU: each wgsl/<op>.wgsl has one binder,
+// engine/gpu/kernels/<op>.ts, exporting its KernelFamily; every listed variant expands, its
+// interface parses (group 0, bindings in order, storage first, `params: Params` last), it has one
+// `@compute fn main`, keeps the bindings of the file's other variants and has a name of its own;
+// every file opens with its contract block. Dispatch names are checked against the parsed
+// interface by orderBindings/packParams (tested here), which every GPU test runs.
 
 import assert from "node:assert/strict";
-import type { KernelLayout } from "./kernel.ts";
-import { ARGMAX } from "./kernels/argmax.ts";
-import { ATTENTION, ATTENTION_COMBINE } from "./kernels/attention.ts";
+import {
+  type KernelFamily,
+  type KernelInterface,
+  type KernelTarget,
+  orderBindings,
+  packParams,
+  PARAMS_SLOT_BYTES,
+  variantSource,
+} from "./kernel.ts";
+import { ATTENTION } from "./kernels/attention.ts";
+import { ATTENTION_COMBINE } from "./kernels/attention_combine.ts";
 import { GATED_DELTA_NET } from "./kernels/gated_delta_net.ts";
 import { GET_ROWS } from "./kernels/get_rows.ts";
-import { MOE_GATHER } from "./kernels/moe_gather.ts";
-import { MOE_ROUTE } from "./kernels/moe_route.ts";
-import { MOE_SUM } from "./kernels/moe_sum.ts";
-import { MUL_MAT } from "./kernels/mul_mat.ts";
-import { QK_NORM_ROPE } from "./kernels/qk_norm_rope.ts";
+import { MUL_MAT, MUL_MAT_TYPES } from "./kernels/mul_mat.ts";
 import { RMS_NORM } from "./kernels/rms_norm.ts";
-import { SSM_CONV } from "./kernels/ssm_conv.ts";
-import { TOPK } from "./kernels/topk.ts";
-
-const LAYOUTS: readonly KernelLayout[] = [
-  ARGMAX,
-  ATTENTION,
-  ATTENTION_COMBINE,
-  GATED_DELTA_NET,
-  GET_ROWS,
-  MOE_GATHER,
-  MOE_ROUTE,
-  MOE_SUM,
-  MUL_MAT,
-  QK_NORM_ROPE,
-  RMS_NORM,
-  SSM_CONV,
-  TOPK,
-];
 
 const WGSL = new URL("../../wgsl/", import.meta.url);
+const KERNELS = new URL("./kernels/", import.meta.url);
 
-function source(file: string): string {
-  return Deno.readTextFileSync(new URL(file, WGSL));
-}
-
-interface Binding {
-  group: number;
-  index: number;
-  space: string;
-  access: string;
-  name: string;
-  type: string;
-}
-
-function bindings(text: string): Binding[] {
-  const re =
-    /@group\((\d+)\)\s*@binding\((\d+)\)\s*var<(\w+)(?:,\s*(\w+))?>\s*(\w+)\s*:\s*([^;]+);/g;
-  return [...text.matchAll(re)].map((m) => ({
-    group: Number(m[1]),
-    index: Number(m[2]),
-    space: m[3],
-    access: m[4] ?? "read",
-    name: m[5],
-    type: m[6].trim(),
-  }));
-}
-
-function paramsFields(text: string): [string, string][] {
-  const m = /struct Params\s*\{([^}]*)\}/.exec(text);
-  if (!m) return [];
-  return [...m[1].matchAll(/(\w+)\s*:\s*(\w+)/g)].map((f) => [f[1], f[2]]);
-}
-
-Deno.test("every kernel file in wgsl/ has a TS layout", () => {
-  const files = [...Deno.readDirSync(WGSL)]
-    .filter((e) => e.isFile && e.name.endsWith(".wgsl"))
-    .map((e) => e.name)
+function stems(dir: URL, ext: string): string[] {
+  return [...Deno.readDirSync(dir)]
+    .filter((e) => e.isFile && e.name.endsWith(ext) && !e.name.endsWith(`_test${ext}`))
+    .map((e) => e.name.slice(0, -ext.length))
     .sort();
-  assert.deepEqual(files, LAYOUTS.map((l) => l.file).sort());
+}
+
+function isFamily(v: unknown): v is KernelFamily<unknown> {
+  return typeof v === "object" && v !== null && "file" in v && "variant" in v;
+}
+
+/** Devices the variants are built for: with and without subgroups, small and large groups. */
+const TARGETS = [true, false].map((subgroups): KernelTarget => ({
+  features: { subgroups, f16: false, timestamps: false },
+  limits: {
+    maxBufferSize: 2 ** 30,
+    maxStorageBufferBindingSize: 2 ** 30,
+    maxComputeWorkgroupStorageSize: 16384,
+    maxComputeInvocationsPerWorkgroup: subgroups ? 1024 : 256,
+    maxComputeWorkgroupsPerDimension: 65535,
+    minUniformBufferOffsetAlignment: 256,
+    minStorageBufferOffsetAlignment: 256,
+    maxStorageBuffersPerShaderStage: 8,
+    subgroupMinSize: subgroups ? 32 : 0,
+  },
+}));
+
+/** Keys beyond the one key of single-variant families (key type `void`). */
+const KEYS = new Map<string, readonly unknown[]>([
+  [
+    MUL_MAT.file,
+    MUL_MAT_TYPES.flatMap((type) =>
+      [false, true].flatMap((batched) => [
+        { type, batched },
+        { type, batched, add: true },
+        { type, batched, swiglu: true, add: true },
+        { type, batched, id: true },
+        { type, batched, id: true, swiglu: true },
+      ])
+    ),
+  ],
+  [GET_ROWS.file, MUL_MAT_TYPES],
+  [ATTENTION.file, [64, 128, 256].map((dh) => ({ dh }))],
+  [ATTENTION_COMBINE.file, [64, 256].map((dh) => ({ dh, block: 64 }))],
+  [GATED_DELTA_NET.file, [{ dk: 64, dv: 64 }, { dk: 128, dv: 128 }]],
+]);
+
+const families = new Map<string, KernelFamily<unknown>>();
+for (const stem of stems(KERNELS, ".ts")) {
+  const module: Record<string, unknown> = await import(new URL(`${stem}.ts`, KERNELS).href);
+  const own = Object.values(module).filter(isFamily);
+  assert.equal(own.length, 1, `engine/gpu/kernels/${stem}.ts exports one KernelFamily`);
+  families.set(stem, own[0]);
+}
+
+Deno.test("every kernel in wgsl/ has one binder of the same name, and every binder a kernel", () => {
+  assert.deepEqual([...families.keys()], stems(WGSL, ".wgsl"));
+  for (const [stem, family] of families) assert.equal(family.file, `${stem}.wgsl`);
 });
 
-for (const layout of LAYOUTS) {
-  Deno.test(`${layout.file} matches its TS layout`, () => {
-    const text = source(layout.file);
-    const found = bindings(text);
-    const storage = found.filter((b) => b.space === "storage");
-    assert.deepEqual(
-      storage.map((b) => [b.name, b.access]),
-      layout.bindings.map(([name, access]) => [name, access]),
-      "storage bindings: names, order, access",
-    );
-    found.forEach((b, i) => {
-      assert.equal(b.group, 0, `${b.name} is in group 0`);
-      assert.equal(b.index, i, `${b.name} has binding ${i}`);
-    });
-    const last = found.at(-1);
-    assert.ok(
-      last && last.space === "uniform" && last.name === "params" && last.type === "Params",
-      "the last binding is `params: Params` (uniform)",
-    );
-    assert.equal(found.length, layout.bindings.length + 1, "no bindings besides these");
-    assert.deepEqual(paramsFields(text), layout.params.map(([n, t]) => [n, t]), "Params fields");
+for (const [stem, family] of families) {
+  Deno.test(`${family.file}: every variant parses, binds as the others and has its own name`, () => {
+    const keys = KEYS.get(family.file) ?? [undefined];
+    let first: KernelInterface["bindings"] | undefined;
+    const names = new Map<string, string>();
+    for (const target of TARGETS) {
+      for (const key of keys) {
+        const v = family.variant(target, key);
+        const { code, iface } = variantSource(family, v);
+        assert.equal(code.match(/@compute[^{]*\bfn main\(/g)?.length, 1, `${v.name}: one main`);
+        first ??= iface.bindings;
+        assert.deepEqual(iface.bindings, first, `${v.name}: bindings as the other variants`);
+        const defines = JSON.stringify(v.defines);
+        assert.ok(v.name.startsWith(stem), `${v.name} starts with ${stem}`);
+        assert.ok(
+          (names.get(v.name) ?? defines) === defines,
+          `${v.name} names two define sets`,
+        );
+        names.set(v.name, defines);
+      }
+    }
   });
 
-  Deno.test(`${layout.file} opens with its contract block`, () => {
-    const head = source(layout.file).split("\n").slice(0, 12).join("\n");
-    const stem = layout.file.replace(/\.wgsl$/, "");
+  Deno.test(`${family.file} opens with its contract block`, () => {
+    const head = Deno.readTextFileSync(new URL(family.file, WGSL)).split("\n").slice(0, 12)
+      .join("\n");
     assert.ok(head.startsWith(`// ${stem}: `), "first line names the kernel and its math");
     for (const word of ["Matches", "Bindings:", "Dispatch:", "Variants:"]) {
       assert.ok(head.includes(word), `the header states "${word}"`);
     }
   });
 }
+
+Deno.test("orderBindings() and packParams() take exactly the names the WGSL declares", () => {
+  const v = RMS_NORM.variant(TARGETS[0], undefined);
+  const kernel = { name: v.name, file: RMS_NORM.file, iface: variantSource(RMS_NORM, v).iface };
+  assert.deepEqual(orderBindings(kernel, { y: "Y", w: "W", x: "X" }), ["X", "W", "Y"]);
+  assert.throws(() => orderBindings(kernel, { x: "X", w: "W" }), /buffer "y" is missing/);
+  assert.throws(
+    () => orderBindings(kernel, { x: "X", w: "W", y: "Y", z: "Z" }),
+    /rms_norm.wgsl has no binding z/,
+  );
+  const view = new DataView(new ArrayBuffer(PARAMS_SLOT_BYTES));
+  const params = { eps: 0.5, n: 7, rows: 2, x_offset: 1, x_stride: 9, y_offset: 3, y_stride: 8 };
+  packParams(kernel, params, view, 0);
+  assert.deepEqual([...new Uint32Array(view.buffer, 0, 6)], [7, 2, 1, 9, 3, 8]);
+  assert.equal(view.getFloat32(24, true), 0.5);
+  assert.throws(() => packParams(kernel, { ...params, eps: NaN }, view, 0), /"eps" is NaN/);
+  assert.throws(() => packParams(kernel, { ...params, tokens: 1 }, view, 0), /has no tokens/);
+});

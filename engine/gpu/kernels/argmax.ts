@@ -2,22 +2,14 @@
 // Used by the last stage in engine/gpu/gpu_forward.ts.
 
 import type { BufferRef } from "../buffers.ts";
-import type { GpuContext } from "../device.ts";
 import type { StepEncoder } from "../encoder.ts";
-import { getKernel, type KernelLayout, readyKernel } from "../kernel.ts";
+import type { KernelFamily } from "../kernel.ts";
 
-export const ARGMAX: KernelLayout = {
+/** One variant. */
+export const ARGMAX: KernelFamily<void> = {
   file: "argmax.wgsl",
-  bindings: [["src", "read"], ["out", "read_write"]],
-  params: [["n", "u32"], ["rows", "u32"], ["stride", "u32"], ["offset", "u32"], [
-    "out_offset",
-    "u32",
-  ]],
+  variant: () => ({ name: "argmax", defines: {} }),
 };
-
-export async function prepareArgmax(ctx: GpuContext): Promise<void> {
-  await getKernel(ctx, ARGMAX, "argmax", {});
-}
 
 /** Records out[outOffset + r] = argmax of row r (n values; ties: lower id) for r < rows. */
 export function argmax(
@@ -31,7 +23,7 @@ export function argmax(
     readonly outOffset?: number;
   },
 ): void {
-  enc.dispatch(readyKernel(enc.ctx, "argmax"), b, {
+  enc.dispatch(ARGMAX, undefined, b, {
     n: o.n,
     rows: o.rows,
     stride: o.stride ?? o.n,

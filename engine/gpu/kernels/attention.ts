@@ -3,41 +3,14 @@
 // for the full-attention blocks of engine/gpu/gpu_forward.ts.
 
 import type { BufferRef } from "../buffers.ts";
-import type { GpuContext } from "../device.ts";
 import type { StepEncoder } from "../encoder.ts";
-import { getKernel, type KernelLayout, readyKernel } from "../kernel.ts";
+import type { KernelFamily } from "../kernel.ts";
+import { attentionCombine } from "./attention_combine.ts";
 
-export const ATTENTION: KernelLayout = {
+/** Pass 1, a variant per head dim. */
+export const ATTENTION: KernelFamily<{ readonly dh: number }> = {
   file: "attention.wgsl",
-  bindings: [["q", "read"], ["kc", "read"], ["vc", "read"], ["part", "read_write"]],
-  params: [
-    ["hq", "u32"],
-    ["hkv", "u32"],
-    ["tokens", "u32"],
-    ["t0", "u32"],
-    ["pos0", "u32"],
-    ["nbs", "u32"],
-    ["q_stride_t", "u32"],
-    ["q_stride_h", "u32"],
-    ["scale", "f32"],
-  ],
-};
-
-export const ATTENTION_COMBINE: KernelLayout = {
-  file: "attention_combine.wgsl",
-  bindings: [["part", "read"], ["q", "read"], ["o", "read_write"]],
-  params: [
-    ["hq", "u32"],
-    ["tokens", "u32"],
-    ["t0", "u32"],
-    ["pos0", "u32"],
-    ["nbs", "u32"],
-    ["q_stride_t", "u32"],
-    ["q_stride_h", "u32"],
-    ["gate_offset", "u32"],
-    ["o_stride_t", "u32"],
-    ["dcs", "u32"],
-  ],
+  variant: (_, { dh }) => ({ name: `attention_dh${dh}`, defines: { DH: dh, B: ATTENTION_BLOCK } }),
 };
 
 /**
@@ -50,18 +23,6 @@ export const ATTENTION_BLOCK = 64;
 const PARTIALS_BUDGET_BYTES = 48 * 1024 * 1024;
 /** Query heads of one KV head per pass-1 workgroup (wgsl/attention.wgsl GMAX). */
 const HEADS_PER_WORKGROUP = 8;
-/** Dims per run of a pass-2 workgroup (wgsl/attention_combine.wgsl DC). */
-const COMBINE_DIMS = 16;
-/**
- * Pass-2 workgroups wanted per call. Below this a workgroup folds one run of dims (decode);
- * above, it folds several, so the per-head max and sum are not redone for every 16 dims. The
- * runs per workgroup change no arithmetic, only which workgroup does it.
- */
-const COMBINE_WORKGROUPS = 2048;
-
-function kernelNames(dh: number): { split: string; combine: string } {
-  return { split: `attention_dh${dh}`, combine: `attention_combine_dh${dh}` };
-}
 
 function checkShape(hq: number, hkv: number, dh: number): void {
   if (dh > 512 || dh % 2 !== 0 || dh < 2 || hq % hkv !== 0) {
@@ -69,16 +30,6 @@ function checkShape(hq: number, hkv: number, dh: number): void {
       `Cannot attend with ${hq} query heads, ${hkv} KV heads of ${dh}: need even dh ≤ 512 and Hq a multiple of Hkv`,
     );
   }
-}
-
-/** Compiles both passes for head dim `dh`. */
-export async function prepareAttention(ctx: GpuContext, dh: number): Promise<void> {
-  const defines = { DH: dh, B: ATTENTION_BLOCK };
-  const names = kernelNames(dh);
-  await Promise.all([
-    getKernel(ctx, ATTENTION, names.split, defines),
-    getKernel(ctx, ATTENTION_COMBINE, names.combine, defines),
-  ]);
 }
 
 /**
@@ -125,9 +76,6 @@ export function attention(
   o: AttentionOptions,
 ): void {
   checkShape(o.hq, o.hkv, o.dh);
-  const names = kernelNames(o.dh);
-  const split = readyKernel(enc.ctx, names.split);
-  const combine = readyKernel(enc.ctx, names.combine);
   const blocksOf = (tokens: number) => Math.ceil((o.pos0 + tokens) / ATTENTION_BLOCK);
   const slots = Math.floor(Number(b.part.size) / (4 * (o.dh + 2)));
   const need = o.hq * blocksOf(o.tokens);
@@ -139,23 +87,26 @@ export function attention(
     );
   }
   const groups = Math.ceil(o.hq / o.hkv / HEADS_PER_WORKGROUP);
-  const common = { hq: o.hq, pos0: o.pos0, q_stride_t: o.qStrideT, q_stride_h: o.qStrideH };
   for (let t0 = 0; t0 < o.tokens; t0 += chunk) {
     const tokens = Math.min(chunk, o.tokens - t0);
     const nbs = blocksOf(t0 + tokens);
-    const at = { ...common, tokens, t0, nbs };
-    enc.dispatch(split, { q: b.q, kc: b.kc, vc: b.vc, part: b.part }, {
-      ...at,
+    enc.dispatch(ATTENTION, { dh: o.dh }, { q: b.q, kc: b.kc, vc: b.vc, part: b.part }, {
+      hq: o.hq,
       hkv: o.hkv,
+      tokens,
+      t0,
+      pos0: o.pos0,
+      nbs,
+      q_stride_t: o.qStrideT,
+      q_stride_h: o.qStrideH,
       scale: 1 / Math.sqrt(o.dh),
     }, { tiles: tokens * o.hkv * groups * nbs });
-    const runs = Math.ceil(o.dh / COMBINE_DIMS);
-    const dcs = Math.min(runs, Math.max(1, Math.floor(tokens * o.hq * runs / COMBINE_WORKGROUPS)));
-    enc.dispatch(combine, { part: b.part, q: b.q, o: b.o }, {
-      ...at,
-      gate_offset: o.gateOffset,
-      o_stride_t: o.oStrideT,
-      dcs,
-    }, { tiles: tokens * o.hq * Math.ceil(runs / dcs) });
+    attentionCombine(enc, { part: b.part, q: b.q, o: b.o }, {
+      ...o,
+      block: ATTENTION_BLOCK,
+      tokens,
+      t0,
+      nbs,
+    });
   }
 }

@@ -5,59 +5,34 @@
 // row slices each state column is split into (up to 8, as the device's workgroup size allows).
 
 import type { BufferRef } from "../buffers.ts";
-import type { GpuContext } from "../device.ts";
 import type { StepEncoder } from "../encoder.ts";
-import { getKernel, type KernelLayout, readyKernel } from "../kernel.ts";
-
-export const GATED_DELTA_NET: KernelLayout = {
-  file: "gated_delta_net.wgsl",
-  bindings: [
-    ["u", "read"],
-    ["ba", "read"],
-    ["z", "read"],
-    ["p", "read"],
-    ["state", "read_write"],
-    ["y", "read_write"],
-  ],
-  params: [
-    ["nk", "u32"],
-    ["nv", "u32"],
-    ["tokens", "u32"],
-    ["interleave", "u32"],
-    ["u_stride_t", "u32"],
-    ["ba_stride_t", "u32"],
-    ["z_offset", "u32"],
-    ["z_stride_t", "u32"],
-    ["y_stride_t", "u32"],
-    ["eps", "f32"],
-  ],
-};
+import type { KernelFamily, KernelTarget } from "../kernel.ts";
 
 /** Row slices per column: the most (≤ 8, dividing dk) that fit the device's workgroup size. */
-function rowSlices(ctx: GpuContext, dk: number, dv: number): number {
+function rowSlices(target: KernelTarget, dk: number, dv: number): number {
   let r = 8;
-  while (r > 1 && (dv * r > ctx.limits.maxComputeInvocationsPerWorkgroup || dk % r !== 0)) r /= 2;
+  while (r > 1 && (dv * r > target.limits.maxComputeInvocationsPerWorkgroup || dk % r !== 0)) {
+    r /= 2;
+  }
   return r;
 }
 
-function name(ctx: GpuContext, dk: number, dv: number): string {
-  return `gated_delta_net_dk${dk}_dv${dv}_r${rowSlices(ctx, dk, dv)}`;
-}
-
-/** Compiles the variant for head dims dk × dv (dv a power of two up to 256). */
-export async function prepareGatedDeltaNet(ctx: GpuContext, dk: number, dv: number): Promise<void> {
-  if ((dv & (dv - 1)) !== 0 || dv > 256 || dk > 256 || dk < 1) {
-    throw new RangeError(
-      `Cannot run DeltaNet heads of ${dk} x ${dv}: value heads must be a power of two ≤ 256, key heads ≤ 256`,
-    );
-  }
-  await getKernel(ctx, GATED_DELTA_NET, name(ctx, dk, dv), {
-    DK: dk,
-    DV: dv,
-    R: rowSlices(ctx, dk, dv),
-    GS: Math.min(16, dv),
-  });
-}
+/** A variant per head shape dk × dv (dv a power of two up to 256). */
+export const GATED_DELTA_NET: KernelFamily<{ readonly dk: number; readonly dv: number }> = {
+  file: "gated_delta_net.wgsl",
+  variant: (target, { dk, dv }) => {
+    if ((dv & (dv - 1)) !== 0 || dv > 256 || dk > 256 || dk < 1) {
+      throw new RangeError(
+        `Cannot run DeltaNet heads of ${dk} x ${dv}: value heads must be a power of two ≤ 256, key heads ≤ 256`,
+      );
+    }
+    const r = rowSlices(target, dk, dv);
+    return {
+      name: `gated_delta_net_dk${dk}_dv${dv}_r${r}`,
+      defines: { DK: dk, DV: dv, R: r, GS: Math.min(16, dv) },
+    };
+  },
+};
 
 export interface GatedDeltaNetOptions {
   readonly nk: number;
@@ -88,7 +63,7 @@ export function gatedDeltaNet(
   },
   o: GatedDeltaNetOptions,
 ): void {
-  enc.dispatch(readyKernel(enc.ctx, name(enc.ctx, o.dk, o.dv)), b, {
+  enc.dispatch(GATED_DELTA_NET, { dk: o.dk, dv: o.dv }, b, {
     nk: o.nk,
     nv: o.nv,
     tokens: o.tokens,

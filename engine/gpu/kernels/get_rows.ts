@@ -2,38 +2,24 @@
 // The first step of the first stage in engine/gpu/gpu_forward.ts.
 
 import type { BufferRef } from "../buffers.ts";
-import type { GpuContext } from "../device.ts";
 import type { StepEncoder } from "../encoder.ts";
-import { getKernel, type KernelLayout, readyKernel } from "../kernel.ts";
+import type { KernelFamily } from "../kernel.ts";
 import type { GpuTensor } from "../tensor.ts";
 import { type GgmlType, typeName } from "../../quant/ggml_types.ts";
 import { MUL_MAT_TYPES } from "./mul_mat.ts";
 
-export const GET_ROWS: KernelLayout = {
-  file: "get_rows.wgsl",
-  bindings: [["w", "read"], ["ids", "read"], ["y", "read_write"]],
-  params: [
-    ["cols", "u32"],
-    ["tokens", "u32"],
-    ["row_first", "u32"],
-    ["row_count", "u32"],
-    ["ids_offset", "u32"],
-    ["chunk_tiles", "u32"],
-  ],
-};
-
 const WG = 64;
 
-function name(type: GgmlType): string {
-  return `get_rows_${typeName(type)}`;
-}
-
-export async function prepareGetRows(ctx: GpuContext, type: GgmlType): Promise<void> {
-  if (!MUL_MAT_TYPES.includes(type)) {
-    throw new TypeError(`Cannot look up rows of a ${typeName(type)} table: no GPU decoder`);
-  }
-  await getKernel(ctx, GET_ROWS, name(type), { [`TYPE_${typeName(type)}`]: true });
-}
+/** A variant per table type. */
+export const GET_ROWS: KernelFamily<GgmlType> = {
+  file: "get_rows.wgsl",
+  variant: (_, type) => {
+    if (!MUL_MAT_TYPES.includes(type)) {
+      throw new TypeError(`Cannot look up rows of a ${typeName(type)} table: no GPU decoder`);
+    }
+    return { name: `get_rows_${typeName(type)}`, defines: { [`TYPE_${typeName(type)}`]: true } };
+  },
+};
 
 /** Records y[t] = table row ids[idsOffset + t] for t < tokens (one dispatch per part). */
 export function getRows(
@@ -42,10 +28,9 @@ export function getRows(
   o: { readonly tokens: number; readonly idsOffset?: number },
 ): void {
   const { w } = b;
-  const kernel = readyKernel(enc.ctx, name(w.type));
   const tiles = Math.ceil(w.cols / 32 / WG);
   for (const part of w.parts) {
-    enc.dispatch(kernel, { w: part.buffer, ids: b.ids, y: b.y }, {
+    enc.dispatch(GET_ROWS, w.type, { w: part.buffer, ids: b.ids, y: b.y }, {
       cols: w.cols,
       tokens: o.tokens,
       row_first: part.firstRow,

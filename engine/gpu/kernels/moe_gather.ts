@@ -2,19 +2,14 @@
 // expert products of engine/gpu/gpu_forward.ts run token tiles per expert instead of one slot at a time.
 
 import type { BufferRef } from "../buffers.ts";
-import type { GpuContext } from "../device.ts";
 import type { StepEncoder } from "../encoder.ts";
-import { getKernel, type KernelLayout, readyKernel } from "../kernel.ts";
+import type { KernelFamily } from "../kernel.ts";
 
-export const MOE_GATHER: KernelLayout = {
+/** One variant. */
+export const MOE_GATHER: KernelFamily<void> = {
   file: "moe_gather.wgsl",
-  bindings: [["ids", "read"], ["table", "read_write"]],
-  params: [["slots", "u32"], ["experts", "u32"], ["tt", "u32"], ["max_tiles", "u32"]],
+  variant: () => ({ name: "moe_gather", defines: {} }),
 };
-
-export async function prepareMoeGather(ctx: GpuContext): Promise<void> {
-  await getKernel(ctx, MOE_GATHER, "moe_gather", {});
-}
 
 /** Most tiles `slots` slots over `experts` experts can need with `tt` slots a tile. */
 export function gatherTiles(slots: number, experts: number, tt: number): number {
@@ -37,7 +32,7 @@ export function moeGather(
       `Cannot gather ${o.slots} slots over ${o.experts} experts in tiles of ${o.tt}: the table packs up to 65535 slots, 1024 experts, 63 a tile`,
     );
   }
-  enc.dispatch(readyKernel(enc.ctx, "moe_gather"), b, {
+  enc.dispatch(MOE_GATHER, undefined, b, {
     slots: o.slots,
     experts: o.experts,
     tt: o.tt,

@@ -2,25 +2,14 @@
 // expert's sigmoid gate. Feeds the expert products of engine/gpu/gpu_forward.ts through ids and weights.
 
 import type { BufferRef } from "../buffers.ts";
-import type { GpuContext } from "../device.ts";
 import type { StepEncoder } from "../encoder.ts";
-import { getKernel, type KernelLayout, readyKernel } from "../kernel.ts";
+import type { KernelFamily } from "../kernel.ts";
 
-export const MOE_ROUTE: KernelLayout = {
+/** One variant. */
+export const MOE_ROUTE: KernelFamily<void> = {
   file: "moe_route.wgsl",
-  bindings: [["logits", "read"], ["ids", "read_write"], ["weights", "read_write"]],
-  params: [
-    ["e", "u32"],
-    ["k", "u32"],
-    ["tokens", "u32"],
-    ["logits_stride", "u32"],
-    ["shared_gate", "u32"],
-  ],
+  variant: () => ({ name: "moe_route", defines: {} }),
 };
-
-export async function prepareMoeRoute(ctx: GpuContext): Promise<void> {
-  await getKernel(ctx, MOE_ROUTE, "moe_route", {});
-}
 
 /**
  * Records, per token: ids (T, k) of the chosen experts by descending probability, weights
@@ -43,7 +32,7 @@ export function moeRoute(
       `Cannot route to ${o.k} of ${o.experts} experts: the kernel takes up to 1024 experts and 64 per token`,
     );
   }
-  enc.dispatch(readyKernel(enc.ctx, "moe_route"), b, {
+  enc.dispatch(MOE_ROUTE, undefined, b, {
     e: o.experts,
     k: o.k,
     tokens: o.tokens,

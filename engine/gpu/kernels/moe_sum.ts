@@ -2,19 +2,14 @@
 // residual stream (wgsl/moe_sum.wgsl): the end of a MoE FFN in engine/gpu/gpu_forward.ts.
 
 import type { BufferRef } from "../buffers.ts";
-import type { GpuContext } from "../device.ts";
 import type { StepEncoder } from "../encoder.ts";
-import { getKernel, type KernelLayout, readyKernel } from "../kernel.ts";
+import type { KernelFamily } from "../kernel.ts";
 
-export const MOE_SUM: KernelLayout = {
+/** One variant. */
+export const MOE_SUM: KernelFamily<void> = {
   file: "moe_sum.wgsl",
-  bindings: [["o", "read"], ["s", "read"], ["weights", "read"], ["x", "read_write"]],
-  params: [["d", "u32"], ["k", "u32"], ["tokens", "u32"], ["shared_expert", "u32"]],
+  variant: () => ({ name: "moe_sum", defines: {} }),
 };
-
-export async function prepareMoeSum(ctx: GpuContext): Promise<void> {
-  await getKernel(ctx, MOE_SUM, "moe_sum", {});
-}
 
 /** Records x[t] += Σ_i weights[t,i]·o[t,i] + weights[t,k]·s[t] (the last term if sharedExpert). */
 export function moeSum(
@@ -32,7 +27,7 @@ export function moeSum(
     readonly sharedExpert: boolean;
   },
 ): void {
-  enc.dispatch(readyKernel(enc.ctx, "moe_sum"), b, {
+  enc.dispatch(MOE_SUM, undefined, b, {
     d: o.d,
     k: o.k,
     tokens: o.tokens,

@@ -5,34 +5,10 @@
 
 import type { BufferRef } from "../buffers.ts";
 import { dummyStorage } from "../buffers.ts";
-import type { GpuContext } from "../device.ts";
 import type { StepEncoder } from "../encoder.ts";
-import { getKernel, type KernelLayout, readyKernel } from "../kernel.ts";
+import type { KernelFamily } from "../kernel.ts";
 import type { GpuTensor } from "../tensor.ts";
 import { GgmlType, typeName } from "../../quant/ggml_types.ts";
-
-export const MUL_MAT: KernelLayout = {
-  file: "mul_mat.wgsl",
-  bindings: [["w", "read"], ["x", "read"], ["ids", "read"], ["y", "read_write"]],
-  params: [
-    ["k", "u32"],
-    ["rows", "u32"],
-    ["tokens", "u32"],
-    ["n_used", "u32"],
-    ["row_base", "u32"],
-    ["expert_first", "u32"],
-    ["expert_count", "u32"],
-    ["x_offset", "u32"],
-    ["x_stride_t", "u32"],
-    ["x_stride_i", "u32"],
-    ["up_offset", "u32"],
-    ["y_offset", "u32"],
-    ["y_stride_t", "u32"],
-    ["y_stride_i", "u32"],
-    ["ids_stride", "u32"],
-    ["row_tiles", "u32"],
-  ],
-};
 
 /** Weight types the kernel decodes (model-arch.md §6). */
 export const MUL_MAT_TYPES: readonly GgmlType[] = [
@@ -69,11 +45,11 @@ const DENSE_TT = 64;
  */
 const DECODE_MAX_TOKENS = 4;
 
-export interface MulMatVariant {
+export interface MulMatKey {
   readonly type: GgmlType;
   /**
    * More than one token per call (prefill tiles). Plain calls of up to DECODE_MAX_TOKENS tokens
-   * use the unbatched variant, so callers prepare both.
+   * use the unbatched variant.
    */
   readonly batched: boolean;
   /**
@@ -87,43 +63,42 @@ export interface MulMatVariant {
   readonly add?: boolean;
 }
 
-function tokensPerWg(v: MulMatVariant): number {
+function tokensPerWg(v: MulMatKey): number {
   return v.batched ? (v.id ? PREFILL_TT : DENSE_TT) : 1;
 }
 
-function variantName(ctx: GpuContext, v: MulMatVariant): string {
-  return `mul_mat_${typeName(v.type)}_t${tokensPerWg(v)}${v.id ? "_id" : ""}${
-    v.swiglu ? "_swiglu" : ""
-  }${v.add ? "_add" : ""}${ctx.features.subgroups ? "_sg" : ""}`;
-}
-
-/** Compiles a variant (once per device); mulMat can dispatch it afterwards. */
-export async function prepareMulMat(ctx: GpuContext, v: MulMatVariant): Promise<void> {
-  if (!MUL_MAT_TYPES.includes(v.type)) {
-    throw new TypeError(
-      `Cannot multiply by ${typeName(v.type)} weights: no GPU kernel for this type; supported: ${
-        MUL_MAT_TYPES.map(typeName).join(", ")
-      }`,
-    );
-  }
-  const defines: Record<string, number | true> = {
-    [`TYPE_${typeName(v.type)}`]: true,
-  };
-  if (v.batched) {
-    defines.TILED = true;
-    defines.TT = tokensPerWg(v);
-  }
-  // The IQ4 lookup table in workgroup memory; the dense prefill tile has no 64 bytes to spare.
-  if ((v.type === GgmlType.IQ4_NL || v.type === GgmlType.IQ4_XS) && !(v.batched && !v.id)) {
-    defines.IQ4_TABLE_WORKGROUP = true;
-  }
-  if (v.id) defines.ID = true;
-  if (v.id && v.batched) defines.GATHERED = true;
-  if (v.swiglu) defines.X_SWIGLU = true;
-  if (v.add) defines.ADD = true;
-  if (ctx.features.subgroups) defines.SUBGROUPS = true;
-  await getKernel(ctx, MUL_MAT, variantName(ctx, v), defines);
-}
+/** A variant per weight type, shape (decode, dense tiles, gathered tiles) and epilogue. */
+export const MUL_MAT: KernelFamily<MulMatKey> = {
+  file: "mul_mat.wgsl",
+  variant: (target, v) => {
+    if (!MUL_MAT_TYPES.includes(v.type)) {
+      throw new TypeError(
+        `Cannot multiply by ${typeName(v.type)} weights: no GPU kernel for this type; supported: ${
+          MUL_MAT_TYPES.map(typeName).join(", ")
+        }`,
+      );
+    }
+    const subgroups = target.features.subgroups;
+    const defines: Record<string, number | true> = { [`TYPE_${typeName(v.type)}`]: true };
+    if (v.batched) {
+      defines.TILED = true;
+      defines.TT = tokensPerWg(v);
+    }
+    // The IQ4 lookup table in workgroup memory; the dense prefill tile has no 64 bytes to spare.
+    if ((v.type === GgmlType.IQ4_NL || v.type === GgmlType.IQ4_XS) && !(v.batched && !v.id)) {
+      defines.IQ4_TABLE_WORKGROUP = true;
+    }
+    if (v.id) defines.ID = true;
+    if (v.id && v.batched) defines.GATHERED = true;
+    if (v.swiglu) defines.X_SWIGLU = true;
+    if (v.add) defines.ADD = true;
+    if (subgroups) defines.SUBGROUPS = true;
+    const name = `mul_mat_${typeName(v.type)}_t${tokensPerWg(v)}${v.id ? "_id" : ""}${
+      v.swiglu ? "_swiglu" : ""
+    }${v.add ? "_add" : ""}${subgroups ? "_sg" : ""}`;
+    return { name, defines };
+  },
+};
 
 export interface MulMatBuffers {
   readonly w: GpuTensor;
@@ -166,14 +141,13 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
   const id = b.ids !== undefined;
   const gatherTiles = id ? o.gatherTiles : undefined;
   const gathered = gatherTiles !== undefined;
-  const v: MulMatVariant = {
+  const key: MulMatKey = {
     type: w.type,
     batched: id ? gathered : o.tokens > DECODE_MAX_TOKENS,
     id,
     swiglu: o.swiglu,
     add: o.add,
   };
-  const kernel = readyKernel(enc.ctx, variantName(enc.ctx, v));
   const nUsed = id ? (o.nUsed ?? 1) : 1;
   const rows = id ? w.matrixRows : 0;
   const base = {
@@ -197,8 +171,8 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
   const ids = b.ids ?? dummyStorage(enc.ctx);
   for (const part of w.parts) {
     const partRows = id ? rows : part.rows;
-    const tiles = Math.ceil(partRows / (v.batched ? TILE_ROWS : DECODE_ROWS));
-    enc.dispatch(kernel, { w: part.buffer, x: b.x, ids, y: b.y }, {
+    const tiles = Math.ceil(partRows / (key.batched ? TILE_ROWS : DECODE_ROWS));
+    enc.dispatch(MUL_MAT, key, { w: part.buffer, x: b.x, ids, y: b.y }, {
       ...base,
       rows: partRows,
       row_base: id ? 0 : part.firstRow,
@@ -207,7 +181,7 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
       row_tiles: tiles,
     }, {
       tiles,
-      z: gathered ? o.gatherTiles! : id ? o.tokens * nUsed : Math.ceil(o.tokens / tokensPerWg(v)),
+      z: gathered ? o.gatherTiles! : id ? o.tokens * nUsed : Math.ceil(o.tokens / tokensPerWg(key)),
     });
   }
 }

@@ -3,36 +3,14 @@
 
 import type { BufferRef } from "../buffers.ts";
 import { dummyStorage } from "../buffers.ts";
-import type { GpuContext } from "../device.ts";
 import type { StepEncoder } from "../encoder.ts";
-import { getKernel, type KernelLayout, readyKernel } from "../kernel.ts";
+import type { KernelFamily } from "../kernel.ts";
 
-export const QK_NORM_ROPE: KernelLayout = {
+/** One variant; `store` picks q in place or k (with v) into the cache. */
+export const QK_NORM_ROPE: KernelFamily<void> = {
   file: "qk_norm_rope.wgsl",
-  bindings: [["x", "read_write"], ["w", "read"], ["kc", "read_write"], ["vc", "read_write"]],
-  params: [
-    ["dh", "u32"],
-    ["n_rot", "u32"],
-    ["heads", "u32"],
-    ["tokens", "u32"],
-    ["x_offset", "u32"],
-    ["x_stride_t", "u32"],
-    ["x_stride_h", "u32"],
-    ["v_offset", "u32"],
-    ["pos0", "u32"],
-    ["store", "u32"],
-    ["sect0", "u32"],
-    ["sect1", "u32"],
-    ["sect2", "u32"],
-    ["sect3", "u32"],
-    ["theta_scale", "f32"],
-    ["eps", "f32"],
-  ],
+  variant: () => ({ name: "qk_norm_rope", defines: {} }),
 };
-
-export async function prepareQkNormRope(ctx: GpuContext): Promise<void> {
-  await getKernel(ctx, QK_NORM_ROPE, "qk_norm_rope", {});
-}
 
 /** Head geometry and rotation of one call. Positions are pos0 + t. */
 export interface QkNormRopeOptions {
@@ -86,7 +64,7 @@ export function qNormRope(
 ): void {
   const kc = dummyStorage(enc.ctx, 0);
   const vc = dummyStorage(enc.ctx, 1);
-  enc.dispatch(readyKernel(enc.ctx, "qk_norm_rope"), { ...b, kc, vc }, params(o, false, 0), {
+  enc.dispatch(QK_NORM_ROPE, undefined, { ...b, kc, vc }, params(o, false, 0), {
     tiles: o.tokens * o.heads,
   });
 }
@@ -105,7 +83,7 @@ export function kNormRopeStore(
   },
   o: QkNormRopeOptions & { readonly vOffset: number },
 ): void {
-  enc.dispatch(readyKernel(enc.ctx, "qk_norm_rope"), b, params(o, true, o.vOffset), {
+  enc.dispatch(QK_NORM_ROPE, undefined, b, params(o, true, o.vOffset), {
     tiles: o.tokens * o.heads,
   });
 }

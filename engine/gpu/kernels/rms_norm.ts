@@ -2,27 +2,14 @@
 // y = x·1/√(mean(x²)+ε)·w per row of n values.
 
 import type { BufferRef } from "../buffers.ts";
-import type { GpuContext } from "../device.ts";
 import type { StepEncoder } from "../encoder.ts";
-import { getKernel, type KernelLayout, readyKernel } from "../kernel.ts";
+import type { KernelFamily } from "../kernel.ts";
 
-export const RMS_NORM: KernelLayout = {
+/** One variant. */
+export const RMS_NORM: KernelFamily<void> = {
   file: "rms_norm.wgsl",
-  bindings: [["x", "read"], ["w", "read"], ["y", "read_write"]],
-  params: [
-    ["n", "u32"],
-    ["rows", "u32"],
-    ["x_offset", "u32"],
-    ["x_stride", "u32"],
-    ["y_offset", "u32"],
-    ["y_stride", "u32"],
-    ["eps", "f32"],
-  ],
+  variant: () => ({ name: "rms_norm", defines: {} }),
 };
-
-export async function prepareRmsNorm(ctx: GpuContext): Promise<void> {
-  await getKernel(ctx, RMS_NORM, "rms_norm", {});
-}
 
 export interface RmsNormOptions {
   readonly n: number;
@@ -40,7 +27,7 @@ export function rmsNorm(
   b: { readonly x: BufferRef; readonly w: BufferRef; readonly y: BufferRef },
   o: RmsNormOptions,
 ): void {
-  enc.dispatch(readyKernel(enc.ctx, "rms_norm"), b, {
+  enc.dispatch(RMS_NORM, undefined, b, {
     n: o.n,
     rows: o.rows,
     x_offset: o.xOffset ?? 0,

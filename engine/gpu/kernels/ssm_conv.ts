@@ -2,26 +2,14 @@
 // step of a DeltaNet block in engine/gpu/gpu_forward.ts after the input projections.
 
 import type { BufferRef } from "../buffers.ts";
-import type { GpuContext } from "../device.ts";
 import type { StepEncoder } from "../encoder.ts";
-import { getKernel, type KernelLayout, readyKernel } from "../kernel.ts";
+import type { KernelFamily } from "../kernel.ts";
 
-export const SSM_CONV: KernelLayout = {
+/** One variant. */
+export const SSM_CONV: KernelFamily<void> = {
   file: "ssm_conv.wgsl",
-  bindings: [["x", "read"], ["w", "read"], ["state", "read_write"], ["u", "read_write"]],
-  params: [
-    ["channels", "u32"],
-    ["kc", "u32"],
-    ["tokens", "u32"],
-    ["x_offset", "u32"],
-    ["x_stride_t", "u32"],
-    ["u_stride_t", "u32"],
-  ],
+  variant: () => ({ name: "ssm_conv", defines: {} }),
 };
-
-export async function prepareSsmConv(ctx: GpuContext): Promise<void> {
-  await getKernel(ctx, SSM_CONV, "ssm_conv", {});
-}
 
 /** Records u[t] = silu(conv(state ++ x[0..t])) and advances the state by `tokens` inputs. */
 export function ssmConv(
@@ -44,7 +32,7 @@ export function ssmConv(
   if (o.kc < 2 || o.kc > 8) {
     throw new RangeError(`Cannot run a conv of ${o.kc} taps: the kernel takes 2 to 8`);
   }
-  enc.dispatch(readyKernel(enc.ctx, "ssm_conv"), b, {
+  enc.dispatch(SSM_CONV, undefined, b, {
     channels: o.channels,
     kc: o.kc,
     tokens: o.tokens,

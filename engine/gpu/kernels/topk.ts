@@ -2,25 +2,20 @@
 // candidates, then a merge. The last stage in engine/gpu/gpu_forward.ts returns these for sampling.
 
 import type { BufferRef } from "../buffers.ts";
-import type { GpuContext } from "../device.ts";
 import type { StepEncoder } from "../encoder.ts";
 import { dummyStorage } from "../buffers.ts";
-import { getKernel, type KernelLayout, readyKernel } from "../kernel.ts";
+import type { KernelFamily } from "../kernel.ts";
 
-export const TOPK: KernelLayout = {
+/** One variant; `mode` picks the pass. */
+export const TOPK: KernelFamily<void> = {
   file: "topk.wgsl",
-  bindings: [["src", "read"], ["cand", "read"], ["dst", "read_write"]],
-  params: [["n", "u32"], ["k", "u32"], ["chunk", "u32"], ["src_offset", "u32"], ["mode", "u32"]],
+  variant: () => ({ name: "topk", defines: {} }),
 };
 
 /** Largest k the kernels take. */
 export const MAX_TOPK = 256;
 /** Groups of the first pass; their k candidates each are merged by the second. */
 const GROUPS = 64;
-
-export async function prepareTopK(ctx: GpuContext): Promise<void> {
-  await getKernel(ctx, TOPK, "topk", {});
-}
 
 /** u32 words of scratch a top-k of `k` needs (candidates of every group). */
 export function topKScratchWords(k: number): number {
@@ -39,18 +34,17 @@ export function topK(
   if (!Number.isInteger(o.k) || o.k < 1 || o.k > MAX_TOPK) {
     throw new RangeError(`Cannot take the top ${o.k} logits: expected 1..${MAX_TOPK}`);
   }
-  const kernel = readyKernel(enc.ctx, "topk");
   const chunk = Math.ceil(o.n / GROUPS);
   const groups = Math.ceil(o.n / chunk);
   const dummy = dummyStorage(enc.ctx);
-  enc.dispatch(kernel, { src: b.src, cand: dummy, dst: b.scratch }, {
+  enc.dispatch(TOPK, undefined, { src: b.src, cand: dummy, dst: b.scratch }, {
     n: o.n,
     k: o.k,
     chunk,
     src_offset: o.offset ?? 0,
     mode: 0,
   }, { tiles: groups });
-  enc.dispatch(kernel, { src: dummy, cand: b.scratch, dst: b.out }, {
+  enc.dispatch(TOPK, undefined, { src: dummy, cand: b.scratch, dst: b.out }, {
     n: groups * o.k,
     k: o.k,
     chunk: groups * o.k,
