@@ -2,6 +2,7 @@
 // The one switch point between engines; generate, worker and head all open stages here.
 
 import type { GgufModel } from "./gguf/gguf_model.ts";
+import { missingLayers } from "./gguf/stage_shard.ts";
 import type { ProviderChoice } from "./gpu/provider.ts";
 import { readHParams } from "./hparams.ts";
 import { openReferenceStage } from "./reference/reference_stage.ts";
@@ -31,6 +32,8 @@ export async function openLocalStage(model: GgufModel, options: LocalStageOption
       `Cannot open layers ${options.first}:${end}: the model has ${nLayer} layers; check --layers`,
     );
   }
+  const missing = missingLayers(model, nLayer, { first: options.first, end });
+  if (missing) throw new RangeError(missing);
   if (options.backend === "reference") return await openReferenceStage(model, { ...options, end });
   // Imported on demand: a reference-backend worker never loads the GPU providers (Dawn needs FFI).
   const { openGpu } = await import("./gpu/device.ts");

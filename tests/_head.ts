@@ -61,6 +61,11 @@ export function post(
   });
 }
 
+/** A reply body with its random ids blanked: the only bytes two equal replies may differ in. */
+export function withoutIds(body: string): string {
+  return body.replace(/"(msg|toolu)_[0-9A-Za-z]{24}"/g, '"$1_ID"');
+}
+
 /** The Anthropic reply text of a streamed /v1/messages body. */
 export function streamedText(frames: readonly SseFrame[]): string {
   return frames

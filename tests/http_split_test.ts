@@ -2,7 +2,15 @@
 // kill drill (partial tokens + clean error, head survives, serves again after a restart).
 
 import assert from "node:assert/strict";
-import { parseSse, post, startTestHead, streamedText, tinyModel, waitFor } from "./_head.ts";
+import {
+  parseSse,
+  post,
+  startTestHead,
+  streamedText,
+  tinyModel,
+  waitFor,
+  withoutIds,
+} from "./_head.ts";
 import { freePort, startWorker, type WorkerProcess } from "./_workers.ts";
 
 const ask = (content: string, extra: Record<string, unknown> = {}) => ({
@@ -12,11 +20,6 @@ const ask = (content: string, extra: Record<string, unknown> = {}) => ({
   messages: [{ role: "user", content }],
   ...extra,
 });
-
-/** Random ids are the only bytes allowed to differ. */
-function withoutIds(body: string): string {
-  return body.replace(/"(msg|toolu)_[0-9A-Za-z]{24}"/g, '"$1_ID"');
-}
 
 function worker(port: number, ctx: number, slots = 2): Promise<WorkerProcess> {
   return startWorker({

@@ -6,6 +6,14 @@ import type { GgmlType } from "../quant/ggml_types.ts";
 /** A metadata value. Integers of every width are numbers; u64/i64 beyond 2^53 are bigints. */
 export type GgufValue = number | bigint | boolean | string | GgufValue[];
 
+/**
+ * How a metadata value is stored: a value type id (engine/gguf/format.ts ValueType) for a
+ * scalar; for an array its item type, and when the items are arrays, each one's own type.
+ */
+export type GgufValueType =
+  | number
+  | { readonly array: number; readonly items?: readonly GgufValueType[] };
+
 /** One tensor as the file describes it. `shape` is ggml's `ne`: shape[0] varies fastest. */
 export interface GgufTensorInfo {
   readonly name: string;
@@ -28,6 +36,8 @@ export interface GgufModel {
   readonly shardPaths: readonly string[];
   /** All metadata keys (from shard 0 of a split; the split.* keys included). */
   readonly metadata: ReadonlyMap<string, GgufValue>;
+  /** The stored type of each metadata value (from the same shard as `metadata`). */
+  readonly metadataTypes: ReadonlyMap<string, GgufValueType>;
   /** All tensors over all shards, in file order. */
   readonly tensors: ReadonlyMap<string, GgufTensorInfo>;
   /** Reads a whole tensor's bytes. Throws a RangeError naming the tensor if absent. */

@@ -17,7 +17,7 @@ import {
   tensorBytes,
   ValueType,
 } from "./format.ts";
-import type { GgufValue } from "./gguf_model.ts";
+import type { GgufValue, GgufValueType } from "./gguf_model.ts";
 
 /** A tensor info resolved against its file: `fileOffset` is absolute. */
 export interface HeaderTensor {
@@ -31,6 +31,8 @@ export interface HeaderTensor {
 export interface Header {
   readonly version: number;
   readonly metadata: Map<string, GgufValue>;
+  /** How each metadata value is stored, so a copy can write it back with the same types. */
+  readonly metadataTypes: Map<string, GgufValueType>;
   readonly tensors: readonly HeaderTensor[];
   readonly alignment: number;
   /** Absolute offset of the data section. */
@@ -245,18 +247,27 @@ function valueInWindow(c: Cursor, type: number, what: string): GgufValue | undef
   return decodeString(c, n, at, what);
 }
 
+/**
+ * One value; its stored type goes to `types`. Scalar items of an array record nothing: the
+ * array's item type covers them.
+ */
 async function readValue(
   c: Cursor,
   type: number,
   depth: number,
   what: string,
+  types?: GgufValueType[],
 ): Promise<GgufValue> {
   const size = FIXED_SIZE.get(type);
   if (size !== undefined) {
     await c.need(size, what);
+    types?.push(type);
     return c.fixed(type);
   }
-  if (type === ValueType.STRING) return await readString(c, what);
+  if (type === ValueType.STRING) {
+    types?.push(type);
+    return await readString(c, what);
+  }
   if (depth >= MAX_ARRAY_DEPTH) {
     throw c.error(c.pos, `${what} nests arrays deeper than ${MAX_ARRAY_DEPTH} levels`);
   }
@@ -267,14 +278,25 @@ async function readValue(
   if (minBytes === undefined) throw c.error(typeAt, `${what} has unknown item type ${itemType}`);
   const n = await readCount(c, minBytes, `${what} item`);
   const items: GgufValue[] = new Array(n);
+  // Each inner array has its own item type, so arrays of arrays keep one type per item.
+  const inner: GgufValueType[] | undefined = itemType === ValueType.ARRAY ? [] : undefined;
   for (let i = 0; i < n; i++) {
-    items[i] = valueInWindow(c, itemType, what) ?? await readValue(c, itemType, depth + 1, what);
+    items[i] = valueInWindow(c, itemType, what) ??
+      await readValue(c, itemType, depth + 1, what, inner);
   }
+  types?.push(inner ? { array: itemType, items: inner } : { array: itemType });
   return items;
 }
 
-async function readMetadata(c: Cursor, count: number): Promise<[Map<string, GgufValue>, number]> {
+interface Metadata {
+  readonly metadata: Map<string, GgufValue>;
+  readonly metadataTypes: Map<string, GgufValueType>;
+  readonly alignment: number;
+}
+
+async function readMetadata(c: Cursor, count: number): Promise<Metadata> {
   const metadata = new Map<string, GgufValue>();
+  const metadataTypes = new Map<string, GgufValueType>();
   let alignment = DEFAULT_ALIGNMENT;
   for (let i = 0; i < count; i++) {
     const keyAt = c.pos;
@@ -288,7 +310,8 @@ async function readMetadata(c: Cursor, count: number): Promise<[Map<string, Gguf
       throw c.error(typeAt, `metadata key ${label} has unknown value type ${type}`);
     }
     const valueAt = c.pos;
-    const value = await readValue(c, type, 0, `the value of ${label}`);
+    const types: GgufValueType[] = [];
+    const value = await readValue(c, type, 0, `the value of ${label}`, types);
     if (key === KEY_ALIGNMENT) {
       if (typeof value !== "number" || !isPowerOfTwo(value)) {
         throw c.error(valueAt, `"${KEY_ALIGNMENT}" is ${value}; it must be a power of two`);
@@ -296,8 +319,9 @@ async function readMetadata(c: Cursor, count: number): Promise<[Map<string, Gguf
       alignment = value;
     }
     metadata.set(key, value);
+    metadataTypes.set(key, types[0]);
   }
-  return [metadata, alignment];
+  return { metadata, metadataTypes, alignment };
 }
 
 interface RawTensor {
@@ -422,11 +446,11 @@ export async function readHeader(file: Deno.FsFile, path: string): Promise<Heade
   const version = await readVersion(c);
   const tensorCount = await readCount(c, MIN_TENSOR_INFO_BYTES, "tensor");
   const kvCount = await readCount(c, MIN_KV_BYTES, "metadata key");
-  const [metadata, alignment] = await readMetadata(c, kvCount);
+  const { metadata, metadataTypes, alignment } = await readMetadata(c, kvCount);
   const names = new Set<string>();
   const raw: RawTensor[] = [];
   for (let i = 0; i < tensorCount; i++) raw.push(await readTensorInfo(c, i, names));
   const dataStart = alignUp(c.pos, alignment);
   const tensors = placeTensors(c, raw, dataStart, alignment);
-  return { version, metadata, tensors, alignment, dataStart, fileSize: size };
+  return { version, metadata, metadataTypes, tensors, alignment, dataStart, fileSize: size };
 }

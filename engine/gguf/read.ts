@@ -9,7 +9,7 @@ import {
   parseShardPath,
   shardPath,
 } from "./format.ts";
-import type { GgufModel, GgufTensorInfo, GgufValue } from "./gguf_model.ts";
+import type { GgufModel, GgufTensorInfo, GgufValue, GgufValueType } from "./gguf_model.ts";
 
 /** One open file. Seek+read pairs are queued so concurrent tensor reads cannot interleave. */
 class ShardFile {
@@ -34,6 +34,7 @@ class OpenedModel implements GgufModel {
     readonly path: string,
     readonly version: number,
     readonly metadata: ReadonlyMap<string, GgufValue>,
+    readonly metadataTypes: ReadonlyMap<string, GgufValueType>,
     readonly tensors: ReadonlyMap<string, GgufTensorInfo>,
     shards: readonly ShardFile[],
   ) {
@@ -223,7 +224,14 @@ export async function openGguf(path: string): Promise<GgufModel> {
           `"${KEY_SPLIT_TENSORS}" is ${split.tensors}; a shard is from another split`,
       );
     }
-    return new OpenedModel(path, first.version, first.metadata, tensors, opened.map(([s]) => s));
+    return new OpenedModel(
+      path,
+      first.version,
+      first.metadata,
+      first.metadataTypes,
+      tensors,
+      opened.map(([s]) => s),
+    );
   } catch (e) {
     for (const [s] of opened) s.file.close();
     throw e;

@@ -10,6 +10,7 @@
 // becomes [q | k | v | z] and ssm_ba becomes [b | a], so the forward pass sees one layout.
 
 import type { GgufModel, GgufTensorInfo } from "../gguf/gguf_model.ts";
+import { stageTensorNames } from "../gguf/stage_shard.ts";
 import type { HParams } from "../hparams.ts";
 import { dequantize } from "../quant/dequant.ts";
 import type { GpuMemory } from "./buffers.ts";
@@ -328,22 +329,6 @@ async function dense(l: Loader, il: number): Promise<DenseWeights> {
   };
 }
 
-/** The names of the tensors a stage needs, for sizing the progress bar. */
-function stageTensorNames(model: GgufModel, hp: HParams, first: number, end: number): string[] {
-  const names: string[] = [];
-  for (const name of model.tensors.keys()) {
-    const m = /^blk\.(\d+)\./.exec(name);
-    if (m && Number(m[1]) >= first && Number(m[1]) < end) names.push(name);
-  }
-  if (first === 0) names.push("token_embd.weight");
-  if (end === hp.nLayer) {
-    names.push("output_norm.weight");
-    if (model.tensors.has("output.weight")) names.push("output.weight");
-    else if (first !== 0) names.push("token_embd.weight");
-  }
-  return names;
-}
-
 function formatBytes(n: number): string {
   return n >= 2 ** 30 ? `${(n / 2 ** 30).toFixed(2)} GiB` : `${(n / 2 ** 20).toFixed(1)} MiB`;
 }
@@ -360,7 +345,8 @@ export async function loadStageWeights(
   options: LoadStageOptions,
 ): Promise<StageWeights> {
   const { first, end } = options;
-  const total = stageTensorNames(model, hp, first, end)
+  // The stage's tensor bytes size the progress bar.
+  const total = stageTensorNames(model, hp.nLayer, { first, end })
     .reduce((s, n) => s + (model.tensors.get(n)?.nbytes ?? 0), 0);
   const l = new Loader(mem, model, hp, options, total);
   const layers: LayerWeights[] = [];

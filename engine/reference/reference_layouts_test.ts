@@ -55,6 +55,7 @@ function memoryModel(path: string, m: Tensors): GgufModel {
     version: 3,
     shardPaths: [path],
     metadata: m.meta,
+    metadataTypes: new Map(),
     tensors,
     readTensor: (name) => readTensorBytes(name, 0, bytes.get(name)?.length ?? 0),
     readTensorBytes,

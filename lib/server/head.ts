@@ -1,7 +1,7 @@
 // The head assembled: binds its HTTP address, then opens model, tokenizer, chat template, the
 // local stage (layers 0:k) and the link to the next stage → lib/scheduler/ → lib/server/handler.ts.
 
-import { parseShardPath } from "../../engine/gguf/format.ts";
+import { modelStem } from "../../engine/gguf/stage_shard.ts";
 import { openGguf } from "../../engine/gguf/read.ts";
 import { readHParams } from "../../engine/hparams.ts";
 import { type Backend, openLocalStage } from "../../engine/open_stage.ts";
@@ -50,12 +50,6 @@ export interface RunningHead {
   readonly scheduler: Scheduler;
   /** Stops serving, cancels every sequence and closes the stages and the model. */
   close(): Promise<void>;
-}
-
-/** "models/tiny-00001-of-00002.gguf" → "tiny". */
-function modelIdOf(path: string): string {
-  const stem = parseShardPath(path)?.stem ?? path.replace(/\.gguf$/i, "");
-  return stem.slice(stem.lastIndexOf("/") + 1);
 }
 
 type Handle = (request: Request) => Response | Promise<Response>;
@@ -164,7 +158,7 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
       log,
     });
     const sampling = options.sampling ?? {};
-    const modelId = options.modelId ?? modelIdOf(options.model);
+    const modelId = options.modelId ?? modelStem(options.model);
     handle = createHandler({
       scheduler,
       tokenizer,

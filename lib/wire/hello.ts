@@ -11,6 +11,7 @@
 // the client checks the worker's, so neither talks to an impostor.
 
 import type { GgufModel } from "../../engine/gguf/gguf_model.ts";
+import { recordedFingerprint } from "../../engine/gguf/stage_shard.ts";
 import { encodeHelloInfo, FINGERPRINT_BYTES, type HelloInfo, MAGIC, PROOF_BYTES } from "./frame.ts";
 
 /** What a connecting stage needs from the chain behind a worker. */
@@ -36,9 +37,12 @@ const utf8 = new TextEncoder();
  * SHA-256 over the tensor table (name, type, shape; sorted by name so shard order does not
  * matter) and the first 32 bytes of each tensor's data. The table alone tells apart different
  * shapes and quantizations; the data samples tell apart two fine-tunes (or two seeds) that share
- * a table, at one small positioned read per tensor.
+ * a table, at one small positioned read per tensor. A stage shard holds only part of the table,
+ * so it answers with the whole model's fingerprint that `deno task shard` recorded in it.
  */
 export async function modelFingerprint(model: GgufModel): Promise<Uint8Array> {
+  const recorded = recordedFingerprint(model);
+  if (recorded) return recorded;
   const names = [...model.tensors.keys()].sort();
   const parts: Uint8Array[] = [];
   for (const name of names) {

@@ -17,6 +17,7 @@ import {
   ValueType,
   WRITE_VERSION,
 } from "../../engine/gguf/format.ts";
+import type { GgufValue, GgufValueType } from "../../engine/gguf/gguf_model.ts";
 
 export type GgufScalarType =
   | "u8"
@@ -66,6 +67,44 @@ const SCALAR_IDS: Readonly<Record<GgufScalarType, ValueType>> = {
   bool: ValueType.BOOL,
   string: ValueType.STRING,
 };
+
+const SCALAR_NAMES: ReadonlyMap<number, GgufScalarType> = new Map(
+  Object.entries(SCALAR_IDS).map(([name, id]) => [id, name as GgufScalarType]),
+);
+
+function scalarName(id: number, what: string): GgufScalarType {
+  const name = SCALAR_NAMES.get(id);
+  if (name === undefined) throw new TypeError(`Cannot write ${what}: value type ${id} is unknown`);
+  return name;
+}
+
+/** An array value as read (GgufModel.metadata) with its stored types, as the writer takes it. */
+function arrayOf(type: GgufValueType, value: GgufValue, what: string): GgufArrayValue {
+  if (typeof type === "number" || !Array.isArray(value)) {
+    throw new TypeError(`Cannot write ${what}: its value and its stored type disagree`);
+  }
+  if (type.array !== ValueType.ARRAY) {
+    return { itemType: scalarName(type.array, what), value: value as GgufScalar[] };
+  }
+  const items = type.items ?? [];
+  return { itemType: "array", value: value.map((v, i) => arrayOf(items[i], v, what)) };
+}
+
+/**
+ * The entry that writes a metadata value back exactly as it was read: `type` is its stored type
+ * from GgufModel.metadataTypes, so a u32 stays a u32 and an f32 keeps its bits.
+ */
+export function metaEntryOf(key: string, value: GgufValue, type: GgufValueType): GgufMetaEntry {
+  const what = `metadata "${key}"`;
+  if (typeof type === "number") {
+    if (Array.isArray(value)) throw new TypeError(`Cannot write ${what}: it is an array`);
+    return { key, type: scalarName(type, what), value };
+  }
+  const array = arrayOf(type, value, what);
+  return array.itemType === "array"
+    ? { key, type: "array", itemType: "array", value: array.value }
+    : { key, type: "array", itemType: array.itemType, value: array.value };
+}
 
 type IntType = "u8" | "i8" | "u16" | "i16" | "u32" | "i32" | "u64" | "i64";
 const INT_RANGE: Readonly<Record<IntType, readonly [bigint, bigint]>> = {

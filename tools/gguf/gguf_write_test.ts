@@ -7,7 +7,7 @@ import { Bytes, withTempDir } from "../../engine/gguf/_gguf_bytes.ts";
 import { readHeader } from "../../engine/gguf/header.ts";
 import { openGguf } from "../../engine/gguf/read.ts";
 import type { GgufValue } from "../../engine/gguf/gguf_model.ts";
-import { type GgufMetaEntry, type GgufTensorPlan, writeGguf } from "./gguf_write.ts";
+import { type GgufMetaEntry, type GgufTensorPlan, metaEntryOf, writeGguf } from "./gguf_write.ts";
 
 /** Deterministic bytes so every tensor's content differs. */
 function pattern(n: number, seed: number): Uint8Array {
@@ -136,6 +136,12 @@ Deno.test("every metadata type round-trips, including nested arrays and 64-bit e
       assert.deepEqual([...model.metadata.entries()], expected);
       assert.equal(model.version, 3);
       assert.equal(model.tensors.size, 0);
+      // Written back with the types it was read with, the file is the same byte for byte.
+      const copy = [...model.metadata].map(([key, value]) =>
+        metaEntryOf(key, value, model.metadataTypes.get(key)!)
+      );
+      await writeGguf(`${dir}/copy.gguf`, copy, [], () => new Uint8Array());
+      assert.deepEqual(await Deno.readFile(`${dir}/copy.gguf`), await Deno.readFile(path));
     } finally {
       model.close();
     }
