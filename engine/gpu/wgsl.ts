@@ -6,26 +6,19 @@
 // `#ifndef NAME`, `#else`, `#endif`. A define with a number becomes `const NAME = value;`; `true`
 // only enables `#ifdef NAME`. `enable` lines are hoisted above the constants, as WGSL requires.
 
+import { WGSL_SOURCES } from "./wgsl_sources.ts";
+
 /** A variant's defines: numbers become WGSL constants, `true` marks a flag for `#ifdef`. */
 export type Defines = Readonly<Record<string, number | true>>;
 
-const WGSL_DIR = new URL("../../wgsl/", import.meta.url);
-const sources = new Map<string, string>();
-
-/** The text of wgsl/<name>, read once. */
+/** The text of wgsl/<name>. */
 export function wgslSource(name: string): string {
-  let text = sources.get(name);
+  const text = WGSL_SOURCES.get(name);
   if (text === undefined) {
-    try {
-      text = Deno.readTextFileSync(new URL(name, WGSL_DIR));
-    } catch (e) {
-      throw new Error(
-        `Cannot read WGSL source "${name}" from ${WGSL_DIR.pathname}: ${
-          e instanceof Error ? e.message : e
-        }; run with --allow-read and keep wgsl/ beside engine/`,
-      );
-    }
-    sources.set(name, text);
+    throw new Error(
+      `Cannot find WGSL source "${name}": engine/gpu/wgsl_sources.ts does not import it; add ` +
+        `wgsl/${name} there`,
+    );
   }
   return text;
 }
