@@ -24,6 +24,19 @@ export interface LocalStageOptions {
   readonly snapshots?: number;
 }
 
+/**
+ * Mesa's Vulkan drivers probe for a Wayland display through libwayland, which prints "error:
+ * XDG_RUNTIME_DIR is invalid or not set in the environment." for every probe when the variable
+ * is unset, as on a server or in a container. Any absolute path silences it (nothing is written
+ * there); where the environment cannot be written, the lines stay and are harmless.
+ */
+function quietWayland(): void {
+  const name = "XDG_RUNTIME_DIR";
+  if (Deno.permissions.querySync({ name: "env", variable: name }).state !== "granted") return;
+  if (Deno.env.get(name)?.startsWith("/")) return;
+  Deno.env.set(name, "/tmp");
+}
+
 export async function openLocalStage(model: GgufModel, options: LocalStageOptions): Promise<Stage> {
   const nLayer = readHParams(model.metadata).nLayer;
   const end = options.end ?? nLayer;
@@ -35,6 +48,7 @@ export async function openLocalStage(model: GgufModel, options: LocalStageOption
   const missing = missingLayers(model, nLayer, { first: options.first, end });
   if (missing) throw new RangeError(missing);
   if (options.backend === "reference") return await openReferenceStage(model, { ...options, end });
+  quietWayland();
   // Imported on demand: a reference-backend worker never loads the GPU providers (Dawn needs FFI).
   const { openGpu } = await import("./gpu/device.ts");
   const { openGpuStage } = await import("./gpu/gpu_stage.ts");

@@ -202,6 +202,9 @@ Deno.test("a worker killed mid-stream: partial tokens, then an error event; the 
     w = await worker(port, 2048, 1);
     assert.equal((await post(`${head.url}/v1/messages`, turn)).status, 200);
     assert.equal((await fetch(`${head.url}/health`)).status, 200);
+    // A stage going down is expected: the head logs it in lines, never with a stack trace.
+    assert.deepEqual(head.lines.filter((l) => /\n\s+at /.test(l)), [], "stack traces logged");
+    assert.ok(head.lines.some((l) => /is down: /.test(l)));
   } finally {
     await head.close();
     await w.stop();

@@ -28,6 +28,8 @@ export interface SchedulerOptions {
   /** Snapshot places the prefix cache may use on every stage; 0 turns the cache off. */
   readonly snapshots: number;
   readonly log?: (line: string) => void;
+  /** Sees every admitted sequence (the head's access log follows them to their end). */
+  readonly onAdmit?: (sequence: Sequence) => void;
 }
 
 export interface StageHealth {
@@ -127,6 +129,7 @@ export class Scheduler {
   readonly #queueLimit: number;
   readonly #cache: PrefixCache;
   readonly #log: (line: string) => void;
+  readonly #onAdmit: ((sequence: Sequence) => void) | undefined;
   readonly #lane = new Lane();
   readonly #free: number[];
   readonly #queue: Sequence[] = [];
@@ -142,6 +145,7 @@ export class Scheduler {
     this.#tokenizer = options.tokenizer;
     this.#queueLimit = options.queue;
     this.#log = options.log ?? (() => undefined);
+    this.#onAdmit = options.onAdmit;
     if (local.first !== 0) {
       throw new RangeError(
         `Cannot schedule on layers ${rangeOf(local)}: the head's stage must start at layer 0`,
@@ -219,6 +223,7 @@ export class Scheduler {
         `[sample] ${seq.id} temperature=${temperature} top_k=${topK} top_p=${topP} seed=${seed}`,
       );
     }
+    this.#onAdmit?.(seq);
     this.#queue.push(seq);
     seq.signal.addEventListener("abort", () => this.#dequeue(seq), { once: true });
     this.#pump();

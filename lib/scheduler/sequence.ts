@@ -153,6 +153,9 @@ export class Sequence {
   readonly #decoder = new TextDecoder("utf-8", { ignoreBOM: true });
   readonly #abort = new AbortController();
   #controller!: ReadableStreamDefaultController<SequenceEvent>;
+  readonly #admittedAt = performance.now();
+  #firstTokenMs: number | null = null;
+  #outcome: StopReason | "error" | "cancelled" | null = null;
   #cachedTokens = 0;
   #outputTokens = 0;
   #ended = false;
@@ -171,8 +174,8 @@ export class Sequence {
     });
     const onAbort = () => this.cancel();
     request.signal?.addEventListener("abort", onAbort, { once: true });
-    // Deno.serve also aborts a request's signal after a successful response: stop listening
-    // once the sequence is over so that only a client going away counts.
+    // The request's signal outlives the sequence: stop listening once it is over, so that only a
+    // client going away while it runs counts.
     this.#abort.signal.addEventListener(
       "abort",
       () => request.signal?.removeEventListener("abort", onAbort),
@@ -194,10 +197,26 @@ export class Sequence {
     return this.#outputTokens;
   }
 
+  /** Prompt tokens the prefix cache supplied. */
+  get cachedTokens(): number {
+    return this.#cachedTokens;
+  }
+
+  /** Milliseconds from admission to the first generated token; null before it. */
+  get firstTokenMs(): number | null {
+    return this.#firstTokenMs;
+  }
+
+  /** How it ended: a stop reason, an error, its client leaving; null while it runs. */
+  get outcome(): StopReason | "error" | "cancelled" | null {
+    return this.#outcome;
+  }
+
   /** Ends the sequence at its next step; its events stream closes without an end event. */
   cancel(): void {
     if (this.#ended) return;
     this.#ended = true;
+    this.#outcome = "cancelled";
     this.#abort.abort(new CancelledError(`Sequence ${this.id} was cancelled by its client`));
     try {
       this.#controller.close();
@@ -239,6 +258,7 @@ export class Sequence {
    * (the sequence has then ended with its stop reason). `eog` says the id ends generation.
    */
   accept(id: number, top: readonly TopEntry[], eog: boolean, contextFull: boolean): boolean {
+    this.#firstTokenMs ??= performance.now() - this.#admittedAt;
     this.#outputTokens++;
     const { constraint, maxTokens, nProbs } = this.request;
     constraint?.accept(id);
@@ -263,11 +283,13 @@ export class Sequence {
   /** Ends with an error event (after the tokens already sent). */
   fail(error: unknown): void {
     if (this.#ended) return;
+    this.#outcome = "error";
     this.#emit({ type: "error", error });
     this.#close();
   }
 
   #finish(reason: StopReason, stopSequence: string | null): void {
+    this.#outcome = reason;
     if (reason !== "stop_sequence") {
       const rest = this.#stop.push(this.#decoder.decode()).text + this.#stop.flush();
       if (rest) this.#emit({ type: "text", text: rest });

@@ -50,8 +50,8 @@ export function resolveSampling(req: SamplingRequest, defaults: SamplingDefaults
 
 /**
  * What tells a generation that its client left: a streamed reply learns it from its body stream
- * being cancelled, a buffered one from the request's signal. Reading `request.signal` only when
- * needed keeps Deno.serve's legacy abort-on-success notice out of streaming-only logs.
+ * being cancelled, a buffered one from the request's signal (which, with deno.json's
+ * "no-legacy-abort", aborts only when the client goes, not after every response).
  */
 export function streamSignal(stream: boolean, request: Request): AbortSignal | undefined {
   return stream ? undefined : request.signal;

@@ -241,10 +241,13 @@ export function createHandler(head: Head, options: HandlerOptions = {}): Handle 
         : await route.run({ request, requestId, body });
     } catch (e) {
       const error = toApiError(e);
-      if (error.status(flavor) >= 500) {
+      // An expected failure (a stage down, overload) is one line; only a bug gets its stack.
+      if (error.kind === "internal") {
         head.log(
           `${request.method} ${path} failed: ${(error.cause as Error)?.stack ?? error.message}`,
         );
+      } else if (error.status(flavor) >= 500) {
+        head.log(`${request.method} ${path}: ${error.message}`);
       }
       response = errorResponse(error, flavor, requestId);
     }

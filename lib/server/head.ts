@@ -12,6 +12,7 @@ import { modelFingerprint } from "../wire/hello.ts";
 import { RemoteStage } from "../wire/remote_stage.ts";
 import type { ProviderChoice } from "../../engine/gpu/provider.ts";
 import type { SamplingDefaults } from "./admit.ts";
+import { accessLog } from "./access_log.ts";
 import { ApiError, errorResponse } from "./api_error.ts";
 import { listenError } from "../cli.ts";
 import { createHandler } from "./handler.ts";
@@ -148,6 +149,7 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
       )
       : undefined;
     if (link) cleanup.push(() => link.close());
+    const access = accessLog(log);
     const scheduler = new Scheduler({
       local,
       link,
@@ -156,10 +158,11 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
       queue: options.queue ?? 16,
       snapshots,
       log,
+      onAdmit: access.onAdmit,
     });
     const sampling = options.sampling ?? {};
     const modelId = options.modelId ?? modelStem(options.model);
-    handle = createHandler({
+    handle = access.wrap(createHandler({
       scheduler,
       tokenizer,
       prompts: new PromptBuilder(tokenizer, template),
@@ -172,7 +175,7 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
       },
       pingMs: options.pingMs ?? 10_000,
       log,
-    }, { apiKey: options.apiKey, maxBodyBytes: options.maxBodyBytes });
+    }, { apiKey: options.apiKey, maxBodyBytes: options.maxBodyBytes }));
     const host = addr.hostname.includes(":") ? `[${addr.hostname}]` : addr.hostname;
     const url = `http://${host}:${addr.port}`;
     const split = link
