@@ -35,7 +35,7 @@ export async function generateGreedy(
   const topk = options.topk ?? 0;
   const chunk = chainMaxBatch(stages);
   let pos = 0;
-  let last: PipelineResult = { ids: new Uint32Array(0), top: [] };
+  let last: PipelineResult = { ids: new Uint32Array(0), top: [], lse: NaN };
   while (pos < prompt.length) {
     const ids = Uint32Array.from(prompt.slice(pos, pos + chunk));
     last = await runPipeline(stages, slot, ids, pos, { topk });

@@ -1,15 +1,10 @@
 // A chain of stages run one after another in this process: layers [0, n) split over local and
 // remote stages. Used by the generate CLI; the head's split driver overlaps stages on its own.
 
-import type { Stage, StageInput, StageRunOptions, TopEntry } from "./stage.ts";
+import type { LastOutput, Stage, StageInput, StageRunOptions } from "./stage.ts";
 
 /** Result of running all stages for positions [base, base+n) of one slot. */
-export interface PipelineResult {
-  /** Greedy id of each position. */
-  readonly ids: Uint32Array;
-  /** Top-k of the last position, descending. */
-  readonly top: readonly TopEntry[];
-}
+export type PipelineResult = LastOutput;
 
 /** Checks that the stages cover [0, nLayer) contiguously, in order, with the same width. */
 export function checkChain(stages: readonly Stage[]): void {
@@ -48,7 +43,7 @@ export async function runPipeline(
   let input: StageInput = { kind: "ids", ids };
   for (const stage of stages) {
     const out = await stage.run(slot, input, ids.length, base, options);
-    if (out.kind === "ids") return { ids: out.ids, top: out.top };
+    if (out.kind === "ids") return { ids: out.ids, top: out.top, lse: out.lse };
     input = { kind: "hidden", rows: out.rows };
   }
   throw new RangeError("Cannot finish the pipeline: the last stage returned hidden rows, not ids");

@@ -6,24 +6,62 @@ export type StageInput =
   | { readonly kind: "ids"; readonly ids: Uint32Array }
   | { readonly kind: "hidden"; readonly rows: Float32Array };
 
-/** A candidate of the last position's logits. */
+/**
+ * Largest top-k any stage returns: one bound for the GPU kernel, the reference engine, the wire
+ * and every API field that asks for candidates (top_k, n_probs, top_logprobs).
+ */
+export const MAX_TOPK = 1024;
+/** Most u32 words of a LogitAdjust mask: vocabularies of up to 2^21 tokens. */
+export const MAX_MASK_WORDS = 65536;
+/** Most (id, bias) pairs one run may add to the logits. */
+export const MAX_BIAS_PAIRS = 16384;
+
+/** A candidate of the last position's logits (f32 values, as every stage returns them). */
 export interface TopEntry {
   readonly id: number;
   readonly logit: number;
 }
 
+/** An additive change to one token's logit. */
+export interface LogitBias {
+  readonly id: number;
+  readonly bias: number;
+}
+
 /**
- * Output: hidden rows (n·D f32, position-major) from a stage that is not last; from the last
- * stage the greedy id of each of the n positions plus the top-k of the last position, descending
- * by logit (ties: lower id first).
+ * Changes to the last position's logits, applied on the last stage before its greedy id, top-k
+ * and normaliser: a grammar's allowed tokens and the sampler's biases travel to the logits
+ * instead of the logits travelling to them.
  */
+export interface LogitAdjust {
+  /** Bit (i & 31) of word i >> 5 allows token i; ids past the mask are not allowed. */
+  readonly mask?: Uint32Array;
+  /** Added to the logits of these ids (each id at most once), before the mask. */
+  readonly bias?: readonly LogitBias[];
+}
+
+/**
+ * What the last stage returns: the greedy id of each of n positions, the top-k of the last
+ * position, descending by logit (ties: lower id first), and the log-sum-exp of that position's
+ * whole (adjusted) logits row, so that logit − lse is a token's log-probability. `lse` is NaN
+ * when no top-k was asked for.
+ */
+export interface LastOutput {
+  readonly ids: Uint32Array;
+  readonly top: readonly TopEntry[];
+  readonly lse: number;
+}
+
+/** Output: hidden rows (n·D f32, position-major) from a stage that is not last, else ids. */
 export type StageOutput =
   | { readonly kind: "hidden"; readonly rows: Float32Array }
-  | { readonly kind: "ids"; readonly ids: Uint32Array; readonly top: readonly TopEntry[] };
+  | ({ readonly kind: "ids" } & LastOutput);
 
 export interface StageRunOptions {
-  /** How many (id, logit) pairs of the last position to return from the last stage. */
+  /** How many (id, logit) pairs of the last position to return from the last stage (≤ MAX_TOPK). */
   readonly topk?: number;
+  /** Changes to the last position's logits (the last stage applies them). */
+  readonly adjust?: LogitAdjust;
 }
 
 export interface Stage {
@@ -60,8 +98,8 @@ export interface Stage {
     id: number,
     base: number,
     steps: number,
-    options?: StageRunOptions,
-  ): Promise<{ ids: Uint32Array; top: readonly TopEntry[] }>;
+    options?: Pick<StageRunOptions, "topk">,
+  ): Promise<LastOutput>;
   /** Copies slot state (KV up to its position, conv and recurrent states) into snapshot `idx`. */
   save(slot: number, idx: number): Promise<void>;
   /** Restores snapshot `idx` into `slot`; returns the position the slot then continues from. */

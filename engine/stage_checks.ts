@@ -1,7 +1,14 @@
 // The request checks every Stage makes before it touches state (slot, snapshot, run shape, input),
 // so the GPU, reference and remote stages (engine/gpu, engine/reference, lib/wire) refuse alike.
 
-import type { Stage, StageInput } from "./stage.ts";
+import {
+  type LogitAdjust,
+  MAX_BIAS_PAIRS,
+  MAX_MASK_WORDS,
+  MAX_TOPK,
+  type Stage,
+  type StageInput,
+} from "./stage.ts";
 
 /** Throws once the stage is closed. */
 export function checkOpen(stage: Pick<Stage, "first" | "end">, closed: boolean): void {
@@ -83,5 +90,58 @@ export function checkRun(
     throw new RangeError(
       `Cannot run ${n} positions on ${input.rows.length} hidden values: expected ${n}·${D}`,
     );
+  }
+}
+
+/** Largest |bias|: far beyond any logit, far below f32's range (a bias demotes, never masks). */
+const MAX_BIAS = 1e9;
+
+/** Checks a run's top-k count: 0..MAX_TOPK. */
+export function checkTopK(topk: number): void {
+  if (!Number.isInteger(topk) || topk < 0 || topk > MAX_TOPK) {
+    throw new RangeError(`Cannot return the top ${topk} logits: expected 0..${MAX_TOPK}`);
+  }
+}
+
+/**
+ * Checks logit adjustments against a vocabulary of `vocab` tokens: the mask fits it and allows
+ * at least one token, bias ids are in range and distinct, biases finite.
+ */
+export function checkAdjust(adjust: LogitAdjust | undefined, vocab: number): void {
+  if (!adjust) return;
+  const { mask, bias } = adjust;
+  if (mask) {
+    const words = Math.ceil(vocab / 32);
+    if (mask.length === 0 || mask.length > Math.min(words, MAX_MASK_WORDS)) {
+      throw new RangeError(
+        `Cannot apply a token mask of ${mask.length} words: the vocabulary of ${vocab} tokens ` +
+          `takes 1..${words}`,
+      );
+    }
+    let allowed = false;
+    for (let w = 0; w < mask.length && !allowed; w++) {
+      const bits = w === words - 1 && vocab % 32 ? mask[w] & ((1 << (vocab % 32)) - 1) : mask[w];
+      allowed = bits !== 0;
+    }
+    if (!allowed) throw new RangeError("Cannot apply a token mask that allows no token");
+  }
+  if (bias) {
+    if (bias.length > MAX_BIAS_PAIRS) {
+      throw new RangeError(
+        `Cannot add ${bias.length} logit biases: at most ${MAX_BIAS_PAIRS} per run`,
+      );
+    }
+    const seen = new Set<number>();
+    for (const { id, bias: b } of bias) {
+      if (!Number.isInteger(id) || id < 0 || id >= vocab || seen.has(id)) {
+        throw new RangeError(
+          `Cannot bias token ${id}: expected distinct ids in 0..${vocab - 1}`,
+        );
+      }
+      if (!(Math.abs(b) <= MAX_BIAS)) {
+        throw new RangeError(`Cannot bias token ${id} by ${b}: expected -${MAX_BIAS}..${MAX_BIAS}`);
+      }
+      seen.add(id);
+    }
   }
 }

@@ -1,40 +1,111 @@
-// GPU greedy ids and top-k (engine/gpu/kernels/{argmax,topk}.ts) against engine/reference/logits.ts,
-// including ties, which must break toward the lower id exactly as the reference does.
+// GPU greedy ids, logit adjustments, top-k and log-sum-exp (engine/gpu/kernels/{argmax,logit_adjust,
+// topk}.ts) against engine/reference/logits.ts, ties breaking toward the lower id as it does.
 
 import assert from "node:assert/strict";
 import { createStorage } from "../engine/gpu/buffers.ts";
 import { argmax } from "../engine/gpu/kernels/argmax.ts";
-import { topK, topKScratchWords } from "../engine/gpu/kernels/topk.ts";
-import { argmaxTopK } from "../engine/reference/logits.ts";
+import { logitAdjust } from "../engine/gpu/kernels/logit_adjust.ts";
+import { topK, topKWords } from "../engine/gpu/kernels/topk.ts";
+import { adjustLogits, argmaxTopK } from "../engine/reference/logits.ts";
+import { type LogitAdjust, MAX_TOPK } from "../engine/stage.ts";
 import { gpuTest, randomF32, readU32, rng, submit, upload } from "./_gpu.ts";
 
-gpuTest("argmax() and topK() equal the reference, ties to the lower id", async (ctx) => {
-  for (const [V, rows, k] of [[1000, 3, 5], [257, 2, 40], [5000, 1, 1]]) {
-    const r = rng(V);
+const f32 = (bits: number) => new Float32Array(new Uint32Array([bits]).buffer)[0];
+
+interface Case {
+  readonly V: number;
+  readonly rows: number;
+  readonly k: number;
+  readonly adjust?: LogitAdjust;
+}
+
+/** A mask allowing every id for which `allow` holds, over `words` words. */
+function maskOf(words: number, allow: (id: number) => boolean): Uint32Array {
+  const mask = new Uint32Array(words);
+  for (let id = 0; id < 32 * words; id++) if (allow(id)) mask[id >>> 5] |= 1 << (id & 31);
+  return mask;
+}
+
+const CASES: readonly Case[] = [
+  { V: 1000, rows: 3, k: 5 },
+  { V: 257, rows: 2, k: 40 },
+  { V: 5000, rows: 1, k: 1 },
+  // k beyond the old two-pass kernel's 256, up to the one limit; k above V returns V entries.
+  { V: 3000, rows: 1, k: MAX_TOPK },
+  { V: 700, rows: 1, k: MAX_TOPK },
+  // A grammar's mask (a short mask leaves the ids past it out) and a sampler's biases.
+  { V: 2000, rows: 2, k: 64, adjust: { mask: maskOf(40, (id) => id % 7 === 3) } },
+  { V: 600, rows: 1, k: 300, adjust: { mask: maskOf(19, (id) => id > 500 || id === 4) } },
+  {
+    V: 1500,
+    rows: 1,
+    k: 8,
+    adjust: { bias: [{ id: 1499, bias: 90 }, { id: 7, bias: -50 }, { id: 0, bias: 3.5 }] },
+  },
+  {
+    V: 1500,
+    rows: 1,
+    k: 3,
+    adjust: { mask: maskOf(47, (id) => id < 9), bias: [{ id: 2, bias: 40 }] },
+  },
+];
+
+gpuTest("argmax, logitAdjust, topK and the log-sum-exp equal the reference", async (ctx) => {
+  for (const { V, rows, k, adjust } of CASES) {
+    const where = `V ${V} k ${k}${adjust ? " adjusted" : ""}`;
+    const r = rng(V + k);
     const logits = randomF32(V * rows, r, 4);
-    // Ties: equal maxima in row 0, and a run of equal values straddling top-k groups.
+    // Ties: equal maxima in row 0, equal values at the top of the last row, and a run of equal
+    // values straddling the k-th place, which only some of them can take.
     logits[10] = logits[900 % V] = 50;
-    for (let i = 0; i < 6; i++) logits[(i * 97) % V] = 20;
+    const last = (rows - 1) * V;
+    for (let i = 0; i < 6; i++) logits[last + (i * 97) % V] = 20;
+    const order = [...logits.subarray(last, last + V).keys()]
+      .sort((a, b) => logits[last + b] - logits[last + a]);
+    const place = Math.min(k, V) - 1;
+    const tied = logits[last + order[place]];
+    for (const i of order.slice(Math.max(7, place - 8), place + 8)) logits[last + i] = tied;
     const src = upload(ctx, logits);
     const ids = createStorage(ctx, "ids", rows * 4);
-    const scratch = createStorage(ctx, "scratch", topKScratchWords(k) * 4);
-    const top = createStorage(ctx, "top", 2 * k * 4);
-    const last = (rows - 1) * V;
+    const top = createStorage(ctx, "top", topKWords(k) * 4);
+    const mask = adjust?.mask ? upload(ctx, adjust.mask) : undefined;
+    const pairs = new Uint32Array(2 * (adjust?.bias?.length ?? 0));
+    adjust?.bias?.forEach(({ id, bias }, i) => {
+      pairs[2 * i] = id;
+      new Float32Array(pairs.buffer)[2 * i + 1] = bias;
+    });
+    const bias = pairs.length ? upload(ctx, pairs) : undefined;
     await submit(ctx, (enc) => {
+      logitAdjust(enc, { logits: src, mask, bias }, {
+        n: V,
+        offset: last,
+        words: adjust?.mask?.length ?? 0,
+        pairs: adjust?.bias?.length ?? 0,
+      });
       argmax(enc, { src, out: ids }, { n: V, rows });
-      topK(enc, { src, scratch, out: top }, { n: V, k, offset: last });
+      topK(enc, { src, out: top }, { n: V, k, offset: last });
     });
     const gotIds = await readU32(ctx, ids, rows);
+    const lastRow = adjustLogits(logits.subarray(last, last + V), adjust);
     for (let row = 0; row < rows; row++) {
-      const ref = argmaxTopK(logits.subarray(row * V, row * V + V), 0);
-      assert.equal(gotIds[row], ref.argmax, `V ${V} row ${row} argmax`);
+      const ref = argmaxTopK(row === rows - 1 ? lastRow : logits.subarray(row * V, row * V + V), 0);
+      assert.equal(gotIds[row], ref.argmax, `${where} row ${row} argmax`);
     }
-    const pairs = await readU32(ctx, top, 2 * k);
-    const got = Array.from({ length: k }, (_, i) => ({
-      id: pairs[2 * i + 1],
-      logit: new Float32Array(new Uint32Array([pairs[2 * i]]).buffer)[0],
-    }));
-    const ref = argmaxTopK(logits.subarray(last, last + V), k).top;
-    assert.deepEqual(got, ref, `V ${V} top ${k}`);
+    const words = await readU32(ctx, top, topKWords(k));
+    const got = Array.from(
+      { length: k },
+      (_, i) => ({ id: words[2 * i + 1], logit: f32(words[2 * i]) }),
+    )
+      .filter((e) => e.id !== 0xffffffff);
+    const ref = argmaxTopK(lastRow, k);
+    assert.equal(got.length, ref.top.length, `${where}: candidate count`);
+    // Biases are added in f32 on the GPU and in f64 by the reference: compare ids exactly, values
+    // to f32 rounding.
+    assert.deepEqual(got.map((e) => e.id), ref.top.map((e) => e.id), `${where}: ids`);
+    got.forEach((e, i) =>
+      assert.ok(Math.abs(e.logit - ref.top[i].logit) <= 1e-5 * Math.abs(e.logit), `${where} #${i}`)
+    );
+    const lse = f32(words[2 * k]);
+    assert.ok(Math.abs(lse - ref.lse) <= 1e-4, `${where}: log-sum-exp ${lse}, expected ${ref.lse}`);
   }
 });

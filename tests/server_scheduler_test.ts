@@ -4,7 +4,13 @@
 import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf/read.ts";
 import { openReferenceStage } from "../engine/reference/reference_stage.ts";
-import type { Stage, StageInput, StageOutput, StageRunOptions, TopEntry } from "../engine/stage.ts";
+import type {
+  LastOutput,
+  Stage,
+  StageInput,
+  StageOutput,
+  StageRunOptions,
+} from "../engine/stage.ts";
 import { StageLink } from "../lib/scheduler/link.ts";
 import { OverloadedError, Scheduler } from "../lib/scheduler/scheduler.ts";
 import type { SequenceEvent, SequenceRequest } from "../lib/scheduler/sequence.ts";
@@ -82,10 +88,10 @@ class RecordingLink extends StageLink {
     rows: Float32Array,
     n: number,
     base: number,
-    topk: number,
-  ): Promise<{ ids: Uint32Array; top: readonly TopEntry[] }> {
+    options: StageRunOptions,
+  ): Promise<LastOutput> {
     const start = performance.now();
-    const out = await super.run(slot, rows, n, base, topk);
+    const out = await super.run(slot, rows, n, base, options);
     this.spans.push({ slot, n, start, end: performance.now() });
     return out;
   }

@@ -100,7 +100,7 @@ function fuzzInputs(count: number): Uint8Array[] {
     encodeFrame({ op: Op.Close }),
     encodeFrame({ op: Op.Ping }),
     encodeFrame({ op: Op.Auth, proof: NO_PROOF }),
-    encodeFrame({ op: Op.Ids, slot: 0, base: 0, ids: Uint32Array.of(1), top: [] }),
+    encodeFrame({ op: Op.Ids, slot: 0, base: 0, ids: Uint32Array.of(1), top: [], lse: NaN }),
     encodeFrame({ op: Op.Error, code: 1, message: "x" }),
   ];
   const ops = [0, 1, 2, 3, 4, 5, 6, 7, 8, 0x81, 0x83, 0x84, 0x85, 0x86, 0x87, 0xff, 0xffff_ffff];
@@ -119,7 +119,7 @@ function fuzzInputs(count: number): Uint8Array[] {
       inputs.push(bytes);
     } else if (kind < 9) {
       const n = next() % 6;
-      const header = words(pick(ops), next() % 4, n, next() % 20, next() % 4);
+      const header = words(pick(ops), next() % 4, n, next() % 20, next() % 4, 0, 0);
       inputs.push(concat(header, Uint8Array.from({ length: next() % (n * D * 4 + 40) }, () => 0)));
     } else {
       const whole = pick(templates);
@@ -143,8 +143,11 @@ Deno.test("the worker refuses each malformed input with its code, then fuzzing l
     await t.step("each kind of malformed input", async () => {
       const { Malformed, Range } = ErrorCode;
       const cases: [Uint8Array, { code: ErrorCode; message: RegExp; answers?: number }][] = [
-        [words(8, 0, 0, 0, 0), { code: Malformed, message: /unknown op 0x8/ }],
-        [words(Op.Ping, 0, 0, 0, 1), { code: Malformed, message: /field topk is 1, expected 0/ }],
+        [words(8, 0, 0, 0, 0, 0, 0), { code: Malformed, message: /unknown op 0x8/ }],
+        [words(Op.Ping, 0, 0, 0, 1, 0, 0), {
+          code: Malformed,
+          message: /field topk is 1, expected 0/,
+        }],
         [
           encodeFrame({ op: Op.Pong }),
           { code: Malformed, message: /op 135: it is not a request/ },
@@ -156,23 +159,26 @@ Deno.test("the worker refuses each malformed input with its code, then fuzzing l
         }],
         [run(0, CTX - 1, 2), { code: Range, message: /positions 15\.\.17 of slot 0: the context/ }],
         [run(0, 3, 1), { code: Range, message: /it has seen 0 positions on this connection/ }],
-        [words(Op.Save, 0, 1, 0, 0), { code: Malformed, message: /field n is 1, expected 0/ }],
+        [words(Op.Save, 0, 1, 0, 0, 0, 0), {
+          code: Malformed,
+          message: /field n is 1, expected 0/,
+        }],
         [encodeFrame({ op: Op.Save, slot: 0, idx: 1 }), { code: Range, message: /snapshot 1/ }],
         [
           encodeFrame({ op: Op.Restore, slot: 0, idx: 0 }),
           { code: Range, message: /snapshot 0: it was not saved on this connection/ },
         ],
         [
-          encodeFrame({ op: Op.Ids, slot: 0, base: 0, ids: Uint32Array.of(1), top: [] }),
+          encodeFrame({ op: Op.Ids, slot: 0, base: 0, ids: Uint32Array.of(1), top: [], lse: NaN }),
           { code: Malformed, message: /op 129: it is not a request/ },
         ],
         [
-          concat(words(Op.Run, 0, 1, 0, 0), new Uint8Array(4 * D).fill(0xff)),
+          concat(words(Op.Run, 0, 1, 0, 0, 0, 0), new Uint8Array(4 * D).fill(0xff)),
           { code: Malformed, message: /hidden value 0 of row 0 is NaN/ },
         ],
         // Trailing bytes after a good frame that do not form the next one: answered, then refused.
         [
-          concat(run(0, 0, 1), words(0x99, 0, 0, 0, 0)),
+          concat(run(0, 0, 1), words(0x99, 0, 0, 0, 0, 0, 0)),
           { code: Malformed, message: /unknown op 0x99/, answers: 1 },
         ],
       ];
@@ -207,7 +213,7 @@ Deno.test("the worker refuses each malformed input with its code, then fuzzing l
         assert.equal(answer.code, ErrorCode.Version);
         assert.match(
           answer.message,
-          /greeting starts with 0x716b7033 \("3pkq"\), expected 0x324d4454 \("TDM2"\)/,
+          /greeting starts with 0x716b7033 \("3pkq"\), expected 0x334d4454 \("TDM3"\)/,
         );
       }
       old.close();

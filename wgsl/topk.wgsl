@@ -1,79 +1,244 @@
-// topk: the k largest values of a row with their indices, descending (ties: lower index first),
-// in two passes: mode 0 takes each group's top k of `chunk` logits, mode 1 merges the groups'
-// candidates. Matches engine/reference/logits.ts argmaxTopK's `top`.
-// Bindings: 0 src: mode 0 logits at src_offset + i, f32 | 1 cand: mode 1 candidates as
-//   (f32 bits, index) u32 pairs | 2 dst: group g's k pairs at 2·(g·k + r) | 3 params.
-// Dispatch: (groups); group g covers elements [g·chunk, (g+1)·chunk) of n. Missing entries are
-//   (-3.4e38, 0xffffffff). WG = 64; each of the k rounds picks the best element ordered after
-//   the previous pick. Variants: none.
+// topk: the k largest values of one row with their indices, descending (ties: lower index first),
+// and the row's log-sum-exp, for any k up to MAXK. Matches engine/reference/logits.ts argmaxTopK.
+// Bindings: 0 src: the row at src_offset + i, n values f32; values ≤ MASKED (logit_adjust's masked
+//   tokens) are no candidates and add nothing to the sum | 1 dst: k (f32 bits, index) u32 pairs,
+//   then the log-sum-exp as f32 bits at 2·k | 2 params.
+// Dispatch: (1); one workgroup. WG = 256. Missing entries (k above the candidates) are
+//   (MASKED, 0xffffffff). Variants: none.
+//
+// One pass computes an online max and sum of exp (the normaliser) and a histogram of each value's
+// top 8 key bits; three more histogram passes fix the k-th largest key 8 bits at a time (radix
+// select); keys above it are gathered, then keys equal to it (the lowest indices first when more
+// tie than fit), and a bitonic sort orders the ≤ MAXK candidates. Keys map f32 order onto u32.
 
 struct Params {
   n: u32,
   k: u32,
-  chunk: u32,
   src_offset: u32,
-  mode: u32,
 }
 
 @group(0) @binding(0) var<storage, read> src: array<f32>;
-@group(0) @binding(1) var<storage, read> cand: array<u32>;
-@group(0) @binding(2) var<storage, read_write> dst: array<u32>;
-@group(0) @binding(3) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read_write> dst: array<u32>;
+@group(0) @binding(2) var<uniform> params: Params;
 
-const WG = 64u;
+const WG = 256u;
+const MAXK = 1024u;
 const NONE = 0xffffffffu;
+const MASKED = -0x1.fffffep+127f;
 
-var<workgroup> best_v: array<f32, WG>;
-var<workgroup> best_i: array<u32, WG>;
+var<workgroup> hist: array<atomic<u32>, 256>;
+var<workgroup> red_m: array<f32, WG>;
+var<workgroup> red_s: array<f32, WG>;
+var<workgroup> counts: array<u32, WG>;
+var<workgroup> sk: array<u32, MAXK>;
+var<workgroup> si: array<u32, MAXK>;
+var<workgroup> taken: atomic<u32>;
+var<workgroup> valid_total: atomic<u32>;
+// Broadcast by thread 0: the key prefix found so far, the entries still needed at that prefix,
+// the candidates to return (min(k, valid)), and how many entries share the last bin's key.
+var<workgroup> wg_prefix: u32;
+var<workgroup> wg_need: u32;
+var<workgroup> wg_kk: u32;
+var<workgroup> wg_ties: u32;
 
-// (v, i) comes before (bv, bi) in the order: larger value first, then lower index.
-fn before(v: f32, i: u32, bv: f32, bi: u32) -> bool {
-  return bi == NONE || (i != NONE && (v > bv || (v == bv && i < bi)));
+// f32 order as u32 order; -0 is keyed as +0 so that the two tie as they compare.
+fn key_of(v: f32) -> u32 {
+  var b = bitcast<u32>(v);
+  if (b == 0x80000000u) {
+    b = 0u;
+  }
+  if ((b & 0x80000000u) != 0u) {
+    return ~b;
+  }
+  return b | 0x80000000u;
 }
 
-fn element(e: u32) -> vec2<u32> {
-  if (params.mode == 0u) {
-    return vec2<u32>(bitcast<u32>(src[params.src_offset + e]), e);
+fn value_of(key: u32) -> f32 {
+  if ((key & 0x80000000u) != 0u) {
+    return bitcast<f32>(key & 0x7fffffffu);
   }
-  return vec2<u32>(cand[2u * e], cand[2u * e + 1u]);
+  return bitcast<f32>(~key);
+}
+
+// Entry a comes before entry b: larger key, then lower index.
+fn before(ka: u32, ia: u32, kb: u32, ib: u32) -> bool {
+  return ka > kb || (ka == kb && ia < ib);
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let g = wid.x;
-  let start = g * params.chunk;
-  let end = min(params.n, start + params.chunk);
-  var prev_v = 0x1.fffffep+127f;
-  var prev_i = NONE;
-  for (var r = 0u; r < params.k; r++) {
-    var bv = -0x1.fffffep+127f;
-    var bi = NONE;
-    for (var e = start + lid; e < end; e += WG) {
-      let el = element(e);
-      let v = bitcast<f32>(el.x);
-      // Only elements strictly after the previous pick are still free.
-      let free = r == 0u || (el.y != NONE && before(prev_v, prev_i, v, el.y));
-      if (free && before(v, el.y, bv, bi)) {
-        bv = v;
-        bi = el.y;
+fn main(@builtin(local_invocation_index) lid: u32) {
+  let n = params.n;
+  let off = params.src_offset;
+
+  // Pass 1: online max / sum of exp, valid count, histogram of the top key byte.
+  var m = MASKED;
+  var s = 0.0;
+  var valid = 0u;
+  for (var e = lid; e < n; e += WG) {
+    let v = src[off + e];
+    if (v > MASKED) {
+      valid += 1u;
+      if (v > m) {
+        s = s * exp(m - v) + 1.0;
+        m = v;
+      } else {
+        s += exp(v - m);
       }
+      atomicAdd(&hist[key_of(v) >> 24u], 1u);
     }
-    best_v[lid] = bv;
-    best_i[lid] = bi;
+  }
+  red_m[lid] = m;
+  red_s[lid] = s;
+  atomicAdd(&valid_total, valid);
+  workgroupBarrier();
+  for (var w = WG / 2u; w > 0u; w >>= 1u) {
+    if (lid < w) {
+      let m2 = red_m[lid + w];
+      let mm = max(red_m[lid], m2);
+      red_s[lid] = red_s[lid] * exp(red_m[lid] - mm) + red_s[lid + w] * exp(m2 - mm);
+      red_m[lid] = mm;
+    }
     workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-      if (lid < s && before(best_v[lid + s], best_i[lid + s], best_v[lid], best_i[lid])) {
-        best_v[lid] = best_v[lid + s];
-        best_i[lid] = best_i[lid + s];
+  }
+  if (lid == 0u) {
+    let kk = min(params.k, atomicLoad(&valid_total));
+    wg_prefix = 0u;
+    wg_need = kk;
+    wg_kk = kk;
+    wg_ties = 0u;
+  }
+  workgroupBarrier();
+
+  // Radix select: the k-th largest key, one byte per pass, high byte first.
+  for (var digit = 0u; digit < 4u; digit++) {
+    let shift = 24u - 8u * digit;
+    if (digit > 0u) {
+      let high = ~((1u << (shift + 8u)) - 1u);
+      let prefix = wg_prefix;
+      atomicStore(&hist[lid], 0u);
+      workgroupBarrier();
+      for (var e = lid; e < n; e += WG) {
+        let v = src[off + e];
+        let key = key_of(v);
+        if (v > MASKED && (key & high) == prefix) {
+          atomicAdd(&hist[(key >> shift) & 255u], 1u);
+        }
       }
       workgroupBarrier();
     }
-    prev_v = best_v[0];
-    prev_i = best_i[0];
-    if (lid == 0u) {
-      dst[2u * (g * params.k + r)] = bitcast<u32>(prev_v);
-      dst[2u * (g * params.k + r) + 1u] = prev_i;
+    if (lid == 0u && wg_need > 0u) {
+      var need = wg_need;
+      var b = 256u;
+      loop {
+        b -= 1u;
+        let c = atomicLoad(&hist[b]);
+        if (c >= need || b == 0u) {
+          wg_ties = c;
+          break;
+        }
+        need -= c;
+      }
+      wg_prefix = wg_prefix | (b << shift);
+      wg_need = need;
     }
     workgroupBarrier();
+  }
+
+  let kk = workgroupUniformLoad(&wg_kk);
+  let threshold = workgroupUniformLoad(&wg_prefix);
+  let need = workgroupUniformLoad(&wg_need);
+  let ties = workgroupUniformLoad(&wg_ties);
+  // Keys above the threshold, and the threshold's own when every one of them fits.
+  for (var e = lid; e < n; e += WG) {
+    let v = src[off + e];
+    let key = key_of(v);
+    if (kk > 0u && v > MASKED && (key > threshold || (key == threshold && ties == need))) {
+      let at = atomicAdd(&taken, 1u);
+      sk[at] = key;
+      si[at] = e;
+    }
+  }
+  workgroupBarrier();
+  // More ties than places: the lowest indices, from contiguous per-thread ranges in order.
+  if (ties != need && kk > 0u) {
+    let per = (n + WG - 1u) / WG;
+    let lo = min(n, lid * per);
+    let hi = min(n, lo + per);
+    var c = 0u;
+    for (var e = lo; e < hi; e++) {
+      let v = src[off + e];
+      if (v > MASKED && key_of(v) == threshold) {
+        c += 1u;
+      }
+    }
+    counts[lid] = c;
+    workgroupBarrier();
+    if (lid == 0u) {
+      var acc = 0u;
+      for (var t = 0u; t < WG; t++) {
+        let ct = counts[t];
+        counts[t] = acc;
+        acc += ct;
+      }
+    }
+    workgroupBarrier();
+    let start = kk - need;
+    var rank = counts[lid];
+    for (var e = lo; e < hi && rank < need; e++) {
+      let v = src[off + e];
+      if (v > MASKED && key_of(v) == threshold) {
+        sk[start + rank] = threshold;
+        si[start + rank] = e;
+        rank += 1u;
+      }
+    }
+    workgroupBarrier();
+  }
+
+  // Bitonic sort of the kk candidates, padded to a power of two with entries that sort last.
+  var size = 1u;
+  while (size < kk) {
+    size <<= 1u;
+  }
+  for (var i = kk + lid; i < size; i += WG) {
+    sk[i] = 0u;
+    si[i] = NONE;
+  }
+  workgroupBarrier();
+  for (var block = 2u; block <= size; block <<= 1u) {
+    for (var stride = block / 2u; stride > 0u; stride >>= 1u) {
+      for (var t = lid; t < size / 2u; t += WG) {
+        let i = 2u * stride * (t / stride) + t % stride;
+        let j = i + stride;
+        let descending = (i & block) == 0u;
+        let swap = select(
+          before(sk[i], si[i], sk[j], si[j]),
+          before(sk[j], si[j], sk[i], si[i]),
+          descending,
+        );
+        if (swap) {
+          let tk = sk[i];
+          let ti = si[i];
+          sk[i] = sk[j];
+          si[i] = si[j];
+          sk[j] = tk;
+          si[j] = ti;
+        }
+      }
+      workgroupBarrier();
+    }
+  }
+
+  for (var r = lid; r < params.k; r += WG) {
+    if (r < kk) {
+      dst[2u * r] = bitcast<u32>(value_of(sk[r]));
+      dst[2u * r + 1u] = si[r];
+    } else {
+      dst[2u * r] = bitcast<u32>(MASKED);
+      dst[2u * r + 1u] = NONE;
+    }
+  }
+  if (lid == 0u) {
+    dst[2u * params.k] = bitcast<u32>(red_m[0] + log(red_s[0]));
   }
 }

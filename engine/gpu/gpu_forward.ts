@@ -18,6 +18,7 @@ import { mulMat, type MulMatOptions, PREFILL_TT } from "./kernels/mul_mat.ts";
 import { kNormRopeStore, qNormRope } from "./kernels/qk_norm_rope.ts";
 import { rmsNorm } from "./kernels/rms_norm.ts";
 import { ssmConv } from "./kernels/ssm_conv.ts";
+import { logitAdjust } from "./kernels/logit_adjust.ts";
 import { topK } from "./kernels/topk.ts";
 import type { HParams } from "../hparams.ts";
 import { ropeThetaScale } from "../reference/rope.ts";
@@ -51,8 +52,9 @@ export interface Activations {
   readonly sharedOut: GPUBuffer; // (T, D)
   readonly logits: GPUBuffer; // (L, V) one chunk of LM-head rows
   readonly greedy: GPUBuffer; // (T) u32 argmax per position
-  readonly topScratch: GPUBuffer; // top-k candidates of the first pass
-  readonly top: GPUBuffer; // (k) (f32 bits, id) pairs
+  readonly mask: GPUBuffer; // (MAX_MASK_WORDS) u32 allowed-token bits of the run's LogitAdjust
+  readonly bias: GPUBuffer; // (MAX_BIAS_PAIRS) (id u32, bias f32) pairs of the run's LogitAdjust
+  readonly top: GPUBuffer; // (k) (f32 bits, id) pairs, then the log-sum-exp
 }
 
 /** Per-slot state of one block. */
@@ -287,10 +289,16 @@ export function encodeLayers(
   });
 }
 
+/** Words of act.mask and pairs of act.bias that a step's last position applies (0: none). */
+export interface AdjustSizes {
+  readonly words: number;
+  readonly pairs: number;
+}
+
 /**
  * Records the last stage's head: output RMSNorm, LM head in chunks of plan.lmChunk positions,
- * the greedy id of every position into `greedy` (u32, from element `offset`) and the top
- * `topk` of the last position into act.top.
+ * the last position's logit adjustments, the greedy id of every position into `greedy` (u32,
+ * from element `offset`) and the top `topk` and log-sum-exp of the last position into act.top.
  */
 export function encodeHead(
   enc: StepEncoder,
@@ -298,6 +306,7 @@ export function encodeHead(
   T: number,
   topk: number,
   greedy: { readonly buffer: GPUBuffer; readonly offset: number },
+  adjust: AdjustSizes = { words: 0, pairs: 0 },
 ): void {
   const { hp, act, weights } = plan;
   const { D, V } = hp;
@@ -308,13 +317,20 @@ export function encodeHead(
   for (let t0 = 0; t0 < T; t0 += plan.lmChunk) {
     const rows = Math.min(plan.lmChunk, T - t0);
     mulMat(enc, { w: weights.output, x: act.h, y: act.logits }, { tokens: rows, xOffset: t0 * D });
+    if (t0 + rows === T) {
+      logitAdjust(enc, { logits: act.logits, mask: act.mask, bias: act.bias }, {
+        n: V,
+        offset: (rows - 1) * V,
+        ...adjust,
+      });
+    }
     argmax(enc, { src: act.logits, out: greedy.buffer }, {
       n: V,
       rows,
       outOffset: greedy.offset + t0,
     });
     if (topk > 0 && t0 + rows === T) {
-      topK(enc, { src: act.logits, scratch: act.topScratch, out: act.top }, {
+      topK(enc, { src: act.logits, out: act.top }, {
         n: V,
         k: topk,
         offset: (rows - 1) * V,

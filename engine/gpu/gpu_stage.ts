@@ -12,10 +12,27 @@ import type { GgufModel } from "../gguf/gguf_model.ts";
 import { attentionPartialFloats } from "./kernels/attention.ts";
 import { gatherWords } from "./kernels/moe_gather.ts";
 import { PREFILL_TT } from "./kernels/mul_mat.ts";
-import { MAX_TOPK, topKScratchWords } from "./kernels/topk.ts";
+import { topKWords } from "./kernels/topk.ts";
 import { type HParams, readHParams } from "../hparams.ts";
-import type { Stage, StageInput, StageOutput, StageRunOptions, TopEntry } from "../stage.ts";
-import { checkOpen, checkRun, checkSlot, checkSnapshot } from "../stage_checks.ts";
+import {
+  type LastOutput,
+  type LogitAdjust,
+  MAX_BIAS_PAIRS,
+  MAX_TOPK,
+  type Stage,
+  type StageInput,
+  type StageOutput,
+  type StageRunOptions,
+  type TopEntry,
+} from "../stage.ts";
+import {
+  checkAdjust,
+  checkOpen,
+  checkRun,
+  checkSlot,
+  checkSnapshot,
+  checkTopK,
+} from "../stage_checks.ts";
 import { loadStageWeights } from "./gpu_weights.ts";
 import {
   type Activations,
@@ -88,8 +105,9 @@ function allocActivations(
     sharedOut: f32("shared out", T * D),
     logits: f32("logits", lmChunk * V),
     greedy: f32("greedy ids", T),
-    topScratch: f32("top-k scratch", topKScratchWords(MAX_TOPK)),
-    top: f32("top-k", 2 * MAX_TOPK),
+    mask: f32("token mask", Math.ceil(V / 32)),
+    bias: f32("logit biases", 2 * MAX_BIAS_PAIRS),
+    top: f32("top-k", topKWords(MAX_TOPK)),
   };
 }
 
@@ -225,7 +243,9 @@ export class GpuStage implements Stage {
     // Everything up to submit runs synchronously, so concurrent runs reach the queue in call order.
     const started = performance.now();
     const k = this.#topk(options);
+    if (this.#last) checkAdjust(options.adjust, this.#hp.V);
     this.#input(slot, input, n, base);
+    const adjust = this.#last ? this.#uploadAdjust(options.adjust) : undefined;
     const { act } = this.#plan;
     const enc = this.#begin(slot, base);
     encodeLayers(enc, this.#plan, this.#sets[slot], n, base);
@@ -237,12 +257,12 @@ export class GpuStage implements Stage {
       ]]);
       return { kind: "hidden", rows: new Float32Array(data) };
     }
-    encodeHead(enc, this.#plan, n, k, { buffer: act.greedy, offset: 0 });
+    encodeHead(enc, this.#plan, n, k, { buffer: act.greedy, offset: 0 }, adjust);
     const data = await this.#finish(enc, started, slot, n, base, [
       [act.greedy, 0, 4 * n],
-      [act.top, 0, 8 * k],
+      [act.top, 0, k ? 4 * topKWords(k) : 0],
     ]);
-    return { kind: "ids", ids: new Uint32Array(data, 0, n).slice(), top: this.#top(data, n, k) };
+    return { kind: "ids", ...this.#lastOutput(data, n, k) };
   }
 
   /**
@@ -256,8 +276,8 @@ export class GpuStage implements Stage {
     id: number,
     base: number,
     steps: number,
-    options: StageRunOptions = {},
-  ): Promise<{ ids: Uint32Array; top: TopEntry[] }> {
+    options: Pick<StageRunOptions, "topk"> = {},
+  ): Promise<LastOutput> {
     const started = performance.now();
     if (this.first !== 0 || !this.#last) {
       throw new RangeError(
@@ -279,17 +299,33 @@ export class GpuStage implements Stage {
     }
     const data = await this.#finish(enc, started, slot, steps, base, [
       [act.ids, 4, 4 * steps],
-      [act.top, 0, 8 * k],
+      [act.top, 0, k ? 4 * topKWords(k) : 0],
     ]);
-    return { ids: new Uint32Array(data, 0, steps).slice(), top: this.#top(data, steps, k) };
+    return this.#lastOutput(data, steps, k);
   }
 
-  #topk(options: StageRunOptions): number {
+  #topk(options: Pick<StageRunOptions, "topk">): number {
     const topk = options.topk ?? 0;
-    if (!Number.isInteger(topk) || topk < 0 || topk > MAX_TOPK) {
-      throw new RangeError(`Cannot return the top ${topk} logits: expected 0..${MAX_TOPK}`);
-    }
+    checkTopK(topk);
     return Math.min(topk, this.#hp.V);
+  }
+
+  /** Writes a run's (checked) adjustments into act.mask and act.bias; their sizes. */
+  #uploadAdjust(adjust: LogitAdjust | undefined): { words: number; pairs: number } {
+    const { act } = this.#plan;
+    const mask = adjust?.mask;
+    if (mask) writeBytes(this.#gpu, act.mask, 0, mask);
+    const bias = adjust?.bias ?? [];
+    if (bias.length) {
+      const pairs = new Uint32Array(2 * bias.length);
+      const values = new Float32Array(pairs.buffer);
+      bias.forEach(({ id, bias: b }, i) => {
+        pairs[2 * i] = id;
+        values[2 * i + 1] = b;
+      });
+      writeBytes(this.#gpu, act.bias, 0, pairs);
+    }
+    return { words: mask?.length ?? 0, pairs: bias.length };
   }
 
   /** A step encoder for `slot`; a run from position 0 first zeroes its DeltaNet states. */
@@ -306,8 +342,8 @@ export class GpuStage implements Stage {
     return enc;
   }
 
-  /** The top-k pairs that follow `n` u32 ids in a readback. */
-  #top(data: ArrayBuffer, n: number, k: number): TopEntry[] {
+  /** The `n` ids, then the top-k pairs and log-sum-exp of a readback. */
+  #lastOutput(data: ArrayBuffer, n: number, k: number): LastOutput {
     const words = new Uint32Array(data);
     const floats = new Float32Array(data);
     const top: TopEntry[] = [];
@@ -315,7 +351,7 @@ export class GpuStage implements Stage {
       const id = words[n + 2 * i + 1];
       if (id !== 0xffffffff) top.push({ id, logit: floats[n + 2 * i] });
     }
-    return top;
+    return { ids: words.slice(0, n), top, lse: k ? floats[n + 2 * k] : NaN };
   }
 
   /**
@@ -502,7 +538,11 @@ async function buildKernels(
 ): Promise<void> {
   for (const T of new Set([1, Math.min(2, maxBatch), maxBatch])) {
     encodeLayers(enc, plan, states, T, 0);
-    if (plan.weights.output) encodeHead(enc, plan, T, 1, { buffer: plan.act.greedy, offset: 0 });
+    if (plan.weights.output) {
+      // One word and one pair make logit_adjust record both of its passes.
+      const adjust = { words: 1, pairs: 1 };
+      encodeHead(enc, plan, T, 1, { buffer: plan.act.greedy, offset: 0 }, adjust);
+    }
   }
   await settleKernels(enc.ctx);
 }

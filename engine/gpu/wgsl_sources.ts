@@ -7,6 +7,7 @@ import attention from "../../wgsl/attention.wgsl" with { type: "text" };
 import attentionCombine from "../../wgsl/attention_combine.wgsl" with { type: "text" };
 import gatedDeltaNet from "../../wgsl/gated_delta_net.wgsl" with { type: "text" };
 import getRows from "../../wgsl/get_rows.wgsl" with { type: "text" };
+import logitAdjust from "../../wgsl/logit_adjust.wgsl" with { type: "text" };
 import moeGather from "../../wgsl/moe_gather.wgsl" with { type: "text" };
 import moeRoute from "../../wgsl/moe_route.wgsl" with { type: "text" };
 import moeSum from "../../wgsl/moe_sum.wgsl" with { type: "text" };
@@ -25,6 +26,7 @@ export const WGSL_SOURCES: ReadonlyMap<string, string> = new Map([
   ["attention_combine.wgsl", attentionCombine],
   ["gated_delta_net.wgsl", gatedDeltaNet],
   ["get_rows.wgsl", getRows],
+  ["logit_adjust.wgsl", logitAdjust],
   ["moe_gather.wgsl", moeGather],
   ["moe_route.wgsl", moeRoute],
   ["moe_sum.wgsl", moeSum],

@@ -1,14 +1,33 @@
-// Greedy choice and top-k candidates from one position's logits.
-// Used by the last reference stage (engine/reference/reference_stage.ts); the GPU argmax/top-k oracle.
+// Greedy id, top-k and log-sum-exp of one position's logits after the run's adjustments, for the
+// last reference stage (reference_stage.ts); the oracle of the GPU's argmax, logit_adjust and topk.
 
-import type { TopEntry } from "../stage.ts";
+import type { LogitAdjust, TopEntry } from "../stage.ts";
 import type { Vec } from "./math.ts";
 
+/** `logits` with `adjust` applied: biases added, tokens the mask does not allow at -Infinity. */
+export function adjustLogits(logits: Vec, adjust: LogitAdjust | undefined): Vec {
+  if (!adjust?.mask && !adjust?.bias?.length) return logits;
+  const out = Float64Array.from(logits);
+  for (const { id, bias } of adjust.bias ?? []) out[id] += bias;
+  const mask = adjust.mask;
+  if (mask) {
+    for (let i = 0; i < out.length; i++) {
+      if (((mask[i >>> 5] ?? 0) >>> (i & 31) & 1) === 0) out[i] = -Infinity;
+    }
+  }
+  return out;
+}
+
 /**
- * The argmax id and the k best (id, logit) pairs, descending by logit. Ties go to the lower id
- * in both, so split and unsplit runs and the GPU kernels agree byte for byte.
+ * The argmax id, the k best (id, logit) pairs descending by logit, and log Σ exp(logits), with
+ * top logits and the normaliser rounded to f32 as every stage returns them. Ties go to the lower
+ * id in both, so split and unsplit runs and the GPU kernels agree byte for byte. -Infinity
+ * (masked) entries are never candidates.
  */
-export function argmaxTopK(logits: Vec, k: number): { argmax: number; top: TopEntry[] } {
+export function argmaxTopK(
+  logits: Vec,
+  k: number,
+): { argmax: number; top: TopEntry[]; lse: number } {
   if (logits.length === 0) throw new RangeError("Cannot pick a token from empty logits");
   if (!Number.isInteger(k) || k < 0) {
     throw new RangeError(`Cannot return the top ${k} logits: expected a whole number ≥ 0`);
@@ -22,6 +41,7 @@ export function argmaxTopK(logits: Vec, k: number): { argmax: number; top: TopEn
   const ids: number[] = [];
   for (let i = 0; i < logits.length; i++) {
     const x = logits[i];
+    if (x === -Infinity) continue;
     if (ids.length === n) {
       if (n === 0 || !(x > logits[ids[n - 1]])) continue;
       ids.pop();
@@ -30,5 +50,12 @@ export function argmaxTopK(logits: Vec, k: number): { argmax: number; top: TopEn
     while (at > 0 && x > logits[ids[at - 1]]) at--;
     ids.splice(at, 0, i);
   }
-  return { argmax, top: ids.map((id) => ({ id, logit: logits[id] })) };
+  let lse = NaN;
+  if (k > 0) {
+    const max = logits[argmax];
+    let sum = 0;
+    for (let i = 0; i < logits.length; i++) sum += Math.exp(logits[i] - max);
+    lse = Math.fround(max + Math.log(sum));
+  }
+  return { argmax, top: ids.map((id) => ({ id, logit: Math.fround(logits[id]) })), lse };
 }

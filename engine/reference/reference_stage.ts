@@ -4,9 +4,16 @@
 import type { GgufModel } from "../gguf/gguf_model.ts";
 import { type HParams, readHParams } from "../hparams.ts";
 import type { Stage, StageInput, StageOutput, StageRunOptions, TopEntry } from "../stage.ts";
-import { checkOpen, checkRun, checkSlot, checkSnapshot } from "../stage_checks.ts";
+import {
+  checkAdjust,
+  checkOpen,
+  checkRun,
+  checkSlot,
+  checkSnapshot,
+  checkTopK,
+} from "../stage_checks.ts";
 import { forwardLayer, type LayerState, lmHead, newLayerState } from "./reference_forward.ts";
-import { argmaxTopK } from "./logits.ts";
+import { adjustLogits, argmaxTopK } from "./logits.ts";
 import {
   type Embedding,
   type HeadWeights,
@@ -101,26 +108,34 @@ export class ReferenceStage implements Stage {
     base: number,
     options: StageRunOptions = {},
   ): Promise<StageOutput> {
-    return settle(() => this.#run(slot, input, n, base, options.topk ?? 0));
+    return settle(() => this.#run(slot, input, n, base, options));
   }
 
-  #run(slot: number, input: StageInput, n: number, base: number, topk: number): StageOutput {
-    if (!Number.isInteger(topk) || topk < 0) {
-      throw new RangeError(`Cannot return the top ${topk} logits: expected a whole number ≥ 0`);
-    }
+  #run(
+    slot: number,
+    input: StageInput,
+    n: number,
+    base: number,
+    options: StageRunOptions,
+  ): StageOutput {
+    const topk = options.topk ?? 0;
+    checkTopK(topk);
+    if (this.#head) checkAdjust(options.adjust, this.#hp.V);
     const rows = this.#forward(slot, input, n, base);
     const head = this.#head;
     if (!head) return { kind: "hidden", rows };
     const D = this.#hp.D;
     const ids = new Uint32Array(n);
     let top: TopEntry[] = [];
+    let lse = NaN;
     for (let t = 0; t < n; t++) {
-      const logits = lmHead(this.#hp, head, rows.subarray(t * D, (t + 1) * D));
-      const best = argmaxTopK(logits, t === n - 1 ? topk : 0);
+      const last = t === n - 1;
+      const raw = lmHead(this.#hp, head, rows.subarray(t * D, (t + 1) * D));
+      const best = argmaxTopK(last ? adjustLogits(raw, options.adjust) : raw, last ? topk : 0);
       ids[t] = best.argmax;
-      if (t === n - 1) top = best.top;
+      if (last) ({ top, lse } = best);
     }
-    return { kind: "ids", ids, top };
+    return { kind: "ids", ids, top, lse };
   }
 
   /**

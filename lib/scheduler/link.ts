@@ -1,7 +1,7 @@
 // The head's view of its next stage: liveness, last round trip, reconnect with backoff.
 // Wraps lib/wire/remote_stage.ts for the scheduler; /health reads its status.
 
-import type { TopEntry } from "../../engine/stage.ts";
+import type { LastOutput, StageRunOptions } from "../../engine/stage.ts";
 import { StageUnavailableError } from "../wire/peer.ts";
 import type { RemoteStage } from "../wire/remote_stage.ts";
 
@@ -87,11 +87,11 @@ export class StageLink {
     rows: Float32Array,
     n: number,
     base: number,
-    topk: number,
-  ): Promise<{ ids: Uint32Array; top: readonly TopEntry[] }> {
+    options: StageRunOptions,
+  ): Promise<LastOutput> {
     const t0 = performance.now();
     const out = await this.#watch(
-      this.remote.run(slot, { kind: "hidden", rows }, n, base, { topk }),
+      this.remote.run(slot, { kind: "hidden", rows }, n, base, options),
     );
     if (out.kind !== "ids") {
       throw new TypeError(`Stage ${this.remote.address} returned hidden rows, not ids`);

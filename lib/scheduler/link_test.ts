@@ -35,7 +35,7 @@ Deno.test("an idle stage is probed with PING, which leaves every slot as it was"
     const part = async (ids: Uint32Array, base: number) => {
       const out = await head.run(0, { kind: "ids", ids }, ids.length, base);
       assert.equal(out.kind, "hidden");
-      return await link.run(0, out.kind === "hidden" ? out.rows : new Float32Array(), 2, base, 0);
+      return await link.run(0, out.kind === "hidden" ? out.rows : new Float32Array(), 2, base, {});
     };
     await link.ensureUp(); // First contact: a connection, not a probe.
     assert.equal(link.status().lastRttMs, null);

@@ -6,13 +6,12 @@
 // on the worker, slot B takes the lane for its local layers, so with two or more active slots
 // neither the head nor the worker waits for the other's round trip.
 
-import { MAX_TOPK } from "../wire/frame.ts";
 import { StageUnavailableError } from "../wire/peer.ts";
-import type { Stage, TopEntry } from "../../engine/stage.ts";
+import { type LastOutput, MAX_TOPK, type Stage } from "../../engine/stage.ts";
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
 import type { StageLink } from "./link.ts";
 import { PrefixCache } from "./prefix_cache.ts";
-import { CancelledError, Sequence, type SequenceRequest } from "./sequence.ts";
+import { CancelledError, type Candidates, Sequence, type SequenceRequest } from "./sequence.ts";
 import { SchedulerStats, StageTimes } from "./stats.ts";
 
 export interface SchedulerOptions {
@@ -57,6 +56,9 @@ export class OverloadedError extends Error {
   /** Seconds to wait before retrying. */
   readonly retryAfter = 1;
 }
+
+/** The candidates of a fused greedy step: none were read back. */
+const NO_TOP: Candidates = { top: [], lse: NaN };
 
 /** How long lane jobs may hold the thread before timers and I/O must get a turn, ms. */
 const STARVE_MS = 5;
@@ -344,7 +346,7 @@ export class Scheduler {
       ? cacheBoundary
       : undefined;
     const chunk = Math.min(this.#local.maxBatch, this.#link?.remote.maxBatch ?? Infinity);
-    let out: { ids: Uint32Array; top: readonly TopEntry[] } | undefined;
+    let out: LastOutput | undefined;
     while (pos < prompt.length) {
       let end = Math.min(pos + chunk, prompt.length);
       if (boundary !== undefined && pos < boundary && end > boundary) end = boundary;
@@ -363,7 +365,7 @@ export class Scheduler {
     const admitted = this.#admittedAt.get(seq)!;
     this.stats.timeToFirstToken.observe((performance.now() - admitted) / 1000);
     let id = seq.pick(out.ids[out.ids.length - 1], out.top);
-    if (!this.#accept(seq, id, out.top, pos)) return;
+    if (!this.#accept(seq, id, out, pos)) return;
     const fused = this.#fusedGreedy(seq);
     while (true) {
       if (fused) {
@@ -377,7 +379,7 @@ export class Scheduler {
         );
         const ids = await this.#fusedSteps(seq, slot, fused, id, pos, steps);
         for (const [s, next] of ids.entries()) {
-          if (!this.#accept(seq, next, [], pos + s + 1)) return;
+          if (!this.#accept(seq, next, NO_TOP, pos + s + 1)) return;
         }
         pos += steps;
         id = ids[steps - 1];
@@ -386,14 +388,14 @@ export class Scheduler {
       out = await this.#forward(seq, slot, Uint32Array.of(id), pos, topk);
       pos++;
       id = seq.pick(out.ids[out.ids.length - 1], out.top);
-      if (!this.#accept(seq, id, out.top, pos)) return;
+      if (!this.#accept(seq, id, out, pos)) return;
     }
   }
 
   /** Hands a generated token (to be placed at `pos`) to its sequence; false when it has ended. */
-  #accept(seq: Sequence, id: number, top: readonly TopEntry[], pos: number): boolean {
+  #accept(seq: Sequence, id: number, out: Candidates, pos: number): boolean {
     this.stats.outputTokens++;
-    return seq.accept(id, top, this.#tokenizer.eosIds.has(id), pos >= this.ctx);
+    return seq.accept(id, out, this.#tokenizer.eosIds.has(id), pos >= this.ctx);
   }
 
   /**
@@ -430,7 +432,7 @@ export class Scheduler {
     ids: Uint32Array,
     base: number,
     topk: number,
-  ): Promise<{ ids: Uint32Array; top: readonly TopEntry[] }> {
+  ): Promise<LastOutput> {
     const [localTimes, remoteTimes] = this.stats.stages;
     const out = await this.#lane.run(() => {
       seq.checkCancelled();
@@ -445,7 +447,7 @@ export class Scheduler {
     return await timed(
       remoteTimes,
       ids.length,
-      () => this.#link!.run(slot, out.rows, ids.length, base, topk),
+      () => this.#link!.run(slot, out.rows, ids.length, base, { topk }),
     );
   }
 

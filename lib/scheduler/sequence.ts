@@ -1,7 +1,7 @@
 // One request's generation state: prompt, limits, sampler, stop conditions and its event stream.
 // The scheduler feeds it the last stage's output per step; lib/server reads its events.
 
-import type { TopEntry } from "../../engine/stage.ts";
+import type { LastOutput, TopEntry } from "../../engine/stage.ts";
 import { sampleToken, SplitMix64 } from "../sampling/sample.ts";
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
 
@@ -53,7 +53,13 @@ export interface Usage {
   readonly outputTokens: number;
 }
 
-/** Log-probabilities normalized over the candidates the last stage returned. */
+/** The last stage's candidates for one generated token and its normaliser. */
+export type Candidates = Pick<LastOutput, "top" | "lse">;
+
+/**
+ * Log-probabilities of a generated token and of the best candidates, from the last stage's
+ * logits and their log-sum-exp over the whole vocabulary (after the run's adjustments).
+ */
 export interface TokenProbs {
   readonly logprob: number;
   readonly top: readonly { readonly id: number; readonly logprob: number }[];
@@ -130,13 +136,6 @@ export class StopMatcher {
     this.#held = "";
     return held;
   }
-}
-
-function logSoftmax(top: readonly TopEntry[]): Map<number, number> {
-  const max = top[0].logit;
-  const sum = top.reduce((s, c) => s + Math.exp(c.logit - max), 0);
-  const lse = max + Math.log(sum);
-  return new Map(top.map((c) => [c.id, c.logit - lse]));
 }
 
 /**
@@ -234,7 +233,7 @@ export class Sequence {
   topk(vocabSize: number, maxTopk: number): number {
     const { constraint, nProbs, sampling } = this.request;
     if (constraint) return Math.min(vocabSize, maxTopk);
-    const wanted = Math.max(sampling.temperature > 0 ? sampling.topK : 0, nProbs ? maxTopk : 0);
+    const wanted = Math.max(sampling.temperature > 0 ? sampling.topK : 0, nProbs ?? 0);
     return Math.min(wanted, vocabSize, maxTopk);
   }
 
@@ -257,12 +256,12 @@ export class Sequence {
    * Records a generated token and emits its text; returns false when generation must stop
    * (the sequence has then ended with its stop reason). `eog` says the id ends generation.
    */
-  accept(id: number, top: readonly TopEntry[], eog: boolean, contextFull: boolean): boolean {
+  accept(id: number, out: Candidates, eog: boolean, contextFull: boolean): boolean {
     this.#firstTokenMs ??= performance.now() - this.#admittedAt;
     this.#outputTokens++;
     const { constraint, maxTokens, nProbs } = this.request;
     constraint?.accept(id);
-    const probs = nProbs ? this.#probs(id, top, nProbs) : undefined;
+    const probs = nProbs ? this.#probs(id, out, nProbs) : undefined;
     if (eog) {
       this.#emit({ type: "token", id, text: "", probs });
       this.#finish("end_turn", null);
@@ -317,12 +316,11 @@ export class Sequence {
     if (!this.#ended) this.#controller.enqueue(event);
   }
 
-  #probs(id: number, top: readonly TopEntry[], n: number): TokenProbs {
-    if (top.length === 0) return { logprob: 0, top: [] };
-    const lp = logSoftmax(top);
+  #probs(id: number, { top, lse }: Candidates, n: number): TokenProbs {
+    const chosen = top.find((c) => c.id === id);
     return {
-      logprob: lp.get(id) ?? -Infinity,
-      top: top.slice(0, n).map((c) => ({ id: c.id, logprob: lp.get(c.id)! })),
+      logprob: chosen ? chosen.logit - lse : -Infinity,
+      top: top.slice(0, n).map((c) => ({ id: c.id, logprob: c.logit - lse })),
     };
   }
 }

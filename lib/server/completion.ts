@@ -3,6 +3,7 @@
 
 import type { SequenceEvent, StopReason, TokenProbs } from "../scheduler/sequence.ts";
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
+import { MAX_TOPK } from "../../engine/stage.ts";
 import { ApiError, errorResponse, toApiError } from "./api_error.ts";
 import { Field, type JsonObject, readSeed } from "./fields.ts";
 import { type Head, resolveSampling, streamSignal } from "./admit.ts";
@@ -58,7 +59,7 @@ export async function createCompletion(
   const prompt = promptIds(root.key("prompt"), head.tokenizer);
   if (prompt.length === 0) root.key("prompt").fail("the prompt has no tokens");
   const nPredict = root.key("n_predict").optNumber({ integer: true, min: -1 }) ?? -1;
-  const nProbs = root.key("n_probs").optNumber({ integer: true, min: 0, max: 1024 }) ?? 0;
+  const nProbs = root.key("n_probs").optNumber({ integer: true, min: 0, max: MAX_TOPK }) ?? 0;
   const sampling = resolveSampling({
     temperature: root.key("temperature").optNumber({ min: 0 }),
     topK: root.key("top_k").optNumber({ integer: true, min: 0 }),

@@ -2,20 +2,23 @@
 // Used by lib/wire/frame_stream.ts (TCP bytes ↔ frames), lib/wire/peer.ts (head side), stage_server.ts.
 //
 // The connection opens with the client's 36-byte greeting (not a frame): u32 MAGIC, 32-byte
-// nonce. Everything after it, both ways, is a frame: a 20-byte header of five u32 words, then a
+// nonce. Everything after it, both ways, is a frame: a 28-byte header of seven u32 words, then a
 // payload whose length follows from the op and the header alone (so it is known, and capped,
 // before a byte of it is read). Words an op does not use must be 0.
 //
 // | op   | name      | dir | slot | n            | base          | topk      | payload                          |
 // |------|-----------|-----|------|--------------|---------------|-----------|----------------------------------|
 // | 1    | RUN       | →   | slot | rows, 1..max | first pos.    | pairs     | n·D f32 hidden rows [base,base+n)|
+// |      |           |     |      |              |               |           | then mask u32 words, then bias × |
+// |      |           |     |      |              |               |           | (u32 id, f32 bias)               |
 // | 2    | CLOSE     | →   | 0    | 0            | 0             | 0         | none                             |
 // | 3    | SAVE      | →   | slot | 0            | snapshot idx  | 0         | none                             |
 // | 4    | RESTORE   | →   | slot | 0            | snapshot idx  | 0         | none                             |
 // | 5    | AUTH      | →   | 0    | 0            | 0             | 0         | 32-byte HMAC proof (zeros: none) |
 // | 7    | PING      | →   | 0    | 0            | 0             | 0         | none                             |
 // | 0x81 | IDS       | ←   | slot | ids, 1..max  | first pos.    | pairs     | n u32 greedy ids, then topk ×    |
-// |      |           |     |      |              |               |           | (u32 id, f32 logit), descending  |
+// |      |           |     |      |              |               |           | (u32 id, f32 logit), descending, |
+// |      |           |     |      |              |               |           | then (topk > 0) f32 log-sum-exp  |
 // | 0x83 | SAVED     | ←   | slot | 0            | snapshot idx  | 0         | none                             |
 // | 0x84 | RESTORED  | ←   | slot | position     | snapshot idx  | 0         | none                             |
 // | 0x87 | PONG      | ←   | 0    | 0            | 0             | 0         | none                             |
@@ -27,23 +30,32 @@
 // |      |           |     |      |              |               |           | 32-byte proof (96 bytes)         |
 // | 0xFF | ERROR     | ←   | 0    | message bytes| 0             | 0         | u32 code, then n bytes UTF-8     |
 //
+// The last two header words, `mask` and `bias`, are used by RUN alone: the u32 words of its
+// allowed-token mask (0: every token) and its (id, bias) pair count, both applied to the last
+// position's logits by the last stage (engine/stage.ts LogitAdjust).
+//
 // → client to worker, ← worker to client. D (n_embd) and the largest n are the worker's, learnt
 // by the client from HELLO. `end` in HELLO is one past the last layer served through that
 // connection (the whole chain behind it). RESTORED's n is the position the slot continues from.
 // PING asks the worker (and, through a middle stage, the chain behind it) for a PONG; it touches
 // no slot.
 
-import type { TopEntry } from "../../engine/stage.ts";
+import {
+  type LogitAdjust,
+  type LogitBias,
+  MAX_BIAS_PAIRS,
+  MAX_MASK_WORDS,
+  MAX_TOPK,
+  type TopEntry,
+} from "../../engine/stage.ts";
 
-/** Greeting magic: the bytes "TDM2" on the wire. Bump it on any change to this file's layout. */
-export const MAGIC = 0x324d4454;
-export const HEADER_BYTES = 20;
+/** Greeting magic: the bytes "TDM3" on the wire. Bump it on any change to this file's layout. */
+export const MAGIC = 0x334d4454;
+export const HEADER_BYTES = 28;
 export const NONCE_BYTES = 32;
 export const GREETING_BYTES = 4 + NONCE_BYTES;
 export const PROOF_BYTES = 32;
 export const FINGERPRINT_BYTES = 32;
-/** Most (id, logit) pairs a RUN may ask for: enough for any sampler, 8 KiB per reply. */
-export const MAX_TOPK = 1024;
 /** Longest ERROR message in bytes; longer messages are cut by the encoder. */
 export const MAX_MESSAGE_BYTES = 4096;
 
@@ -115,6 +127,7 @@ export type Frame =
     readonly n: number;
     readonly topk: number;
     readonly rows: Float32Array;
+    readonly adjust?: LogitAdjust;
   }
   | { readonly op: Op.Close | Op.Ping | Op.Pong }
   | { readonly op: Op.Save | Op.Restore; readonly slot: number; readonly idx: number }
@@ -125,6 +138,8 @@ export type Frame =
     readonly base: number;
     readonly ids: Uint32Array;
     readonly top: readonly TopEntry[];
+    /** The log-sum-exp of the last position's logits: NaN (not sent) when top is empty. */
+    readonly lse: number;
   }
   | { readonly op: Op.Saved; readonly slot: number; readonly idx: number }
   | {
@@ -142,14 +157,20 @@ export type Frame =
   | { readonly op: Op.Hello; readonly info: HelloInfo; readonly proof: Uint8Array }
   | { readonly op: Op.Error; readonly code: ErrorCode; readonly message: string };
 
-/** The five header words as sent. */
+/** The seven header words as sent. */
 export interface Header {
   readonly op: number;
   readonly slot: number;
   readonly n: number;
   readonly base: number;
   readonly topk: number;
+  readonly mask: number;
+  readonly bias: number;
 }
+
+const HEADER_FIELDS = ["op", "slot", "n", "base", "topk", "mask", "bias"] as const;
+/** The header words every op but RUN leaves at 0. */
+const ADJUST_FIELDS = ["mask", "bias"] as const;
 
 /** Sizes that bound a frame: the D of RUN rows and the largest n of RUN and IDS. */
 export interface FrameLimits {
@@ -174,12 +195,15 @@ export function decodeHeader(bytes: Uint8Array): Header {
     );
   }
   const v = new DataView(bytes.buffer, bytes.byteOffset, bytes.byteLength);
+  const word = (i: number) => v.getUint32(4 * i, true);
   return {
-    op: v.getUint32(0, true),
-    slot: v.getUint32(4, true),
-    n: v.getUint32(8, true),
-    base: v.getUint32(12, true),
-    topk: v.getUint32(16, true),
+    op: word(0),
+    slot: word(1),
+    n: word(2),
+    base: word(3),
+    topk: word(4),
+    mask: word(5),
+    bias: word(6),
   };
 }
 
@@ -194,6 +218,15 @@ function requireZero(h: Header, fields: readonly (keyof Header)[]): void {
         `Cannot decode ${opName(h.op)} frame: header field ${f} is ${h[f]}, expected 0`,
       );
     }
+  }
+}
+
+function requireAdjust(h: Header): void {
+  if (h.mask > MAX_MASK_WORDS || h.bias > MAX_BIAS_PAIRS) {
+    throw new RangeError(
+      `Cannot decode ${opName(h.op)} frame: mask is ${h.mask} words and bias ${h.bias} pairs, ` +
+        `expected at most ${MAX_MASK_WORDS} and ${MAX_BIAS_PAIRS}`,
+    );
   }
 }
 
@@ -225,32 +258,34 @@ export function payloadLength(h: Header, limits: FrameLimits): number {
   switch (h.op) {
     case Op.Run:
       requireCount(h, limits);
-      return h.n * limits.nEmbd * 4;
+      requireAdjust(h);
+      return h.n * limits.nEmbd * 4 + h.mask * 4 + h.bias * 8;
     case Op.Ids:
       requireCount(h, limits);
-      return h.n * 4 + h.topk * 8;
+      requireZero(h, ADJUST_FIELDS);
+      return h.n * 4 + h.topk * 8 + (h.topk > 0 ? 4 : 0);
     case Op.Close:
     case Op.Ping:
     case Op.Pong:
-      requireZero(h, ["slot", "n", "base", "topk"]);
+      requireZero(h, ["slot", "n", "base", "topk", ...ADJUST_FIELDS]);
       return 0;
     case Op.Challenge:
     case Op.Hello:
-      requireZero(h, ["slot", "n", "base", "topk"]);
+      requireZero(h, ["slot", "n", "base", "topk", ...ADJUST_FIELDS]);
       return h.op === Op.Challenge ? CHALLENGE_BYTES : HELLO_BYTES;
     case Op.Auth:
-      requireZero(h, ["slot", "n", "base", "topk"]);
+      requireZero(h, ["slot", "n", "base", "topk", ...ADJUST_FIELDS]);
       return PROOF_BYTES;
     case Op.Save:
     case Op.Restore:
     case Op.Saved:
-      requireZero(h, ["n", "topk"]);
+      requireZero(h, ["n", "topk", ...ADJUST_FIELDS]);
       return 0;
     case Op.Restored:
-      requireZero(h, ["topk"]);
+      requireZero(h, ["topk", ...ADJUST_FIELDS]);
       return 0;
     case Op.Error:
-      requireZero(h, ["slot", "base", "topk"]);
+      requireZero(h, ["slot", "base", "topk", ...ADJUST_FIELDS]);
       if (h.n > MAX_MESSAGE_BYTES) {
         throw new RangeError(
           `Cannot decode Error frame: message is ${h.n} bytes, expected at most ${MAX_MESSAGE_BYTES}`,
@@ -297,6 +332,22 @@ function decodeHello(v: DataView, bytes: Uint8Array): Frame {
   };
 }
 
+/** RUN's mask words and bias pairs after its rows; a bias must be finite. */
+function decodeAdjust(v: DataView, at: number, h: Header): LogitAdjust {
+  const mask = new Uint32Array(h.mask);
+  for (let i = 0; i < h.mask; i++) mask[i] = v.getUint32(at + 4 * i, true);
+  const bias: LogitBias[] = [];
+  for (let i = 0; i < h.bias; i++) {
+    const p = at + 4 * h.mask + 8 * i;
+    const b = v.getFloat32(p + 4, true);
+    if (!Number.isFinite(b)) {
+      throw new SyntaxError(`Cannot decode Run frame: bias ${i} is ${b}, expected a finite number`);
+    }
+    bias.push({ id: v.getUint32(p, true), bias: b });
+  }
+  return { ...(h.mask ? { mask } : {}), ...(h.bias ? { bias } : {}) };
+}
+
 /** Decodes the payload of a header already checked by payloadLength. */
 export function decodePayload(h: Header, payload: Uint8Array, limits: FrameLimits): Frame {
   const expected = payloadLength(h, limits);
@@ -309,15 +360,19 @@ export function decodePayload(h: Header, payload: Uint8Array, limits: FrameLimit
   }
   const v = new DataView(payload.buffer, payload.byteOffset, payload.byteLength);
   switch (h.op) {
-    case Op.Run:
-      return {
+    case Op.Run: {
+      const rowBytes = h.n * limits.nEmbd * 4;
+      const frame = {
         op: Op.Run,
         slot: h.slot,
         base: h.base,
         n: h.n,
         topk: h.topk,
-        rows: decodeRows(payload, h.n, limits.nEmbd),
-      };
+        rows: decodeRows(payload.subarray(0, rowBytes), h.n, limits.nEmbd),
+      } as const;
+      if (h.mask === 0 && h.bias === 0) return frame;
+      return { ...frame, adjust: decodeAdjust(v, rowBytes, h) };
+    }
     case Op.Ids: {
       const ids = new Uint32Array(h.n);
       for (let i = 0; i < h.n; i++) ids[i] = v.getUint32(i * 4, true);
@@ -326,7 +381,8 @@ export function decodePayload(h: Header, payload: Uint8Array, limits: FrameLimit
         const at = h.n * 4 + i * 8;
         top.push({ id: v.getUint32(at, true), logit: v.getFloat32(at + 4, true) });
       }
-      return { op: Op.Ids, slot: h.slot, base: h.base, ids, top };
+      const lse = h.topk > 0 ? v.getFloat32(h.n * 4 + h.topk * 8, true) : NaN;
+      return { op: Op.Ids, slot: h.slot, base: h.base, ids, top, lse };
     }
     case Op.Close:
     case Op.Ping:
@@ -383,12 +439,20 @@ export function decodeFrame(bytes: Uint8Array, limits: FrameLimits): Frame {
 }
 
 function headerOf(f: Frame, messageBytes: number): Header {
-  const zero = { slot: 0, n: 0, base: 0, topk: 0 };
+  const zero = { slot: 0, n: 0, base: 0, topk: 0, mask: 0, bias: 0 };
   switch (f.op) {
     case Op.Run:
-      return { op: f.op, slot: f.slot, n: f.n, base: f.base, topk: f.topk };
+      return {
+        op: f.op,
+        slot: f.slot,
+        n: f.n,
+        base: f.base,
+        topk: f.topk,
+        mask: f.adjust?.mask?.length ?? 0,
+        bias: f.adjust?.bias?.length ?? 0,
+      };
     case Op.Ids:
-      return { op: f.op, slot: f.slot, n: f.ids.length, base: f.base, topk: f.top.length };
+      return { ...zero, op: f.op, slot: f.slot, n: f.ids.length, base: f.base, topk: f.top.length };
     case Op.Save:
     case Op.Restore:
     case Op.Saved:
@@ -437,18 +501,26 @@ export function encodeFrame(f: Frame, nEmbd = 0): Uint8Array {
   }
   const bytes = new Uint8Array(HEADER_BYTES + length);
   const v = new DataView(bytes.buffer);
-  [h.op, h.slot, h.n, h.base, h.topk].forEach((x, i) => v.setUint32(i * 4, x, true));
+  HEADER_FIELDS.forEach((k, i) => v.setUint32(i * 4, h[k], true));
   const p = HEADER_BYTES;
   switch (f.op) {
-    case Op.Run:
+    case Op.Run: {
       bytes.set(new Uint8Array(f.rows.buffer, f.rows.byteOffset, f.rows.byteLength), p);
+      const at = p + f.rows.byteLength;
+      f.adjust?.mask?.forEach((w, i) => v.setUint32(at + 4 * i, w, true));
+      f.adjust?.bias?.forEach(({ id, bias }, i) => {
+        v.setUint32(at + 4 * h.mask + 8 * i, id, true);
+        v.setFloat32(at + 4 * h.mask + 8 * i + 4, bias, true);
+      });
       break;
+    }
     case Op.Ids:
       f.ids.forEach((id, i) => v.setUint32(p + i * 4, id, true));
       f.top.forEach((t, i) => {
         v.setUint32(p + f.ids.length * 4 + i * 8, t.id, true);
         v.setFloat32(p + f.ids.length * 4 + i * 8 + 4, t.logit, true);
       });
+      if (f.top.length) v.setFloat32(p + f.ids.length * 4 + f.top.length * 8, f.lse, true);
       break;
     case Op.Auth:
       checkFixed("Auth proof", f.proof, PROOF_BYTES);
@@ -498,7 +570,7 @@ export function encodeHelloInfo(info: HelloInfo): Uint8Array {
   return bytes;
 }
 
-/** A magic word for messages: hex and its four bytes as text, e.g. `0x324d4454 ("TDM2")`. */
+/** A magic word for messages: hex and its four bytes as text, e.g. `0x334d4454 ("TDM3")`. */
 export function magicName(magic: number): string {
   const bytes = new Uint8Array(4);
   new DataView(bytes.buffer).setUint32(0, magic, true);

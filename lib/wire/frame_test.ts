@@ -12,9 +12,9 @@ import {
   type FrameLimits,
   MAGIC,
   MAX_MESSAGE_BYTES,
-  MAX_TOPK,
   Op,
 } from "./frame.ts";
+import { MAX_BIAS_PAIRS, MAX_MASK_WORDS, MAX_TOPK } from "../../engine/stage.ts";
 
 const D = 3;
 const LIMITS: FrameLimits = { nEmbd: D, maxBatch: 8 };
@@ -26,6 +26,24 @@ function bytes(...words: number[]): number[] {
 /** One frame of every op, with values exactly representable in f32. */
 const SAMPLES: Frame[] = [
   { op: Op.Run, slot: 1, base: 7, n: 2, topk: 4, rows: Float32Array.of(1, -2, 0.5, 3, 4.25, -0) },
+  {
+    op: Op.Run,
+    slot: 0,
+    base: 3,
+    n: 1,
+    topk: 2,
+    rows: Float32Array.of(1, 2, 3),
+    adjust: { mask: Uint32Array.of(0xffff_ffff, 5), bias: [{ id: 7, bias: -1.5 }] },
+  },
+  {
+    op: Op.Run,
+    slot: 0,
+    base: 3,
+    n: 1,
+    topk: 0,
+    rows: Float32Array.of(1, 2, 3),
+    adjust: { bias: [{ id: 1, bias: 100 }, { id: 0, bias: -100 }] },
+  },
   { op: Op.Close },
   { op: Op.Save, slot: 3, idx: 9 },
   { op: Op.Restore, slot: 0, idx: 2 },
@@ -38,7 +56,9 @@ const SAMPLES: Frame[] = [
     base: 11,
     ids: Uint32Array.of(5, 0xffff_fffe),
     top: [{ id: 5, logit: 2.5 }, { id: 1, logit: -1 }],
+    lse: 3.25,
   },
+  { op: Op.Ids, slot: 0, base: 1, ids: Uint32Array.of(9), top: [], lse: NaN },
   { op: Op.Saved, slot: 3, idx: 9 },
   { op: Op.Restored, slot: 1, idx: 2, position: 40 },
   { op: Op.Challenge, magic: MAGIC, auth: AuthMode.HmacSha256, nonce: new Uint8Array(32).fill(1) },
@@ -63,23 +83,52 @@ const SAMPLES: Frame[] = [
 Deno.test("the greeting and a Run frame are laid out as the header table says", () => {
   assert.deepEqual(
     [...encodeGreeting(new Uint8Array(32).fill(9))],
-    [0x54, 0x44, 0x4d, 0x32, ...new Array(32).fill(9)],
+    [0x54, 0x44, 0x4d, 0x33, ...new Array(32).fill(9)],
   );
-  assert.equal(new TextDecoder().decode(encodeGreeting(new Uint8Array(32)).subarray(0, 4)), "TDM2");
+  assert.equal(new TextDecoder().decode(encodeGreeting(new Uint8Array(32)).subarray(0, 4)), "TDM3");
   const run = encodeFrame(
     { op: Op.Run, slot: 2, base: 5, n: 1, topk: 3, rows: Float32Array.of(1.5, -2) },
     2,
   );
   // 1.5 = 0x3fc00000, -2 = 0xc0000000.
-  assert.deepEqual([...run], [...bytes(1, 2, 1, 5, 3), ...bytes(0x3fc00000, 0xc0000000)]);
-  const ids = encodeFrame({ op: Op.Ids, slot: 1, base: 4, ids: Uint32Array.of(7), top: [] });
-  assert.deepEqual([...ids], [...bytes(0x81, 1, 1, 4, 0), ...bytes(7)]);
+  assert.deepEqual([...run], [...bytes(1, 2, 1, 5, 3, 0, 0), ...bytes(0x3fc00000, 0xc0000000)]);
+  const adjusted = encodeFrame({
+    op: Op.Run,
+    slot: 0,
+    base: 0,
+    n: 1,
+    topk: 1,
+    rows: Float32Array.of(0),
+    adjust: { mask: Uint32Array.of(6), bias: [{ id: 2, bias: -2 }] },
+  }, 1);
+  assert.deepEqual([...adjusted], [...bytes(1, 0, 1, 0, 1, 1, 1), ...bytes(0, 6, 2, 0xc0000000)]);
+  const ids = encodeFrame({
+    op: Op.Ids,
+    slot: 1,
+    base: 4,
+    ids: Uint32Array.of(7),
+    top: [{ id: 3, logit: 1.5 }],
+    lse: -2,
+  });
+  assert.deepEqual([...ids], [
+    ...bytes(0x81, 1, 1, 4, 1, 0, 0),
+    ...bytes(7, 3, 0x3fc00000, 0xc0000000),
+  ]);
+  const bare = encodeFrame({
+    op: Op.Ids,
+    slot: 1,
+    base: 4,
+    ids: Uint32Array.of(7),
+    top: [],
+    lse: NaN,
+  });
+  assert.deepEqual([...bare], [...bytes(0x81, 1, 1, 4, 0, 0, 0), ...bytes(7)]);
   const error = encodeFrame({ op: Op.Error, code: ErrorCode.Busy, message: "no" });
-  assert.deepEqual([...error], [...bytes(0xff, 0, 2, 0, 0), ...bytes(4), 0x6e, 0x6f]);
+  assert.deepEqual([...error], [...bytes(0xff, 0, 2, 0, 0, 0, 0), ...bytes(4), 0x6e, 0x6f]);
   const restored = encodeFrame({ op: Op.Restored, slot: 1, idx: 6, position: 30 });
-  assert.deepEqual([...restored], bytes(0x84, 1, 30, 6, 0));
-  assert.deepEqual([...encodeFrame({ op: Op.Ping })], bytes(7, 0, 0, 0, 0));
-  assert.deepEqual([...encodeFrame({ op: Op.Pong })], bytes(0x87, 0, 0, 0, 0));
+  assert.deepEqual([...restored], bytes(0x84, 1, 30, 6, 0, 0, 0));
+  assert.deepEqual([...encodeFrame({ op: Op.Ping })], bytes(7, 0, 0, 0, 0, 0, 0));
+  assert.deepEqual([...encodeFrame({ op: Op.Pong })], bytes(0x87, 0, 0, 0, 0, 0, 0));
 });
 
 Deno.test("every op survives encode → decode unchanged", () => {
@@ -101,33 +150,43 @@ Deno.test("a frame cut short at any byte, or followed by one more byte, is a Syn
 });
 
 Deno.test("unknown ops and nonzero unused header words are refused", () => {
-  assert.throws(() => decodeFrame(Uint8Array.from(bytes(6, 0, 0, 0, 0)), LIMITS), /unknown op 0x6/);
-  assert.throws(() => decodeFrame(Uint8Array.from(bytes(0, 0, 0, 0, 0)), LIMITS), SyntaxError);
+  const frame = (...words: number[]) => Uint8Array.from(bytes(...words));
+  assert.throws(() => decodeFrame(frame(6, 0, 0, 0, 0, 0, 0), LIMITS), /unknown op 0x6/);
+  assert.throws(() => decodeFrame(frame(0, 0, 0, 0, 0, 0, 0), LIMITS), SyntaxError);
   assert.throws(
-    () => decodeFrame(Uint8Array.from(bytes(Op.Close, 0, 0, 1, 0)), LIMITS),
+    () => decodeFrame(frame(Op.Close, 0, 0, 1, 0, 0, 0), LIMITS),
     /field base is 1, expected 0/,
   );
-  assert.throws(
-    () => decodeFrame(Uint8Array.from(bytes(Op.Save, 1, 2, 3, 0)), LIMITS),
-    /field n is 2/,
-  );
+  assert.throws(() => decodeFrame(frame(Op.Save, 1, 2, 3, 0, 0, 0), LIMITS), /field n is 2/);
   for (const op of [Op.Ping, Op.Pong]) {
     assert.throws(
-      () => decodeFrame(Uint8Array.from(bytes(op, 1, 0, 0, 0)), LIMITS),
+      () => decodeFrame(frame(op, 1, 0, 0, 0, 0, 0), LIMITS),
       new RegExp(`Cannot decode ${Op[op]} frame: header field slot is 1, expected 0`),
     );
   }
+  // Only RUN carries logit adjustments.
+  assert.throws(() => decodeFrame(frame(Op.Ids, 0, 1, 0, 0, 1, 0), LIMITS), /field mask is 1/);
+  assert.throws(() => decodeFrame(frame(Op.Saved, 0, 0, 0, 0, 0, 2), LIMITS), /field bias is 2/);
 });
 
 Deno.test("counts above their caps are RangeErrors before any payload is read", () => {
-  const header = (op: number, n: number, topk: number) => Uint8Array.from(bytes(op, 0, n, 0, topk));
-  // Only the 20 header bytes are given: the cap check must fire before the payload is wanted.
+  const header = (op: number, n: number, topk: number, mask = 0, bias = 0) =>
+    Uint8Array.from(bytes(op, 0, n, 0, topk, mask, bias));
+  // Only the 28 header bytes are given: the cap check must fire before the payload is wanted.
   assert.throws(() => decodeFrame(header(Op.Run, 9, 0), LIMITS), /n is 9, expected 1\.\.8/);
   assert.throws(() => decodeFrame(header(Op.Run, 0, 0), LIMITS), RangeError);
   assert.throws(() => decodeFrame(header(Op.Run, 0xffff_ffff, 0), LIMITS), RangeError);
   assert.throws(() => decodeFrame(header(Op.Ids, 1, MAX_TOPK + 1), LIMITS), /topk is 1025/);
+  assert.throws(
+    () => decodeFrame(header(Op.Run, 1, 0, MAX_MASK_WORDS + 1), LIMITS),
+    /mask is 65537 words/,
+  );
+  assert.throws(
+    () => decodeFrame(header(Op.Run, 1, 0, 0, MAX_BIAS_PAIRS + 1), LIMITS),
+    /bias 16385 pairs/,
+  );
   assert.throws(() => decodeFrame(header(Op.Error, 0xffff_fff0, 0), LIMITS), RangeError);
-  const end = Uint8Array.from(bytes(Op.Run, 0, 2, 0xffff_fffe, 0));
+  const end = Uint8Array.from(bytes(Op.Run, 0, 2, 0xffff_fffe, 0, 0, 0));
   assert.throws(() => decodeFrame(end, LIMITS), /overflow/);
 });
 
@@ -143,8 +202,18 @@ Deno.test("non-finite hidden values and invalid UTF-8 messages are malformed", (
     }, D);
     assert.throws(() => decodeFrame(run, LIMITS), /hidden value 1 of row 0 is/);
   }
-  const error = Uint8Array.from([...bytes(Op.Error, 0, 2, 0, 0), ...bytes(1), 0xc3, 0x28]);
+  const error = Uint8Array.from([...bytes(Op.Error, 0, 2, 0, 0, 0, 0), ...bytes(1), 0xc3, 0x28]);
   assert.throws(() => decodeFrame(error, LIMITS), /not valid UTF-8/);
+  const biased = encodeFrame({
+    op: Op.Run,
+    slot: 0,
+    base: 0,
+    n: 1,
+    topk: 0,
+    rows: Float32Array.of(0, 0, 0),
+    adjust: { bias: [{ id: 1, bias: NaN }] },
+  }, D);
+  assert.throws(() => decodeFrame(biased, LIMITS), /bias 0 is NaN/);
 });
 
 Deno.test("long error messages are cut to the cap at a character boundary", () => {
@@ -165,7 +234,7 @@ Deno.test("the encoder refuses values that do not fit the layout", () => {
   assert.throws(() => encodeFrame({ op: Op.Auth, proof: new Uint8Array(31) }), /31 bytes/);
   const top = Array.from({ length: MAX_TOPK + 1 }, (_, id) => ({ id, logit: 0 }));
   assert.throws(
-    () => encodeFrame({ op: Op.Ids, slot: 0, base: 0, ids: Uint32Array.of(1), top }),
+    () => encodeFrame({ op: Op.Ids, slot: 0, base: 0, ids: Uint32Array.of(1), top, lse: 0 }),
     RangeError,
   );
 });

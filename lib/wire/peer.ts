@@ -1,7 +1,7 @@
 // Client side of one connection to the next stage: connect, hello checks, then RUN / SAVE /
 // RESTORE / PING frames with replies in order. Used by remote_stage.ts (head, generate, middle workers).
 
-import type { TopEntry } from "../../engine/stage.ts";
+import type { LastOutput, LogitAdjust } from "../../engine/stage.ts";
 import { deadline } from "./deadline.ts";
 import {
   AuthMode,
@@ -53,10 +53,7 @@ export interface PeerOptions {
   readonly replyTimeoutMs?: number;
 }
 
-export interface RunReply {
-  readonly ids: Uint32Array;
-  readonly top: readonly TopEntry[];
-}
+export type RunReply = LastOutput;
 
 /** Parses "host:port" or "[v6]:port". */
 export function parseAddress(text: string): { hostname: string; port: number } {
@@ -214,27 +211,31 @@ export class Peer {
     return this.#failure !== undefined;
   }
 
-  /** Runs positions [base, base+n) of `slot` through the chain; ids plus `topk` candidates. */
+  /**
+   * Runs positions [base, base+n) of `slot` through the chain; ids plus `topk` candidates of the
+   * last position, after `adjust`.
+   */
   async run(
     slot: number,
     rows: Float32Array,
     n: number,
     base: number,
     topk: number,
+    adjust?: LogitAdjust,
   ): Promise<RunReply> {
     if (n > this.info.maxBatch) {
       throw new RangeError(
         `Cannot send ${n} rows to ${this.address}: it takes at most ${this.info.maxBatch} per frame`,
       );
     }
-    const reply = await this.#exchange({ op: Op.Run, slot, base, n, topk, rows });
+    const reply = await this.#exchange({ op: Op.Run, slot, base, n, topk, rows, adjust });
     if (
       reply.op !== Op.Ids || reply.slot !== slot || reply.base !== base ||
       reply.ids.length !== n || reply.top.length > topk
     ) {
       throw this.#fail(`it answered Run (slot ${slot}, base ${base}, n ${n}) with op ${reply.op}`);
     }
-    return { ids: reply.ids, top: reply.top };
+    return { ids: reply.ids, top: reply.top, lse: reply.lse };
   }
 
   /** Snapshots `slot` into `idx` on every stage behind this connection. */

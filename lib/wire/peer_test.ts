@@ -5,7 +5,8 @@ import assert from "node:assert/strict";
 import { generateGreedy } from "../../engine/greedy_loop.ts";
 import { openGguf } from "../../engine/gguf/read.ts";
 import { openReferenceStage } from "../../engine/reference/reference_stage.ts";
-import type { Stage } from "../../engine/stage.ts";
+import { runPipeline } from "../../engine/pipeline.ts";
+import type { LogitAdjust, Stage } from "../../engine/stage.ts";
 import { serveLocal } from "../../tests/_workers.ts";
 import { ErrorCode, Op } from "./frame.ts";
 import { FrameReader } from "./frame_stream.ts";
@@ -18,7 +19,16 @@ const model = await openGguf(await testModel({ arch: "qwen35moe", quant: "q4_k_m
 const fingerprint = await modelFingerprint(model);
 const CTX = 32;
 
-/** Greedy ids and top-k of `stages` must equal the single-stage run: ids exactly, logits as f32. */
+/** Only odd ids, and token 3 raised: logit adjustments as a grammar and a sampler send them. */
+const ADJUST: LogitAdjust = {
+  mask: new Uint32Array(8).fill(0xaaaa_aaaa),
+  bias: [{ id: 3, bias: 9 }],
+};
+
+/**
+ * Greedy ids, top-k and log-sum-exp of `stages` must equal the single-stage run exactly (both
+ * return f32 logits), with and without logit adjustments.
+ */
 async function assertSameAsWhole(
   stages: readonly Stage[],
   prompt: number[],
@@ -28,11 +38,14 @@ async function assertSameAsWhole(
   try {
     const want = await generateGreedy([whole], prompt, { n: 5, topk: 4 });
     const got = await generateGreedy(stages, prompt, { n: 5, topk: 4, slot });
-    assert.deepEqual(got.ids, want.ids);
-    assert.deepEqual(
-      got.tops,
-      want.tops.map((top) => top.map((t) => ({ id: t.id, logit: Math.fround(t.logit) }))),
-    );
+    assert.deepEqual(got, want);
+    const ids = Uint32Array.from(prompt);
+    const wantAdjusted = await runPipeline([whole], 0, ids, 0, { topk: 6, adjust: ADJUST });
+    const gotAdjusted = await runPipeline(stages, slot, ids, 0, { topk: 6, adjust: ADJUST });
+    assert.deepEqual(gotAdjusted, wantAdjusted);
+    assert.ok(Number.isFinite(gotAdjusted.lse));
+    assert.equal(gotAdjusted.top[0].id, 3, "the bias lifts token 3 to the top");
+    for (const t of gotAdjusted.top) assert.equal(t.id % 2, 1, `token ${t.id} is masked`);
   } finally {
     whole.close();
   }

@@ -96,16 +96,19 @@ export class RemoteStage implements Stage {
     this.#slotEpoch[slot] = this.#epoch;
     const ids = new Uint32Array(n);
     let top: readonly TopEntry[] = [];
+    let lse = NaN;
     const chunk = peer.info.maxBatch;
     for (let at = 0; at < n; at += chunk) {
       const m = Math.min(chunk, n - at);
       const last = at + m === n;
       const rows = input.rows.subarray(at * this.nEmbd, (at + m) * this.nEmbd);
-      const reply = await peer.run(slot, rows, m, base + at, last ? options.topk ?? 0 : 0);
+      const reply = last
+        ? await peer.run(slot, rows, m, base + at, options.topk ?? 0, options.adjust)
+        : await peer.run(slot, rows, m, base + at, 0);
       ids.set(reply.ids, at);
-      if (last) top = reply.top;
+      if (last) ({ top, lse } = reply);
     }
-    return { kind: "ids", ids, top };
+    return { kind: "ids", ids, top, lse };
   }
 
   async save(slot: number, idx: number): Promise<void> {

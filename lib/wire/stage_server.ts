@@ -196,7 +196,7 @@ export function serveStage(
     };
     switch (frame.op) {
       case Op.Run: {
-        const { slot, base, n, topk } = frame;
+        const { slot, base, n, topk, adjust } = frame;
         checkSlot(slot);
         if (base + n > info.ctx) {
           throw new RangeError(
@@ -209,15 +209,16 @@ export function serveStage(
               `positions on this connection; send each position once, in order, or restart at base 0`,
           );
         }
-        let out = await stage.run(slot, { kind: "hidden", rows: frame.rows }, n, base, { topk });
+        const run = { topk, adjust };
+        let out = await stage.run(slot, { kind: "hidden", rows: frame.rows }, n, base, run);
         if (out.kind === "hidden" && next) {
-          out = await next.run(slot, { kind: "hidden", rows: out.rows }, n, base, { topk });
+          out = await next.run(slot, { kind: "hidden", rows: out.rows }, n, base, run);
         }
         if (out.kind !== "ids") {
           throw new TypeError(`Stage ${stage.first}..${stage.end} returned hidden rows, not ids`);
         }
         session.seen[slot] = base + n;
-        return { op: Op.Ids, slot, base, ids: out.ids, top: out.top };
+        return { op: Op.Ids, slot, base, ids: out.ids, top: out.top, lse: out.lse };
       }
       case Op.Save: {
         checkSlot(frame.slot);
