@@ -64,7 +64,8 @@ export interface StageRunOptions {
   readonly adjust?: LogitAdjust;
 }
 
-export interface Stage {
+/** A stage's layers and the sizes it was opened with; a worker's HELLO states the same. */
+export interface StageShape {
   /** First layer owned (0 on the stage that embeds tokens). */
   readonly first: number;
   /** One past the last layer owned; equals nLayer on the stage that owns the LM head. */
@@ -77,6 +78,9 @@ export interface Stage {
   readonly maxBatch: number;
   /** Snapshot places `0..snapshots-1` that save and restore accept. */
   readonly snapshots: number;
+}
+
+export interface Stage extends StageShape {
   /**
    * Runs positions [base, base+n) of `slot`. base == 0 resets the slot; otherwise base must
    * equal the number of positions the slot has seen. Throws RangeError on overflow or gaps.

@@ -145,3 +145,43 @@ export function checkAdjust(adjust: LogitAdjust | undefined, vocab: number): voi
     }
   }
 }
+
+/** The stage that embeds token ids (the head's, or generate's) starts at layer 0. */
+export function checkFirstStage(stage: Pick<Stage, "first" | "end">): void {
+  if (stage.first !== 0) {
+    throw new RangeError(
+      `Cannot embed tokens on layers ${stage.first}..${stage.end}: the first stage embeds token ` +
+        `ids, so its layers start at 0; use --layers 0:${stage.end}`,
+    );
+  }
+}
+
+/**
+ * Checks one link of a chain: without a next stage, `stage` must own the last layer; with one,
+ * something must be left for it and it must start where `stage` ends. Head, generate, scheduler
+ * and workers all check their chain here.
+ */
+export function checkChainLink(
+  stage: Pick<Stage, "first" | "end" | "nLayer">,
+  next: { readonly first: number } | undefined,
+): void {
+  const { first, end, nLayer } = stage;
+  if (!next && end !== nLayer) {
+    throw new RangeError(
+      `Cannot serve layers ${first}..${end}: the model has ${nLayer} layers and no next stage ` +
+        `is given; pass --next host:port for the worker of layers ${end}..${nLayer}`,
+    );
+  }
+  if (next && end >= nLayer) {
+    throw new RangeError(
+      `Cannot chain layers ${first}..${end} to a next stage: the model has ${nLayer} layers, so ` +
+        `nothing is left for it; end this stage before layer ${nLayer} (--layers ${first}:k)`,
+    );
+  }
+  if (next && next.first !== end) {
+    throw new RangeError(
+      `Cannot chain layers ${first}..${end} to a next stage starting at layer ${next.first}; ` +
+        `the next stage must start at layer ${end}`,
+    );
+  }
+}

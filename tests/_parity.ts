@@ -1,11 +1,12 @@
 // Parity of an engine's stage chain with llama.cpp's recorded greedy runs (tests/fixtures/*.json).
 // Used by tests/llama_parity_test.ts for the CPU reference; any engine that builds Stages can reuse it.
 
-import { generateGreedy } from "../engine/greedy_loop.ts";
 import { openGguf } from "../engine/gguf/read.ts";
 import type { GgufModel } from "../engine/gguf/gguf_model.ts";
 import { chainMaxBatch, runPipeline } from "../engine/pipeline.ts";
 import type { Stage, TopEntry } from "../engine/stage.ts";
+import { completeOnce, greedy } from "../lib/scheduler/complete.ts";
+import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
 import type { Candidate, LlamaRun, PerPosition } from "../tools/fixtures/driver.ts";
 import {
   FIXTURE_DIR,
@@ -385,9 +386,17 @@ export async function checkFreeRunning(name: string, open: StageChainFactory): P
   const model = await openGguf(path);
   const ctx = Math.max(...fixture.prompts.map((r) => r.ids.length + r.gen.length));
   const stages = await open(model, ctx);
+  const tokenizer = TextTokenizer.fromGguf(model.metadata);
   try {
+    if (stages.length !== 1) {
+      throw new RangeError(
+        `Cannot run free: ${stages.length} stages were opened, expected the whole model`,
+      );
+    }
     for (const [p, record] of fixture.prompts.entries()) {
-      const { ids } = await generateGreedy(stages, record.ids, { n: record.gen.length });
+      // The server's decode loop, ignoring end-of-generation ids as llama.cpp's recording did.
+      const request = greedy(record.ids, { maxTokens: record.gen.length, stopIds: new Set() });
+      const { ids } = await completeOnce({ local: stages[0], tokenizer }, request);
       const at = ids.findIndex((id, i) => id !== record.gen[i]);
       if (at >= 0) {
         throw new Error(

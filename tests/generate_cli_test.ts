@@ -3,9 +3,9 @@
 
 import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf/read.ts";
-import { generateGreedy } from "../engine/greedy_loop.ts";
 import { openReferenceStage } from "../engine/reference/reference_stage.ts";
 import { startWorker } from "./_workers.ts";
+import { completeOnce, greedy } from "../lib/scheduler/complete.ts";
 import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { testModel } from "./_models.ts";
 
@@ -28,14 +28,14 @@ async function runGenerate(args: string[]): Promise<CliOutput> {
   return JSON.parse(new TextDecoder().decode(out.stdout));
 }
 
-Deno.test("generate --json equals the in-process greedy run, unsplit and as a 2-stage chain", async () => {
+Deno.test("generate --json equals the in-process scheduler, unsplit and as a 2-stage chain", async () => {
   const path = await testModel({ arch: "qwen3next" });
   const prompt = "The quick brown fox";
   const model = await openGguf(path);
   const tokenizer = TextTokenizer.fromGguf(model.metadata);
   const ids = tokenizer.encode(prompt);
   const stage = await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: 256 });
-  const want = await generateGreedy([stage], ids, { n: 10, stopIds: tokenizer.eosIds });
+  const want = await completeOnce({ local: stage, tokenizer }, greedy(ids, { maxTokens: 10 }));
   stage.close();
   model.close();
 

@@ -1,32 +1,34 @@
-// 2-stage and 3-stage chains of real worker.ts processes (restricted permissions, loopback TCP)
-// give the greedy ids and top-k of the single-process engine, for every test model arch.
+// 2-stage and 3-stage chains of real worker.ts processes (restricted permissions, loopback TCP),
+// driven by the scheduler, give the ids and top-k of the single-process engine, for every arch.
 
 import assert from "node:assert/strict";
-import { generateGreedy } from "../engine/greedy_loop.ts";
 import { openGguf } from "../engine/gguf/read.ts";
 import type { GgufModel } from "../engine/gguf/gguf_model.ts";
 import { openGpuStage } from "../engine/gpu/gpu_stage.ts";
 import { openReferenceStage } from "../engine/reference/reference_stage.ts";
 import type { Stage } from "../engine/stage.ts";
 import { startWorker } from "./_workers.ts";
-import { connectRemoteStage } from "../lib/wire/remote_stage.ts";
+import { completeOnce, greedy } from "../lib/scheduler/complete.ts";
+import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
+import { connectRemoteStage, type RemoteStage } from "../lib/wire/remote_stage.ts";
 import { gpuTest } from "./_gpu.ts";
 import { testModel, type TestModelSpec } from "./_models.ts";
 
 const CTX = 32;
 const PROMPT = [3, 14, 15, 92, 65, 35];
 
-/** Ids exactly; logits as the f32 the wire carries. */
-async function assertSameAsWhole(model: GgufModel, stages: readonly Stage[]): Promise<void> {
+/** Greedy through the scheduler, ignoring end-of-generation ids, with each token's top 5. */
+const RUN = greedy(PROMPT, { maxTokens: 6, stopIds: new Set(), nProbs: 5 });
+
+/** Ids, top-k logits and log-probabilities exactly: both sides return f32 logits. */
+async function assertSameAsWhole(model: GgufModel, local: Stage, next: RemoteStage): Promise<void> {
+  const tokenizer = TextTokenizer.fromGguf(model.metadata);
   const whole = await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: CTX });
   try {
-    const want = await generateGreedy([whole], PROMPT, { n: 6, topk: 5 });
-    const got = await generateGreedy(stages, PROMPT, { n: 6, topk: 5 });
-    assert.deepEqual(got.ids, want.ids);
-    assert.deepEqual(
-      got.tops,
-      want.tops.map((top) => top.map((t) => ({ id: t.id, logit: Math.fround(t.logit) }))),
-    );
+    const want = await completeOnce({ local: whole, tokenizer }, RUN);
+    const got = await completeOnce({ local, next, tokenizer }, RUN);
+    assert.equal(got.probs.length, 6);
+    assert.deepEqual(got, want);
   } finally {
     whole.close();
   }
@@ -49,7 +51,7 @@ for (const spec of MODELS) {
     try {
       const head3 = await openReferenceStage(model, { first: 0, end: 3, slots: 1, ctx: CTX });
       const remote3 = await connectRemoteStage(last.address, { local: head3, model });
-      await assertSameAsWhole(model, [head3, remote3]);
+      await assertSameAsWhole(model, head3, remote3);
       remote3.close();
       head3.close();
 
@@ -63,7 +65,7 @@ for (const spec of MODELS) {
       try {
         const head1 = await openReferenceStage(model, { first: 0, end: 1, slots: 1, ctx: CTX });
         const remote1 = await connectRemoteStage(middle.address, { local: head1, model });
-        await assertSameAsWhole(model, [head1, remote1]);
+        await assertSameAsWhole(model, head1, remote1);
         remote1.close();
         head1.close();
       } finally {
@@ -88,8 +90,10 @@ gpuTest(
     const head = await open(0, 2);
     try {
       const remote = await connectRemoteStage(worker.address, { local: head, model });
-      const want = await generateGreedy([whole], PROMPT, { n: 6, topk: 5 });
-      const got = await generateGreedy([head, remote], PROMPT, { n: 6, topk: 5 });
+      const tokenizer = TextTokenizer.fromGguf(model.metadata);
+      const want = await completeOnce({ local: whole, tokenizer }, RUN);
+      const got = await completeOnce({ local: head, next: remote, tokenizer }, RUN);
+      assert.equal(got.probs.length, 6);
       assert.deepEqual(got, want);
       remote.close();
     } finally {

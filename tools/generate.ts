@@ -1,9 +1,7 @@
 // `deno task generate`: greedy continuation of a prompt on one process or a chain of stages.
-// Flags → model, tokenizer, local stage (+ remote stages via --next) → engine/greedy_loop.ts → stdout.
+// Flags → model, tokenizer, local stage (+ the rest via --next) → lib/scheduler/ → stdout.
 
 import { openGguf } from "../engine/gguf/read.ts";
-import { generateGreedy } from "../engine/greedy_loop.ts";
-import { checkChain } from "../engine/pipeline.ts";
 import { openLocalStage } from "../engine/open_stage.ts";
 import type { Stage } from "../engine/stage.ts";
 import {
@@ -22,7 +20,10 @@ import {
   UsageError,
   whole,
 } from "../lib/cli.ts";
+import { completeOnce, greedy } from "../lib/scheduler/complete.ts";
 import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
+import { loadKeyFile } from "../lib/wire/hello.ts";
+import { connectRemoteStage, type RemoteStage } from "../lib/wire/remote_stage.ts";
 
 const tokenIds: Kind<number[]> = {
   value: "ID,...",
@@ -67,33 +68,32 @@ async function main(values: FlagValues<typeof GENERATE.flags>): Promise<void> {
   const tokenizer = TextTokenizer.fromGguf(model.metadata);
   const prompt = values["prompt-ids"] ?? tokenizer.encode(values.prompt!);
   const ctx = values.ctx ?? Math.max(256, prompt.length + n);
-  const stages: Stage[] = [];
+  let local: Stage | undefined;
+  let next: RemoteStage | undefined;
   try {
-    const layers = values.layers;
-    const local = await openLocalStage(model, {
+    local = await openLocalStage(model, {
       backend: values.backend,
       gpu: values.gpu,
       allowSoftwareGpu: values["allow-software-gpu"],
-      first: layers?.first ?? 0,
-      end: layers?.end,
+      first: values.layers?.first ?? 0,
+      end: values.layers?.end,
       slots: 1,
       ctx,
     });
-    stages.push(local);
     if (values.next) {
-      const { connectRemoteStage } = await import("../lib/wire/remote_stage.ts");
-      const { loadKeyFile } = await import("../lib/wire/hello.ts");
       const key = values["key-file"] ? await loadKeyFile(values["key-file"]) : undefined;
-      stages.push(await connectRemoteStage(values.next, { local, model, key }));
+      next = await connectRemoteStage(values.next, { local, model, key });
     }
-    checkChain(stages);
-    const stopIds = values["ignore-eos"] ? undefined : tokenizer.eosIds;
-    const { ids } = await generateGreedy(stages, prompt, { n, stopIds });
+    // The server's decode loop: greedy, FUSED_STEPS tokens per readback on a whole-model stage.
+    const stopIds = values["ignore-eos"] ? new Set<number>() : undefined;
+    const request = greedy(prompt, { maxTokens: n, stopIds });
+    const { ids } = await completeOnce({ local, next, tokenizer }, request);
     const text = tokenizer.decode(ids);
     if (values.json) console.log(JSON.stringify({ prompt_ids: prompt, ids, text }));
     else console.log(text);
   } finally {
-    for (const s of stages) s.close();
+    next?.close();
+    local?.close();
     model.close();
   }
 }

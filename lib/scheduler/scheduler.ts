@@ -8,6 +8,7 @@
 
 import { StageUnavailableError } from "../wire/peer.ts";
 import { type LastOutput, MAX_TOPK, type Stage } from "../../engine/stage.ts";
+import { checkChainLink, checkFirstStage } from "../../engine/stage_checks.ts";
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
 import type { StageLink } from "./link.ts";
 import { PrefixCache } from "./prefix_cache.ts";
@@ -148,22 +149,8 @@ export class Scheduler {
     this.#queueLimit = options.queue;
     this.#log = options.log ?? (() => undefined);
     this.#onAdmit = options.onAdmit;
-    if (local.first !== 0) {
-      throw new RangeError(
-        `Cannot schedule on layers ${rangeOf(local)}: the head's stage must start at layer 0`,
-      );
-    }
-    if (!link && local.end !== local.nLayer) {
-      throw new RangeError(
-        `Cannot schedule on layers ${rangeOf(local)} alone: the model has ${local.nLayer} ` +
-          `layers; give the head --next host:port for layers ${local.end}:${local.nLayer}`,
-      );
-    }
-    if (link && link.remote.first !== local.end) {
-      throw new RangeError(
-        `Cannot chain layers ${rangeOf(local)} to a next stage at layer ${link.remote.first}`,
-      );
-    }
+    checkFirstStage(local);
+    checkChainLink(local, link?.remote);
     const stageSlots = Math.min(local.slots, link?.remote.slots ?? Infinity);
     if (!Number.isInteger(options.slots) || options.slots < 1 || options.slots > stageSlots) {
       throw new RangeError(
@@ -395,7 +382,8 @@ export class Scheduler {
   /** Hands a generated token (to be placed at `pos`) to its sequence; false when it has ended. */
   #accept(seq: Sequence, id: number, out: Candidates, pos: number): boolean {
     this.stats.outputTokens++;
-    return seq.accept(id, out, this.#tokenizer.eosIds.has(id), pos >= this.ctx);
+    const stopIds = seq.request.stopIds ?? this.#tokenizer.eosIds;
+    return seq.accept(id, out, stopIds.has(id), pos >= this.ctx);
   }
 
   /**

@@ -41,6 +41,8 @@ export interface SequenceRequest {
   readonly constraint?: TokenConstraint;
   /** Report this many top candidates with log-probabilities per generated token. */
   readonly nProbs?: number;
+  /** Ids that end generation (they are output); default the tokenizer's end-of-generation ids. */
+  readonly stopIds?: ReadonlySet<number>;
   readonly signal?: AbortSignal;
 }
 
@@ -62,7 +64,12 @@ export type Candidates = Pick<LastOutput, "top" | "lse">;
  */
 export interface TokenProbs {
   readonly logprob: number;
-  readonly top: readonly { readonly id: number; readonly logprob: number }[];
+  /** The best candidates, descending, with the logit each came from. */
+  readonly top: readonly {
+    readonly id: number;
+    readonly logprob: number;
+    readonly logit: number;
+  }[];
 }
 
 export type SequenceEvent =
@@ -320,7 +327,7 @@ export class Sequence {
     const chosen = top.find((c) => c.id === id);
     return {
       logprob: chosen ? chosen.logit - lse : -Infinity,
-      top: top.slice(0, n).map((c) => ({ id: c.id, logprob: c.logit - lse })),
+      top: top.slice(0, n).map((c) => ({ id: c.id, logprob: c.logit - lse, logit: c.logit })),
     };
   }
 }

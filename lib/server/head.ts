@@ -9,7 +9,8 @@ import { StageLink } from "../scheduler/link.ts";
 import { Scheduler } from "../scheduler/scheduler.ts";
 import { TextTokenizer } from "../tokenizer/tokenizer.ts";
 import { modelFingerprint } from "../wire/hello.ts";
-import { RemoteStage } from "../wire/remote_stage.ts";
+import { remoteStageAfter } from "../wire/remote_stage.ts";
+import { checkChainLink, checkFirstStage } from "../../engine/stage_checks.ts";
 import type { ProviderChoice } from "../../engine/gpu/provider.ts";
 import type { SamplingDefaults } from "./admit.ts";
 import { accessLog } from "./access_log.ts";
@@ -107,18 +108,12 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
     }
     const hp = readHParams(model.metadata);
     const layers = options.layers ?? { first: 0, end: hp.nLayer };
-    if (layers.first !== 0) {
-      throw new RangeError(
-        `Cannot start the head on layers ${layers.first}:${layers.end}: the head embeds tokens, ` +
-          `so its layers start at 0; use --layers 0:${layers.end}`,
-      );
-    }
-    if (options.next && layers.end >= hp.nLayer) {
-      throw new RangeError(
-        `Cannot use --next with layers 0:${layers.end}: the model has ${hp.nLayer} layers, so ` +
-          `nothing is left for the next stage; give --layers 0:k with k < ${hp.nLayer}`,
-      );
-    }
+    // Checked before the weights load; the scheduler checks the opened stages again.
+    checkFirstStage(layers);
+    checkChainLink(
+      { ...layers, nLayer: hp.nLayer },
+      options.next ? { first: layers.end } : undefined,
+    );
     const slots = options.slots ?? 1;
     const ctx = options.ctx ?? 4096;
     const snapshots = options.snapshots ?? 0;
@@ -136,15 +131,10 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
     cleanup.push(() => local.close());
     const link = options.next
       ? new StageLink(
-        new RemoteStage(options.next, {
-          first: local.end,
-          nLayer: local.nLayer,
-          nEmbd: local.nEmbd,
-          slots,
-          ctx,
-          snapshots,
-          fingerprint: await modelFingerprint(model),
-        }, { key: options.wireKey, connectTimeoutMs: 3000 }),
+        remoteStageAfter(options.next, local, await modelFingerprint(model), {
+          key: options.wireKey,
+          connectTimeoutMs: 3000,
+        }),
         { log },
       )
       : undefined;

@@ -46,6 +46,7 @@ import {
   MAX_BIAS_PAIRS,
   MAX_MASK_WORDS,
   MAX_TOPK,
+  type StageShape,
   type TopEntry,
 } from "../../engine/stage.ts";
 
@@ -106,14 +107,7 @@ export enum AuthMode {
 }
 
 /** What a worker (and the chain behind it) serves, as told in HELLO. */
-export interface HelloInfo {
-  readonly first: number;
-  readonly end: number;
-  readonly nLayer: number;
-  readonly nEmbd: number;
-  readonly slots: number;
-  readonly ctx: number;
-  readonly maxBatch: number;
+export interface HelloInfo extends StageShape {
   /** Snapshot places 0..snapshots-1 that SAVE and RESTORE accept on every stage behind it. */
   readonly snapshots: number;
   readonly fingerprint: Uint8Array;

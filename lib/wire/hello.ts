@@ -11,20 +11,18 @@
 // the client checks the worker's, so neither talks to an impostor.
 
 import type { GgufModel } from "../../engine/gguf/gguf_model.ts";
+import type { StageShape } from "../../engine/stage.ts";
 import { recordedFingerprint } from "../../engine/gguf/stage_shard.ts";
 import { encodeHelloInfo, FINGERPRINT_BYTES, type HelloInfo, MAGIC, PROOF_BYTES } from "./frame.ts";
 
 /** What a connecting stage needs from the chain behind a worker. */
-export interface ChainExpectation {
-  /** The layer the worker must start at: the connecting stage's end. */
+/**
+ * What a connecting stage needs of the worker: the same model, its layers starting at `first`
+ * (the connecting stage's end), and at least its slots, context and snapshot places.
+ */
+export interface ChainExpectation
+  extends Pick<StageShape, "nLayer" | "nEmbd" | "slots" | "ctx" | "snapshots"> {
   readonly first: number;
-  readonly nLayer: number;
-  readonly nEmbd: number;
-  /** Slots and context the connecting stage uses; the worker must have at least as many. */
-  readonly slots: number;
-  readonly ctx: number;
-  /** Snapshot places the connecting stage saves into; the worker must have at least as many. */
-  readonly snapshots: number;
   readonly fingerprint: Uint8Array;
 }
 

@@ -2,7 +2,6 @@
 // remote_stage.ts and stage_server.ts with reference stages of a tiny generated model.
 
 import assert from "node:assert/strict";
-import { generateGreedy } from "../../engine/greedy_loop.ts";
 import { openGguf } from "../../engine/gguf/read.ts";
 import { openReferenceStage } from "../../engine/reference/reference_stage.ts";
 import { runPipeline } from "../../engine/pipeline.ts";
@@ -14,10 +13,38 @@ import { importKey, modelFingerprint } from "./hello.ts";
 import { StageUnavailableError } from "./peer.ts";
 import { connectRemoteStage, RemoteStage } from "./remote_stage.ts";
 import { testModel } from "../../tests/_models.ts";
+import { chainScheduler, complete, completeOnce, greedy } from "../scheduler/complete.ts";
+import type { Scheduler } from "../scheduler/scheduler.ts";
+import { TextTokenizer } from "../tokenizer/tokenizer.ts";
 
 const model = await openGguf(await testModel({ arch: "qwen35moe", quant: "q4_k_m" }));
 const fingerprint = await modelFingerprint(model);
+const tokenizer = TextTokenizer.fromGguf(model.metadata);
 const CTX = 32;
+
+/** Greedy (ignoring end-of-generation ids) with each token's top 4. */
+const run = (prompt: number[]) => greedy(prompt, { maxTokens: 5, stopIds: new Set(), nProbs: 4 });
+
+/** A one-slot scheduler over `head` and the rest of the chain behind `remote`. */
+function over(head: Stage, remote: RemoteStage): Scheduler {
+  return chainScheduler({ local: head, next: remote, tokenizer });
+}
+
+/**
+ * Greedy ids, top-k and log-probabilities through `scheduler` must equal the single stage's
+ * exactly (both return f32 logits and log-sum-exp).
+ */
+async function assertSameAsWhole(scheduler: Scheduler, prompt: number[]): Promise<void> {
+  const whole = await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: CTX });
+  try {
+    const want = await completeOnce({ local: whole, tokenizer }, run(prompt));
+    const got = await complete(scheduler, run(prompt));
+    assert.equal(got.probs.length, 5);
+    assert.deepEqual(got, want);
+  } finally {
+    whole.close();
+  }
+}
 
 /** Only odd ids, and token 3 raised: logit adjustments as a grammar and a sampler send them. */
 const ADJUST: LogitAdjust = {
@@ -25,20 +52,14 @@ const ADJUST: LogitAdjust = {
   bias: [{ id: 3, bias: 9 }],
 };
 
-/**
- * Greedy ids, top-k and log-sum-exp of `stages` must equal the single-stage run exactly (both
- * return f32 logits), with and without logit adjustments.
- */
-async function assertSameAsWhole(
+/** A forward pass of `stages` on `slot` with logit adjustments must equal the single stage's. */
+async function assertAdjustedSameAsWhole(
   stages: readonly Stage[],
   prompt: number[],
   slot: number,
 ): Promise<void> {
-  const whole = await openReferenceStage(model, { first: 0, end: 4, slots: 2, ctx: CTX });
+  const whole = await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: CTX });
   try {
-    const want = await generateGreedy([whole], prompt, { n: 5, topk: 4 });
-    const got = await generateGreedy(stages, prompt, { n: 5, topk: 4, slot });
-    assert.deepEqual(got, want);
     const ids = Uint32Array.from(prompt);
     const wantAdjusted = await runPipeline([whole], 0, ids, 0, { topk: 6, adjust: ADJUST });
     const gotAdjusted = await runPipeline(stages, slot, ids, 0, { topk: 6, adjust: ADJUST });
@@ -51,18 +72,35 @@ async function assertSameAsWhole(
   }
 }
 
+/** Both checks on slot 0 of `head` and the chain behind `remote`. */
+async function assertChainSameAsWhole(
+  head: Stage,
+  remote: RemoteStage,
+  prompt: number[],
+): Promise<void> {
+  await assertSameAsWhole(over(head, remote), prompt);
+  await assertAdjustedSameAsWhole([head, remote], prompt, 0);
+}
+
 Deno.test("a chain over the wire gives the whole model's ids and top-k, slots interleaved", async () => {
   // max batch 3 at the worker: the 7-token prompt crosses the wire in three frames.
   const worker = await serveLocal(model, { first: 2, end: 4, slots: 2, ctx: CTX, maxBatch: 3 });
   const head = await openReferenceStage(model, { first: 0, end: 2, slots: 2, ctx: CTX });
   const remote = await connectRemoteStage(worker.address, { local: head, model });
+  // Two slots: the two sequences run on slots 1 and 0 at once.
+  const scheduler = chainScheduler({ local: head, next: remote, tokenizer, slots: 2 });
   try {
     await Promise.all([
-      assertSameAsWhole([head, remote], [3, 14, 15, 92, 65, 35, 89], 0),
-      assertSameAsWhole([head, remote], [27, 18, 28], 1),
+      assertSameAsWhole(scheduler, [3, 14, 15, 92, 65, 35, 89]),
+      assertSameAsWhole(scheduler, [27, 18, 28]),
+    ]);
+    await Promise.all([
+      assertAdjustedSameAsWhole([head, remote], [3, 14, 15, 92, 65, 35, 89], 0),
+      assertAdjustedSameAsWhole([head, remote], [27, 18, 28], 1),
     ]);
     assert.equal(remote.epoch, 1);
   } finally {
+    await scheduler.close();
     remote.close();
     head.close();
     await worker.stop();
@@ -94,11 +132,14 @@ Deno.test("save and restore reach every stage of a three-stage chain", async () 
   });
   const remote = await connectRemoteStage(middle.address, { local: head, model });
   const stages = [head, remote];
+  const scheduler = chainScheduler({ local: head, next: remote, tokenizer });
   try {
     assert.equal((await remote.connect()).snapshots, 2);
-    await assertSameAsWhole(stages, [5, 6, 7, 8], 0);
+    await assertSameAsWhole(scheduler, [5, 6, 7, 8]);
+    await assertAdjustedSameAsWhole(stages, [5, 6, 7, 8], 0);
     const prompt = [40, 41, 42, 43, 44];
-    const first = await generateGreedy(stages, prompt, { n: 1 });
+    // Slot 0 holds the prompt after this (one generated token, not yet fed back).
+    const first = await complete(scheduler, greedy(prompt, { maxTokens: 1 }));
     for (const s of stages) await s.save(0, 1);
     const step = async (id: number, pos: number) => {
       const hidden = await head.run(0, { kind: "ids", ids: Uint32Array.of(id) }, 1, pos);
@@ -200,7 +241,7 @@ Deno.test("keys: the right key connects, a wrong or missing one fails with its r
   const head = await openReferenceStage(model, { first: 0, end: 2, slots: 1, ctx: CTX });
   try {
     const good = await connectRemoteStage(keyed.address, { local: head, model, key });
-    await assertSameAsWhole([head, good], [1, 2, 3], 0);
+    await assertChainSameAsWhole(head, good, [1, 2, 3]);
     good.close();
     const refusal = await connectRemoteStage(keyed.address, { local: head, model, key: wrong })
       .then(() => undefined, (e) => e);
@@ -235,7 +276,7 @@ Deno.test("a second client is refused as busy until the first one leaves", async
     // Connecting right after a close must not race the worker winding the first client down.
     first.close();
     const second = await connectRemoteStage(worker.address, { local: head, model });
-    await assertSameAsWhole([head, second], [9, 8, 7], 0);
+    await assertChainSameAsWhole(head, second, [9, 8, 7]);
     second.close();
   } finally {
     head.close();
@@ -266,7 +307,7 @@ Deno.test("a new connection is a new epoch: older sequences and snapshots are re
     await assert.rejects(remote.restore(0, 0), /snapshot 0 was lost when the connection/);
     assert.equal(remote.epoch, 2);
     // Refused here, the stale requests never reached the worker: the connection is still good.
-    await assertSameAsWhole([head, remote], [1, 2, 3], 0);
+    await assertChainSameAsWhole(head, remote, [1, 2, 3]);
     assert.equal(remote.epoch, 2);
   } finally {
     remote.close();
@@ -290,7 +331,7 @@ Deno.test("a client that stalls in the hello is refused with a timeout; the next
     assert.match(refusal.message, /no hello within 200 ms/);
     assert.equal(await reader.readFrame({ nEmbd: 0, maxBatch: 0 }), null);
     const remote = await connectRemoteStage(worker.address, { local: head, model });
-    await assertSameAsWhole([head, remote], [2, 4, 6], 0);
+    await assertChainSameAsWhole(head, remote, [2, 4, 6]);
     remote.close();
   } finally {
     stalled.close();

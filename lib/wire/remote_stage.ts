@@ -7,6 +7,7 @@ import type {
   StageInput,
   StageOutput,
   StageRunOptions,
+  StageShape,
   TopEntry,
 } from "../../engine/stage.ts";
 import { checkSlot } from "../../engine/stage_checks.ts";
@@ -166,9 +167,27 @@ export class RemoteStage implements Stage {
   }
 }
 
+/** The RemoteStage for the layers after `local`: the worker at `address` must serve the rest. */
+export function remoteStageAfter(
+  address: string,
+  local: StageShape,
+  fingerprint: Uint8Array,
+  options: PeerOptions = {},
+): RemoteStage {
+  return new RemoteStage(address, {
+    first: local.end,
+    nLayer: local.nLayer,
+    nEmbd: local.nEmbd,
+    slots: local.slots,
+    ctx: local.ctx,
+    snapshots: local.snapshots,
+    fingerprint,
+  }, options);
+}
+
 export interface ConnectRemoteOptions extends PeerOptions {
   /** The stage this process runs just before the remote part. */
-  readonly local: Stage;
+  readonly local: StageShape;
   /** The model the local stage was opened from: its fingerprint must match the worker's. */
   readonly model: GgufModel;
 }
@@ -182,15 +201,7 @@ export async function connectRemoteStage(
   options: ConnectRemoteOptions,
 ): Promise<RemoteStage> {
   const { local, model, ...peerOptions } = options;
-  const remote = new RemoteStage(address, {
-    first: local.end,
-    nLayer: local.nLayer,
-    nEmbd: local.nEmbd,
-    slots: local.slots,
-    ctx: local.ctx,
-    snapshots: local.snapshots,
-    fingerprint: await modelFingerprint(model),
-  }, peerOptions);
+  const remote = remoteStageAfter(address, local, await modelFingerprint(model), peerOptions);
   await remote.connect();
   return remote;
 }

@@ -3,6 +3,7 @@
 // Started by worker.ts; every failure becomes an ERROR frame and a clean close, never a crash.
 
 import type { Stage } from "../../engine/stage.ts";
+import { checkChainLink } from "../../engine/stage_checks.ts";
 import { deadline } from "./deadline.ts";
 import { AuthMode, ErrorCode, type Frame, type HelloInfo, MAGIC, magicName, Op } from "./frame.ts";
 import { FrameReader, writeFrame } from "./frame_stream.ts";
@@ -62,18 +63,7 @@ const MAX_PENDING = 8;
 
 function chainInfo(options: StageServerOptions): HelloInfo {
   const { stage, next } = options;
-  if (!next && stage.end !== stage.nLayer) {
-    throw new RangeError(
-      `Cannot serve layers ${stage.first}..${stage.end}: the model has ${stage.nLayer} layers and ` +
-        `no next stage is given; pass --next host:port for the worker of layers ${stage.end}..`,
-    );
-  }
-  if (next && (next.first !== stage.end || stage.end === stage.nLayer)) {
-    throw new RangeError(
-      `Cannot chain layers ${stage.first}..${stage.end} to a next stage starting at layer ` +
-        `${next.first}; the next stage must start where this one ends, before layer ${stage.nLayer}`,
-    );
-  }
+  checkChainLink(stage, next);
   return {
     first: stage.first,
     end: stage.nLayer,

@@ -8,7 +8,7 @@ import type { Stage } from "../../engine/stage.ts";
 import { listenError } from "../cli.ts";
 import type { HelloInfo } from "./frame.ts";
 import { hex, modelFingerprint } from "./hello.ts";
-import { RemoteStage } from "./remote_stage.ts";
+import { type RemoteStage, remoteStageAfter } from "./remote_stage.ts";
 import { serveStage } from "./stage_server.ts";
 
 export interface WorkerOptions {
@@ -74,15 +74,7 @@ export async function startWorker(options: WorkerOptions): Promise<RunningWorker
     });
     const fingerprint = await modelFingerprint(model);
     next = options.next
-      ? new RemoteStage(options.next, {
-        first: stage.end,
-        nLayer: stage.nLayer,
-        nEmbd: stage.nEmbd,
-        slots: stage.slots,
-        ctx: stage.ctx,
-        snapshots: stage.snapshots,
-        fingerprint,
-      }, { key: options.key })
+      ? remoteStageAfter(options.next, stage, fingerprint, { key: options.key })
       : undefined;
     const server = serveStage(listener, { stage, fingerprint, key: options.key, next, log });
     const { hostname, port } = listener.addr;
