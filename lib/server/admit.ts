@@ -1,52 +1,13 @@
-// What every generation route shares: the head's context, sampling defaults, admission of a
-// prepared prompt into the scheduler, and ids. Between the route modules and lib/scheduler/.
+// Admission of a prepared chat prompt into the scheduler (context check, forced tool calls as a
+// grammar, reply parsing), and how a generation learns its client left. Routes → lib/scheduler/.
 
-import type { Scheduler } from "../scheduler/scheduler.ts";
-import type { SamplingOptions, TokenConstraint } from "../scheduler/sequence.ts";
-import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
+import type { TokenConstraint } from "../scheduler/sequence.ts";
+import type { Head } from "./head_context.ts";
 import { OutputStream, type ReplyEvent } from "./output.ts";
-import { type ChatRequest, checkFits, type Prompt, type PromptBuilder } from "./prompt.ts";
+import { type ChatRequest, checkFits, type Prompt } from "./prompt.ts";
+import { randomId } from "./random_id.ts";
+import { resolveSampling, type SamplingRequest } from "./sampling_defaults.ts";
 import { ToolCallConstraint } from "./tool_grammar.ts";
-
-export interface SamplingDefaults {
-  /** Used when a request sets no temperature; 0 is greedy. */
-  readonly temperature: number;
-  /** Requests asking for more are clamped to this. */
-  readonly temperatureCap: number;
-  readonly topK: number;
-  readonly topP: number;
-}
-
-/** Everything a route needs from the running head. */
-export interface Head {
-  readonly scheduler: Scheduler;
-  readonly tokenizer: TextTokenizer;
-  readonly prompts: PromptBuilder;
-  /** The loaded model's id, reported by /v1/models and in every response. */
-  readonly modelId: string;
-  readonly defaults: SamplingDefaults;
-  /** SSE keep-alive interval while a stream is silent (queue wait, long prefill). */
-  readonly pingMs: number;
-  readonly log: (line: string) => void;
-}
-
-export interface SamplingRequest {
-  readonly temperature?: number;
-  readonly topK?: number;
-  readonly topP?: number;
-  readonly seed?: bigint;
-}
-
-/** Explicit values win (temperature clamped to the cap); a missing seed is drawn at random. */
-export function resolveSampling(req: SamplingRequest, defaults: SamplingDefaults): SamplingOptions {
-  const seed = req.seed ?? crypto.getRandomValues(new BigUint64Array(1))[0];
-  return {
-    temperature: Math.min(req.temperature ?? defaults.temperature, defaults.temperatureCap),
-    topK: req.topK || defaults.topK,
-    topP: req.topP ?? defaults.topP,
-    seed,
-  };
-}
 
 /**
  * What tells a generation that its client left: a streamed reply learns it from its body stream
@@ -55,14 +16,6 @@ export function resolveSampling(req: SamplingRequest, defaults: SamplingDefaults
  */
 export function streamSignal(stream: boolean, request: Request): AbortSignal | undefined {
   return stream ? undefined : request.signal;
-}
-
-const ALPHABET = "0123456789ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz";
-
-/** `prefix` + 24 random base-62 characters, like Anthropic's and OpenAI's ids. */
-export function randomId(prefix: string): string {
-  const bytes = crypto.getRandomValues(new Uint8Array(24));
-  return prefix + Array.from(bytes, (b) => ALPHABET[b % ALPHABET.length]).join("");
 }
 
 export interface ChatLimits {

@@ -6,7 +6,9 @@ import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
 import { MAX_TOPK } from "../../engine/stage.ts";
 import { ApiError, errorResponse, toApiError } from "./api_error.ts";
 import { Field, type JsonObject, readSeed } from "./fields.ts";
-import { type Head, resolveSampling, streamSignal } from "./admit.ts";
+import { streamSignal } from "./admit.ts";
+import type { Head } from "./head_context.ts";
+import { resolveSampling } from "./sampling_defaults.ts";
 import { checkFits } from "./prompt.ts";
 import { type SseMessage, SseStream } from "./sse.ts";
 

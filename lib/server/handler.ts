@@ -4,7 +4,8 @@
 import { ApiError, errorResponse, type Flavor, toApiError } from "./api_error.ts";
 import { createCompletion } from "./completion.ts";
 import { type JsonObject, parseBody } from "./fields.ts";
-import { type Head, randomId } from "./admit.ts";
+import type { Head } from "./head_context.ts";
+import { randomId } from "./random_id.ts";
 import { countTokens, createMessage } from "./messages.ts";
 import { renderMetrics, RequestCounter } from "./metrics.ts";
 import { createChatCompletion } from "./openai.ts";

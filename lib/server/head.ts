@@ -12,7 +12,7 @@ import { modelFingerprint } from "../wire/hello.ts";
 import { remoteStageAfter } from "../wire/remote_stage.ts";
 import { checkChainLink, checkFirstStage } from "../../engine/stage_checks.ts";
 import type { ProviderChoice } from "../../engine/gpu/provider.ts";
-import type { SamplingDefaults } from "./admit.ts";
+import type { SamplingDefaults } from "./sampling_defaults.ts";
 import { accessLog } from "./access_log.ts";
 import { ApiError, errorResponse } from "./api_error.ts";
 import { listenError } from "../cli.ts";
