@@ -4,7 +4,7 @@
 import type { GgufModel } from "./gguf/gguf_model.ts";
 import { missingLayers } from "./gguf/stage_shard.ts";
 import type { ProviderChoice } from "./gpu/provider.ts";
-import { readHParams } from "./hparams.ts";
+import { type HParams, readHParams } from "./hparams.ts";
 import { openReferenceStage } from "./reference/reference_stage.ts";
 import type { Stage } from "./stage.ts";
 
@@ -22,6 +22,8 @@ export interface LocalStageOptions {
   readonly ctx: number;
   readonly maxBatch?: number;
   readonly snapshots?: number;
+  /** The model's hyperparameters, when the caller has read them (else read from the model). */
+  readonly hp?: HParams;
 }
 
 /**
@@ -38,16 +40,19 @@ function quietWayland(): void {
 }
 
 export async function openLocalStage(model: GgufModel, options: LocalStageOptions): Promise<Stage> {
-  const nLayer = readHParams(model.metadata).nLayer;
-  const end = options.end ?? nLayer;
-  if (end > nLayer) {
+  // Read once here (or by the caller) and handed to the stage.
+  const hp = options.hp ?? readHParams(model.metadata);
+  const end = options.end ?? hp.nLayer;
+  if (end > hp.nLayer) {
     throw new RangeError(
-      `Cannot open layers ${options.first}:${end}: the model has ${nLayer} layers; check --layers`,
+      `Cannot open layers ${options.first}:${end}: the model has ${hp.nLayer} layers; check --layers`,
     );
   }
-  const missing = missingLayers(model, nLayer, { first: options.first, end });
+  const missing = missingLayers(model, hp.nLayer, { first: options.first, end });
   if (missing) throw new RangeError(missing);
-  if (options.backend === "reference") return await openReferenceStage(model, { ...options, end });
+  if (options.backend === "reference") {
+    return await openReferenceStage(model, { ...options, hp, end });
+  }
   quietWayland();
   // Imported on demand: a reference-backend worker never loads the GPU providers (Dawn needs FFI).
   const { openGpu } = await import("./gpu/device.ts");
@@ -56,5 +61,5 @@ export async function openLocalStage(model: GgufModel, options: LocalStageOption
     gpu: options.gpu ?? "auto",
     allowSoftware: options.allowSoftwareGpu,
   });
-  return await openGpuStage(model, gpu, { ...options, end });
+  return await openGpuStage(model, gpu, { ...options, hp, end });
 }

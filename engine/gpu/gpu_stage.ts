@@ -51,6 +51,8 @@ export interface GpuStageOptions {
   readonly maxBatch?: number;
   /** Numbered snapshot places for save/restore; default 0. */
   readonly snapshots?: number;
+  /** The model's hyperparameters, when the caller has read them (else read from the model). */
+  readonly hp?: HParams;
   /** Largest weight part in bytes (default: the device's binding limit); tests force splits. */
   readonly maxPartBytes?: number;
   /** Start-up report lines (weights, memory); default stderr. */
@@ -465,7 +467,7 @@ export async function openGpuStage(
   gpu: GpuContext,
   options: GpuStageOptions,
 ): Promise<GpuStage> {
-  const hp = readHParams(model.metadata);
+  const hp = options.hp ?? readHParams(model.metadata);
   const { first, end, slots, ctx } = options;
   if (
     !Number.isInteger(first) || !Number.isInteger(end) || first < 0 || end > hp.nLayer ||

@@ -32,6 +32,8 @@ export interface ReferenceStageOptions {
   readonly maxBatch?: number;
   /** Numbered snapshot places for save/restore; default 0. */
   readonly snapshots?: number;
+  /** The model's hyperparameters, when the caller has read them (else read from the model). */
+  readonly hp?: HParams;
 }
 
 /** One sequence's state: its position and one LayerState per owned layer. */
@@ -266,7 +268,7 @@ export async function openReferenceStage(
   model: GgufModel,
   options: ReferenceStageOptions,
 ): Promise<ReferenceStage> {
-  const hp = readHParams(model.metadata);
+  const hp = options.hp ?? readHParams(model.metadata);
   const { first, end, slots, ctx } = options;
   const maxBatch = options.maxBatch ?? Math.min(ctx, 512);
   const snapshots = options.snapshots ?? 0;

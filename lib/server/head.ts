@@ -118,6 +118,7 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
     const ctx = options.ctx ?? 4096;
     const snapshots = options.snapshots ?? 0;
     const local = await openLocalStage(model, {
+      hp,
       backend: options.backend ?? "gpu",
       gpu: options.gpu,
       allowSoftwareGpu: options.allowSoftwareGpu,
