@@ -153,7 +153,7 @@ export class Sequence {
   readonly id: string;
   readonly request: SequenceRequest;
   readonly events: ReadableStream<SequenceEvent>;
-  readonly #tokenizer: TextTokenizer;
+  readonly #tokenizer: Pick<TextTokenizer, "tokenBytes">;
   readonly #rng: SplitMix64;
   readonly #stop: StopMatcher;
   readonly #decoder = new TextDecoder("utf-8", { ignoreBOM: true });
@@ -166,7 +166,7 @@ export class Sequence {
   #outputTokens = 0;
   #ended = false;
 
-  constructor(id: string, request: SequenceRequest, tokenizer: TextTokenizer) {
+  constructor(id: string, request: SequenceRequest, tokenizer: Pick<TextTokenizer, "tokenBytes">) {
     this.id = id;
     this.request = request;
     this.#tokenizer = tokenizer;

@@ -203,7 +203,7 @@ export class TextTokenizer {
   /**
    * The bytes token `id` stands for, as llama.cpp's token_to_piece: normal tokens through the
    * byte map, control and user-defined tokens as their text, unused and undefined ones as nothing.
-   * A piece can end inside a UTF-8 sequence; lib/tokenizer/detokenize_stream.ts joins them.
+   * A piece can end inside a UTF-8 sequence; lib/scheduler/sequence.ts joins them.
    */
   tokenBytes(id: number, options: DecodeOptions = {}): Uint8Array {
     if (!Number.isInteger(id) || id < 0 || id >= this.vocabSize) {
