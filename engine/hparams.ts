@@ -7,7 +7,7 @@ export type Arch = "qwen3next" | "qwen35moe" | "qwen35";
 export const ARCHS: readonly Arch[] = ["qwen3next", "qwen35moe", "qwen35"];
 
 /**
- * Dimension legend (docs/model-arch.md §2): D d_model, Hq/Hkv query/KV heads, Dh head dim,
+ * Dimension legend (docs/model_arch.md §2.1): D d_model, Hq/Hkv query/KV heads, Dh head dim,
  * Nk/Nv DeltaNet key/value heads, Dk/Dv their head dims, Kc conv taps, C conv channels,
  * E experts, Ku experts used, Fe/Fs routed/shared expert width, F dense FFN width, V vocab.
  */

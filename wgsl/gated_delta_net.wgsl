@@ -102,7 +102,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let nk = params.nk;
   let nv = params.nv;
   let tokens = params.tokens;
-  // Key head of value head h: repeat-interleave (qwen3next) or tiling (qwen35*), §4.6.5.
+  // Key head of value head h: repeat-interleave (qwen3next) or tiling (qwen35*) (docs/model_arch.md
+  // §4.6.5).
   let kh = select(h % nk, h / (nv / nk), params.interleave == 1u);
   var s: array<f32, RPT>;
   for (var m = 0u; m < RPT; m++) {

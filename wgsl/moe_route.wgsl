@@ -1,7 +1,7 @@
 // moe_route: the MoE router of each token: softmax over the E router logits, the k most
 // probable experts (ties: lower id), their probabilities renormalised by max(Σ, 6.103515625e-5);
 // and, when the model has a shared expert, sigmoid of its gate logit (stored after the E).
-// Matches engine/reference/ffn.ts moeRoute and model-arch.md §4.7 step 7's gate.
+// Matches engine/reference/ffn.ts moeRoute and docs/model_arch.md §4.7 step 7's gate.
 // Bindings: 0 logits: token t's E (+1) logits at t·logits_stride, f32 | 1 ids (t·k + i) u32
 //   | 2 weights (t·(k+1) + i; index k = shared gate) f32 | 3 params.
 // Dispatch: (tokens); one workgroup per token. WG = 64; E ≤ 1024. Variants: none.

@@ -1,6 +1,6 @@
 // moe_sum: the MoE output added to the residual: x += Σ_i w_i·o_i (in rank order) + g·s, where
 // o_i is expert rank i's down projection, w its routing weight, s the shared expert's output and
-// g its sigmoid gate. Matches model-arch.md §4.7 steps 5–7 (llama.cpp's summation order).
+// g its sigmoid gate. Matches docs/model_arch.md §4.7 steps 5–7 (llama.cpp's summation order).
 // Bindings: 0 o (t, k, d) f32 | 1 s (t·d) f32 (a dummy without a shared expert)
 //   | 2 weights (t·(k+1) + i; k = shared gate) f32 | 3 x (t·d) f32 | 4 params.
 // Dispatch: (tokens·d / WG folded); one thread per value. WG = 64. Variants: none.

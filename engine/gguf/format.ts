@@ -1,7 +1,7 @@
 // The GGUF byte layout shared by the reader and the writer: value type ids, limits, tensor sizes.
 // Used by engine/gguf/header.ts (parse one file), read.ts (open a model) and write.ts (generator).
 //
-// All integers little-endian. One file (docs/model-arch.md §1, §7):
+// All integers little-endian. One file (docs/model_arch.md §1.1, §1.3):
 //   offset | size | field
 //   0      | 4    | magic "GGUF"
 //   4      | 4    | u32 version (2 or 3; both use u64 counts and lengths)

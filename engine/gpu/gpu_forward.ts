@@ -1,4 +1,4 @@
-// One GPU stage step of the hybrid family, read top to bottom (model-arch.md §4): embed, the
+// One GPU stage step of the hybrid family, read top to bottom (docs/model_arch.md §4): embed, the
 // owned blocks (DeltaNet or gated attention, then MoE or dense SwiGLU), then norm + LM head +
 // argmax/top-k on the last stage. Records into a StepEncoder; engine/gpu/gpu_stage.ts submits.
 //
@@ -86,7 +86,7 @@ function project(
   }
 }
 
-/** Gated DeltaNet block on h, added into x (§4.6). */
+/** Gated DeltaNet block on h, added into x (docs/model_arch.md §4.6). */
 function deltaNetBlock(
   enc: StepEncoder,
   plan: ForwardPlan,
@@ -128,7 +128,7 @@ function deltaNetBlock(
   mulMat(enc, { w: w.out, x: act.o, y: act.x }, { tokens: T, add: true });
 }
 
-/** Gated full attention on h at positions base.., added into x (§4.5). */
+/** Gated full attention on h at positions base.., added into x (docs/model_arch.md §4.5). */
 function attentionBlock(
   enc: StepEncoder,
   plan: ForwardPlan,
@@ -181,7 +181,7 @@ function attentionBlock(
   mulMat(enc, { w: w.out, x: act.o, y: act.x }, { tokens: T, add: true });
 }
 
-/** Routed experts + sigmoid-gated shared expert on h, added into x (§4.7). */
+/** Routed experts + sigmoid-gated shared expert on h, added into x (docs/model_arch.md §4.7). */
 function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, T: number): void {
   const { hp, act } = plan;
   const { D, E, Ku, Fe, Fs } = hp;

@@ -264,7 +264,8 @@ async function deltaNet(l: Loader, il: number): Promise<DeltaNetWeights> {
       { name: `${p}.attn_gate.weight`, shape: [D, valueDim] },
     ]);
   } else {
-    // Legacy ssm_in: per key head [q (Dk) | k (Dk) | v (r·Dv) | z (r·Dv)] (§4.6.1).
+    // Legacy ssm_in: per key head [q (Dk) | k (Dk) | v (r·Dv) | z (r·Dv)] (docs/model_arch.md
+    // §4.6.1).
     const order = ungroup(Nk, [Dk, Dk, r * Dv, r * Dv]);
     qkvz = [{ w: await l.matrix(cls, `${p}.ssm_in.weight`, [D, C + valueDim], order), offset: 0 }];
   }

@@ -1,11 +1,11 @@
-// Tests for engine/quant/dequant.ts: hand-built blocks of every format, with expected values
-// derived here from the layouts in docs model-arch.md §6 (element by element) plus literal spot values.
+// Tests for engine/quant/dequant.ts: hand-built blocks of every format, expected values derived
+// from the layouts of docs/model_arch.md §6 (element by element) plus literal spot values.
 
 import assert from "node:assert/strict";
 import { DEQUANT_TYPES, dequantize } from "./dequant.ts";
 import { GgmlType } from "./ggml_types.ts";
 
-/** kvalues_iq4nl as printed in model-arch.md §6.1. */
+/** kvalues_iq4nl as printed in docs/model_arch.md §6.1. */
 const KV = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
 
 /** f16 bit patterns used below, with their values worked out by hand. */
@@ -191,7 +191,10 @@ Deno.test("Q3_K: hmask high bits, 2-bit values, 6-bit signed scales packed in 12
   assert.equal(y[0], -24);
 });
 
-/** The 12 scale bytes of Q4_K/Q5_K for 6-bit scales `sc` and mins `m`, by the §6.3 unpack rule. */
+/**
+ * The 12 scale bytes of Q4_K/Q5_K for 6-bit scales `sc` and mins `m`, by the unpack rule of
+ * docs/model_arch.md §6.3.
+ */
 function packK4(sc: number[], m: number[]): number[] {
   const s = new Array(12).fill(0);
   for (let j = 0; j < 4; j++) {

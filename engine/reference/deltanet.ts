@@ -7,7 +7,7 @@ import { type HParams, keyHeadOf } from "../hparams.ts";
 import { sigmoid, silu, softplus, type Vec } from "./math.ts";
 
 /**
- * One token of the causal depthwise conv + SiLU (model-arch.md §4.6.3).
+ * One token of the causal depthwise conv + SiLU (docs/model_arch.md §4.6.3).
  * state (Kc−1, C): the last Kc−1 raw inputs, oldest first; updated in place (shifted, x appended).
  * x (C): this token's raw qkv. w (C, Kc): row c is channel c, its last tap multiplies x.
  * Returns silu(Σ_j w[c][j]·X_c[j]) per channel.
@@ -33,7 +33,10 @@ export function convStep(state: Float64Array, x: Vec, w: Vec): Float64Array {
   return u;
 }
 
-/** Per value head: β = sigmoid(b), g = softplus(a + dt_bias)·ssm_a (≤ 0; decay = e^g) (§4.6.2). */
+/**
+ * Per value head: β = sigmoid(b), g = softplus(a + dt_bias)·ssm_a (≤ 0; decay = e^g)
+ * (docs/model_arch.md §4.6.2).
+ */
 export function deltaNetGates(
   b: Vec,
   a: Vec,
@@ -70,9 +73,9 @@ export interface DeltaNetBuffers {
 }
 
 /**
- * One token of the gated delta rule per value head h, with key head keyHeadOf(hp, h) (§4.6.6):
- * S ← e^g·S (decay first); δ_j = (v_j − Σ_i S[i][j]·k_i)·β; S[i][j] += k_i·δ_j;
- * o_j = (Σ_i S[i][j]·q_i)/√Dk from the updated S. Returns o (Nv·Dv).
+ * One token of the gated delta rule per value head h, with key head keyHeadOf(hp, h)
+ * (docs/model_arch.md §4.6.6): S ← e^g·S (decay first); δ_j = (v_j − Σ_i S[i][j]·k_i)·β; S[i][j] +=
+ * k_i·δ_j; o_j = (Σ_i S[i][j]·q_i)/√Dk from the updated S. Returns o (Nv·Dv).
  */
 export function deltaNetStep(buffers: DeltaNetBuffers, hp: HParams): Float64Array {
   const { state, q, k, v, beta, g } = buffers;

@@ -31,7 +31,7 @@ export interface Route {
 }
 
 /**
- * Router (model-arch.md §4.7 steps 2–4): softmax over all E logits (max-subtracted), the k
+ * Router (docs/model_arch.md §4.7 steps 2–4): softmax over all E logits (max-subtracted), the k
  * most probable experts (ties: lower id first, where llama.cpp's unstable sort is unspecified),
  * their probabilities divided by max(Σ, 6.103515625e−5).
  */

@@ -24,7 +24,7 @@ export interface AttentionShape {
 
 /**
  * o_h = Σ_t softmax_t(q_h·K_t / √Dh)·V_t over t < nPos, query head h reading KV head
- * ⌊h / (Hq/Hkv)⌋; then o ⊙ sigmoid(gate) (model-arch.md §4.5 steps 6–8). Returns Hq·Dh values.
+ * ⌊h / (Hq/Hkv)⌋; then o ⊙ sigmoid(gate) (docs/model_arch.md §4.5 steps 6–8). Returns Hq·Dh values.
  */
 export function attention(buffers: AttentionBuffers, shape: AttentionShape): Float64Array {
   const { q, gate, k, v } = buffers;

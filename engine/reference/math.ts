@@ -4,7 +4,7 @@
 /** Any dense float vector an op accepts. Ops compute in float64 and return Float64Array. */
 export type Vec = Float16Array | Float32Array | Float64Array;
 
-/** 1/(1+e^−x) (model-arch.md §4.3). */
+/** 1/(1+e^−x) (docs/model_arch.md §4.3). */
 export function sigmoid(x: number): number {
   return 1 / (1 + Math.exp(-x));
 }

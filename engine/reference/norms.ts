@@ -4,9 +4,9 @@
 import { silu, type Vec } from "./math.ts";
 
 /**
- * RMSNorm of each row of `w.length` values: x·(1/√(mean(x²)+ε))·w (model-arch.md §4.2). A vector
- * of several rows (e.g. all heads of q with the shared q-norm weight) is normalised row by row.
- * The weight is used as stored: the GGUF already holds 1+w for the zero-centred norms.
+ * RMSNorm of each row of `w.length` values: x·(1/√(mean(x²)+ε))·w (docs/model_arch.md §4.2). A
+ * vector of several rows (e.g. all heads of q with the shared q-norm weight) is normalised row by
+ * row. The weight is used as stored: the GGUF already holds 1+w for the zero-centred norms.
  */
 export function rmsNorm(x: Vec, w: Vec, eps: number): Float64Array {
   const n = w.length;
@@ -23,7 +23,7 @@ export function rmsNorm(x: Vec, w: Vec, eps: number): Float64Array {
 
 /**
  * L2 normalisation of each head of `headDim` values: x / max(‖x‖₂, ε), as
- * `ggml_compute_forward_l2_norm_f32` (§4.6.4); ε is the model's RMS epsilon.
+ * `ggml_compute_forward_l2_norm_f32` (docs/model_arch.md §4.6.4); ε is the model's RMS epsilon.
  */
 export function l2NormHeads(x: Vec, headDim: number, eps: number): Float64Array {
   checkRows(x.length, headDim, "L2 norm");
@@ -38,8 +38,9 @@ export function l2NormHeads(x: Vec, headDim: number, eps: number): Float64Array 
 }
 
 /**
- * DeltaNet output norm per value head of `w.length` values: RMSNorm(o)·w·silu(z) (§4.6.7). z is
- * the raw gate projection and is not normalised; the weight (ssm_norm) has no +1 baked in.
+ * DeltaNet output norm per value head of `w.length` values: RMSNorm(o)·w·silu(z)
+ * (docs/model_arch.md §4.6.7). z is the raw gate projection and is not normalised; the weight
+ * (ssm_norm) has no +1 baked in.
  */
 export function gatedRmsNorm(o: Vec, z: Vec, w: Vec, eps: number): Float64Array {
   if (z.length !== o.length) {

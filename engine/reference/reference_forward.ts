@@ -1,4 +1,4 @@
-// The hybrid block forward for one position, read top to bottom (model-arch.md §4).
+// The hybrid block forward for one position, read top to bottom (docs/model_arch.md §4).
 // Driven by engine/reference/reference_stage.ts layer by layer; weights from weights.ts, ops from the rest.
 //
 // Dimensions: D d_model, Hq/Hkv heads, Dh head dim, C conv channels, Kc conv taps, Nk/Nv
@@ -31,7 +31,7 @@ export interface AttentionState {
   readonly v: Float16Array; // (ctx, Hkv, Dh)
 }
 
-/** Per-slot state of a DeltaNet block (§5). */
+/** Per-slot state of a DeltaNet block (docs/model_arch.md §5). */
 export interface DeltaNetState {
   readonly kind: "deltanet";
   readonly conv: Float64Array; // (Kc−1, C) last raw qkv inputs, oldest first
@@ -53,7 +53,10 @@ export function newLayerState(hp: HParams, il: number, ctx: number): LayerState 
   return { kind: "attention", k: new Float16Array(n), v: new Float16Array(n) };
 }
 
-/** Block il on the f32 residual row x (D) at position pos; x is updated in place (§4.1). */
+/**
+ * Block il on the f32 residual row x (D) at position pos; x is updated in place (docs/model_arch.md
+ * §4.1).
+ */
 export function forwardLayer(
   hp: HParams,
   w: LayerWeights,
@@ -83,7 +86,9 @@ export function forwardLayer(
   for (let i = 0; i < hp.D; i++) x[i] = x1[i] + f[i];
 }
 
-/** Gated full attention (§4.5); K and V of `pos` are written to the cache first. */
+/**
+ * Gated full attention (docs/model_arch.md §4.5); K and V of `pos` are written to the cache first.
+ */
 function attentionBlock(
   hp: HParams,
   w: AttentionWeights,
@@ -114,7 +119,7 @@ function attentionBlock(
   return matVec(w.out, o);
 }
 
-/** Gated DeltaNet (§4.6). */
+/** Gated DeltaNet (docs/model_arch.md §4.6). */
 function deltaNetBlock(
   hp: HParams,
   w: DeltaNetWeights,
@@ -139,7 +144,10 @@ function deltaNetBlock(
   return matVec(w.out, gatedRmsNorm(o, z, w.ssmNorm, eps));
 }
 
-/** Routed experts weighted after down_proj, summed in rank order, plus the gated shared expert (§4.7). */
+/**
+ * Routed experts weighted after down_proj, summed in rank order, plus the gated shared expert
+ * (docs/model_arch.md §4.7).
+ */
 function moeBlock(hp: HParams, w: MoeWeights, h2: Float64Array): Float64Array {
   const route = moeRoute(matVec(w.router, h2), hp.Ku);
   const y = new Float64Array(hp.D);
@@ -160,7 +168,7 @@ function denseBlock(w: DenseWeights, h2: Float64Array): Float64Array {
   return swigluFfn(w.gate, w.up, w.down, h2);
 }
 
-/** Final RMSNorm and LM head on an f32 residual row (§4.8): V logits. */
+/** Final RMSNorm and LM head on an f32 residual row (docs/model_arch.md §4.8): V logits. */
 export function lmHead(hp: HParams, w: HeadWeights, x: Float32Array): Float64Array {
   return matVec(w.output, rmsNorm(x, w.norm, hp.eps));
 }

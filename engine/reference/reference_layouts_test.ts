@@ -112,8 +112,8 @@ function mergeExperts(m: Tensors, hp: HParams): void {
 }
 
 /**
- * qwen35moe → qwen3next: undo the converter's V-head reorder (§3.7; GGUF slot j·Nk + kh back to
- * grouped kh·r + j) in every V-indexed tensor, pack b/a into ssm_ba per key head
+ * qwen35moe → qwen3next: undo the converter's V-head reorder (docs/model_arch.md §3.7; GGUF slot
+ * j·Nk + kh back to grouped kh·r + j) in every V-indexed tensor, pack b/a into ssm_ba per key head
  * [b (r) | a (r)], and rename the arch. With `reorder` false the V heads are left tiled, which
  * pairs them with the wrong key heads under qwen3next's ⌊h/r⌋.
  */

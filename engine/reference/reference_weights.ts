@@ -139,7 +139,7 @@ async function loadAttention(model: GgufModel, hp: HParams, il: number): Promise
     k = await load(model, `${p}.attn_k.weight`, [D, kvDim]);
     v = await load(model, `${p}.attn_v.weight`, [D, kvDim]);
   }
-  // attn_q holds per head [q (Dh) | gate (Dh)] (model-arch.md §4.5 step 1).
+  // attn_q holds per head [q (Dh) | gate (Dh)] (docs/model_arch.md §4.5 step 1).
   const heads = span(0, Hq);
   return {
     kind: "attention",
@@ -165,7 +165,8 @@ async function loadDeltaNet(model: GgufModel, hp: HParams, il: number): Promise<
     qkv = await load(model, `${p}.attn_qkv.weight`, [D, C]);
     z = await load(model, `${p}.attn_gate.weight`, [D, valueDim]);
   } else {
-    // Legacy ssm_in: per key head kh a group [q (Dk) | k (Dk) | v (r·Dv) | z (r·Dv)] (§4.6.1).
+    // Legacy ssm_in: per key head kh a group [q (Dk) | k (Dk) | v (r·Dv) | z (r·Dv)]
+    // (docs/model_arch.md §4.6.1).
     const g = 2 * Dk + 2 * r * Dv;
     const all = await load(model, `${p}.ssm_in.weight`, [D, 2 * keyDim + 2 * valueDim]);
     qkv = gatherRows(all, D, [
@@ -201,7 +202,8 @@ async function loadDeltaNet(model: GgufModel, hp: HParams, il: number): Promise<
 
 /**
  * A 3-D expert tensor {cols, rows, E} kept as file bytes; expert e's (rows, cols) block is
- * dequantized when asked for. Expert e's rows start at byte e·rows·rowBytes (§1, §8 trap 18).
+ * dequantized when asked for. Expert e's rows start at byte e·rows·rowBytes (docs/model_arch.md
+ * §1.2, §7 trap 18).
  */
 async function expertBytes(
   model: GgufModel,

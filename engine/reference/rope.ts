@@ -35,7 +35,7 @@ export function ropeThetaScale(base: number, nRot: number): number {
 
 /**
  * NEOX angles for position `pos`: θ₀ = (float)pos and θᵢ₊₁ = θᵢ·theta_scale, each product rounded
- * to f32 (model-arch.md §4.5.1) — not pos·base^(−2i/n), which differs in the last bits.
+ * to f32 (docs/model_arch.md §4.5.1) — not pos·base^(−2i/n), which differs in the last bits.
  */
 export function ropeAnglesNeox(pos: number, nRot: number, base: number): RopeAngles {
   const half = nRot / 2;

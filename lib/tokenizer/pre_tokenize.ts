@@ -1,7 +1,7 @@
 // Byte-level BPE input: the split regex named by tokenizer.ggml.pre, and GPT-2's byte ↔ char map.
 // Used by lib/tokenizer/tokenizer.ts (encoding) and tools/synth/vocab.ts (training the vocab).
 
-/** The `tokenizer.ggml.pre` values we can split for (model-arch.md §2.3). */
+/** The `tokenizer.ggml.pre` values we can split for (docs/model_arch.md §2.3). */
 export type PreTokenizerName = "qwen2" | "qwen35";
 export const PRE_TOKENIZER_NAMES: readonly PreTokenizerName[] = ["qwen2", "qwen35"];
 

@@ -156,7 +156,7 @@ const PLAN: GgufTensorPlan[] = [
   { name: "blk.0.ssm_a", shape: [7], type: GgmlType.I32 },
   { name: "output.weight", shape: [256, 4], type: GgmlType.Q6_K },
 ];
-/** Byte sizes worked out by hand from the block geometry in docs/model-arch.md §6. */
+/** Byte sizes worked out by hand from the block geometry in docs/model_arch.md §6. */
 const PLAN_BYTES = [64 * 5 * 2, 64 * 4, 2 * 144 * 3 * 2, 136 * 2 * 2, 3 * 34 * 3, 7 * 4, 210 * 4];
 const PLAN_META: GgufMetaEntry[] = [
   { key: "general.architecture", type: "string", value: "qwen3next" },

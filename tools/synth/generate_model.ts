@@ -107,7 +107,7 @@ const SCHEMES: Readonly<Record<Exclude<Quant, "mixed">, Readonly<Record<MatrixRo
     ffn: Q4_K,
     ffn_down: Q6_K,
   },
-  // The bench model's shape (shared/device/README.md): IQ4_XS experts, Q8_0 elsewhere.
+  // The bench model's shape (docs/PERFORMANCE.md, "The model"): IQ4_XS experts, Q8_0 elsewhere.
   iq4_xs: {
     embd: Q8_0,
     output: Q6_K,
@@ -156,7 +156,7 @@ function proj(inDim: number): Init {
   return { dist: "normal", a: 0, b: 1 / Math.sqrt(inDim) };
 }
 
-/** Stored norm weights of the zero-centred norms are 1 + w (model-arch.md §3.7). */
+/** Stored norm weights of the zero-centred norms are 1 + w (docs/model_arch.md §3.7). */
 const NORM: Init = { dist: "normal", a: 1, b: 0.1 };
 
 /** The tensor list, in the order HF checkpoints name them (embedding, blocks, final norm, head). */
@@ -262,7 +262,7 @@ function archKeys(p: Preset, arch: Arch): GgufMetaEntry[] {
     u32("ssm.time_step_rank", p.Nv),
     u32("ssm.inner_size", p.Nv * p.Dv),
   ];
-  // qwen35moe files carry no dense width; the 80B qwen3next file does (model-arch.md §2.2).
+  // qwen35moe files carry no dense width; the 80B qwen3next file does (docs/model_arch.md §2.2).
   if (arch !== "qwen35moe") keys.push(u32("feed_forward_length", p.F));
   if (arch !== "qwen35") {
     keys.push(

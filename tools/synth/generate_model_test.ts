@@ -1,5 +1,5 @@
-// Tests of the model generator: tensor sets and shapes per arch and layout (from model-arch.md),
-// weight types per scheme, value spreads, determinism, gguf-split output and full-size plans.
+// Tests of the model generator: tensor sets and shapes per arch and layout (from docs/model_arch.md
+// §3), weight types per scheme, value spreads, determinism, gguf-split output and full-size plans.
 
 import assert from "node:assert/strict";
 import { openGguf } from "../../engine/gguf/read.ts";
@@ -20,8 +20,8 @@ const TINY_FS = 256;
 const TINY_F = 512;
 
 /**
- * Expected tensors of a tiny model (model-arch.md §3): name → shape. Blocks 0-2 are DeltaNet and
- * block 3 full attention (interval 4). V is the vocab size found in the file.
+ * Expected tensors of a tiny model (docs/model_arch.md §3): name → shape. Blocks 0-2 are DeltaNet
+ * and block 3 full attention (interval 4). V is the vocab size found in the file.
  */
 function expectedTensors(
   arch: ModelSpec["arch"],
@@ -113,7 +113,7 @@ const LAYOUTS: [ModelSpec["arch"], "split" | "legacy"][] = [
 ];
 
 for (const [arch, layout] of LAYOUTS) {
-  Deno.test(`tiny ${arch} (${layout}) f32 has the model-arch.md tensor set and hparams`, async () => {
+  Deno.test(`tiny ${arch} (${layout}) f32 has the tensor set and hparams of its arch`, async () => {
     await withModel({ preset: "tiny", arch, layout }, (model) => {
       const tokens = model.metadata.get("tokenizer.ggml.tokens") as string[];
       const expected = expectedTensors(arch, layout, tokens.length);
@@ -272,7 +272,7 @@ Deno.test("mixed uses all 14 dequantizable types, and every tensor decodes near 
 });
 
 Deno.test("full-size plans match the published tensor counts and the bench model's size", () => {
-  // model-arch.md §3.6: 807 tensors (legacy) / 843 (split) for Qwen3-Next-80B; 753 for the 35B
+  // docs/model_arch.md §3.6: 807 tensors (legacy) / 843 (split) for Qwen3-Next-80B; 753 for the 35B
   // with its MTP block, which is 16 attention-block tensors plus eh_proj, enorm, hnorm and
   // shared_head_norm.
   const next = (layout: "split" | "legacy") =>
@@ -281,7 +281,7 @@ Deno.test("full-size plans match the published tensor counts and the bench model
   assert.equal(next("split"), 843);
   const bench = planModel({ preset: "qwen35moe-35b", arch: "qwen35moe", quant: "iq4_xs" });
   assert.equal(bench.tensors.length, 753 - 20);
-  // shared/device/README.md: the bench model of this shape and scheme is 19.66 GB.
+  // docs/PERFORMANCE.md ("The model"): the bench model of this shape and scheme is 19.66 GB.
   assert.ok(Math.abs(bench.dataBytes / 19.66e9 - 1) < 0.01, `${bench.dataBytes} bytes`);
   const hp = readHParams(new Map(bench.meta.map((e) => [e.key, e.value as GgufValue])));
   assert.deepEqual(

@@ -41,7 +41,7 @@ export interface Preset {
 
 export type PresetName = "tiny" | "small" | "qwen35moe-35b" | "qwen3next-80b";
 
-/** Layer-typing and RoPE values shared by every preset (model-arch.md §2.2). */
+/** Layer-typing and RoPE values shared by every preset (docs/model_arch.md §2.2). */
 const COMMON = {
   ropeBase: 1e7,
   eps: 1e-6,
@@ -49,7 +49,10 @@ const COMMON = {
   fullAttentionInterval: 4,
 } as const;
 
-/** The full-size hybrid shapes share everything but layers, experts and vocab (§2.2). */
+/**
+ * The full-size hybrid shapes share everything but layers, experts and vocab (docs/model_arch.md
+ * §2.2).
+ */
 const FULL_SIZE = {
   ...COMMON,
   D: 2048,

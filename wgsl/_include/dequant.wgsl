@@ -1,5 +1,5 @@
 // dequant: 32 consecutive weights of one row, as f32, for every GGUF weight type the engine runs.
-// Matches engine/quant/dequant.ts (llama.cpp dequantize_row_*) exactly; layouts: model-arch.md §6.
+// Matches engine/quant/dequant.ts (llama.cpp dequantize_row_*) exactly; docs/model_arch.md §6.
 // Contract: the including shader declares `var<storage, read> w: array<u32>` (the weight bytes;
 // rows start at any even byte offset) and defines exactly one TYPE_<name> flag.
 // Provides BLOCK_ELEMS, BLOCK_BYTES and dequant32(row_byte, c): elements 32c..32c+31 of the row

@@ -10,7 +10,7 @@ import type { KernelFamily } from "../kernel.ts";
 import type { GpuTensor } from "../tensor.ts";
 import { GgmlType, typeName } from "../../quant/ggml_types.ts";
 
-/** Weight types the kernel decodes (model-arch.md §6). */
+/** Weight types the kernel decodes (docs/model_arch.md §6). */
 export const MUL_MAT_TYPES: readonly GgmlType[] = [
   GgmlType.F32,
   GgmlType.F16,
