@@ -44,7 +44,20 @@ export interface HParams {
   readonly isDeltaNet: readonly boolean[];
 }
 
-function num(meta: ReadonlyMap<string, GgufValue>, key: string, fallback?: number): number {
+/** llama.cpp's LLAMA_MAX_LAYERS: the most blocks a model may declare. */
+export const MAX_LAYERS = 512;
+/** llama.cpp's LLAMA_MAX_EXPERTS. */
+export const MAX_EXPERTS = 512;
+/**
+ * The largest width, head count, head size or vocabulary a model may declare: far above every
+ * published model. Tensor shapes are checked against these before any weight or state is sized
+ * by them; the bound keeps a hostile header from sizing anything before that check.
+ */
+export const MAX_DIM = 1 << 24;
+
+type Meta = ReadonlyMap<string, GgufValue>;
+
+function num(meta: Meta, key: string, fallback?: number): number {
   const v = meta.get(key);
   if (v === undefined) {
     if (fallback !== undefined) return fallback;
@@ -64,8 +77,34 @@ function num(meta: ReadonlyMap<string, GgufValue>, key: string, fallback?: numbe
   );
 }
 
-/** Reads and checks the hyperparameters. Throws a SyntaxError naming the key at fault. */
-export function readHParams(meta: ReadonlyMap<string, GgufValue>): HParams {
+/** A whole number in [min, max]; the error names the key and the allowed range. */
+function count(meta: Meta, key: string, min: number, max: number, fallback?: number): number {
+  const v = num(meta, key, fallback);
+  if (!Number.isSafeInteger(v) || v < min || v > max) {
+    throw new RangeError(
+      `Cannot read model hyperparameters: "${key}" is ${v}, expected a whole number ` +
+        `${min}..${max}; the file is corrupt or not a supported model`,
+    );
+  }
+  return v;
+}
+
+/** A finite number above 0 (epsilons, RoPE bases). */
+function positive(meta: Meta, key: string, fallback?: number): number {
+  const v = num(meta, key, fallback);
+  if (!Number.isFinite(v) || v <= 0) {
+    throw new RangeError(
+      `Cannot read model hyperparameters: "${key}" is ${v}, expected a finite number > 0`,
+    );
+  }
+  return v;
+}
+
+/**
+ * Reads and checks the hyperparameters: a SyntaxError names a missing or mistyped key, a RangeError
+ * a count outside its bound (before anything is sized by it).
+ */
+export function readHParams(meta: Meta): HParams {
   const archValue = meta.get("general.architecture");
   if (typeof archValue !== "string" || !ARCHS.includes(archValue as Arch)) {
     throw new SyntaxError(
@@ -75,28 +114,29 @@ export function readHParams(meta: ReadonlyMap<string, GgufValue>): HParams {
     );
   }
   const arch = archValue as Arch;
-  const k = (name: string, fallback?: number) => num(meta, `${arch}.${name}`, fallback);
-  const blockCount = k("block_count");
-  const nLayer = blockCount - k("nextn_predict_layers", 0);
-  const D = k("embedding_length");
-  const Hq = k("attention.head_count");
-  const Hkv = k("attention.head_count_kv", Hq);
-  const Dh = k("attention.key_length", D / Hq);
-  const Dk = k("ssm.state_size");
-  const Nk = k("ssm.group_count");
-  const Nv = k("ssm.time_step_rank");
-  const Dv = k("ssm.inner_size") / Nv;
+  const key = (name: string) => `${arch}.${name}`;
+  const dim = (name: string, fallback?: number) => count(meta, key(name), 1, MAX_DIM, fallback);
+  const blockCount = count(meta, key("block_count"), 1, MAX_LAYERS);
+  const nLayer = blockCount - count(meta, key("nextn_predict_layers"), 0, blockCount - 1, 0);
+  const D = dim("embedding_length");
+  const Hq = dim("attention.head_count");
+  const Hkv = dim("attention.head_count_kv", Hq);
+  const Dh = dim("attention.key_length", D / Hq);
+  const Dk = dim("ssm.state_size");
+  const Nk = dim("ssm.group_count");
+  const Nv = dim("ssm.time_step_rank");
+  const Dv = dim("ssm.inner_size") / Nv;
   const moe = arch !== "qwen35";
-  const E = moe ? k("expert_count") : 0;
-  const interval = k("full_attention_interval", 4);
-  const recurrent = meta.get(`${arch}.attention.recurrent_layers`);
+  const E = moe ? count(meta, key("expert_count"), 1, MAX_EXPERTS) : 0;
+  const interval = count(meta, key("full_attention_interval"), 1, MAX_LAYERS, 4);
+  const recurrent = meta.get(key("attention.recurrent_layers"));
   const isDeltaNet = Array.from(
     { length: nLayer },
     (_, i) => Array.isArray(recurrent) ? Boolean(recurrent[i]) : (i + 1) % interval !== 0,
   );
   const tokens = meta.get("tokenizer.ggml.tokens");
-  const V = k("vocab_size", Array.isArray(tokens) ? tokens.length : undefined);
-  const sections = meta.get(`${arch}.rope.dimension_sections`);
+  const V = dim("vocab_size", Array.isArray(tokens) ? tokens.length : undefined);
+  const sections = meta.get(key("rope.dimension_sections"));
   const hp: HParams = {
     arch,
     nLayer,
@@ -104,21 +144,21 @@ export function readHParams(meta: ReadonlyMap<string, GgufValue>): HParams {
     Hq,
     Hkv,
     Dh,
-    nRot: k("rope.dimension_count", Dh),
-    ropeBase: k("rope.freq_base", 10000),
+    nRot: count(meta, key("rope.dimension_count"), 0, Dh, Dh),
+    ropeBase: positive(meta, key("rope.freq_base"), 10000),
     ropeSections: arch === "qwen3next" ? [] : (Array.isArray(sections) ? sections.map(Number) : []),
-    eps: k("attention.layer_norm_rms_epsilon"),
-    Kc: k("ssm.conv_kernel"),
+    eps: positive(meta, key("attention.layer_norm_rms_epsilon")),
+    Kc: dim("ssm.conv_kernel"),
     Nk,
     Nv,
     Dk,
     Dv,
     C: 2 * Nk * Dk + Nv * Dv,
     E,
-    Ku: moe ? k("expert_used_count") : 0,
-    Fe: moe ? k("expert_feed_forward_length") : 0,
-    Fs: moe ? k("expert_shared_feed_forward_length") : 0,
-    F: moe ? k("feed_forward_length", 0) : k("feed_forward_length"),
+    Ku: moe ? count(meta, key("expert_used_count"), 1, E) : 0,
+    Fe: moe ? dim("expert_feed_forward_length") : 0,
+    Fs: moe ? dim("expert_shared_feed_forward_length") : 0,
+    F: moe ? count(meta, key("feed_forward_length"), 0, MAX_DIM, 0) : dim("feed_forward_length"),
     V,
     isDeltaNet,
   };
