@@ -201,7 +201,8 @@ export function decodeHeader(bytes: Uint8Array): Header {
   };
 }
 
-function opName(op: number): string {
+/** An op's name for messages (Run, Hello, …), or its hex value when it is not one. */
+export function opName(op: number): string {
   return Op[op] ?? `0x${op.toString(16)}`;
 }
 

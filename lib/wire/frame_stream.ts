@@ -9,6 +9,8 @@ import {
   type FrameLimits,
   GREETING_BYTES,
   HEADER_BYTES,
+  type Op,
+  opName,
   payloadLength,
 } from "./frame.ts";
 
@@ -83,11 +85,19 @@ export class FrameReader {
     return nonce === null ? null : { magic, nonce };
   }
 
-  /** One frame, checked against `limits`; SyntaxError or RangeError for a malformed one. */
-  async readFrame(limits: FrameLimits): Promise<Frame | null> {
+  /**
+   * One frame, checked against `limits`; SyntaxError or RangeError for a malformed one. With
+   * `only`, a frame of another op is refused after its header, before any payload is read.
+   */
+  async readFrame(limits: FrameLimits, only?: Op): Promise<Frame | null> {
     const headerBytes = await this.readExact(HEADER_BYTES);
     if (headerBytes === null) return null;
     const header = decodeHeader(headerBytes);
+    if (only !== undefined && header.op !== only) {
+      throw new SyntaxError(
+        `Cannot accept the frame: it is op ${opName(header.op)}, expected ${opName(only)} here`,
+      );
+    }
     const payload = await this.readExact(payloadLength(header, limits));
     if (payload === null) return null;
     return decodePayload(header, payload, limits);

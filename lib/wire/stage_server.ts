@@ -1,6 +1,7 @@
-// The worker's side of the wire: accepts one client at a time, runs the handshake, and answers
-// RUN / SAVE / RESTORE / PING frames with its stage (plus the rest of the chain behind `next`).
-// Started by worker.ts; every failure becomes an ERROR frame and a clean close, never a crash.
+// The worker's side of the wire: runs every newcomer's handshake apart from the one client it
+// serves, then answers that client's RUN / SAVE / RESTORE / PING frames with its stage (plus the
+// rest of the chain behind `next`). Started by worker.ts; every failure becomes an ERROR frame and
+// a clean close, never a crash.
 
 import type { Stage } from "../../engine/stage.ts";
 import { checkChainLink } from "../../engine/stage_checks.ts";
@@ -19,7 +20,7 @@ export interface StageServerOptions {
   readonly key?: CryptoKey;
   /** The rest of the chain, for a stage that does not own the last layer. */
   readonly next?: RemoteStage;
-  /** Time a new client has to finish the handshake. Default 10 s. */
+  /** Time a new client has to finish the handshake. Default HANDSHAKE_MS. */
   readonly handshakeTimeoutMs?: number;
   readonly log?: (line: string) => void;
 }
@@ -56,10 +57,20 @@ const GONE = [
   Deno.errors.Interrupted,
   Deno.errors.BadResource,
 ];
-/** How long a newcomer waits for the current client to finish before it is refused as busy. */
+/**
+ * How long a newcomer has for greeting, challenge and proof. A head on a LAN needs a few ms; the
+ * bound is what a stranger's silent socket costs: one handshake place, for this long.
+ */
+export const HANDSHAKE_MS = 2000;
+/**
+ * Handshakes in flight at once. A newcomer past it takes the place of the oldest one, so silent
+ * sockets cannot keep a head out: it would have to be outnumbered during its own few-ms handshake.
+ */
+export const MAX_HANDSHAKES = 64;
+/** How long an authenticated newcomer waits for the current client to finish before it is busy. */
 const BUSY_GRACE_MS = 1000;
-/** Newcomers waiting or being refused at once; more are closed without an answer. */
-const MAX_PENDING = 8;
+/** Authenticated newcomers waiting at once; more are refused as busy straight away. */
+const MAX_WAITING = 8;
 
 function chainInfo(options: StageServerOptions): HelloInfo {
   const { stage, next } = options;
@@ -137,11 +148,13 @@ export function serveStage(
 ): StageServer {
   const info = chainInfo(options);
   const log = options.log ?? (() => undefined);
-  const handshakeMs = options.handshakeTimeoutMs ?? 10_000;
+  const handshakeMs = options.handshakeTimeoutMs ?? HANDSHAKE_MS;
   const limits = { nEmbd: info.nEmbd, maxBatch: info.maxBatch };
+  /** Connections in their handshake, oldest first, with their names for the log. */
+  const handshakes = new Map<Deno.TcpConn, string>();
   let client: Deno.Conn | undefined;
   let idle = Promise.withResolvers<void>();
-  let pending = 0;
+  let waiting = 0;
   let closed = false;
 
   /** Greeting, challenge and the client's proof; the two nonces, or null if the client left. */
@@ -161,11 +174,9 @@ export function serveStage(
     const nonceS = freshNonce();
     const auth = options.key ? AuthMode.HmacSha256 : AuthMode.None;
     await writeFrame(conn, { op: Op.Challenge, magic: MAGIC, auth, nonce: nonceS });
-    const reply = await reader.readFrame(limits);
-    if (reply === null) return null;
-    if (reply.op !== Op.Auth) {
-      throw new SyntaxError(`Cannot accept the client: it sent op ${reply.op} instead of Auth`);
-    }
+    // Only AUTH's 32 bytes are read before the proof: a stranger's RUN header sizes nothing.
+    const reply = await reader.readFrame(limits, Op.Auth);
+    if (reply?.op !== Op.Auth) return null;
     const nonceC = greeting.nonce;
     if (options.key && !await verifyClientProof(options.key, nonceC, nonceS, reply.proof)) {
       throw new Refusal(
@@ -250,13 +261,38 @@ export function serveStage(
     }
   }
 
-  async function serve(conn: Deno.TcpConn): Promise<void> {
+  /** Logs and answers a failure on `conn` (nothing for a client that is gone), then closes it. */
+  async function fail(conn: Deno.Conn, who: string, e: unknown): Promise<void> {
+    if (GONE.some((kind) => e instanceof kind)) {
+      log(`${who} went away: ${(e as Error).message}`);
+      return closeQuietly(conn);
+    }
+    const refusal = refusalOf(e);
+    log(`refused ${who}: ${refusal.message}`);
+    // After a timeout a read is still pending on `conn`, so there is nothing to drain.
+    await refuse(conn, refusal, refusal.code !== ErrorCode.Timeout, log);
+  }
+
+  /**
+   * Runs the handshake of a newcomer in one of MAX_HANDSHAKES places, apart from the client being
+   * served, so a stranger that never proves the key holds nothing the head needs. Only a client
+   * that passed it goes on to admit().
+   */
+  async function greet(conn: Deno.TcpConn): Promise<void> {
     const who = nameOf(conn);
+    if (handshakes.size >= MAX_HANDSHAKES) {
+      const [oldest, oldestName] = handshakes.entries().next().value!;
+      handshakes.delete(oldest);
+      log(`dropped ${oldestName}: ${MAX_HANDSHAKES} handshakes are in flight and it is the oldest`);
+      closeQuietly(oldest);
+    }
+    handshakes.set(conn, who);
     conn.setNoDelay(true);
     conn.setKeepAlive(true);
     const reader = new FrameReader(conn);
+    let nonces: { nonceC: Uint8Array; nonceS: Uint8Array } | null;
     try {
-      const nonces = await deadline(
+      nonces = await deadline(
         handshake(conn, reader),
         handshakeMs,
         () =>
@@ -265,10 +301,28 @@ export function serveStage(
             `Cannot accept the client: no hello within ${handshakeMs} ms`,
           ),
       );
-      if (nonces === null) {
-        log(`${who} left during the hello`);
-        return;
-      }
+    } catch (e) {
+      // A connection dropped for a newer one is already closed: its read fails, nothing to say.
+      if (!handshakes.has(conn)) return;
+      handshakes.delete(conn);
+      return await fail(conn, who, e);
+    }
+    handshakes.delete(conn);
+    if (nonces === null) {
+      log(`${who} left during the hello`);
+      return closeQuietly(conn);
+    }
+    await admit(conn, reader, nonces);
+  }
+
+  /** Serves an authenticated client: HELLO, then its requests until it leaves. */
+  async function serve(
+    conn: Deno.TcpConn,
+    reader: FrameReader,
+    nonces: { nonceC: Uint8Array; nonceS: Uint8Array },
+  ): Promise<void> {
+    const who = nameOf(conn);
+    try {
       await options.next?.connect();
       const proof = options.key
         ? await workerProof(options.key, nonces.nonceC, nonces.nonceS, info)
@@ -290,14 +344,7 @@ export function serveStage(
         await writeFrame(conn, reply);
       }
     } catch (e) {
-      if (GONE.some((kind) => e instanceof kind)) {
-        log(`${who} went away: ${(e as Error).message}`);
-        return;
-      }
-      const refusal = refusalOf(e);
-      log(`refused ${who}: ${refusal.message}`);
-      // After a timeout a read is still pending on `conn`, so there is nothing to drain.
-      await refuse(conn, refusal, refusal.code !== ErrorCode.Timeout, log);
+      await fail(conn, who, e);
     } finally {
       options.next?.disconnect();
       closeQuietly(conn);
@@ -305,38 +352,40 @@ export function serveStage(
   }
 
   /**
-   * Serves `conn` once no other client is served. A client that just closed is usually still
-   * being wound down here when its successor (its own reconnect) arrives, so a newcomer waits up
-   * to BUSY_GRACE_MS for the current client to finish before it is refused as busy.
+   * Serves an authenticated `conn` once no other client is served. A client that just closed is
+   * usually still being wound down here when its successor (its own reconnect) arrives, so a
+   * newcomer waits up to BUSY_GRACE_MS for the current client to finish before it is refused.
    */
-  async function admit(conn: Deno.TcpConn): Promise<void> {
+  async function admit(
+    conn: Deno.TcpConn,
+    reader: FrameReader,
+    nonces: { nonceC: Uint8Array; nonceS: Uint8Array },
+  ): Promise<void> {
     if (client) {
-      if (pending >= MAX_PENDING) return closeQuietly(conn);
-      pending++;
+      const busy = () =>
+        new Refusal(
+          ErrorCode.Busy,
+          `Cannot accept the client: this worker serves ${nameOf(client!)} and takes one ` +
+            `client at a time`,
+        );
+      if (waiting >= MAX_WAITING) return await fail(conn, nameOf(conn), busy());
+      waiting++;
       try {
         const until = Date.now() + BUSY_GRACE_MS;
         while (client && Date.now() < until) {
-          const busy = () => new Error("busy");
-          await deadline(idle.promise, until - Date.now(), busy).catch(() => undefined);
+          const late = () => new Error("busy");
+          await deadline(idle.promise, until - Date.now(), late).catch(() => undefined);
         }
-        if (client) {
-          const busy = new Refusal(
-            ErrorCode.Busy,
-            `Cannot accept the client: this worker serves ${nameOf(client)} and takes one ` +
-              `client at a time`,
-          );
-          log(`refused ${nameOf(conn)}: busy`);
-          return await refuse(conn, busy, true, log);
-        }
+        if (client) return await fail(conn, nameOf(conn), busy());
       } finally {
-        pending--;
+        waiting--;
       }
     }
     if (closed) return closeQuietly(conn);
     client = conn;
     idle = Promise.withResolvers<void>();
     try {
-      await serve(conn);
+      await serve(conn, reader, nonces);
     } finally {
       client = undefined;
       idle.resolve();
@@ -347,7 +396,7 @@ export function serveStage(
     const running = new Set<Promise<void>>();
     try {
       for await (const conn of listener) {
-        const task = admit(conn).finally(() => running.delete(task));
+        const task = greet(conn).finally(() => running.delete(task));
         running.add(task);
       }
     } catch (e) {
@@ -368,6 +417,7 @@ export function serveStage(
         if (!(e instanceof Deno.errors.BadResource)) throw e;
       }
       if (client) closeQuietly(client);
+      for (const conn of handshakes.keys()) closeQuietly(conn);
     },
   };
 }

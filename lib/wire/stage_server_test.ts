@@ -1,0 +1,140 @@
+// Tests of stage_server.ts's admission against strangers over loopback TCP: sockets that greet and
+// go silent, pre-auth frames that would size a payload, and a crowd of authenticated newcomers.
+
+import assert from "node:assert/strict";
+import { openGguf } from "../../engine/gguf/read.ts";
+import { openReferenceStage } from "../../engine/reference/reference_stage.ts";
+import { serveLocal } from "../../tests/_workers.ts";
+import { testModel } from "../../tests/_models.ts";
+import {
+  encodeFrame,
+  encodeGreeting,
+  ErrorCode,
+  type Frame,
+  HEADER_BYTES,
+  MAGIC,
+  Op,
+} from "./frame.ts";
+import { FrameReader, writeAll } from "./frame_stream.ts";
+import { freshNonce, importKey, NO_PROOF } from "./hello.ts";
+import { connectRemoteStage } from "./remote_stage.ts";
+import { MAX_HANDSHAKES } from "./stage_server.ts";
+
+const model = await openGguf(await testModel({ arch: "qwen35moe", quant: "q4_k_m" }));
+const CTX = 16;
+const NO_LIMITS = { nEmbd: 0, maxBatch: 0 };
+
+async function dial(address: string): Promise<Deno.TcpConn> {
+  const [hostname, port] = address.split(":");
+  return await Deno.connect({ hostname, port: Number(port) });
+}
+
+/** Every frame the worker sends until it closes (an ERROR, usually), or the read error. */
+async function answers(conn: Deno.Conn): Promise<Frame[]> {
+  const reader = new FrameReader(conn);
+  const frames: Frame[] = [];
+  try {
+    for (let f = await reader.readFrame(NO_LIMITS); f; f = await reader.readFrame(NO_LIMITS)) {
+      frames.push(f);
+    }
+  } catch (e) {
+    if (!(e instanceof Deno.errors.ConnectionReset)) throw e;
+  }
+  return frames;
+}
+
+function closeQuietly(conn: Deno.Conn): void {
+  try {
+    conn.close();
+  } catch {
+    // Closed by the worker's side already.
+  }
+}
+
+Deno.test("greeting-only sockets renewed past the handshake places never keep the keyed head out", async () => {
+  const key = await importKey(new TextEncoder().encode("a shared key of the chain"), "test");
+  const worker = await serveLocal(model, { first: 2, end: 4, slots: 1, ctx: CTX }, {
+    key,
+    handshakeTimeoutMs: 400,
+  });
+  const head = await openReferenceStage(model, { first: 0, end: 2, slots: 1, ctx: CTX });
+  let attacking = true;
+  let strangers = 0;
+  // Each stranger greets and goes silent; when the worker drops it (timeout or a newer
+  // stranger), another takes its place at once, so the handshake places stay over-full.
+  const stranger = async () => {
+    while (attacking) {
+      const conn = await dial(worker.address);
+      strangers++;
+      await writeAll(conn, encodeGreeting(freshNonce(), MAGIC)).catch(() => undefined);
+      await answers(conn).catch(() => []);
+      closeQuietly(conn);
+    }
+  };
+  const crowd = Array.from({ length: MAX_HANDSHAKES + 16 }, stranger);
+  try {
+    for (let round = 0; round < 6; round++) {
+      const remote = await connectRemoteStage(worker.address, { local: head, model, key });
+      const hidden = await head.run(0, { kind: "ids", ids: Uint32Array.of(1 + round, 2) }, 2, 0);
+      const out = await remote.run(0, hidden, 2, 0, { topk: 2 });
+      assert.equal(out.kind, "ids");
+      remote.close();
+      await new Promise((r) => setTimeout(r, 100));
+    }
+    assert.ok(strangers > MAX_HANDSHAKES + 16, `only ${strangers} stranger connections were made`);
+  } finally {
+    attacking = false;
+    await Promise.all(crowd);
+    head.close();
+    await worker.stop();
+  }
+});
+
+Deno.test("before the proof, a frame other than AUTH is refused from its header alone", async () => {
+  const key = await importKey(new TextEncoder().encode("a shared key of the chain"), "test");
+  const worker = await serveLocal(model, { first: 2, end: 4, slots: 1, ctx: CTX }, { key });
+  try {
+    const conn = await dial(worker.address);
+    // A RUN header announcing the largest payload, and no payload: the worker must not wait for it.
+    const header = new Uint8Array(HEADER_BYTES);
+    const words = new DataView(header.buffer);
+    [Op.Run, 0, 0xffff_ffff, 0, 0].forEach((w, i) => words.setUint32(i * 4, w, true));
+    await writeAll(conn, encodeGreeting(freshNonce(), MAGIC));
+    await writeAll(conn, header);
+    const frames = await answers(conn);
+    closeQuietly(conn);
+    assert.equal(frames[0]?.op, Op.Challenge);
+    const last = frames.at(-1);
+    assert.ok(last?.op === Op.Error, JSON.stringify(last));
+    assert.equal(last.code, ErrorCode.Malformed);
+    assert.match(last.message, /it is op Run, expected Auth here/);
+  } finally {
+    await worker.stop();
+  }
+});
+
+Deno.test("authenticated newcomers past the waiting places are answered Busy, none dropped", async () => {
+  const worker = await serveLocal(model, { first: 2, end: 4, slots: 1, ctx: CTX });
+  const head = await openReferenceStage(model, { first: 0, end: 2, slots: 1, ctx: CTX });
+  const holder = await connectRemoteStage(worker.address, { local: head, model });
+  try {
+    const newcomer = async () => {
+      const conn = await dial(worker.address);
+      await writeAll(conn, encodeGreeting(freshNonce(), MAGIC));
+      await writeAll(conn, encodeFrame({ op: Op.Auth, proof: NO_PROOF }));
+      const frames = await answers(conn);
+      closeQuietly(conn);
+      return frames.at(-1);
+    };
+    const replies = await Promise.all(Array.from({ length: 20 }, newcomer));
+    for (const reply of replies) {
+      assert.ok(reply?.op === Op.Error, JSON.stringify(reply));
+      assert.equal(reply.code, ErrorCode.Busy);
+      assert.match(reply.message, /takes one client at a time/);
+    }
+  } finally {
+    holder.close();
+    head.close();
+    await worker.stop();
+  }
+});
