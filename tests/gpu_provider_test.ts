@@ -1,8 +1,9 @@
-// GPU providers and device opening (engine/gpu/{provider,device}.ts): software-adapter
-// detection and refusal, provider choice, and the start-up log line.
+// GPU providers and device opening (engine/gpu/{provider,device,builtin}.ts): software-adapter
+// detection and refusal, provider choice, the start-up log line, and wgpu kept off EGL on Linux.
 
 import assert from "node:assert/strict";
 import { openGpu } from "../engine/gpu/device.ts";
+import { builtinProvider } from "../engine/gpu/builtin.ts";
 import { dawnProvider } from "../engine/gpu/dawn.ts";
 import { isSoftwareAdapter, type ProviderChoice, selectProvider } from "../engine/gpu/provider.ts";
 import { ignore } from "./_gpu.ts";
@@ -48,7 +49,9 @@ Deno.test({
     withoutEnvAllowance(async () => {
       const lines: string[] = [];
       const log = (l: string) => lines.push(l);
-      const adapter = await navigator.gpu.requestAdapter({ powerPreference: "high-performance" });
+      const adapter = await builtinProvider().gpu.requestAdapter({
+        powerPreference: "high-performance",
+      });
       if (adapter && isSoftwareAdapter(adapter.info)) {
         await assert.rejects(
           () => openGpu({ gpu: "builtin", log }),
@@ -79,5 +82,37 @@ Deno.test({
     }
     const chosen = await selectProvider("auto");
     assert.equal(chosen.name, dawnHardware ? "dawn" : "builtin");
+  },
+});
+
+Deno.test({
+  name: "the builtin provider keeps wgpu to Vulkan on Linux: libEGL is never loaded",
+  ignore: ignore || Deno.build.os !== "linux",
+  fn: async () => {
+    // A fresh process without DENO_WEBGPU_BACKEND: the provider sets it before wgpu reads it.
+    const code = `
+      const { builtinProvider } = await import(${
+      JSON.stringify(import.meta.resolve("../engine/gpu/builtin.ts"))
+    });
+      const adapter = await builtinProvider().gpu.requestAdapter();
+      const maps = await Deno.readTextFile("/proc/self/maps");
+      console.log(JSON.stringify({
+        adapter: adapter !== null,
+        backend: Deno.env.get("DENO_WEBGPU_BACKEND"),
+        egl: maps.includes("libEGL"),
+      }));`;
+    const env = { ...Deno.env.toObject() };
+    delete env.DENO_WEBGPU_BACKEND;
+    const out = await new Deno.Command(Deno.execPath(), {
+      args: ["eval", code],
+      env,
+      clearEnv: true,
+      stdout: "piped",
+      stderr: "piped",
+    }).output();
+    const stderr = new TextDecoder().decode(out.stderr);
+    assert.equal(out.code, 0, stderr);
+    const seen = JSON.parse(new TextDecoder().decode(out.stdout));
+    assert.deepEqual(seen, { adapter: true, backend: "vulkan", egl: false });
   },
 });
