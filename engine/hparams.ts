@@ -1,7 +1,7 @@
 // Hyperparameters of a qwen3next / qwen35moe / qwen35 model, read from GGUF metadata.
 // The one place that turns `%s.*` keys into sizes; every engine (reference, GPU) starts here.
 
-import type { GgufValue } from "./gguf/gguf_model.ts";
+import { describeValue, type GgufValue } from "./gguf/gguf_model.ts";
 
 export type Arch = "qwen3next" | "qwen35moe" | "qwen35";
 export const ARCHS: readonly Arch[] = ["qwen3next", "qwen35moe", "qwen35"];
@@ -108,7 +108,7 @@ export function readHParams(meta: Meta): HParams {
   const archValue = meta.get("general.architecture");
   if (typeof archValue !== "string" || !ARCHS.includes(archValue as Arch)) {
     throw new SyntaxError(
-      `Cannot load model: general.architecture is ${JSON.stringify(archValue)}, expected one of ${
+      `Cannot load model: general.architecture is ${describeValue(archValue)}, expected one of ${
         ARCHS.join(", ")
       }`,
     );

@@ -14,6 +14,13 @@ export type GgufValueType =
   | number
   | { readonly array: number; readonly items?: readonly GgufValueType[] };
 
+/** A value for an error message: JSON (bigints as digits), cut to 80 characters; or "missing". */
+export function describeValue(value: GgufValue | undefined): string {
+  if (value === undefined) return "missing";
+  const text = JSON.stringify(value, (_, v) => typeof v === "bigint" ? `${v}` : v);
+  return text.length > 80 ? `${text.slice(0, 80)}…` : text;
+}
+
 /** One tensor as the file describes it. `shape` is ggml's `ne`: shape[0] varies fastest. */
 export interface GgufTensorInfo {
   readonly name: string;
