@@ -37,7 +37,7 @@ export async function admitChat(
   prompt: Prompt,
   limits: ChatLimits,
 ): Promise<ReadableStream<ReplyEvent>> {
-  checkFits(prompt.ids.length, head.scheduler.ctx);
+  checkFits(prompt.tokens, head.scheduler.ctx, prompt.ids.length === prompt.tokens);
   const choice = chat.toolChoice;
   const forced = choice.type === "tool"
     ? chat.tools.filter((t) => t.name === choice.name)

@@ -19,13 +19,26 @@ const STOP_TYPE: Readonly<Record<StopReason, string>> = {
   constraint: "eos",
 };
 
-/** `prompt`: a string, token ids, or a list mixing both (as llama.cpp accepts). */
-function promptIds(field: Field, tokenizer: TextTokenizer): number[] {
-  if (typeof field.value === "string") return tokenizer.encode(field.value);
-  return field.array().flatMap((part) => {
-    if (typeof part.value === "string") return tokenizer.encode(part.value);
-    return [part.number({ integer: true, min: 0, max: tokenizer.vocabSize - 1 })];
-  });
+/**
+ * `prompt`: a string, token ids, or a list mixing both (as llama.cpp accepts), tokenized on the
+ * tokenizer thread; a prompt too long to count exactly has a lower bound for `tokens`, no ids.
+ */
+async function promptIds(field: Field, head: Head): Promise<{ ids: number[]; tokens: number }> {
+  const parts: (string | number)[] = typeof field.value === "string"
+    ? [field.value]
+    : field.array().map((part) =>
+      typeof part.value === "string"
+        ? part.value
+        : part.number({ integer: true, min: 0, max: head.tokenizer.vocabSize - 1 })
+    );
+  const texts = parts.filter((p) => typeof p === "string");
+  const counted = await head.prompts.texts(texts);
+  if (counted.parts.length < texts.length) {
+    return { ids: [], tokens: counted.tokens + parts.length - texts.length };
+  }
+  let next = 0;
+  const ids = parts.flatMap((p) => typeof p === "number" ? [p] : Array.from(counted.parts[next++]));
+  return { ids, tokens: ids.length };
 }
 
 function tokenEntry(tokenizer: TextTokenizer, id: number, logprob: number) {
@@ -58,8 +71,8 @@ export async function createCompletion(
   request: Request,
 ): Promise<Response> {
   const root = Field.root(body);
-  const prompt = promptIds(root.key("prompt"), head.tokenizer);
-  if (prompt.length === 0) root.key("prompt").fail("the prompt has no tokens");
+  const { ids: prompt, tokens } = await promptIds(root.key("prompt"), head);
+  if (tokens === 0) root.key("prompt").fail("the prompt has no tokens");
   const nPredict = root.key("n_predict").optNumber({ integer: true, min: -1 }) ?? -1;
   const nProbs = root.key("n_probs").optNumber({ integer: true, min: 0, max: MAX_TOPK }) ?? 0;
   const sampling = resolveSampling({
@@ -70,7 +83,7 @@ export async function createCompletion(
   }, head.defaults);
   const stop = root.key("stop").present ? root.key("stop").strings() : [];
   const stream = root.key("stream").optBoolean() ?? false;
-  checkFits(prompt.length, head.scheduler.ctx);
+  checkFits(tokens, head.scheduler.ctx, prompt.length === tokens);
   const seq = await head.scheduler.admit({
     prompt,
     maxTokens: nPredict < 0 ? Number.MAX_SAFE_INTEGER : Math.max(nPredict, 1),

@@ -3,8 +3,9 @@
 
 import { ApiError, errorResponse, type Flavor, toApiError } from "./api_error.ts";
 import { createCompletion } from "./completion.ts";
-import { type JsonObject, parseBody } from "./fields.ts";
+import type { JsonObject } from "./fields.ts";
 import type { Head } from "./head_context.ts";
+import { readJsonBody } from "./json_body.ts";
 import { randomId } from "./random_id.ts";
 import { countTokens, createMessage } from "./messages.ts";
 import { renderMetrics, RequestCounter } from "./metrics.ts";
@@ -53,42 +54,6 @@ function presentedKey(request: Request): string | undefined {
   const auth = request.headers.get("authorization");
   const m = auth ? /^Bearer\s+(.+)$/i.exec(auth.trim()) : null;
   return m ? m[1] : undefined;
-}
-
-/** Reads the body up to `limit` bytes: 413 beyond it, 400 when it is not UTF-8 JSON. */
-async function readJson(request: Request, limit: number): Promise<JsonObject> {
-  const tooLarge = (size: string) =>
-    new ApiError(
-      "request_too_large",
-      `Request body is ${size} bytes; the limit is ${limit} bytes. Send a shorter request`,
-    );
-  const declared = Number(request.headers.get("content-length"));
-  if (declared > limit) throw tooLarge(String(declared));
-  const chunks: Uint8Array[] = [];
-  let total = 0;
-  const reader = request.body?.getReader();
-  while (reader) {
-    const { done, value } = await reader.read();
-    if (done) break;
-    total += value.length;
-    if (total > limit) {
-      await reader.cancel();
-      throw tooLarge(`more than ${limit}`);
-    }
-    chunks.push(value);
-  }
-  if (total === 0) {
-    throw new ApiError("invalid_request", "The request has no body; send a JSON object");
-  }
-  const bytes = new Uint8Array(total);
-  chunks.reduce((at, c) => (bytes.set(c, at), at + c.length), 0);
-  let text: string;
-  try {
-    text = new TextDecoder("utf-8", { fatal: true }).decode(bytes);
-  } catch (e) {
-    throw new ApiError("invalid_request", "The request body is not UTF-8 text", { cause: e });
-  }
-  return parseBody(text);
 }
 
 function modelObject(head: Head): Record<string, unknown> {
@@ -236,7 +201,7 @@ export function createHandler(head: Head, options: HandlerOptions = {}): Handle 
           );
         }
       }
-      const body = method === "POST" ? await readJson(request, limit) : {};
+      const body = method === "POST" ? await readJsonBody(request, limit) : {};
       response = modelPath
         ? Response.json(modelObject(head), { headers: { "request-id": requestId } })
         : await route.run({ request, requestId, body });

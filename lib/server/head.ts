@@ -8,6 +8,7 @@ import { type Backend, openLocalStage } from "../../engine/open_stage.ts";
 import { StageLink } from "../scheduler/link.ts";
 import { Scheduler } from "../scheduler/scheduler.ts";
 import { TextTokenizer } from "../tokenizer/tokenizer.ts";
+import { TokenizerThread } from "../tokenizer/tokenizer_thread.ts";
 import { modelFingerprint } from "../wire/hello.ts";
 import { remoteStageAfter } from "../wire/remote_stage.ts";
 import { checkChainLink, checkFirstStage } from "../../engine/stage_checks.ts";
@@ -140,6 +141,8 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
       )
       : undefined;
     if (link) cleanup.push(() => link.close());
+    const prompts = await TokenizerThread.start(model.metadata, template);
+    cleanup.push(() => prompts.close());
     const access = accessLog(log);
     const scheduler = new Scheduler({
       local,
@@ -156,7 +159,7 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
     handle = access.wrap(createHandler({
       scheduler,
       tokenizer,
-      prompts: new PromptBuilder(tokenizer, template),
+      prompts: new PromptBuilder(prompts, ctx),
       modelId,
       defaults: {
         temperature: sampling.temperature ?? 0,

@@ -10,7 +10,7 @@ import type { Head } from "./head_context.ts";
 import { randomId } from "./random_id.ts";
 import type { SamplingRequest } from "./sampling_defaults.ts";
 import { collectReply, type Reply, type ToolSpec } from "./output.ts";
-import type { ChatRequest, ToolChoice } from "./prompt.ts";
+import { type ChatRequest, checkFits, type ToolChoice } from "./prompt.ts";
 import { SseStream } from "./sse.ts";
 
 export interface MessagesRequest {
@@ -239,7 +239,7 @@ export async function createMessage(
   request: Request,
 ): Promise<Response> {
   const req = parseMessagesRequest(body);
-  const prompt = head.prompts.build(req.chat);
+  const prompt = await head.prompts.build(req.chat);
   const events = await admitChat(head, req.chat, prompt, {
     maxTokens: req.maxTokens,
     stop: req.stop,
@@ -271,11 +271,19 @@ export async function createMessage(
   });
 }
 
-/** POST /v1/messages/count_tokens: the templated prompt's length; never queued. */
-export function countTokens(head: Head, body: JsonObject, requestId: string): Response {
+/**
+ * POST /v1/messages/count_tokens: the templated prompt's length; never queued. A prompt too long
+ * to count exactly (several contexts) is refused as too long.
+ */
+export async function countTokens(
+  head: Head,
+  body: JsonObject,
+  requestId: string,
+): Promise<Response> {
   const req = parseMessagesRequest(body, true);
-  const prompt = head.prompts.build(req.chat);
-  return Response.json({ input_tokens: prompt.ids.length }, {
+  const prompt = await head.prompts.build(req.chat);
+  if (prompt.ids.length !== prompt.tokens) checkFits(prompt.tokens, head.scheduler.ctx, false);
+  return Response.json({ input_tokens: prompt.tokens }, {
     headers: { "request-id": requestId },
   });
 }

@@ -251,7 +251,7 @@ export async function createChatCompletion(
   request: Request,
 ): Promise<Response> {
   const req = parseCompletionsRequest(body);
-  const prompt = head.prompts.build(req.chat);
+  const prompt = await head.prompts.build(req.chat);
   const events = await admitChat(head, req.chat, prompt, {
     maxTokens: req.maxTokens ?? Number.MAX_SAFE_INTEGER,
     stop: req.stop,

@@ -1,8 +1,8 @@
-// A parsed chat request → prompt ids through the model's chat template, plus where the history
-// ends (the prefix-cache boundary). Used by the chat routes; the ids go to lib/scheduler/.
+// A parsed chat request → prompt ids through the model's chat template (on the tokenizer thread),
+// plus where the history ends (the prefix-cache boundary). Used by the routes; ids go to scheduler.
 
-import { type ChatMessage, type ChatTool, renderChat } from "../tokenizer/chat_template.ts";
-import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
+import { type ChatMessage, ChatTemplateError, type ChatTool } from "../tokenizer/chat_template.ts";
+import type { CountedParts, TokenizerThread } from "../tokenizer/tokenizer_thread.ts";
 import { ApiError } from "./api_error.ts";
 import type { ToolSpec } from "./output.ts";
 
@@ -25,70 +25,71 @@ export interface ChatRequest {
 }
 
 export interface Prompt {
-  readonly text: string;
   readonly ids: number[];
+  /** ids.length, or for a prompt far over the context a lower bound on its length (no ids). */
+  readonly tokens: number;
   /** Tokens of the history alone: the next turn of this conversation starts with them. */
   readonly historyTokens: number;
   /** The text ends inside an opened <think> (the template opens one for thinking models). */
   readonly endsInThinking: boolean;
 }
 
-/** Renders chat requests with one model's template and tokenizer. */
-export class PromptBuilder {
-  readonly #tokenizer: TextTokenizer;
-  readonly #template: string;
+/**
+ * Prompts are counted exactly up to this many contexts, so a client told its prompt is too long
+ * learns by how much (Claude Code compacts by it); past that only a lower bound is worked out.
+ */
+const COUNTED_CONTEXTS = 4;
 
-  constructor(tokenizer: TextTokenizer, template: string) {
-    this.#tokenizer = tokenizer;
-    this.#template = template;
+/** Renders chat requests with one model's template and tokenizer, on the tokenizer thread. */
+export class PromptBuilder {
+  readonly #thread: TokenizerThread;
+  readonly #limit: number;
+
+  constructor(thread: TokenizerThread, ctx: number) {
+    this.#thread = thread;
+    this.#limit = COUNTED_CONTEXTS * ctx;
   }
 
-  build(request: ChatRequest): Prompt {
+  async build(request: ChatRequest): Promise<Prompt> {
     const tools: ChatTool[] | undefined = request.tools.length
       ? request.tools.map((t) => ({
         type: "function",
         function: { name: t.name, description: t.description, parameters: t.inputSchema },
       }))
       : undefined;
-    const input = { messages: request.messages, tools, enableThinking: request.thinking };
-    const text = this.#render({ ...input, addGenerationPrompt: true }) + (request.prefill ?? "");
-    const ids = this.#tokenizer.encode(text);
-    const historyText = this.#render({ ...input, addGenerationPrompt: false });
-    const history = this.#tokenizer.encode(historyText);
-    let common = 0;
-    while (common < history.length && common < ids.length && history[common] === ids[common]) {
-      common++;
-    }
-    // Only the part after the history (generation prompt and prefill) can leave <think> open.
-    const tail = text.startsWith(historyText) ? text.slice(historyText.length) : text;
-    const lastOpen = tail.lastIndexOf("<think>");
-    return {
-      text,
-      ids,
-      historyTokens: common,
-      endsInThinking: lastOpen !== -1 && tail.indexOf("</think>", lastOpen) === -1,
-    };
-  }
-
-  #render(input: Parameters<typeof renderChat>[1]): string {
+    const chat = { messages: request.messages, tools, enableThinking: request.thinking };
     try {
-      return renderChat(this.#template, input);
+      const p = await this.#thread.chat({ chat, prefill: request.prefill }, this.#limit);
+      return { ...p, ids: Array.from(p.ids) };
     } catch (e) {
+      if (!(e instanceof ChatTemplateError)) throw e;
       throw new ApiError(
         "invalid_request",
-        `Cannot render the conversation with the model's chat template: ${(e as Error).message}`,
+        `Cannot render the conversation with the model's chat template: ${e.message}`,
         { cause: e },
       );
     }
   }
+
+  /** Ids of each text (a raw prompt's parts); past the counted length only a count. */
+  texts(texts: readonly string[]): Promise<CountedParts> {
+    return this.#thread.texts(texts, this.#limit);
+  }
+
+  close(): void {
+    this.#thread.close();
+  }
 }
 
-/** The 400 clients recognise for a context overflow (Claude Code compacts on it). */
-export function checkFits(promptTokens: number, ctx: number): void {
+/**
+ * The 400 clients recognise for a context overflow (Claude Code compacts on it). `exact` is false
+ * when `promptTokens` is only a lower bound.
+ */
+export function checkFits(promptTokens: number, ctx: number, exact = true): void {
   if (promptTokens > ctx) {
     throw new ApiError(
       "invalid_request",
-      `prompt is too long: ${promptTokens} tokens > ${ctx} maximum`,
+      `prompt is too long: ${exact ? "" : "at least "}${promptTokens} tokens > ${ctx} maximum`,
       { param: "messages" },
     );
   }

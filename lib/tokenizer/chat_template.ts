@@ -53,20 +53,25 @@ export interface ChatInput {
   readonly eosToken?: string;
 }
 
+/** A template that cannot be parsed or rendered for this input: the request's fault, or the file's. */
+export class ChatTemplateError extends Error {
+  override name = "ChatTemplateError";
+}
+
 // Parsing costs more than rendering, and a server renders the same template for every request.
 let last: { readonly source: string; readonly template: Template } | undefined;
 
 /**
  * Renders a chat template with the variables HF transformers and llama.cpp pass: `messages`,
  * `tools`, `add_generation_prompt`, `enable_thinking` (only when given), `bos_token`,
- * `eos_token`. Throws an Error naming the template problem when it cannot be parsed or rendered.
+ * `eos_token`. Throws a ChatTemplateError naming the problem when it cannot be parsed or rendered.
  */
 export function renderChat(template: string, input: ChatInput): string {
   if (last?.source !== template) {
     try {
       last = { source: template, template: new Template(template) };
     } catch (e) {
-      throw new Error(
+      throw new ChatTemplateError(
         `Cannot parse the chat template: ${errorText(e)}; check tokenizer.chat_template`,
       );
     }
@@ -84,7 +89,7 @@ export function renderChat(template: string, input: ChatInput): string {
   try {
     return last.template.render(context);
   } catch (e) {
-    throw new Error(`Cannot render the chat template: ${errorText(e)}`);
+    throw new ChatTemplateError(`Cannot render the chat template: ${errorText(e)}`);
   }
 }
 

@@ -53,10 +53,10 @@ Deno.test("renderChat reports templates it cannot parse or render", () => {
   const messages = [{ role: "user", content: "x" }] as const;
   assert.throws(
     () => renderChat("{% if %}", { messages }),
-    /^Error: Cannot parse the chat template: /,
+    /^ChatTemplateError: Cannot parse the chat template: /,
   );
   assert.throws(
     () => renderChat("{{ messages[0].content.nosuchmethod() }}", { messages }),
-    /^Error: Cannot render the chat template: /,
+    /^ChatTemplateError: Cannot render the chat template: /,
   );
 });

@@ -2,8 +2,9 @@
 // Prompt text (lib/tokenizer/chat_template.ts) → ids for the scheduler; ids → bytes for output.
 
 import { BPE } from "@huggingface/tokenizers";
-import type { GgufValue } from "../../engine/gguf/gguf_model.ts";
+import { describeValue, type GgufValue } from "../../engine/gguf/gguf_model.ts";
 import {
+  BYTE_TO_CHAR,
   byteLevelDecode,
   byteLevelEncode,
   PRE_TOKENIZER_NAMES,
@@ -48,6 +49,11 @@ export interface EncodeOptions {
    * as llama.cpp and HF tokenizers do.
    */
   readonly specials?: boolean;
+  /**
+   * Stop after the word that takes the ids past this many, so a text far over a context costs a
+   * context's worth of work; more than `limit` ids back means the text has at least that many.
+   */
+  readonly limit?: number;
 }
 
 export interface DecodeOptions {
@@ -86,19 +92,25 @@ export class TextTokenizer {
   /** Control and user-defined tokens, longest UTF-8 text first (llama.cpp's partition order). */
   readonly #specials: readonly SpecialToken[];
   readonly #pieces: (Uint8Array | undefined)[];
+  /** Bytes of the longest token, when every byte of any text lands in some token; else 0. */
+  readonly #maxTokenBytes: number;
 
   private constructor(meta: ReadonlyMap<string, GgufValue>) {
     const model = meta.get("tokenizer.ggml.model");
     if (model !== "gpt2") {
       throw new SyntaxError(
-        `Cannot build the tokenizer: tokenizer.ggml.model is ${describe(model)}, expected "gpt2" ` +
+        `Cannot build the tokenizer: tokenizer.ggml.model is ${
+          describeValue(model)
+        }, expected "gpt2" ` +
           `(byte-level BPE); this model's vocabulary is not supported`,
       );
     }
     const pre = meta.get("tokenizer.ggml.pre");
     if (!PRE_TOKENIZER_NAMES.includes(pre as PreTokenizerName)) {
       throw new SyntaxError(
-        `Cannot build the tokenizer: tokenizer.ggml.pre is ${describe(pre)}, expected one of ` +
+        `Cannot build the tokenizer: tokenizer.ggml.pre is ${
+          describeValue(pre)
+        }, expected one of ` +
           `${PRE_TOKENIZER_NAMES.map((n) => `"${n}"`).join(", ")}`,
       );
     }
@@ -165,12 +177,18 @@ export class TextTokenizer {
     // Only the library model's merge loop (bpe()) is used: ids come from #ids, which also lets a
     // piece missing from the vocabulary fall back as llama.cpp does. So the model gets no
     // vocabulary; a second 250k-entry map would double the load time.
-    this.#bpe = new BPE({
-      type: "BPE",
-      vocab: {},
-      merges: stringArray(meta, "tokenizer.ggml.merges"),
-      ignore_merges: false,
-    });
+    const merges = stringArray(meta, "tokenizer.ggml.merges");
+    this.#bpe = new BPE({ type: "BPE", vocab: {}, merges, ignore_merges: false });
+    // BPE pieces are byte chars or merge results: when all of those are tokens, no byte of a
+    // text is dropped (#encodeOrdinary's fallback), so a token never stands for more bytes than
+    // the longest one does.
+    const covered = BYTE_TO_CHAR.every((c) => ids.has(c)) &&
+      merges.every((m) => ids.has(m.replace(" ", "")));
+    let longest = 0;
+    for (let id = 0; covered && id < tokens.length; id++) {
+      longest = Math.max(longest, this.tokenBytes(id).length);
+    }
+    this.#maxTokenBytes = covered ? longest : 0;
   }
 
   /** Builds the tokenizer from a GGUF's metadata; throws a SyntaxError naming a bad key. */
@@ -180,12 +198,23 @@ export class TextTokenizer {
 
   /** Token ids of `text`, exactly as llama.cpp's tokenize(add_special = false). */
   encode(text: string, options: EncodeOptions = {}): number[] {
+    const limit = options.limit ?? Infinity;
     const ids: number[] = [];
     for (const fragment of this.#partition(text.toWellFormed(), options.specials ?? true)) {
+      if (ids.length > limit) break;
       if (typeof fragment === "number") ids.push(fragment);
-      else this.#encodeOrdinary(fragment, ids);
+      else this.#encodeOrdinary(fragment, ids, limit);
     }
     return ids;
+  }
+
+  /**
+   * A lower bound on encode(text).length, without encoding: every token stands for at most the
+   * longest token's bytes, and a text has at least as many UTF-8 bytes as UTF-16 units. 0 when
+   * the vocabulary can drop bytes (then no bound holds).
+   */
+  minTokens(text: string): number {
+    return this.#maxTokenBytes ? Math.ceil(text.length / this.#maxTokenBytes) : 0;
   }
 
   /** The text of `ids`; bytes that are not valid UTF-8 become U+FFFD. */
@@ -267,8 +296,9 @@ export class TextTokenizer {
     return fragments;
   }
 
-  #encodeOrdinary(text: string, ids: number[]): void {
+  #encodeOrdinary(text: string, ids: number[], limit: number): void {
     for (const word of preTokenize(text, this.#pre)) {
+      if (ids.length > limit) return;
       for (const piece of this.#bpe.bpe(byteLevelEncode(word))) {
         const id = this.#ids.get(piece);
         if (id !== undefined) {
@@ -284,12 +314,6 @@ export class TextTokenizer {
       }
     }
   }
-}
-
-function describe(value: GgufValue | undefined): string {
-  return value === undefined
-    ? "missing"
-    : JSON.stringify(value, (_, v) => typeof v === "bigint" ? `${v}` : v);
 }
 
 function fail(message: string): never {
@@ -326,7 +350,9 @@ function tokenId(
   if (value === undefined) return undefined;
   if (typeof value !== "number" || !Number.isInteger(value) || value < 0 || value >= vocabSize) {
     fail(
-      `Cannot build the tokenizer: ${key} is ${describe(value)}, expected an id below ${vocabSize}`,
+      `Cannot build the tokenizer: ${key} is ${
+        describeValue(value)
+      }, expected an id below ${vocabSize}`,
     );
   }
   return value;

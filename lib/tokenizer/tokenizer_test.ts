@@ -135,6 +135,23 @@ Deno.test("decode(encode(text)) gives the text back, qwen2 and qwen35", () => {
   }
 });
 
+Deno.test("minTokens bounds the count from below; a limit stops encoding just past it", () => {
+  for (const pre of ["qwen2", "qwen35"] as const) {
+    const { tokenizer: t } = tinyTokenizer(pre);
+    for (const text of [...ROUND_TRIP, "a".repeat(5000), "-".repeat(3000), "😀".repeat(500)]) {
+      const n = t.encode(text).length;
+      assert.ok(t.minTokens(text) <= n, `${pre} ${JSON.stringify(text.slice(0, 40))}`);
+      const cut = t.encode(text, { limit: Math.floor(n / 2) });
+      assert.ok(cut.length > Math.floor(n / 2) || n === 0);
+      assert.deepEqual(cut, t.encode(text).slice(0, cut.length));
+    }
+    assert.ok(t.minTokens("x".repeat(10_000)) > 100);
+  }
+  // A vocabulary that drops bytes (a merge result missing) gives no bound at all.
+  const dropping = TextTokenizer.fromGguf(handMetadata(["a b"], { omit: ["ab"] }));
+  assert.equal(dropping.minTokens("ab".repeat(100)), 0);
+});
+
 Deno.test("lone surrogates are encoded as U+FFFD", () => {
   const { tokenizer: t } = tinyTokenizer();
   assert.equal(t.decode(t.encode("a\uD800b")), "a\uFFFDb");

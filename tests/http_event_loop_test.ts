@@ -1,0 +1,152 @@
+// No request holds the head's event loop: hostile bodies (30 MB prompts on every route, deep
+// nesting, millions of values) run while /health is polled and the loop's stalls are timed.
+
+import assert from "node:assert/strict";
+import { startTestHead, type TestHead, tinyModel } from "./_head.ts";
+import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
+import { openGguf } from "../engine/gguf/read.ts";
+import type { HostileAnswer, HostileCase } from "./_hostile_client.ts";
+
+const CTX = 256;
+
+/**
+ * The most CPU the head's thread may spend without turning its event loop. Each step on a hostile
+ * body is bounded under 100 ms (one 1 MiB slice, or one JSON.parse of at most 32 MiB: ~30 ms on an
+ * idle core); the margin covers the 10 ms clock ticks of the measure and a busy CI box's caches.
+ * CPU time, not wall time, so a machine loaded by other work cannot fail the test; before these
+ * bounds a 30 MB prompt held the loop for tens of seconds of CPU.
+ */
+const HOLD_CPU_MS = 150;
+
+/** CPU time of the calling thread in ms (Linux, 10 ms ticks). */
+function threadCpuMs(): number {
+  const fields = Deno.readTextFileSync("/proc/thread-self/stat").split(") ")[1].split(" ");
+  return (Number(fields[11]) + Number(fields[12])) * 10;
+}
+
+/**
+ * Runs `work` while measuring the longest hold of this thread's event loop (in CPU ms between two
+ * turns of a 5 ms timer) and polling the in-process head's /health (wall ms).
+ */
+async function measured(head: TestHead, work: () => Promise<void>) {
+  let lastCpu = threadCpuMs();
+  let hold = 0;
+  const ticker = setInterval(() => {
+    const cpu = threadCpuMs();
+    hold = Math.max(hold, cpu - lastCpu);
+    lastCpu = cpu;
+  }, 5);
+  let polling = true;
+  let slowestHealth = 0;
+  const poll = (async () => {
+    while (polling) {
+      const t0 = performance.now();
+      const res = await fetch(`${head.url}/health`);
+      assert.equal(res.status, 200);
+      await res.body?.cancel();
+      slowestHealth = Math.max(slowestHealth, performance.now() - t0);
+      await new Promise((r) => setTimeout(r, 20));
+    }
+  })();
+  try {
+    await work();
+  } finally {
+    polling = false;
+    await poll;
+    clearInterval(ticker);
+  }
+  return { hold: Math.max(hold, threadCpuMs() - lastCpu), slowestHealth };
+}
+
+/** Sends `cases` from a Worker thread; their answers in order. */
+async function sendHostile(url: string, cases: HostileCase[]): Promise<HostileAnswer[]> {
+  const worker = new Worker(new URL("./_hostile_client.ts", import.meta.url).href, {
+    type: "module",
+  });
+  try {
+    const answers = new Promise<HostileAnswer[]>((resolve, reject) => {
+      worker.onmessage = (e) => resolve(e.data);
+      worker.onerror = (e) => reject(new Error(e.message));
+    });
+    worker.postMessage({ url, cases });
+    return await answers;
+  } finally {
+    worker.terminate();
+  }
+}
+
+Deno.test({
+  name: "30 MB prompts, deep nesting and millions of values never hold the event loop",
+  ignore: Deno.build.os !== "linux",
+  fn: async () => {
+    const head = await startTestHead({ ctx: CTX });
+    try {
+      const tooLong = /prompt is too long: at least \d+ tokens > 256 maximum/;
+      const cases: [HostileCase, RegExp][] = [
+        [{ path: "/v1/messages", body: "chat" }, tooLong],
+        [{ path: "/v1/messages", body: "chat" }, tooLong],
+        [{ path: "/v1/chat/completions", body: "openai" }, tooLong],
+        [{ path: "/v1/messages/count_tokens", body: "count" }, tooLong],
+        [{ path: "/completion", body: "completion" }, tooLong],
+        [{ path: "/v1/messages", body: "deep" }, /nests JSON deeper than 128 levels/],
+        [{ path: "/completion", body: "values" }, /more than 1000000 JSON values/],
+      ];
+      let answers: HostileAnswer[] = [];
+      const t0 = performance.now();
+      const { hold, slowestHealth } = await measured(head, async () => {
+        answers = await sendHostile(head.url, cases.map(([c]) => c));
+      });
+      const elapsed = performance.now() - t0;
+      assert.ok(hold <= HOLD_CPU_MS, `the event loop was held for ${hold} ms of CPU`);
+      // Wall time depends on the machine's load; answered in a fraction of the run, /health was
+      // never queued behind a hostile body (it used to wait for all of them).
+      assert.ok(
+        slowestHealth < elapsed / 4,
+        `/health took ${slowestHealth.toFixed(0)} ms of a ${elapsed.toFixed(0)} ms run`,
+      );
+      answers.forEach((a, i) => {
+        assert.equal(a.status, 400, a.text.slice(0, 300));
+        assert.match(a.text, cases[i][1]);
+      });
+    } finally {
+      await head.close();
+    }
+  },
+});
+
+Deno.test("prompts near the context are counted exactly; far over it, by a lower bound", async () => {
+  const path = await tinyModel();
+  const head = await startTestHead({ model: path, ctx: CTX });
+  const model = await openGguf(path);
+  const tokenizer = TextTokenizer.fromGguf(model.metadata);
+  model.close();
+  try {
+    const text = (words: number) => Array.from({ length: words }, (_, i) => `w${i % 97}`).join(" ");
+    const complete = async (prompt: string) => {
+      const res = await fetch(`${head.url}/completion`, {
+        method: "POST",
+        body: JSON.stringify({ prompt, n_predict: 1 }),
+      });
+      return { status: res.status, body: await res.json() };
+    };
+    const fits = text(40);
+    assert.ok(tokenizer.encode(fits).length <= CTX);
+    assert.equal((await complete(fits)).status, 200);
+    const over = text(200);
+    const n = tokenizer.encode(over).length;
+    assert.ok(n > CTX && n <= 4 * CTX, `${n} tokens`);
+    const refused = await complete(over);
+    assert.equal(refused.body.error.message, `prompt is too long: ${n} tokens > ${CTX} maximum`);
+    const farOver = text(2000);
+    assert.ok(tokenizer.encode(farOver).length > 4 * CTX);
+    const bound = await complete(farOver);
+    assert.match(
+      bound.body.error.message,
+      /^prompt is too long: at least \d+ tokens > 256 maximum$/,
+    );
+    const atLeast = Number(/at least (\d+)/.exec(bound.body.error.message)![1]);
+    assert.ok(atLeast > 4 * CTX && atLeast <= tokenizer.encode(farOver).length);
+  } finally {
+    await head.close();
+  }
+});
