@@ -15,6 +15,9 @@ import {
 } from "../engine/gpu/tensor.ts";
 import { ParamArena, StepEncoder } from "../engine/gpu/encoder.ts";
 
+/** Seeded uniforms in [0, 1) for test data (shared with the fuzz tests). */
+export { rng } from "./_fuzz.ts";
+
 async function open(): Promise<GpuContext | undefined> {
   try {
     const gpu = (Deno.env.get("TANDEM_GPU") ?? "builtin") as ProviderChoice;
@@ -42,18 +45,6 @@ export async function submit(ctx: GpuContext, record: (enc: StepEncoder) => void
   enc.submit();
   const error = await ctx.device.popErrorScope();
   if (error) throw new Error(`The GPU rejected the step: ${error.message}`);
-}
-
-/** Uniforms in [0, 1) from a 32-bit seed (mulberry32): the same seed gives the same data. */
-export function rng(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
 }
 
 /** n values uniform on [-scale, scale). */

@@ -11,6 +11,7 @@ import {
   encodeGreeting,
   ErrorCode,
   type Frame,
+  GREETING_BYTES,
   HEADER_BYTES,
   MAGIC,
   Op,
@@ -19,6 +20,7 @@ import { FrameReader, writeAll } from "./frame_stream.ts";
 import { freshNonce, importKey, NO_PROOF } from "./hello.ts";
 import { connectRemoteStage } from "./remote_stage.ts";
 import { MAX_HANDSHAKES } from "./stage_server.ts";
+import { fuzzRuns, fuzzSeed, Random } from "../../tests/_fuzz.ts";
 
 const model = await openGguf(await testModel({ arch: "qwen35moe", quant: "q4_k_m" }));
 const CTX = 16;
@@ -41,6 +43,12 @@ async function answers(conn: Deno.Conn): Promise<Frame[]> {
     if (!(e instanceof Deno.errors.ConnectionReset)) throw e;
   }
   return frames;
+}
+
+function concat(...parts: Uint8Array[]): Uint8Array {
+  const out = new Uint8Array(parts.reduce((n, p) => n + p.length, 0));
+  parts.reduce((at, p) => (out.set(p, at), at + p.length), 0);
+  return out;
 }
 
 function closeQuietly(conn: Deno.Conn): void {
@@ -134,6 +142,66 @@ Deno.test("authenticated newcomers past the waiting places are answered Busy, no
     }
   } finally {
     holder.close();
+    head.close();
+    await worker.stop();
+  }
+});
+
+Deno.test("seeded mutated greetings and AUTH frames are each refused or dropped; the head still gets in", async () => {
+  const key = await importKey(new TextEncoder().encode("a shared key of the chain"), "test");
+  const worker = await serveLocal(model, { first: 2, end: 4, slots: 1, ctx: CTX }, {
+    key,
+    handshakeTimeoutMs: 300,
+  });
+  const head = await openReferenceStage(model, { first: 0, end: 2, slots: 1, ctx: CTX });
+  const seed = fuzzSeed(0x4e110);
+  const r = new Random(seed);
+  const greeting = () => encodeGreeting(freshNonce(), MAGIC);
+  const auth = encodeFrame({ op: Op.Auth, proof: NO_PROOF });
+  const inputs = Array.from({ length: fuzzRuns(300) }, () => {
+    switch (r.int(5)) {
+      case 0:
+        return r.bytes(r.int(80));
+      case 1:
+        return r.mutate(greeting(), 4);
+      case 2:
+        return concat(greeting(), r.mutate(auth, HEADER_BYTES));
+      case 3:
+        return concat(greeting(), r.mutate(auth));
+      default:
+        return concat(greeting(), auth).subarray(0, r.int(GREETING_BYTES + auth.length));
+    }
+  });
+  try {
+    let next = 0;
+    const codes = new Set<number>();
+    await Promise.all(Array.from({ length: 8 }, async () => {
+      while (next < inputs.length) {
+        const i = next++;
+        const conn = await dial(worker.address);
+        await writeAll(conn, inputs[i]).catch(() => undefined);
+        const frames = await answers(conn);
+        closeQuietly(conn);
+        const what = `seed ${seed} input ${i}: ${JSON.stringify(frames)}`;
+        // A challenge (for a whole greeting), then at most an ERROR; never a HELLO without the key.
+        const rest = frames[0]?.op === Op.Challenge ? frames.slice(1) : frames;
+        assert.ok(rest.length <= 1, what);
+        if (rest[0]) {
+          assert.ok(rest[0].op === Op.Error, what);
+          codes.add(rest[0].code);
+        }
+      }
+    }));
+    for (
+      const code of [ErrorCode.Malformed, ErrorCode.Version, ErrorCode.Auth, ErrorCode.Timeout]
+    ) {
+      assert.ok(codes.has(code), `code ${code} never seen: ${[...codes]}`);
+    }
+    const remote = await connectRemoteStage(worker.address, { local: head, model, key });
+    const hidden = await head.run(0, { kind: "ids", ids: Uint32Array.of(3, 1) }, 2, 0);
+    assert.equal((await remote.run(0, hidden, 2, 0, { topk: 1 })).kind, "ids");
+    remote.close();
+  } finally {
     head.close();
     await worker.stop();
   }
