@@ -8,9 +8,11 @@ import {
   ENGINE_FLAGS,
   flag,
   type FlagTable,
+  isLoopback,
   layerRange,
   MODEL_FLAG,
   runCommand,
+  switchFlag,
   text,
   UsageError,
   whole,
@@ -37,6 +39,8 @@ const HEAD = {
     "max-batch": flag(whole(1), "positions per prefill chunk (default the engine's)"),
     "api-key-file": flag(text("PATH"), "a file holding the API key clients must send"),
     "max-body-bytes": flag(whole(1), "larger request bodies get 413", 32 * 1024 * 1024),
+    "header-timeout": flag(decimal(0.1, 3600), "seconds a client has to send its headers", 10),
+    insecure: switchFlag("serve a non-loopback --host without --api-key-file"),
     "key-file": flag(text("PATH"), "the wire's shared key (the worker's --key-file)"),
     temperature: flag(decimal(0, 2), "used when a request sets none; 0 is greedy", 0),
     "temperature-cap": flag(decimal(0, 2), "requests asking for more are clamped to this", 2),
@@ -63,6 +67,12 @@ if (import.meta.main) {
     if (flags.next && !flags.layers) {
       throw new UsageError("--next needs --layers 0:k for the head's own layers");
     }
+    if (!isLoopback(flags.host) && !flags["api-key-file"] && !flags.insecure) {
+      throw new UsageError(
+        `Cannot serve on ${flags.host} without an API key: pass --api-key-file F (clients send ` +
+          `it as x-api-key) or --insecure to serve anyone who can reach the port`,
+      );
+    }
     const running = await startHead({
       model: flags.model,
       layers: flags.layers,
@@ -76,6 +86,7 @@ if (import.meta.main) {
       maxBatch: flags["max-batch"],
       apiKey: flags["api-key-file"] ? await readApiKey(flags["api-key-file"]) : undefined,
       maxBodyBytes: flags["max-body-bytes"],
+      headerTimeoutMs: flags["header-timeout"] * 1000,
       wireKey: flags["key-file"] ? await loadKeyFile(flags["key-file"]) : undefined,
       backend: flags.backend,
       gpu: flags.gpu,

@@ -8,6 +8,7 @@ import {
   ENGINE_FLAGS,
   flag,
   type FlagTable,
+  isLoopback,
   layerRange,
   MODEL_FLAG,
   requiredFlag,
@@ -42,10 +43,6 @@ const WORKER = {
     ...ENGINE_FLAGS,
   },
 } satisfies Command<FlagTable>;
-
-function isLoopback(host: string): boolean {
-  return host === "localhost" || host === "::1" || /^127\.\d+\.\d+\.\d+$/.test(host);
-}
 
 /**
  * The reference backend needs no FFI and no environment, so a worker started with them (as

@@ -306,6 +306,11 @@ export async function runCommand<F extends FlagTable>(
   }
 }
 
+/** Whether a listen address reaches only this machine (a key or --insecure is needed otherwise). */
+export function isLoopback(host: string): boolean {
+  return host === "localhost" || host === "::1" || /^127\.\d+\.\d+\.\d+$/.test(host);
+}
+
 /** A bind failure as an error that names the address and the flag that moves it. */
 export function listenError(hostname: string, port: number, e: unknown, flags: string): Error {
   const where = `${hostname}:${port}`;

@@ -62,3 +62,28 @@ Deno.test("head and worker name a busy port before loading the model, and read T
     busy.close();
   }
 });
+
+Deno.test("the head refuses a non-loopback --host without --api-key-file unless --insecure", async () => {
+  const missing = `${PROJECT_ROOT}/no-such-model.gguf`;
+  const open = await run(["main.ts", "--model", missing, "--host", "0.0.0.0", "--port", "0"]);
+  assert.equal(open.code, 2);
+  assert.match(
+    open.stderr,
+    /^Cannot serve on 0\.0\.0\.0 without an API key: pass --api-key-file F/,
+  );
+  // With --insecure the address is accepted: the run gets as far as the (missing) model.
+  const insecure = await run([
+    "main.ts",
+    "--model",
+    missing,
+    "--host",
+    "0.0.0.0",
+    "--port",
+    "0",
+    "--insecure",
+  ]);
+  assert.equal(insecure.code, 1);
+  assert.match(insecure.stderr, /no-such-model\.gguf/);
+  const loopback = await run(["main.ts", "--model", missing, "--host", "127.0.0.2", "--port", "0"]);
+  assert.equal(loopback.code, 1, loopback.stderr);
+});

@@ -150,3 +150,30 @@ Deno.test("prompts near the context are counted exactly; far over it, by a lower
     await head.close();
   }
 });
+
+Deno.test("idle connections and trickled headers get 408 at the head's header timeout", async () => {
+  const head = await startTestHead({ ctx: CTX, headerTimeoutMs: 300 });
+  try {
+    const port = Number(new URL(head.url).port);
+    const sockets = await Promise.all(
+      Array.from({ length: 20 }, () => Deno.connect({ hostname: "127.0.0.1", port })),
+    );
+    // Half of them send a byte of a request line now and then; none finishes its head.
+    const trickling = sockets.slice(10).map(async (conn) => {
+      for (const c of "POST /v1/messages HTTP/1.1\r\n") {
+        await conn.write(new TextEncoder().encode(c)).catch(() => undefined);
+        await new Promise((r) => setTimeout(r, 40));
+      }
+    });
+    assert.equal((await fetch(`${head.url}/health`)).status, 200);
+    for (const conn of sockets) {
+      const answer = new Uint8Array(64);
+      const n = await conn.read(answer);
+      assert.match(new TextDecoder().decode(answer.subarray(0, n ?? 0)), /^HTTP\/1\.1 408 /);
+      conn.close();
+    }
+    await Promise.all(trickling);
+  } finally {
+    await head.close();
+  }
+});

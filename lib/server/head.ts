@@ -18,6 +18,7 @@ import { accessLog } from "./access_log.ts";
 import { ApiError, errorResponse } from "./api_error.ts";
 import { listenError } from "../cli.ts";
 import { createHandler } from "./handler.ts";
+import { guardHeaders } from "./header_guard.ts";
 import { PromptBuilder } from "./prompt.ts";
 
 export interface HeadOptions {
@@ -37,6 +38,8 @@ export interface HeadOptions {
   readonly apiKey?: string;
   /** Request bodies beyond this are refused with 413. Default 32 MiB. */
   readonly maxBodyBytes?: number;
+  /** Time a connection has to send its request headers; then 408. Default 10 s. */
+  readonly headerTimeoutMs?: number;
   /** The wire's shared key (the worker's --key-file). */
   readonly wireKey?: CryptoKey;
   readonly backend?: Backend;
@@ -76,25 +79,39 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
   let handle: Handle = loading;
   const hostname = options.host ?? "127.0.0.1";
   const port = options.port ?? 8080;
-  const listening = Promise.withResolvers<Deno.NetAddr>();
-  let server: Deno.HttpServer;
+  let listener: Deno.Listener<Deno.TcpConn>;
   try {
-    server = Deno.serve({
-      hostname,
-      port,
-      onListen: (addr) => listening.resolve(addr as Deno.NetAddr),
-      onError: (e) => {
-        log(`unhandled: ${(e as Error)?.stack ?? e}`);
-        return Response.json(
-          { type: "error", error: { type: "api_error", message: "Internal server error" } },
-          { status: 500 },
-        );
-      },
-    }, (request) => handle(request));
+    listener = Deno.listen({ hostname, port });
   } catch (e) {
     throw listenError(hostname, port, e, "--host/--port");
   }
-  const addr = await listening.promise;
+  // Deno.serve has no header timeout: it listens on loopback behind a guard that gives every
+  // connection headerTimeoutMs for its request head.
+  const listening = Promise.withResolvers<Deno.NetAddr>();
+  const server = Deno.serve({
+    hostname: "127.0.0.1",
+    port: 0,
+    onListen: (addr) => listening.resolve(addr as Deno.NetAddr),
+    onError: (e) => {
+      log(`unhandled: ${(e as Error)?.stack ?? e}`);
+      return Response.json(
+        { type: "error", error: { type: "api_error", message: "Internal server error" } },
+        { status: 500 },
+      );
+    },
+  }, (request) => handle(request));
+  const guard = guardHeaders({
+    listener,
+    upstream: await listening.promise,
+    headerTimeoutMs: options.headerTimeoutMs ?? 10_000,
+    log,
+  });
+  const shutdown = async () => {
+    guard.close();
+    await server.shutdown();
+    await guard.finished;
+  };
+  const addr = listener.addr as Deno.NetAddr;
   const cleanup: (() => void)[] = [];
   try {
     const model = await openGguf(options.model);
@@ -192,12 +209,12 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
       async close() {
         // Ending the sequences first lets their streams finish, which shutdown waits for.
         await scheduler.close();
-        await server.shutdown();
+        await shutdown();
         for (const f of cleanup.reverse()) f();
       },
     };
   } catch (e) {
-    await server.shutdown();
+    await shutdown();
     for (const f of cleanup.reverse()) f();
     throw e;
   }
