@@ -59,6 +59,11 @@ export const PROOF_BYTES = 32;
 export const FINGERPRINT_BYTES = 32;
 /** Longest ERROR message in bytes; longer messages are cut by the encoder. */
 export const MAX_MESSAGE_BYTES = 4096;
+/**
+ * Largest payload of any frame. A RUN of 512 rows of a 8192-wide model is 16 MiB; the cap keeps a
+ * peer's HELLO (maxBatch, nEmbd are its own numbers) from sizing a larger read on the other side.
+ */
+export const MAX_PAYLOAD_BYTES = 256 * 1024 * 1024;
 
 const CHALLENGE_BYTES = 8 + NONCE_BYTES;
 const HELLO_WORDS = 8;
@@ -244,6 +249,16 @@ function requireCount(h: Header, limits: FrameLimits): void {
   }
 }
 
+function requirePayload(h: Header, bytes: number, what: string): number {
+  if (bytes > MAX_PAYLOAD_BYTES) {
+    throw new RangeError(
+      `Cannot decode ${opName(h.op)} frame: its payload (${what} = ${bytes} bytes) is over the ` +
+        `${MAX_PAYLOAD_BYTES}-byte frame limit; use a smaller --max-batch`,
+    );
+  }
+  return bytes;
+}
+
 /**
  * Payload bytes that follow `h`, after checking every header word against the op and `limits`.
  * Throws SyntaxError (unknown op, nonzero unused word) or RangeError (a count above its cap), so
@@ -254,11 +269,19 @@ export function payloadLength(h: Header, limits: FrameLimits): number {
     case Op.Run:
       requireCount(h, limits);
       requireAdjust(h);
-      return h.n * limits.nEmbd * 4 + h.mask * 4 + h.bias * 8;
+      return requirePayload(
+        h,
+        h.n * limits.nEmbd * 4 + h.mask * 4 + h.bias * 8,
+        `n ${h.n} × D ${limits.nEmbd} × 4 + mask ${h.mask} × 4 + bias ${h.bias} × 8`,
+      );
     case Op.Ids:
       requireCount(h, limits);
       requireZero(h, ADJUST_FIELDS);
-      return h.n * 4 + h.topk * 8 + (h.topk > 0 ? 4 : 0);
+      return requirePayload(
+        h,
+        h.n * 4 + h.topk * 8 + (h.topk > 0 ? 4 : 0),
+        `n ${h.n} × 4 + topk ${h.topk} × 8`,
+      );
     case Op.Close:
     case Op.Ping:
     case Op.Pong:

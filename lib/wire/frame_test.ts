@@ -189,6 +189,13 @@ Deno.test("counts above their caps are RangeErrors before any payload is read", 
   assert.throws(() => decodeFrame(header(Op.Error, 0xffff_fff0, 0), LIMITS), RangeError);
   const end = Uint8Array.from(bytes(Op.Run, 0, 2, 0xffff_fffe, 0, 0, 0));
   assert.throws(() => decodeFrame(end, LIMITS), /overflow/);
+  // A peer's HELLO sets the limits a reader uses: its numbers cannot size a read past the cap.
+  const wide = { nEmbd: 1 << 20, maxBatch: 0xffff_ffff };
+  assert.throws(
+    () => decodeFrame(header(Op.Run, 4096, 0), wide),
+    /\(n 4096 × D 1048576 × 4 \+ mask 0 × 4 \+ bias 0 × 8 = 17179869184 bytes\) is over the 268435456-byte frame limit/,
+  );
+  assert.throws(() => decodeFrame(header(Op.Ids, 0xffff_fff0, 0), wide), /frame limit/);
 });
 
 Deno.test("non-finite hidden values and invalid UTF-8 messages are malformed", () => {
