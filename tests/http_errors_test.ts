@@ -113,6 +113,51 @@ Deno.test("malformed JSON, wrong types and missing fields are 400 invalid_reques
   });
 });
 
+Deno.test("unknown and unsupported fields are 400s naming the field, in each API's shape", async () => {
+  await withHead({}, async (head) => {
+    await expectError(
+      await post(`${head.url}/v1/messages`, { ...good, frobnicate: true }),
+      400,
+      "invalid_request_error",
+      /^frobnicate: unknown field; this server does not know it/,
+    );
+    await expectError(
+      await post(`${head.url}/v1/messages`, { ...good, container: "c1" }),
+      400,
+      "invalid_request_error",
+      /^container: not supported by this server/,
+    );
+    // Metadata the API lets a server drop is accepted.
+    const ok = await post(`${head.url}/v1/messages`, {
+      ...good,
+      metadata: { user_id: "u1" },
+      service_tier: "auto",
+      context_management: { edits: [] },
+    });
+    assert.equal(ok.status, 200, await ok.text());
+
+    const chat = await post(`${head.url}/v1/chat/completions`, {
+      ...good,
+      audio: { voice: "alloy", format: "mp3" },
+    });
+    assert.equal(chat.status, 400);
+    const error = (await chat.json()).error;
+    assert.equal(error.param, "audio");
+    assert.match(error.message, /^audio: not supported by this server: no audio output$/);
+
+    const llama = await post(`${head.url}/completion`, { prompt: "Hi", mirostat: 2 });
+    assert.equal(llama.status, 400);
+    assert.match((await llama.json()).error.message, /^mirostat: not supported/);
+    const neutral = await post(`${head.url}/completion`, {
+      prompt: "Hi",
+      n_predict: 2,
+      mirostat: 0,
+      typical_p: 1,
+    });
+    assert.equal(neutral.status, 200, await neutral.text());
+  });
+});
+
 Deno.test("oversized bodies are 413 request_too_large, declared or streamed", async () => {
   await withHead({ maxBodyBytes: 2000 }, async (head) => {
     const big = JSON.stringify({

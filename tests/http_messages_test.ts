@@ -80,6 +80,8 @@ Deno.test("the next turn restores the cached history and replies as an uncached 
     const first = ask("Tell me about rivers", { system: "You are terse." });
     const one = await (await post(`${cached.url}/v1/messages`, first)).json();
     assert.equal(one.usage.cache_read_input_tokens, 0);
+    // The history (the prompt before its generation prompt) was computed, then written.
+    assert.ok(one.usage.cache_creation_input_tokens > 0, JSON.stringify(one.usage));
     const second = {
       ...first,
       messages: [
@@ -92,8 +94,10 @@ Deno.test("the next turn restores the cached history and replies as an uncached 
     const reference = await (await post(`${plain.url}/v1/messages`, second)).json();
     assert.ok(two.usage.cache_read_input_tokens > 0, JSON.stringify(two.usage));
     assert.equal(reference.usage.cache_read_input_tokens, 0);
+    assert.equal(reference.usage.cache_creation_input_tokens, 0);
     assert.equal(
-      two.usage.input_tokens + two.usage.cache_read_input_tokens,
+      two.usage.input_tokens + two.usage.cache_read_input_tokens +
+        two.usage.cache_creation_input_tokens,
       reference.usage.input_tokens,
     );
     assert.deepEqual(two.content, reference.content);
@@ -294,6 +298,37 @@ Deno.test("/completion: seeded sampling replays, n_probs, stream equals buffered
     assert.equal(frames.map((f) => f.content).join(""), a.content);
     assert.equal(frames.at(-1).stop, true);
     assert.ok(frames.slice(0, -1).every((f) => f.stop === false));
+  } finally {
+    await head.close();
+  }
+});
+
+Deno.test("/completion: cache_prompt, return_tokens, and min_p 1 as greedy", async () => {
+  const head = await startTestHead({ snapshots: 2 });
+  try {
+    const req = { prompt: "Once upon a time there was", n_predict: 4, temperature: 0 };
+    const first = await (await post(`${head.url}/completion`, req)).json();
+    assert.equal(first.tokens_cached, 0);
+    assert.deepEqual(first.tokens, []);
+    const again = await (await post(`${head.url}/completion`, { ...req, return_tokens: true }))
+      .json();
+    // All but the last prompt token came from the cache the first request wrote.
+    assert.equal(again.tokens_cached, first.tokens_evaluated - 1);
+    assert.equal(again.content, first.content);
+    assert.equal(again.tokens.length, 4);
+    const uncached = await (await post(`${head.url}/completion`, { ...req, cache_prompt: false }))
+      .json();
+    assert.equal(uncached.tokens_cached, 0);
+    assert.equal(uncached.content, first.content);
+    // min_p 1 keeps only the most likely candidate, whatever the temperature.
+    const hot = await (await post(`${head.url}/completion`, {
+      ...req,
+      temperature: 5,
+      min_p: 1,
+      seed: 3,
+    })).json();
+    assert.equal(hot.content, first.content);
+    assert.equal(hot.generation_settings.min_p, 1);
   } finally {
     await head.close();
   }

@@ -52,7 +52,8 @@ Deno.test("Anthropic SDK: messages.create, messages.stream, countTokens, models.
     });
     assert.equal(
       count.input_tokens,
-      msg.usage.input_tokens + (msg.usage.cache_read_input_tokens ?? 0),
+      msg.usage.input_tokens + (msg.usage.cache_read_input_tokens ?? 0) +
+        (msg.usage.cache_creation_input_tokens ?? 0),
     );
     const models = await client.models.list();
     assert.equal(models.data.length, 1);

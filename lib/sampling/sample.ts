@@ -1,5 +1,6 @@
 // Picks the next token from the last stage's top-k candidates: greedy, or temperature + top-k +
-// top-p from a per-request SplitMix64 stream. Runs on the head, after the ids come off the wire.
+// top-p + min-p from a per-request SplitMix64 stream. Runs on the head, after the ids come off the
+// wire.
 
 import type { TopEntry } from "../../engine/stage.ts";
 
@@ -30,11 +31,16 @@ export interface SamplingParams {
   readonly topK: number;
   /** 1 means no nucleus cut. */
   readonly topP: number;
+  /** Drops candidates less likely than minP times the best one; 0 (default) keeps all. */
+  readonly minP?: number;
+  /** The top-p and min-p cuts keep at least this many candidates (default 1). */
+  readonly minKeep?: number;
 }
 
 /**
  * Returns the sampled id. `greedyId` is the last stage's argmax (returned as is when temperature
  * is 0, so sampled and greedy paths agree on ties); `candidates` are sorted by logit, descending.
+ * The cuts run in llama.cpp's order (top-k, top-p, min-p), on probabilities at the temperature.
  */
 export function sampleToken(
   greedyId: number,
@@ -46,15 +52,21 @@ export function sampleToken(
   const k = params.topK > 0 ? Math.min(params.topK, candidates.length) : candidates.length;
   const kept = candidates.slice(0, k);
   const maxLogit = kept[0].logit;
+  // Every candidate banned (logit -inf): the stage's argmax is all there is.
+  if (maxLogit === -Infinity) return greedyId;
   const weights = kept.map((c) => Math.exp((c.logit - maxLogit) / params.temperature));
   const total = weights.reduce((a, b) => a + b, 0);
+  const keep = Math.min(Math.max(1, params.minKeep ?? 1), kept.length);
   let n = 0;
   let mass = 0;
   while (n < kept.length) {
     mass += weights[n] / total;
     n += 1;
-    if (mass >= params.topP) break;
+    if (mass >= params.topP && n >= keep) break;
   }
+  // weights[0] is the best candidate's, exactly 1.
+  const floor = params.minP ?? 0;
+  while (n > keep && weights[n - 1] < floor) n--;
   const nucleus = weights.slice(0, n);
   const nucleusTotal = nucleus.reduce((a, b) => a + b, 0);
   let r = rng.nextFloat() * nucleusTotal;

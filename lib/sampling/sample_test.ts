@@ -70,3 +70,43 @@ Deno.test("top_p keeps the smallest prefix whose mass reaches p", () => {
   }
   assert.deepEqual([...seen].sort(), [0, 1]);
 });
+
+Deno.test("min_p drops candidates below min_p times the best one's probability", () => {
+  // Probabilities 0.6 / 0.3 / 0.1: min_p 0.4 keeps p ≥ 0.24 (ids 0 and 1), 0.6 keeps id 0.
+  const cands = [0, 1, 2].map((id) => ({ id, logit: Math.log([6, 3, 1][id]) }));
+  const seen = (minP: number, minKeep?: number) => {
+    const rng = new SplitMix64(11n);
+    const ids = new Set<number>();
+    for (let i = 0; i < 3000; i++) {
+      ids.add(sampleToken(0, cands, { temperature: 1, topK: 0, topP: 1, minP, minKeep }, rng));
+    }
+    return [...ids].sort();
+  };
+  assert.deepEqual(seen(0), [0, 1, 2]);
+  assert.deepEqual(seen(0.4), [0, 1]);
+  assert.deepEqual(seen(0.6), [0]);
+  // min_keep outranks both cuts.
+  assert.deepEqual(seen(0.6, 3), [0, 1, 2]);
+});
+
+Deno.test("min_keep keeps candidates a tiny top_p would cut", () => {
+  const cands = [0, 1, 2].map((id) => ({ id, logit: -id }));
+  const rng = new SplitMix64(4n);
+  const ids = new Set<number>();
+  for (let i = 0; i < 3000; i++) {
+    ids.add(sampleToken(0, cands, { temperature: 1, topK: 0, topP: 0.01, minKeep: 2 }, rng));
+  }
+  assert.deepEqual([...ids].sort(), [0, 1]);
+});
+
+Deno.test("banned candidates (logit -inf) are never sampled", () => {
+  const cands = [{ id: 5, logit: 1 }, { id: 6, logit: -Infinity }];
+  const rng = new SplitMix64(2n);
+  for (let i = 0; i < 200; i++) {
+    assert.equal(sampleToken(5, cands, { temperature: 2, topK: 0, topP: 1 }, rng), 5);
+  }
+  assert.equal(
+    sampleToken(7, [{ id: 6, logit: -Infinity }], { temperature: 1, topK: 0, topP: 1 }, rng),
+    7,
+  );
+});

@@ -327,7 +327,8 @@ export class Scheduler {
     seq.begin(pos);
     this.stats.promptTokens += prompt.length;
     this.stats.cachedTokens += pos;
-    const boundary = this.#cache.capacity > 0 && cacheBoundary !== undefined &&
+    const boundary = this.#cache.capacity > 0 && seq.request.cache !== false &&
+        cacheBoundary !== undefined &&
         cacheBoundary > pos && cacheBoundary < prompt.length &&
         !this.#cache.has(prompt.slice(0, cacheBoundary), this.#epoch())
       ? cacheBoundary
@@ -445,7 +446,7 @@ export class Scheduler {
 
   /** Restores the longest cached prefix on every stage; the position to continue from. */
   async #restorePrefix(seq: Sequence, slot: number): Promise<number> {
-    if (this.#cache.capacity === 0) return 0;
+    if (this.#cache.capacity === 0 || seq.request.cache === false) return 0;
     // A reconnect changes the epoch and so invalidates entries: settle the connection first.
     await this.#link?.connect();
     const entry = this.#cache.lookup(seq.request.prompt, this.#epoch());
@@ -485,5 +486,6 @@ export class Scheduler {
       if (saved) this.#cache.insert({ idx, tokens, epoch });
       else this.#cache.abandon(idx);
     }
+    if (saved) seq.cacheWritten(tokens.length);
   }
 }

@@ -11,6 +11,10 @@ export interface SamplingOptions {
   /** Candidates the last stage returns and the sampler draws from. */
   readonly topK: number;
   readonly topP: number;
+  /** Drops candidates below minP times the best one's probability (0: off). */
+  readonly minP?: number;
+  /** The top-p and min-p cuts keep at least this many candidates. */
+  readonly minKeep?: number;
   readonly seed: bigint;
 }
 
@@ -35,6 +39,8 @@ export interface SequenceRequest {
    * snapshotted for the next turn, which starts with the same tokens.
    */
   readonly cacheBoundary?: number;
+  /** False: the prefix cache is neither read nor written for this request. Default true. */
+  readonly cache?: boolean;
   readonly maxTokens: number;
   readonly stop?: readonly string[];
   readonly sampling: SamplingOptions;
@@ -52,6 +58,8 @@ export interface Usage {
   readonly promptTokens: number;
   /** Prompt tokens restored from the prefix cache instead of being computed. */
   readonly cachedTokens: number;
+  /** Prompt tokens computed here and then written into the prefix cache. */
+  readonly cacheWriteTokens: number;
   readonly outputTokens: number;
 }
 
@@ -163,6 +171,7 @@ export class Sequence {
   #firstTokenMs: number | null = null;
   #outcome: StopReason | "error" | "cancelled" | null = null;
   #cachedTokens = 0;
+  #cacheWriteTokens = 0;
   #outputTokens = 0;
   #ended = false;
 
@@ -249,6 +258,11 @@ export class Sequence {
     this.#emit({ type: "start", promptTokens: this.request.prompt.length, cachedTokens });
   }
 
+  /** The prefix cache now holds the state after the first `tokens` prompt tokens. */
+  cacheWritten(tokens: number): void {
+    this.#cacheWriteTokens = tokens - this.#cachedTokens;
+  }
+
   /** The next token from the last stage's output for the final position. */
   pick(greedy: number, top: readonly TopEntry[]): number {
     const { constraint, sampling } = this.request;
@@ -307,6 +321,7 @@ export class Sequence {
       usage: {
         promptTokens: this.request.prompt.length,
         cachedTokens: this.#cachedTokens,
+        cacheWriteTokens: this.#cacheWriteTokens,
         outputTokens: this.#outputTokens,
       },
     });

@@ -5,6 +5,7 @@ import type { SequenceEvent, StopReason, TokenProbs } from "../scheduler/sequenc
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
 import { MAX_TOPK } from "../../engine/stage.ts";
 import { ApiError, errorResponse, toApiError } from "./api_error.ts";
+import { checkFields, fieldsOf } from "./api_fields.ts";
 import { Field, type JsonObject, readSeed } from "./fields.ts";
 import { streamSignal } from "./admit.ts";
 import type { Head } from "./head_context.ts";
@@ -71,6 +72,7 @@ export async function createCompletion(
   request: Request,
 ): Promise<Response> {
   const root = Field.root(body);
+  checkFields(root, fieldsOf("POST /completion"));
   const { ids: prompt, tokens } = await promptIds(root.key("prompt"), head);
   if (tokens === 0) root.key("prompt").fail("the prompt has no tokens");
   const nPredict = root.key("n_predict").optNumber({ integer: true, min: -1 }) ?? -1;
@@ -79,13 +81,20 @@ export async function createCompletion(
     temperature: root.key("temperature").optNumber({ min: 0 }),
     topK: root.key("top_k").optNumber({ integer: true, min: 0 }),
     topP: root.key("top_p").optNumber({ min: 0, max: 1 }),
+    minP: root.key("min_p").optNumber({ min: 0, max: 1 }),
+    minKeep: root.key("min_keep").optNumber({ integer: true, min: 0 }),
     seed: readSeed(root.key("seed")),
   }, head.defaults);
+  const cachePrompt = root.key("cache_prompt").optBoolean() ?? true;
+  const returnTokens = root.key("return_tokens").optBoolean() ?? false;
   const stop = root.key("stop").present ? root.key("stop").strings() : [];
   const stream = root.key("stream").optBoolean() ?? false;
   checkFits(tokens, head.scheduler.ctx, prompt.length === tokens);
   const seq = await head.scheduler.admit({
     prompt,
+    // The next request with the same prompt (or one that extends it) starts from here.
+    cacheBoundary: prompt.length - 1,
+    cache: cachePrompt,
     maxTokens: nPredict < 0 ? Number.MAX_SAFE_INTEGER : Math.max(nPredict, 1),
     stop,
     sampling,
@@ -97,12 +106,15 @@ export async function createCompletion(
     temperature: sampling.temperature,
     top_k: sampling.topK,
     top_p: sampling.topP,
+    min_p: sampling.minP,
+    min_keep: sampling.minKeep,
     seed: seedJson(sampling.seed),
     n_probs: nProbs,
   };
   const t0 = performance.now();
   let firstAt = 0;
   let content = "";
+  const ids: number[] = [];
   const probs: unknown[] = [];
   let cached = 0;
   /** The final object: llama.cpp's shape, `content` holding what the caller still lacks. */
@@ -111,6 +123,8 @@ export async function createCompletion(
     return {
       index: 0,
       content: rest,
+      // Streamed frames carry their ids already; `ids` is filled only when buffering.
+      tokens: returnTokens ? ids : [],
       id_slot: -1,
       stop: true,
       model: head.modelId,
@@ -140,6 +154,7 @@ export async function createCompletion(
     for await (const e of seq.events) {
       observe(e);
       if (e.type === "token" || e.type === "text") content += e.text;
+      if (e.type === "token") ids.push(e.id);
       if (e.type === "token" && e.probs) probs.push(probabilities(head.tokenizer, e.id, e.probs));
       if (e.type === "error") return errorResponse(toApiError(e.error), "llama", requestId);
       if (e.type === "end") {

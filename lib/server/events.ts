@@ -5,12 +5,15 @@ import type { Usage } from "../scheduler/sequence.ts";
 import type { ReplyEvent } from "./output.ts";
 import type { SseMessage } from "./sse.ts";
 
-/** Anthropic's usage object: input_tokens excludes the tokens read from the prefix cache. */
+/**
+ * Anthropic's usage object: the prompt is input_tokens + cache_creation_input_tokens (computed,
+ * then written into the prefix cache) + cache_read_input_tokens (restored from it).
+ */
 export function anthropicUsage(usage: Usage): Record<string, number> {
   return {
-    input_tokens: usage.promptTokens - usage.cachedTokens,
+    input_tokens: usage.promptTokens - usage.cachedTokens - usage.cacheWriteTokens,
     output_tokens: usage.outputTokens,
-    cache_creation_input_tokens: 0,
+    cache_creation_input_tokens: usage.cacheWriteTokens,
     cache_read_input_tokens: usage.cachedTokens,
   };
 }
@@ -49,6 +52,7 @@ export class AnthropicEventStream extends TransformStream<ReplyEvent, SseMessage
                 usage: anthropicUsage({
                   promptTokens: e.promptTokens,
                   cachedTokens: e.cachedTokens,
+                  cacheWriteTokens: 0,
                   outputTokens: 0,
                 }),
               },

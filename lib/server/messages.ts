@@ -3,6 +3,7 @@
 
 import type { ChatMessage, ChatToolCall } from "../tokenizer/chat_template.ts";
 import { errorResponse, invalidField, toApiError } from "./api_error.ts";
+import { checkFields, fieldsOf } from "./api_fields.ts";
 import { AnthropicEventStream, anthropicUsage } from "./events.ts";
 import { describeJson, Field, type JsonObject } from "./fields.ts";
 import { admitChat, streamSignal } from "./admit.ts";
@@ -164,6 +165,10 @@ function parseToolChoice(field: Field, tools: readonly ToolSpec[]): ToolChoice {
 /** Validates an Anthropic body; `countOnly` is count_tokens (no max_tokens, no sampling). */
 export function parseMessagesRequest(body: JsonObject, countOnly = false): MessagesRequest {
   const root = Field.root(body);
+  checkFields(
+    root,
+    fieldsOf(countOnly ? "POST /v1/messages/count_tokens" : "POST /v1/messages"),
+  );
   const model = root.key("model").string();
   const system: string[] = [];
   if (root.key("system").present) system.push(systemText(root.key("system")));
@@ -192,6 +197,7 @@ export function parseMessagesRequest(body: JsonObject, countOnly = false): Messa
     root.key("metadata").object();
     root.key("metadata").key("user_id").optString();
   }
+  if (root.key("output_config").present) root.key("output_config").object();
   const chat: ChatRequest = { messages, tools, toolChoice, thinking: thinkingOn, prefill };
   if (countOnly) {
     return { model, chat, maxTokens: 0, stop: [], sampling: {}, stream: false };

@@ -4,6 +4,7 @@
 import type { Usage } from "../scheduler/sequence.ts";
 import type { ChatMessage, ChatToolCall } from "../tokenizer/chat_template.ts";
 import { errorResponse, toApiError } from "./api_error.ts";
+import { checkFields, fieldsOf } from "./api_fields.ts";
 import { Field, type JsonObject, readSeed } from "./fields.ts";
 import { admitChat, streamSignal } from "./admit.ts";
 import type { Head } from "./head_context.ts";
@@ -121,6 +122,7 @@ function parseToolChoice(field: Field, tools: readonly ToolSpec[]): ToolChoice {
 
 export function parseCompletionsRequest(body: JsonObject): CompletionsRequest {
   const root = Field.root(body);
+  checkFields(root, fieldsOf("POST /v1/chat/completions"));
   const model = root.key("model").string();
   const system: string[] = [];
   const messages: ChatMessage[] = [];
@@ -150,6 +152,7 @@ export function parseCompletionsRequest(body: JsonObject): CompletionsRequest {
       temperature: root.key("temperature").optNumber({ min: 0, max: 2 }),
       topP: root.key("top_p").optNumber({ min: 0, max: 1 }),
       topK: root.key("top_k").optNumber({ integer: true, min: 0 }),
+      minP: root.key("min_p").optNumber({ min: 0, max: 1 }),
       seed: readSeed(root.key("seed")),
     },
     stream: root.key("stream").optBoolean() ?? false,

@@ -38,7 +38,7 @@ const tools: ToolSpec[] = [{
   },
 }];
 
-const usage = { promptTokens: 5, cachedTokens: 2, outputTokens: 9 };
+const usage = { promptTokens: 5, cachedTokens: 2, cacheWriteTokens: 0, outputTokens: 9 };
 
 /** Feeds text deltas (split where given) through the parser; returns the reply events. */
 async function parse(

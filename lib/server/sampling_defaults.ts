@@ -16,6 +16,8 @@ export interface SamplingRequest {
   readonly temperature?: number;
   readonly topK?: number;
   readonly topP?: number;
+  readonly minP?: number;
+  readonly minKeep?: number;
   readonly seed?: bigint;
 }
 
@@ -26,6 +28,8 @@ export function resolveSampling(req: SamplingRequest, defaults: SamplingDefaults
     temperature: Math.min(req.temperature ?? defaults.temperature, defaults.temperatureCap),
     topK: req.topK || defaults.topK,
     topP: req.topP ?? defaults.topP,
+    minP: req.minP ?? 0,
+    minKeep: req.minKeep ?? 1,
     seed,
   };
 }
