@@ -42,6 +42,12 @@ export interface StageHealth {
   readonly error: string | null;
 }
 
+/** One slot: idle, or the sequence it runs (`task` numbers sequences in admission order). */
+export interface SlotState {
+  readonly slot: number;
+  readonly running?: { readonly task: number; readonly sequence: Sequence };
+}
+
 export interface Health {
   readonly ok: boolean;
   readonly stages: readonly StageHealth[];
@@ -138,6 +144,8 @@ export class Scheduler {
   readonly #queue: Sequence[] = [];
   readonly #running = new Map<Sequence, Promise<void>>();
   readonly #admittedAt = new WeakMap<Sequence, number>();
+  readonly #tasks = new WeakMap<Sequence, number>();
+  readonly #bySlot: (Sequence | undefined)[];
   #nextId = 1;
   #closed = false;
 
@@ -160,6 +168,7 @@ export class Scheduler {
     this.slots = options.slots;
     this.ctx = Math.min(local.ctx, link?.remote.ctx ?? Infinity);
     this.#free = Array.from({ length: this.slots }, (_, i) => this.slots - 1 - i);
+    this.#bySlot = new Array(this.slots).fill(undefined);
     // The worker's hello guarantees link.remote.snapshots places behind the link, so a save
     // within both counts never fails for want of a place.
     const stageSnapshots = Math.min(local.snapshots, link?.remote.snapshots ?? Infinity);
@@ -204,7 +213,9 @@ export class Scheduler {
     }
     if (this.#link) await this.#link.ensureUp();
     this.#checkRoom();
-    const seq = new Sequence(`seq${this.#nextId++}`, request, this.#tokenizer);
+    const task = this.#nextId++;
+    const seq = new Sequence(`seq${task}`, request, this.#tokenizer);
+    this.#tasks.set(seq, task);
     this.#admittedAt.set(seq, performance.now());
     const { temperature, topK, topP, seed } = request.sampling;
     if (temperature > 0) {
@@ -217,6 +228,13 @@ export class Scheduler {
     seq.signal.addEventListener("abort", () => this.#dequeue(seq), { once: true });
     this.#pump();
     return seq;
+  }
+
+  /** What each slot is doing now. */
+  slotStates(): SlotState[] {
+    return this.#bySlot.map((sequence, slot) =>
+      sequence ? { slot, running: { task: this.#tasks.get(sequence)!, sequence } } : { slot }
+    );
   }
 
   /** Liveness of every stage; probes an idle next stage (see StageLink.ensureUp). */
@@ -294,8 +312,10 @@ export class Scheduler {
     while (this.#free.length > 0 && this.#queue.length > 0) {
       const seq = this.#queue.shift()!;
       const slot = this.#free.pop()!;
+      this.#bySlot[slot] = seq;
       const task = this.#drive(seq, slot).finally(() => {
         this.#running.delete(seq);
+        this.#bySlot[slot] = undefined;
         this.#free.push(slot);
         this.#pump();
       });

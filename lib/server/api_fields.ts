@@ -151,6 +151,17 @@ const CHAT: FieldTable = {
   function_call: refused("deprecated; use tool_choice"),
 };
 
+/** OpenAI POST /v1/completions (legacy text completions). */
+const COMPLETIONS: FieldTable = {
+  ...OPENAI_SAMPLING,
+  prompt: honoured("a string, token ids, or a list of one of those; several prompts are refused"),
+  max_tokens: honoured("output token limit, at least 1, default 16"),
+  echo: honoured("the prompt text precedes the completion"),
+  logprobs: refused(LOGPROBS_LATER),
+  best_of: refused("values above 1 are not supported", is(1)),
+  suffix: refused("no insertion (fill-in-the-middle) mode", is("")),
+};
+
 /** llama.cpp POST /completion. */
 const LLAMA_COMPLETION: FieldTable = {
   prompt: honoured("a string, token ids, or a list mixing both; no template is applied"),
@@ -209,12 +220,28 @@ const LLAMA_COMPLETION: FieldTable = {
   lora: refused("no LoRA adapters", emptyList),
 };
 
+/** llama.cpp POST /tokenize. */
+const TOKENIZE: FieldTable = {
+  content: honoured("the text to tokenize, up to four contexts of tokens"),
+  add_special: honoured("true: BOS first when the model's tokenizer adds one (Qwen's do not)"),
+  parse_special: honoured("false: special-token text is tokenized as plain text"),
+  with_pieces: honoured("each id comes with its piece (text, or bytes when not UTF-8)"),
+};
+
+/** llama.cpp POST /detokenize. */
+const DETOKENIZE: FieldTable = {
+  tokens: honoured("token ids to text, up to four contexts of them"),
+};
+
 /** Every route that takes a JSON body, in the order of docs/API_FIELDS.md. */
 export const ROUTE_FIELDS: readonly RouteFields[] = [
   { route: "POST /v1/messages", fields: MESSAGES },
   { route: "POST /v1/messages/count_tokens", fields: COUNT_TOKENS },
   { route: "POST /v1/chat/completions", fields: CHAT },
+  { route: "POST /v1/completions", fields: COMPLETIONS },
   { route: "POST /completion", fields: LLAMA_COMPLETION },
+  { route: "POST /tokenize", fields: TOKENIZE },
+  { route: "POST /detokenize", fields: DETOKENIZE },
 ];
 
 export function fieldsOf(route: string): FieldTable {

@@ -11,7 +11,8 @@ import { streamSignal } from "./admit.ts";
 import type { Head } from "./head_context.ts";
 import { resolveSampling } from "./sampling_defaults.ts";
 import { checkFits } from "./prompt.ts";
-import { type SseMessage, SseStream } from "./sse.ts";
+import { type PromptPart, rawPromptIds } from "./raw_prompt.ts";
+import { type SseMessage, sseResponse, SseStream } from "./sse.ts";
 
 const STOP_TYPE: Readonly<Record<StopReason, string>> = {
   end_turn: "eos",
@@ -20,26 +21,14 @@ const STOP_TYPE: Readonly<Record<StopReason, string>> = {
   constraint: "eos",
 };
 
-/**
- * `prompt`: a string, token ids, or a list mixing both (as llama.cpp accepts), tokenized on the
- * tokenizer thread; a prompt too long to count exactly has a lower bound for `tokens`, no ids.
- */
-async function promptIds(field: Field, head: Head): Promise<{ ids: number[]; tokens: number }> {
-  const parts: (string | number)[] = typeof field.value === "string"
-    ? [field.value]
-    : field.array().map((part) =>
-      typeof part.value === "string"
-        ? part.value
-        : part.number({ integer: true, min: 0, max: head.tokenizer.vocabSize - 1 })
-    );
-  const texts = parts.filter((p) => typeof p === "string");
-  const counted = await head.prompts.texts(texts);
-  if (counted.parts.length < texts.length) {
-    return { ids: [], tokens: counted.tokens + parts.length - texts.length };
-  }
-  let next = 0;
-  const ids = parts.flatMap((p) => typeof p === "number" ? [p] : Array.from(counted.parts[next++]));
-  return { ids, tokens: ids.length };
+/** `prompt`: a string, token ids, or a list mixing both (as llama.cpp accepts). */
+function promptParts(field: Field, head: Head): PromptPart[] {
+  if (typeof field.value === "string") return [field.value];
+  return field.array().map((part) =>
+    typeof part.value === "string"
+      ? part.value
+      : part.number({ integer: true, min: 0, max: head.tokenizer.vocabSize - 1 })
+  );
 }
 
 function tokenEntry(tokenizer: TextTokenizer, id: number, logprob: number) {
@@ -73,7 +62,7 @@ export async function createCompletion(
 ): Promise<Response> {
   const root = Field.root(body);
   checkFields(root, fieldsOf("POST /completion"));
-  const { ids: prompt, tokens } = await promptIds(root.key("prompt"), head);
+  const { ids: prompt, tokens } = await rawPromptIds(promptParts(root.key("prompt"), head), head);
   if (tokens === 0) root.key("prompt").fail("the prompt has no tokens");
   const nPredict = root.key("n_predict").optNumber({ integer: true, min: -1 }) ?? -1;
   const nProbs = root.key("n_probs").optNumber({ integer: true, min: 0, max: MAX_TOPK }) ?? 0;
@@ -198,11 +187,5 @@ export async function createCompletion(
   ).pipeThrough(
     new SseStream({ keepAlive: { everyMs: head.pingMs, message: { comment: "ping" } } }),
   );
-  return new Response(frames, {
-    headers: {
-      "content-type": "text/event-stream; charset=utf-8",
-      "cache-control": "no-cache",
-      "request-id": requestId,
-    },
-  });
+  return sseResponse(frames, requestId);
 }

@@ -4,6 +4,8 @@
 import { ApiError, errorResponse, type Flavor, toApiError } from "./api_error.ts";
 import { createCompletion } from "./completion.ts";
 import type { JsonObject } from "./fields.ts";
+import { detokenize, props, slots, tokenize } from "./llama_routes.ts";
+import { createTextCompletion } from "./text_completions.ts";
 import type { Head } from "./head_context.ts";
 import { readJsonBody } from "./json_body.ts";
 import { randomId } from "./random_id.ts";
@@ -16,12 +18,18 @@ export interface HandlerOptions {
   readonly apiKey?: string;
   /** Larger bodies are refused with 413. Default 32 MiB, Anthropic's limit. */
   readonly maxBodyBytes?: number;
+  /**
+   * Origins browsers may call from ("*" for any): CORS headers on every response and answers to
+   * preflight OPTIONS requests. Without it no CORS header is sent.
+   */
+  readonly corsOrigins?: readonly string[];
 }
 
 type Handle = (request: Request) => Promise<Response>;
 
 interface RouteContext {
   readonly request: Request;
+  readonly url: URL;
   readonly requestId: string;
   /** The parsed JSON body (POST routes). */
   readonly body: JsonObject;
@@ -35,9 +43,9 @@ interface Route {
   run(ctx: RouteContext): Response | Promise<Response>;
 }
 
-const KNOWN_ROUTES =
-  "POST /v1/messages, POST /v1/messages/count_tokens, POST /v1/chat/completions, " +
-  "POST /completion, GET /v1/models, GET /health, GET /metrics";
+const KNOWN_ROUTES = "POST /v1/messages, POST /v1/messages/count_tokens, " +
+  "POST /v1/chat/completions, POST /v1/completions, POST /completion, POST /tokenize, " +
+  "POST /detokenize, GET /props, GET /slots, GET /v1/models, GET /health, GET /metrics";
 
 /** Constant-time comparison, so response timing does not leak the key. */
 function sameKey(a: string, b: string): boolean {
@@ -87,11 +95,28 @@ function routes(head: Head, requests: RequestCounter): Map<string, Route> {
       method: "POST",
       run: (c) => createChatCompletion(head, c.body, c.requestId, c.request),
     }],
+    ["/v1/completions", {
+      flavor: "openai",
+      method: "POST",
+      run: (c) => createTextCompletion(head, c.body, c.requestId, c.request),
+    }],
     ["/completion", {
       flavor: "llama",
       method: "POST",
       run: (c) => createCompletion(head, c.body, c.requestId, c.request),
     }],
+    ["/tokenize", {
+      flavor: "llama",
+      method: "POST",
+      run: (c) => tokenize(head, c.body, c.requestId),
+    }],
+    ["/detokenize", {
+      flavor: "llama",
+      method: "POST",
+      run: (c) => detokenize(head, c.body, c.requestId),
+    }],
+    ["/props", { flavor: "llama", method: "GET", run: (c) => props(head, c.requestId) }],
+    ["/slots", { flavor: "llama", method: "GET", run: (c) => slots(head, c.requestId, c.url) }],
     ["/v1/models", {
       flavor: "anthropic",
       method: "GET",
@@ -156,9 +181,39 @@ function routes(head: Head, requests: RequestCounter): Map<string, Route> {
 }
 
 function flavorOf(path: string): Flavor {
-  if (path.startsWith("/v1/chat")) return "openai";
+  if (path.startsWith("/v1/chat") || path.startsWith("/v1/completions")) return "openai";
   if (path.startsWith("/completion")) return "llama";
   return "anthropic";
+}
+
+/** Response headers a browser page may read. */
+const EXPOSED = "request-id, retry-after, x-should-retry";
+
+/**
+ * The CORS origin to allow for `request`: "*" when any origin is, the request's own when listed,
+ * or undefined (no CORS headers).
+ */
+function allowedOrigin(request: Request, origins: readonly string[] | undefined) {
+  const origin = request.headers.get("origin");
+  if (!origins?.length || origin === null) return undefined;
+  if (origins.includes("*")) return "*";
+  return origins.includes(origin) ? origin : undefined;
+}
+
+/** The answer to a CORS preflight for `route`: 204, with what the actual request may use. */
+function preflight(request: Request, route: Route, origin: string): Response {
+  const methods = route.method === "GET" ? "GET, HEAD, OPTIONS" : `${route.method}, OPTIONS`;
+  return new Response(null, {
+    status: 204,
+    headers: {
+      "access-control-allow-origin": origin,
+      "access-control-allow-methods": methods,
+      "access-control-allow-headers": request.headers.get("access-control-request-headers") ??
+        "content-type, authorization, x-api-key, anthropic-version, anthropic-beta",
+      "access-control-max-age": "600",
+      vary: "origin",
+    },
+  });
 }
 
 /**
@@ -175,6 +230,8 @@ export function createHandler(head: Head, options: HandlerOptions = {}): Handle 
     const modelPath = path.startsWith("/v1/models/");
     const route = modelPath ? table.get("/v1/models") : table.get(path);
     const flavor = route?.flavor ?? flavorOf(path);
+    const origin = allowedOrigin(request, options.corsOrigins);
+    if (request.method === "OPTIONS" && route && origin) return preflight(request, route, origin);
     let response: Response;
     try {
       if (!route) {
@@ -204,7 +261,7 @@ export function createHandler(head: Head, options: HandlerOptions = {}): Handle 
       const body = method === "POST" ? await readJsonBody(request, limit) : {};
       response = modelPath
         ? Response.json(modelObject(head), { headers: { "request-id": requestId } })
-        : await route.run({ request, requestId, body });
+        : await route.run({ request, url: new URL(request.url), requestId, body });
     } catch (e) {
       const error = toApiError(e);
       // An expected failure (a stage down, overload) is one line; only a bug gets its stack.
@@ -218,6 +275,11 @@ export function createHandler(head: Head, options: HandlerOptions = {}): Handle 
       response = errorResponse(error, flavor, requestId);
     }
     requests.count(route ? (modelPath ? "/v1/models/{id}" : path) : "other", response.status);
+    if (origin) {
+      response.headers.set("access-control-allow-origin", origin);
+      response.headers.set("access-control-expose-headers", EXPOSED);
+      response.headers.append("vary", "origin");
+    }
     return response;
   };
 }

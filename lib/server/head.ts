@@ -177,6 +177,7 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
       scheduler,
       tokenizer,
       prompts: new PromptBuilder(prompts, ctx),
+      chatTemplate: template,
       modelId,
       defaults: {
         temperature: sampling.temperature ?? 0,

@@ -11,6 +11,8 @@ export interface Head {
   readonly scheduler: Scheduler;
   readonly tokenizer: TextTokenizer;
   readonly prompts: PromptBuilder;
+  /** The model's Jinja chat template (GET /props shows it). */
+  readonly chatTemplate: string;
   /** The loaded model's id, reported by /v1/models and in every response. */
   readonly modelId: string;
   readonly defaults: SamplingDefaults;

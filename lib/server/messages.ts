@@ -12,7 +12,7 @@ import { randomId } from "./random_id.ts";
 import type { SamplingRequest } from "./sampling_defaults.ts";
 import { collectReply, type Reply, type ToolSpec } from "./output.ts";
 import { type ChatRequest, checkFits, type ToolChoice } from "./prompt.ts";
-import { SseStream } from "./sse.ts";
+import { sseResponse, SseStream } from "./sse.ts";
 
 export interface MessagesRequest {
   readonly model: string;
@@ -268,13 +268,7 @@ export async function createMessage(
   const stream = events
     .pipeThrough(new AnthropicEventStream({ id, model: head.modelId, requestId }))
     .pipeThrough(new SseStream({ keepAlive: { everyMs: head.pingMs, message: ping } }));
-  return new Response(stream, {
-    headers: {
-      "content-type": "text/event-stream; charset=utf-8",
-      "cache-control": "no-cache",
-      "request-id": requestId,
-    },
-  });
+  return sseResponse(stream, requestId);
 }
 
 /**

@@ -12,17 +12,21 @@ import { randomId } from "./random_id.ts";
 import type { SamplingRequest } from "./sampling_defaults.ts";
 import { collectReply, type ReplyEvent, type ReplyStopReason, type ToolSpec } from "./output.ts";
 import type { ChatRequest, ToolChoice } from "./prompt.ts";
-import { type SseMessage, SseStream } from "./sse.ts";
+import { type SseMessage, sseResponse, SseStream } from "./sse.ts";
 
-export interface CompletionsRequest {
-  readonly model: string;
-  readonly chat: ChatRequest;
-  /** Undefined: until end of generation or a full context. */
-  readonly maxTokens: number | undefined;
+/** The fields OpenAI's chat and text completions share. */
+export interface OpenAIOptions {
   readonly stop: string[];
   readonly sampling: SamplingRequest;
   readonly stream: boolean;
   readonly includeUsage: boolean;
+}
+
+export interface CompletionsRequest extends OpenAIOptions {
+  readonly model: string;
+  readonly chat: ChatRequest;
+  /** Undefined: until end of generation or a full context. */
+  readonly maxTokens: number | undefined;
 }
 
 const FINISH: Readonly<Record<ReplyStopReason, string>> = {
@@ -120,6 +124,26 @@ function parseToolChoice(field: Field, tools: readonly ToolSpec[]): ToolChoice {
   return { type: "tool", name };
 }
 
+/** Reads the sampling, stop and stream fields OpenAI's two completion routes share. */
+export function readOpenAIOptions(root: Field): OpenAIOptions {
+  const n = root.key("n").optNumber({ integer: true, min: 1 });
+  if (n !== undefined && n !== 1) root.key("n").fail(`only n = 1 is supported, got ${n}`);
+  const streamOptions = root.key("stream_options");
+  if (streamOptions.present) streamOptions.object();
+  return {
+    stop: root.key("stop").present ? root.key("stop").strings() : [],
+    sampling: {
+      temperature: root.key("temperature").optNumber({ min: 0, max: 2 }),
+      topP: root.key("top_p").optNumber({ min: 0, max: 1 }),
+      topK: root.key("top_k").optNumber({ integer: true, min: 0 }),
+      minP: root.key("min_p").optNumber({ min: 0, max: 1 }),
+      seed: readSeed(root.key("seed")),
+    },
+    stream: root.key("stream").optBoolean() ?? false,
+    includeUsage: streamOptions.key("include_usage").optBoolean() ?? false,
+  };
+}
+
 export function parseCompletionsRequest(body: JsonObject): CompletionsRequest {
   const root = Field.root(body);
   checkFields(root, fieldsOf("POST /v1/chat/completions"));
@@ -132,8 +156,6 @@ export function parseCompletionsRequest(body: JsonObject): CompletionsRequest {
   if (system.length) messages.unshift({ role: "system", content: system.join("\n\n") });
   const tools = parseTools(root.key("tools"));
   const toolChoice = parseToolChoice(root.key("tool_choice"), tools);
-  const n = root.key("n").optNumber({ integer: true, min: 1 });
-  if (n !== undefined && n !== 1) root.key("n").fail(`only n = 1 is supported, got ${n}`);
   const kwargs = root.key("chat_template_kwargs");
   if (kwargs.present) kwargs.object();
   const effort = root.key("reasoning_effort").optString();
@@ -141,22 +163,11 @@ export function parseCompletionsRequest(body: JsonObject): CompletionsRequest {
     (effort !== undefined && effort !== "none");
   const maxTokens = root.key("max_completion_tokens").optNumber({ integer: true, min: 1 }) ??
     root.key("max_tokens").optNumber({ integer: true, min: 1 });
-  const streamOptions = root.key("stream_options");
-  if (streamOptions.present) streamOptions.object();
   return {
+    ...readOpenAIOptions(root),
     model,
     chat: { messages, tools, toolChoice, thinking },
     maxTokens,
-    stop: root.key("stop").present ? root.key("stop").strings() : [],
-    sampling: {
-      temperature: root.key("temperature").optNumber({ min: 0, max: 2 }),
-      topP: root.key("top_p").optNumber({ min: 0, max: 1 }),
-      topK: root.key("top_k").optNumber({ integer: true, min: 0 }),
-      minP: root.key("min_p").optNumber({ min: 0, max: 1 }),
-      seed: readSeed(root.key("seed")),
-    },
-    stream: root.key("stream").optBoolean() ?? false,
-    includeUsage: streamOptions.key("include_usage").optBoolean() ?? false,
   };
 }
 
@@ -278,13 +289,7 @@ export async function createChatCompletion(
       .pipeThrough(
         new SseStream({ keepAlive: { everyMs: head.pingMs, message: { comment: "ping" } } }),
       );
-    return new Response(stream, {
-      headers: {
-        "content-type": "text/event-stream; charset=utf-8",
-        "cache-control": "no-cache",
-        "request-id": requestId,
-      },
-    });
+    return sseResponse(stream, requestId);
   }
   try {
     const reply = await collectReply(events);

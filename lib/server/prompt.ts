@@ -71,9 +71,12 @@ export class PromptBuilder {
     }
   }
 
-  /** Ids of each text (a raw prompt's parts); past the counted length only a count. */
-  texts(texts: readonly string[]): Promise<CountedParts> {
-    return this.#thread.texts(texts, this.#limit);
+  /**
+   * Ids of each text (a raw prompt's parts; control-token texts as those tokens unless `specials`
+   * is false); past the counted length only a count.
+   */
+  texts(texts: readonly string[], specials = true): Promise<CountedParts> {
+    return this.#thread.texts(texts, this.#limit, specials);
   }
 
   close(): void {

@@ -55,3 +55,14 @@ export class SseStream extends TransformStream<SseMessage, Uint8Array> {
     });
   }
 }
+
+/** A 200 carrying an SSE body. */
+export function sseResponse(body: ReadableStream<Uint8Array>, requestId: string): Response {
+  return new Response(body, {
+    headers: {
+      "content-type": "text/event-stream; charset=utf-8",
+      "cache-control": "no-cache",
+      "request-id": requestId,
+    },
+  });
+}

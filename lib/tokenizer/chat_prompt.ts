@@ -29,10 +29,15 @@ export interface ChatPrompt extends Counted {
  * Ids of `text`, unless it has more than `limit` tokens: then a count above `limit` and no ids.
  * A text too long by its length alone is not tokenized at all.
  */
-export function countedIds(tokenizer: TextTokenizer, text: string, limit: number): Counted {
+export function countedIds(
+  tokenizer: TextTokenizer,
+  text: string,
+  limit: number,
+  specials = true,
+): Counted {
   const atLeast = tokenizer.minTokens(text);
   if (atLeast > limit) return { ids: new Uint32Array(0), tokens: atLeast };
-  const ids = tokenizer.encode(text, { limit });
+  const ids = tokenizer.encode(text, { limit, specials });
   if (ids.length > limit) return { ids: new Uint32Array(0), tokens: ids.length };
   return { ids: Uint32Array.from(ids), tokens: ids.length };
 }

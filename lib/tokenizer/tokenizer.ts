@@ -80,6 +80,11 @@ export class TextTokenizer {
   readonly vocabSize: number;
   /** `tokenizer.ggml.bos_token_id`, or null when the file has none. */
   readonly bosId: number | null;
+  /**
+   * `tokenizer.ggml.add_bos_token` (false when absent or without a BOS id): whether llama.cpp
+   * puts BOS before a text prompt. False for the Qwen models.
+   */
+  readonly addBos: boolean;
   readonly eosId: number;
   /** Ids that end generation: eos (and eot/eom when given) plus the texts in EOG_TEXTS. */
   readonly eosIds: ReadonlySet<number>;
@@ -151,6 +156,7 @@ export class TextTokenizer {
     this.eosId = tokenId(meta, "tokenizer.ggml.eos_token_id", tokens.length) ??
       fail(`Cannot build the tokenizer: tokenizer.ggml.eos_token_id is missing`);
     this.bosId = tokenId(meta, "tokenizer.ggml.bos_token_id", tokens.length) ?? null;
+    this.addBos = this.bosId !== null && meta.get("tokenizer.ggml.add_bos_token") === true;
     const eog = new Set<number>();
     for (const key of EOG_ID_KEYS) {
       const id = tokenId(meta, key, tokens.length);

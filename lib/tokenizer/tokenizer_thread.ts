@@ -21,7 +21,12 @@ interface Pending {
 
 type JobRequest =
   | { readonly kind: "chat"; readonly input: ChatPromptInput; readonly limit: number }
-  | { readonly kind: "texts"; readonly texts: readonly string[]; readonly limit: number };
+  | {
+    readonly kind: "texts";
+    readonly texts: readonly string[];
+    readonly limit: number;
+    readonly specials: boolean;
+  };
 
 /**
  * One worker thread holding the model's tokenizer and chat template. Jobs run there in arrival
@@ -45,7 +50,7 @@ export class TokenizerThread {
   ): Promise<TokenizerThread> {
     const keys = [...meta].filter(([key]) => key.startsWith("tokenizer.ggml."));
     const thread = new TokenizerThread({ meta: keys, template });
-    await thread.#call({ kind: "texts", texts: [], limit: 0 });
+    await thread.#call({ kind: "texts", texts: [], limit: 0, specials: true });
     return thread;
   }
 
@@ -54,9 +59,12 @@ export class TokenizerThread {
     return this.#call({ kind: "chat", input, limit }) as Promise<ChatPrompt>;
   }
 
-  /** Tokenizes texts (with specials); past `limit` tokens in all only a count comes back. */
-  texts(texts: readonly string[], limit: number): Promise<CountedParts> {
-    return this.#call({ kind: "texts", texts, limit }) as Promise<CountedParts>;
+  /**
+   * Tokenizes texts (control-token texts as those tokens unless `specials` is false); past
+   * `limit` tokens in all only a count comes back.
+   */
+  texts(texts: readonly string[], limit: number, specials = true): Promise<CountedParts> {
+    return this.#call({ kind: "texts", texts, limit, specials }) as Promise<CountedParts>;
   }
 
   /** Stops the thread; jobs still in it fail. */

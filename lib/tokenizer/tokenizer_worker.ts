@@ -24,6 +24,7 @@ export type Job =
     readonly kind: "texts";
     readonly texts: readonly string[];
     readonly limit: number;
+    readonly specials: boolean;
   };
 
 export type Reply =
@@ -45,11 +46,11 @@ let tokenizer: TextTokenizer | undefined;
 let template = "";
 
 /** Ids of each text in turn, all of them cut short once their total passes `limit`. */
-function texts(t: TextTokenizer, list: readonly string[], limit: number) {
+function texts(t: TextTokenizer, list: readonly string[], limit: number, specials: boolean) {
   const parts: Uint32Array<ArrayBuffer>[] = [];
   let tokens = 0;
   for (const text of list) {
-    const part = countedIds(t, text, limit - tokens);
+    const part = countedIds(t, text, limit - tokens, specials);
     tokens += part.tokens;
     if (tokens > limit) return { parts: [], tokens };
     parts.push(part.ids);
@@ -72,7 +73,7 @@ scope.onmessage = (event) => {
         result.ids.buffer,
       ]);
     } else {
-      const result = texts(t, message.texts, message.limit);
+      const result = texts(t, message.texts, message.limit, message.specials);
       scope.postMessage(
         { kind: "done", id: message.id, result },
         result.parts.map((p) => p.buffer),
