@@ -10,6 +10,7 @@ import {
   type FlagTable,
   isLoopback,
   layerRange,
+  listOf,
   MODEL_FLAG,
   runCommand,
   switchFlag,
@@ -23,9 +24,10 @@ import { loadKeyFile } from "./lib/wire/hello.ts";
 const HEAD = {
   name: "Head",
   usage: "deno task head",
-  about: "Serves the Anthropic /v1/messages, OpenAI /v1/chat/completions and llama.cpp " +
-    "/completion APIs for one model: the whole model here, or layers 0:k here and the rest at " +
-    "--next (a worker).",
+  about: "Serves the Anthropic (/v1/messages), OpenAI (/v1/chat/completions, /v1/completions) " +
+    "and llama.cpp (/completion, /tokenize, /props, ...) APIs for one model: the whole model " +
+    "here, or layers 0:k here and the rest at --next (a worker). docs/API_FIELDS.md lists every " +
+    "route and request field.",
   flags: {
     model: MODEL_FLAG,
     layers: flag(layerRange, "this process's layers, 0:k; needed with --next (default all)"),
@@ -35,14 +37,23 @@ const HEAD = {
     slots: flag(whole(1), "sequences decoded at once", 1),
     ctx: flag(whole(1), "positions per slot (prompt + reply)", 4096),
     queue: flag(whole(0), "requests that may wait for a slot before 529/429", 16),
-    snapshots: flag(whole(0), "prefix-cache places; must not exceed the worker's", 0),
+    snapshots: flag(
+      whole(0),
+      "prefix-cache places; must not exceed the worker's; 0 turns the cache off (default " +
+        "slots × 1..4, four while they hold at most 32768 positions per slot)",
+    ),
     "max-batch": flag(whole(1), "positions per prefill chunk (default the engine's)"),
     "api-key-file": flag(text("PATH"), "a file holding the API key clients must send"),
     "max-body-bytes": flag(whole(1), "larger request bodies get 413", 32 * 1024 * 1024),
     "header-timeout": flag(decimal(0.1, 3600), "seconds a client has to send its headers", 10),
     insecure: switchFlag("serve a non-loopback --host without --api-key-file"),
     "key-file": flag(text("PATH"), "the wire's shared key (the worker's --key-file)"),
-    temperature: flag(decimal(0, 2), "used when a request sets none; 0 is greedy", 0),
+    "cors-origin": flag(
+      listOf(text("ORIGIN")),
+      "origins browsers may call from, or *; sends CORS headers and answers preflights " +
+        "(default none)",
+    ),
+    temperature: flag(decimal(0, 2), "used when a request sets none; 0 is greedy", 1),
     "temperature-cap": flag(decimal(0, 2), "requests asking for more are clamped to this", 2),
     "top-k": flag(whole(0), "used when a request sets none", 40),
     "top-p": flag(decimal(0, 1), "used when a request sets none", 1),
@@ -87,6 +98,7 @@ if (import.meta.main) {
       apiKey: flags["api-key-file"] ? await readApiKey(flags["api-key-file"]) : undefined,
       maxBodyBytes: flags["max-body-bytes"],
       headerTimeoutMs: flags["header-timeout"] * 1000,
+      corsOrigins: flags["cors-origin"],
       wireKey: flags["key-file"] ? await loadKeyFile(flags["key-file"]) : undefined,
       backend: flags.backend,
       gpu: flags.gpu,

@@ -19,6 +19,7 @@ import {
   whole,
 } from "./lib/cli.ts";
 import { loadKeyFile } from "./lib/wire/hello.ts";
+import { defaultSnapshots } from "./lib/scheduler/prefix_cache.ts";
 import { startWorker } from "./lib/wire/stage_worker.ts";
 
 const WORKER = {
@@ -36,7 +37,11 @@ const WORKER = {
     slots: flag(whole(1), "sequences decoded at once; must equal the head's", 1),
     ctx: flag(whole(1), "positions per slot; at least the head's", 4096),
     "max-batch": flag(whole(1), "positions per frame (default the engine's)"),
-    snapshots: flag(whole(0), "prefix-cache places; at least the head's", 0),
+    snapshots: flag(
+      whole(0),
+      "prefix-cache places; at least the head's (default sized as the head's from --ctx and " +
+        "--slots)",
+    ),
     next: flag(address, "the worker serving the layers after these"),
     "key-file": flag(text("PATH"), "the wire's shared key, a secret file (docs/WIRE.md)"),
     insecure: switchFlag("listen on a non-loopback address without a key"),
@@ -92,7 +97,7 @@ if (import.meta.main) {
       slots: flags.slots,
       ctx: flags.ctx,
       maxBatch: flags["max-batch"],
-      snapshots: flags.snapshots,
+      snapshots: flags.snapshots ?? defaultSnapshots(flags.ctx, flags.slots),
       next: flags.next,
       key,
       backend: flags.backend,

@@ -43,7 +43,8 @@ export interface WorkerOptions {
   readonly slots?: number;
   readonly ctx?: number;
   readonly maxBatch?: number;
-  readonly snapshots?: number;
+  /** --snapshots; default 0, null: the worker's own default (sized from ctx and slots). */
+  readonly snapshots?: number | null;
   readonly next?: string;
   readonly keyFile?: string;
   /**
@@ -81,7 +82,7 @@ export function workerArgs(options: WorkerOptions, port: number): string[] {
     ...(options.host ? [["--host", options.host]] : []),
     ["--slots", String(options.slots ?? 1)],
     ["--ctx", String(options.ctx ?? 64)],
-    ["--snapshots", String(options.snapshots ?? 0)],
+    ...(options.snapshots === null ? [] : [["--snapshots", String(options.snapshots ?? 0)]]),
     ...(options.maxBatch ? [["--max-batch", String(options.maxBatch)]] : []),
     ...(options.next ? [["--next", options.next]] : []),
     ...(options.keyFile ? [["--key-file", options.keyFile]] : []),

@@ -19,7 +19,8 @@ Deno.test("access log: one line per request, with tokens, cache, ttft, duration 
   const access = () => head.lines.filter((l) => new RegExp(`^${TIME} `).test(l));
   try {
     const buffered = await (await post(`${head.url}/v1/messages`, ask())).json();
-    const inTokens = buffered.usage.input_tokens + buffered.usage.cache_read_input_tokens;
+    const inTokens = buffered.usage.input_tokens + buffered.usage.cache_read_input_tokens +
+      buffered.usage.cache_creation_input_tokens;
     await (await post(`${head.url}/v1/messages`, ask({ stream: true }))).text();
     await (await fetch(`${head.url}/health`)).text();
     await (await fetch(`${head.url}/nowhere`)).text();

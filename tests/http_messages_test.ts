@@ -31,10 +31,10 @@ Deno.test("streamed /v1/messages carries the same text, usage and stop reason as
       assert.equal(delta.usage.output_tokens, buffered.usage.output_tokens);
       const start = JSON.parse(frames[0].data).message;
       assert.equal(start.model, buffered.model);
-      assert.equal(
-        start.usage.input_tokens + start.usage.cache_read_input_tokens,
-        buffered.usage.input_tokens + buffered.usage.cache_read_input_tokens,
-      );
+      const total = (u: Record<string, number>) =>
+        u.input_tokens + u.cache_read_input_tokens + u.cache_creation_input_tokens;
+      assert.equal(total(start.usage), total(buffered.usage));
+      assert.deepEqual(delta.usage, { ...start.usage, output_tokens: 12 }, "start and end agree");
       assert.equal(buffered.stop_reason, "max_tokens");
       assert.equal(buffered.usage.output_tokens, 12);
     }
@@ -242,7 +242,8 @@ Deno.test("count_tokens answers while generation runs; a full queue is 529 / 429
     });
     assert.equal(count.status, 200);
     assert.deepEqual(await count.json(), {
-      input_tokens: expected.input_tokens + expected.cache_read_input_tokens,
+      input_tokens: expected.input_tokens + expected.cache_read_input_tokens +
+        expected.cache_creation_input_tokens,
     });
     assert.ok(performance.now() - t0 < 2000);
     assert.equal(head.scheduler.busy, 1, "count_tokens waited for the generation to end");

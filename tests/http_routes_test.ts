@@ -132,3 +132,100 @@ Deno.test("/props shows the defaults and template; /slots shows a running sequen
     await head.close();
   }
 });
+
+Deno.test("CORS with corsOrigins: preflight without a key, headers on JSON, SSE and errors", async () => {
+  const head = await startTestHead({ corsOrigins: ["https://app.example"], apiKey: "k" });
+  const plain = await startTestHead();
+  try {
+    const origin = { origin: "https://app.example" };
+    const pre = await fetch(`${head.url}/v1/messages`, {
+      method: "OPTIONS",
+      headers: {
+        ...origin,
+        "access-control-request-method": "POST",
+        "access-control-request-headers": "content-type, x-api-key, anthropic-version",
+      },
+    });
+    assert.equal(pre.status, 204);
+    assert.equal(pre.headers.get("access-control-allow-origin"), "https://app.example");
+    assert.equal(pre.headers.get("access-control-allow-methods"), "POST, OPTIONS");
+    assert.equal(
+      pre.headers.get("access-control-allow-headers"),
+      "content-type, x-api-key, anthropic-version",
+    );
+    const req = { prompt: "Hi", n_predict: 2, temperature: 0 };
+    const ok = await post(`${head.url}/completion`, req, { ...origin, "x-api-key": "k" });
+    assert.equal(ok.status, 200);
+    assert.equal(ok.headers.get("access-control-allow-origin"), "https://app.example");
+    assert.match(ok.headers.get("access-control-expose-headers")!, /request-id/);
+    await ok.body?.cancel();
+    const sse = await post(`${head.url}/completion`, { ...req, stream: true }, {
+      ...origin,
+      "x-api-key": "k",
+    });
+    assert.equal(sse.headers.get("access-control-allow-origin"), "https://app.example");
+    await sse.text();
+    const denied = await post(`${head.url}/completion`, req, origin);
+    assert.equal(denied.status, 401);
+    assert.equal(denied.headers.get("access-control-allow-origin"), "https://app.example");
+    await denied.body?.cancel();
+    // Another origin gets no CORS header; a head without the option sends none and has no OPTIONS.
+    const other = await fetch(`${head.url}/props`, {
+      headers: { origin: "https://evil.example", "x-api-key": "k" },
+    });
+    assert.equal(other.headers.get("access-control-allow-origin"), null);
+    await other.body?.cancel();
+    const none = await fetch(`${plain.url}/v1/messages`, { method: "OPTIONS", headers: origin });
+    assert.equal(none.status, 405);
+    assert.equal(none.headers.get("access-control-allow-origin"), null);
+    await none.body?.cancel();
+  } finally {
+    await head.close();
+    await plain.close();
+  }
+});
+
+Deno.test("defaults: an omitted temperature samples at 1; the prefix cache is on, sized from ctx", async () => {
+  const head = await startTestHead();
+  const capped = await startTestHead({ sampling: { temperature: 0.3, temperatureCap: 0.5 } });
+  try {
+    assert.ok(head.lines.some((l) => /prefix cache 4 places/.test(l)), head.lines.join("\n"));
+    const props = await (await fetch(`${head.url}/props`)).json();
+    assert.equal(props.default_generation_settings.params.temperature, 1);
+    const ask = (extra: Record<string, unknown>) => ({
+      model: "m",
+      max_tokens: 4,
+      messages: [{ role: "user", content: "Hello" }],
+      ...extra,
+    });
+    await (await post(`${head.url}/v1/messages`, ask({}))).json();
+    assert.ok(head.lines.some((l) => /\[sample\] .* temperature=1 /.test(l)), "sampled at 1");
+    // The operator's --temperature and --temperature-cap rule the omitted and the asked-for.
+    await (await post(`${capped.url}/v1/chat/completions`, ask({}))).json();
+    await (await post(`${capped.url}/v1/chat/completions`, ask({ temperature: 2 }))).json();
+    const sampled = capped.lines.filter((l) => l.startsWith("[sample]"));
+    assert.match(sampled[0], / temperature=0\.3 /);
+    assert.match(sampled[1], / temperature=0\.5 /);
+    // Temperature 0 stays greedy: no sampling line.
+    const before = head.lines.length;
+    await (await post(`${head.url}/v1/messages`, ask({ temperature: 0 }))).json();
+    assert.ok(!head.lines.slice(before).some((l) => l.startsWith("[sample]")));
+
+    // Without --snapshots the second turn reads the first one's history from the cache.
+    const first = ask({ temperature: 0, system: "Be brief." });
+    const one = await (await post(`${head.url}/v1/messages`, first)).json();
+    assert.ok(one.usage.cache_creation_input_tokens > 0);
+    const two = await (await post(`${head.url}/v1/messages`, {
+      ...first,
+      messages: [
+        ...first.messages,
+        { role: "assistant", content: one.content },
+        { role: "user", content: "More" },
+      ],
+    })).json();
+    assert.ok(two.usage.cache_read_input_tokens > 0, JSON.stringify(two.usage));
+  } finally {
+    await head.close();
+    await capped.close();
+  }
+});

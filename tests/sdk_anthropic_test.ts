@@ -19,12 +19,17 @@ const tools: Anthropic.Tool[] = [{
 }];
 
 Deno.test("Anthropic SDK: messages.create, messages.stream, countTokens, models.list", async () => {
-  const head = await startTestHead({ apiKey: "test-key", snapshots: 2 });
+  // This SDK no longer sends temperature: the operator's default (--temperature 0) makes the
+  // replies greedy, so create and stream can be compared.
+  const head = await startTestHead({
+    apiKey: "test-key",
+    snapshots: 2,
+    sampling: { temperature: 0 },
+  });
   try {
     const client = new Anthropic({ apiKey: "test-key", baseURL: head.url, maxRetries: 0 });
     const params: Anthropic.MessageCreateParamsNonStreaming = {
       model: "tandem-local",
-      // This SDK no longer sends temperature; the head's default (0) makes replies greedy.
       max_tokens: 8,
       system: "You are brief.",
       messages: [{ role: "user", content: "Hello there" }],
@@ -81,7 +86,8 @@ Deno.test("Anthropic SDK: messages.create, messages.stream, countTokens, models.
 });
 
 Deno.test("Anthropic SDK: a forced tool call, streamed and buffered, then its tool_result", async () => {
-  const head = await startTestHead({ ctx: 1024, snapshots: 2 });
+  // Greedy (the operator's default, as above): streamed and buffered calls must agree.
+  const head = await startTestHead({ ctx: 1024, snapshots: 2, sampling: { temperature: 0 } });
   try {
     const client = new Anthropic({ apiKey: "none", baseURL: head.url, maxRetries: 0 });
     const params: Anthropic.MessageCreateParamsNonStreaming = {

@@ -9,6 +9,7 @@ import { ErrorCode } from "../lib/wire/frame.ts";
 import { importKey } from "../lib/wire/hello.ts";
 import { StageUnavailableError } from "../lib/wire/peer.ts";
 import { connectRemoteStage } from "../lib/wire/remote_stage.ts";
+import { defaultSnapshots } from "../lib/scheduler/prefix_cache.ts";
 import { testModel } from "./_models.ts";
 
 const path = await testModel({ arch: "qwen35moe", quant: "q4_k_m" });
@@ -35,8 +36,9 @@ Deno.test("hello mismatches fail at connect, each naming both values", async () 
     startWorker({ model: otherPath, layers: "2:4", ctx: 32 }),
     startWorker({ model: path, layers: "2:4", ctx: 16 }),
     startWorker({ model: path, layers: "2:4", ctx: 32, snapshots: 1 }),
+    startWorker({ model: path, layers: "2:4", ctx: 32, snapshots: null }),
   ]);
-  const [wrongLayers, wrongModel, smallCtx, fewSnapshots] = workers.map((w) => w.address);
+  const [wrongLayers, wrongModel, smallCtx, fewSnapshots, defaults] = workers.map((w) => w.address);
   try {
     const layers = await refusal(connectRemoteStage(wrongLayers, { local: head, model }));
     assert.match(layers.message, new RegExp(`^Cannot use the stage at ${wrongLayers}: `));
@@ -58,6 +60,11 @@ Deno.test("hello mismatches fail at connect, each naming both values", async () 
       snapshots.reason,
       /it has 1 snapshot places, this stage uses 2; start it with --snapshots 2 or more/,
     );
+    // Without --snapshots a worker sizes its prefix cache as the head does by default.
+    const sized = await connectRemoteStage(defaults, { local: caching, model });
+    assert.equal((await sized.connect()).snapshots, defaultSnapshots(32, 1));
+    assert.equal(defaultSnapshots(32, 1), 4);
+    sized.close();
     // The same worker fits a stage that saves into no more places than it has.
     (await connectRemoteStage(fewSnapshots, { local: head, model })).close();
   } finally {

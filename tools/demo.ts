@@ -196,8 +196,11 @@ async function main(values: FlagValues<typeof DEMO.flags>): Promise<void> {
     const t0 = performance.now();
     const { usage, stop } = await streamOnce(head.url, values.prompt, maxTokens);
     const seconds = (performance.now() - t0) / 1000;
+    // The prompt is what was computed plus what the prefix cache wrote and read.
+    const prompt = usage.input_tokens + (usage.cache_creation_input_tokens ?? 0) +
+      (usage.cache_read_input_tokens ?? 0);
     console.log(
-      `\n\n[${stop}] ${usage.input_tokens} prompt + ${usage.output_tokens} generated tokens in ${
+      `\n\n[${stop}] ${prompt} prompt + ${usage.output_tokens} generated tokens in ${
         seconds.toFixed(2)
       } s`,
     );

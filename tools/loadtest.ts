@@ -104,6 +104,8 @@ async function timeRequest(
     body: JSON.stringify({
       model: "loadtest",
       max_tokens: options.maxTokens,
+      // Greedy, as before the head's default became 1: the fused decode path is what is timed.
+      temperature: 0,
       stream: true,
       messages: [{ role: "user", content }],
     }),

@@ -1,6 +1,19 @@
 // Which token prefixes have a snapshot on every stage, in which snapshot place: bounded, LRU.
 // The scheduler saves at a conversation's history boundary and restores on the next turn.
 
+/** Positions of snapshot state per slot that the default cache may hold (4 places at 8k). */
+const DEFAULT_POSITIONS_PER_SLOT = 32768;
+
+/**
+ * The default number of snapshot places for `slots` slots of `ctx` positions: a place costs what
+ * a slot costs (its state for `ctx` positions), so each slot gets up to four places while they
+ * hold at most 32768 positions in all, and at least one (one conversation to come back to).
+ * Head and worker both default to it, so a pair started with the same --ctx and --slots agree.
+ */
+export function defaultSnapshots(ctx: number, slots: number): number {
+  return slots * Math.min(4, Math.max(1, Math.floor(DEFAULT_POSITIONS_PER_SLOT / ctx)));
+}
+
 /** A snapshot of the state after `tokens`, held at place `idx` on every stage. */
 export interface CacheEntry {
   readonly idx: number;

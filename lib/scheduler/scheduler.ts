@@ -344,7 +344,6 @@ export class Scheduler {
     const { prompt, cacheBoundary } = seq.request;
     const topk = seq.topk(this.#tokenizer.vocabSize, MAX_TOPK);
     let pos = await this.#restorePrefix(seq, slot);
-    seq.begin(pos);
     this.stats.promptTokens += prompt.length;
     this.stats.cachedTokens += pos;
     const boundary = this.#cache.capacity > 0 && seq.request.cache !== false &&
@@ -353,6 +352,7 @@ export class Scheduler {
         !this.#cache.has(prompt.slice(0, cacheBoundary), this.#epoch())
       ? cacheBoundary
       : undefined;
+    seq.begin(pos, boundary === undefined ? 0 : boundary - pos);
     const chunk = Math.min(this.#local.maxBatch, this.#link?.remote.maxBatch ?? Infinity);
     let out: LastOutput | undefined;
     while (pos < prompt.length) {

@@ -81,7 +81,12 @@ export interface TokenProbs {
 }
 
 export type SequenceEvent =
-  | { readonly type: "start"; readonly promptTokens: number; readonly cachedTokens: number }
+  | {
+    readonly type: "start";
+    readonly promptTokens: number;
+    readonly cachedTokens: number;
+    readonly cacheWriteTokens: number;
+  }
   | {
     readonly type: "token";
     readonly id: number;
@@ -253,9 +258,18 @@ export class Sequence {
     return Math.min(wanted, vocabSize, maxTopk);
   }
 
-  begin(cachedTokens: number): void {
+  /**
+   * Prefill starts after `cachedTokens` restored tokens; the next `cacheWriteTokens` are to be
+   * written into the prefix cache (the end event says whether they were).
+   */
+  begin(cachedTokens: number, cacheWriteTokens: number): void {
     this.#cachedTokens = cachedTokens;
-    this.#emit({ type: "start", promptTokens: this.request.prompt.length, cachedTokens });
+    this.#emit({
+      type: "start",
+      promptTokens: this.request.prompt.length,
+      cachedTokens,
+      cacheWriteTokens,
+    });
   }
 
   /** The prefix cache now holds the state after the first `tokens` prompt tokens. */

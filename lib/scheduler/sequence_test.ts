@@ -17,7 +17,7 @@ async function deltas(
 ): Promise<string[]> {
   const sampling = { temperature: 0, topK: 0, topP: 1, seed: 0n };
   const seq = new Sequence("seq1", { prompt: [0], maxTokens: ids.length, sampling }, tokenizer);
-  seq.begin(0);
+  seq.begin(0, 0);
   for (const id of ids) seq.accept(id, { top: [], lse: 0 }, false, false);
   const events = await Array.fromAsync(seq.events);
   assert.equal(events.at(-1)?.type, "end");

@@ -52,7 +52,7 @@ export class AnthropicEventStream extends TransformStream<ReplyEvent, SseMessage
                 usage: anthropicUsage({
                   promptTokens: e.promptTokens,
                   cachedTokens: e.cachedTokens,
-                  cacheWriteTokens: 0,
+                  cacheWriteTokens: e.cacheWriteTokens,
                   outputTokens: 0,
                 }),
               },

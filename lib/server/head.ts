@@ -6,6 +6,7 @@ import { openGguf } from "../../engine/gguf/read.ts";
 import { readHParams } from "../../engine/hparams.ts";
 import { type Backend, openLocalStage } from "../../engine/open_stage.ts";
 import { StageLink } from "../scheduler/link.ts";
+import { defaultSnapshots } from "../scheduler/prefix_cache.ts";
 import { Scheduler } from "../scheduler/scheduler.ts";
 import { TextTokenizer } from "../tokenizer/tokenizer.ts";
 import { TokenizerThread } from "../tokenizer/tokenizer_thread.ts";
@@ -13,7 +14,7 @@ import { modelFingerprint } from "../wire/hello.ts";
 import { remoteStageAfter } from "../wire/remote_stage.ts";
 import { checkChainLink, checkFirstStage } from "../../engine/stage_checks.ts";
 import type { ProviderChoice } from "../../engine/gpu/provider.ts";
-import type { SamplingDefaults } from "./sampling_defaults.ts";
+import { DEFAULT_TEMPERATURE, type SamplingDefaults } from "./sampling_defaults.ts";
 import { accessLog } from "./access_log.ts";
 import { ApiError, errorResponse } from "./api_error.ts";
 import { listenError } from "../cli.ts";
@@ -40,6 +41,8 @@ export interface HeadOptions {
   readonly maxBodyBytes?: number;
   /** Time a connection has to send its request headers; then 408. Default 10 s. */
   readonly headerTimeoutMs?: number;
+  /** Origins browsers may call from ("*" for any); none: no CORS headers. */
+  readonly corsOrigins?: readonly string[];
   /** The wire's shared key (the worker's --key-file). */
   readonly wireKey?: CryptoKey;
   readonly backend?: Backend;
@@ -134,7 +137,7 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
     );
     const slots = options.slots ?? 1;
     const ctx = options.ctx ?? 4096;
-    const snapshots = options.snapshots ?? 0;
+    const snapshots = options.snapshots ?? defaultSnapshots(ctx, slots);
     const local = await openLocalStage(model, {
       hp,
       backend: options.backend ?? "gpu",
@@ -180,14 +183,18 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
       chatTemplate: template,
       modelId,
       defaults: {
-        temperature: sampling.temperature ?? 0,
+        temperature: sampling.temperature ?? DEFAULT_TEMPERATURE,
         temperatureCap: sampling.temperatureCap ?? 2,
         topK: sampling.topK ?? 40,
         topP: sampling.topP ?? 1,
       },
       pingMs: options.pingMs ?? 10_000,
       log,
-    }, { apiKey: options.apiKey, maxBodyBytes: options.maxBodyBytes }));
+    }, {
+      apiKey: options.apiKey,
+      maxBodyBytes: options.maxBodyBytes,
+      corsOrigins: options.corsOrigins,
+    }));
     const host = addr.hostname.includes(":") ? `[${addr.hostname}]` : addr.hostname;
     const url = `http://${host}:${addr.port}`;
     const split = link

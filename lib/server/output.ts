@@ -20,7 +20,12 @@ export type BlockStart =
 export type ReplyStopReason = "end_turn" | "max_tokens" | "stop_sequence" | "tool_use";
 
 export type ReplyEvent =
-  | { readonly type: "start"; readonly promptTokens: number; readonly cachedTokens: number }
+  | {
+    readonly type: "start";
+    readonly promptTokens: number;
+    readonly cachedTokens: number;
+    readonly cacheWriteTokens: number;
+  }
   | { readonly type: "block_start"; readonly index: number; readonly block: BlockStart }
   | {
     readonly type: "delta";

@@ -47,7 +47,7 @@ async function parse(
 ): Promise<ReplyEvent[]> {
   let n = 0;
   const events: SequenceEvent[] = [
-    { type: "start", promptTokens: 5, cachedTokens: 2 },
+    { type: "start", promptTokens: 5, cachedTokens: 2, cacheWriteTokens: 0 },
     ...deltas.map((text, i): SequenceEvent => ({ type: "token", id: i, text })),
     { type: "end", reason: "end_turn", stopSequence: null, usage },
   ];
@@ -182,7 +182,7 @@ Deno.test("Anthropic events come out in order as named SSE frames", async () => 
 
 Deno.test("an error after the start is an `event: error` frame with the error body", async () => {
   const events: SequenceEvent[] = [
-    { type: "start", promptTokens: 4, cachedTokens: 0 },
+    { type: "start", promptTokens: 4, cachedTokens: 0, cacheWriteTokens: 0 },
     { type: "token", id: 1, text: "Par" },
     { type: "error", error: new Error("boom") },
   ];

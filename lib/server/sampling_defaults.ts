@@ -3,6 +3,9 @@
 
 import type { SamplingOptions } from "../scheduler/sequence.ts";
 
+/** The temperature of a request that sets none, unless the head says otherwise: the APIs' 1. */
+export const DEFAULT_TEMPERATURE = 1;
+
 export interface SamplingDefaults {
   /** Used when a request sets no temperature; 0 is greedy. */
   readonly temperature: number;
