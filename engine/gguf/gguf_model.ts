@@ -49,7 +49,15 @@ export interface GgufModel {
   readonly tensors: ReadonlyMap<string, GgufTensorInfo>;
   /** Reads a whole tensor's bytes. Throws a RangeError naming the tensor if absent. */
   readTensor(name: string): Promise<Uint8Array>;
-  /** Reads `length` bytes starting `start` bytes into a tensor's data (e.g. one expert's rows). */
-  readTensorBytes(name: string, start: number, length: number): Promise<Uint8Array>;
+  /**
+   * Reads `length` bytes starting `start` bytes into a tensor's data (e.g. one expert's rows);
+   * into `into` when given (exactly `length` long, e.g. a mapped GPU buffer), which it returns.
+   */
+  readTensorBytes(
+    name: string,
+    start: number,
+    length: number,
+    into?: Uint8Array<ArrayBuffer>,
+  ): Promise<Uint8Array>;
   close(): void;
 }

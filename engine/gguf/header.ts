@@ -57,14 +57,21 @@ export function quote(name: string): string {
   return JSON.stringify(name.length > 80 ? `${name.slice(0, 80)}…` : name);
 }
 
-/** Reads exactly `length` bytes at `offset`; a short file is a SyntaxError. */
+/**
+ * Reads exactly `length` bytes at `offset` into `into` (a new array when absent), which it
+ * returns; a short file is a SyntaxError.
+ */
 export async function readAt(
   file: Deno.FsFile,
   path: string,
   offset: number,
   length: number,
+  into?: Uint8Array<ArrayBuffer>,
 ): Promise<Uint8Array<ArrayBuffer>> {
-  const out = new Uint8Array(length);
+  if (into && into.length !== length) {
+    throw new RangeError(`Cannot read ${length} bytes of "${path}" into ${into.length} bytes`);
+  }
+  const out = into ?? new Uint8Array(length);
   await file.seek(offset, Deno.SeekMode.Start);
   let done = 0;
   while (done < length) {

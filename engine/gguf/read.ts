@@ -17,8 +17,8 @@ class ShardFile {
 
   constructor(readonly file: Deno.FsFile, readonly path: string) {}
 
-  read(offset: number, length: number): Promise<Uint8Array> {
-    const run = this.#queue.then(() => readAt(this.file, this.path, offset, length));
+  read(offset: number, length: number, into?: Uint8Array<ArrayBuffer>): Promise<Uint8Array> {
+    const run = this.#queue.then(() => readAt(this.file, this.path, offset, length, into));
     // The caller sees a failure through `run`; the queue only needs to know it settled.
     this.#queue = run.then(() => undefined, () => undefined);
     return run;
@@ -46,7 +46,12 @@ class OpenedModel implements GgufModel {
     return this.readTensorBytes(name, 0, this.tensors.get(name)?.nbytes ?? 0);
   }
 
-  async readTensorBytes(name: string, start: number, length: number): Promise<Uint8Array> {
+  async readTensorBytes(
+    name: string,
+    start: number,
+    length: number,
+    into?: Uint8Array<ArrayBuffer>,
+  ): Promise<Uint8Array> {
     const t = this.tensors.get(name);
     if (!t) {
       throw new RangeError(
@@ -66,7 +71,7 @@ class OpenedModel implements GgufModel {
         `Cannot read tensor "${name}": the model "${this.path}" is closed`,
       );
     }
-    return await this.#shards[t.shard].read(t.fileOffset + start, length);
+    return await this.#shards[t.shard].read(t.fileOffset + start, length, into);
   }
 
   close(): void {

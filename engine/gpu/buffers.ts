@@ -24,15 +24,20 @@ export function paddedSize(bytes: number): number {
   return Math.max(16, Math.ceil(bytes / 4) * 4);
 }
 
-/** A zero-filled storage buffer of at least `bytes` bytes. */
-export function createStorage(ctx: GpuContext, label: string, bytes: number): GPUBuffer {
+/** paddedSize(bytes), refused when the device cannot hold a buffer that large. */
+function checkedSize(ctx: GpuContext, label: string, bytes: number): number {
   const size = paddedSize(bytes);
   if (size > ctx.limits.maxBufferSize) {
     throw new RangeError(
       `Cannot create GPU buffer "${label}" of ${size} bytes: the device allows ${ctx.limits.maxBufferSize}; use a smaller context or fewer slots`,
     );
   }
-  return ctx.device.createBuffer({ label, size, usage: STORAGE });
+  return size;
+}
+
+/** A zero-filled storage buffer of at least `bytes` bytes. */
+export function createStorage(ctx: GpuContext, label: string, bytes: number): GPUBuffer {
+  return ctx.device.createBuffer({ label, size: checkedSize(ctx, label, bytes), usage: STORAGE });
 }
 
 const dummies = new WeakMap<GPUDevice, GPUBuffer[]>();
@@ -66,6 +71,93 @@ export function writeBytes(
   const padded = new Uint8Array(Math.ceil(bytes.length / 4) * 4);
   padded.set(bytes);
   ctx.device.queue.writeBuffer(buffer, offset, padded);
+}
+
+/** Bytes handed to a fill at a time while streaming data into a buffer. */
+export const FILL_PIECE_BYTES = 64 * 1024 * 1024;
+
+/** Writes `dst.length` bytes of a buffer's content, starting at byte `offset` of it, into `dst`. */
+export type Fill = (dst: Uint8Array<ArrayBuffer>, offset: number) => Promise<void>;
+
+/**
+ * Host memory the builtin provider streams buffers through: two pieces, so that the next one
+ * is filled (a file read, off the main thread) while the last is copied by writeBuffer. One per
+ * load, dropped with it.
+ */
+export class FillStaging {
+  readonly #pieces: Uint8Array<ArrayBuffer>[] = [];
+
+  piece(i: number): Uint8Array<ArrayBuffer> {
+    this.#pieces[i % 2] ??= new Uint8Array(FILL_PIECE_BYTES);
+    return this.#pieces[i % 2];
+  }
+}
+
+/** How fillStorage sizes and streams a buffer. */
+export interface FillOptions {
+  /** Zero bytes kept after the content (e.g. for kernels that read a word past a row). */
+  readonly padding?: number;
+  /** Reused host pieces for the builtin provider; one fill at a time may use them. */
+  readonly staging?: FillStaging;
+  /** Hears of the bytes of each piece filled. */
+  readonly onPiece?: (bytes: number) => void;
+  /** Fill the buffer mapped at creation (default: on Dawn) or through writeBuffer. */
+  readonly mapped?: boolean;
+  /** Largest piece (default FILL_PIECE_BYTES, which `staging` holds); tests use small ones. */
+  readonly pieceBytes?: number;
+}
+
+/**
+ * A storage buffer of `bytes` bytes of content (then zeros) that `fill` writes, piece by piece.
+ * On Dawn the buffer is mapped at creation and filled in place, so a file read lands in the
+ * mapping with no other copy (2.3 GB/s on the H200 box, against 0.9 for reading into fresh
+ * arrays and writeBuffer). Deno's builtin provider did not fill 2 GiB that way in 55 s there, so
+ * it fills two reused host pieces (`staging`) and writes them, reading the next piece while the
+ * last is copied (1.5 GB/s).
+ */
+export async function fillStorage(
+  ctx: GpuContext,
+  label: string,
+  bytes: number,
+  fill: Fill,
+  options: FillOptions = {},
+): Promise<GPUBuffer> {
+  const size = checkedSize(ctx, label, bytes + (options.padding ?? 0));
+  const mapped = options.mapped ?? ctx.provider === "dawn";
+  const pieceBytes = Math.min(options.pieceBytes ?? FILL_PIECE_BYTES, FILL_PIECE_BYTES);
+  const buffer = ctx.device.createBuffer({ label, size, usage: STORAGE, mappedAtCreation: mapped });
+  try {
+    if (mapped) {
+      const view = new Uint8Array(buffer.getMappedRange());
+      for (let at = 0; at < bytes; at += pieceBytes) {
+        const len = Math.min(pieceBytes, bytes - at);
+        await fill(view.subarray(at, at + len), at);
+        options.onPiece?.(len);
+      }
+      buffer.unmap();
+      return buffer;
+    }
+    const staging = options.staging ?? new FillStaging();
+    const piece = (i: number) =>
+      staging.piece(i).subarray(0, Math.min(pieceBytes, bytes - i * pieceBytes));
+    const count = Math.ceil(bytes / pieceBytes);
+    let next = count > 0 ? fill(piece(0), 0) : undefined;
+    try {
+      for (let i = 0; i < count; i++) {
+        await next;
+        next = i + 1 < count ? fill(piece(i + 1), (i + 1) * pieceBytes) : undefined;
+        writeBytes(ctx, buffer, i * pieceBytes, piece(i));
+        options.onPiece?.(piece(i).length);
+      }
+    } finally {
+      // A failure leaves the read ahead running into `staging`: let it land before it is reused.
+      await next?.catch(() => {});
+    }
+    return buffer;
+  } catch (e) {
+    buffer.destroy();
+    throw e;
+  }
 }
 
 /** A storage buffer holding `data` (zero-padded). */
@@ -126,6 +218,11 @@ export class GpuMemory {
   /** A zero-filled storage buffer (createStorage), owned here. */
   storage(label: string, bytes: number): GPUBuffer {
     return this.#own(createStorage(this.ctx, label, bytes));
+  }
+
+  /** A storage buffer that `fill` writes piece by piece (fillStorage), owned here. */
+  async fill(label: string, bytes: number, fill: Fill, options?: FillOptions): Promise<GPUBuffer> {
+    return this.#own(await fillStorage(this.ctx, label, bytes, fill, options));
   }
 
   /** A storage buffer holding `data` (zero-padded), owned here. */

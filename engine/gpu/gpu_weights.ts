@@ -13,7 +13,7 @@ import type { GgufModel, GgufTensorInfo } from "../gguf/gguf_model.ts";
 import { stageTensorNames } from "../gguf/stage_shard.ts";
 import type { HParams } from "../hparams.ts";
 import { dequantize } from "../quant/dequant.ts";
-import type { GpuMemory } from "./buffers.ts";
+import { FillStaging, type GpuMemory } from "./buffers.ts";
 import { type GpuTensor, uploadConcat, type UploadOptions, uploadTensor } from "./tensor.ts";
 
 /** A matrix whose output rows land at `offset` of a wider activation row. */
@@ -91,6 +91,8 @@ const PROGRESS_BYTES = 256 * 1024 * 1024;
 
 class Loader {
   readonly bytes = new Map<string, number>();
+  /** Host pieces every upload of this load streams through (builtin provider). */
+  readonly staging = new FillStaging();
   #done = 0;
   #shown = -1;
 
@@ -151,6 +153,7 @@ class Loader {
       maxPartBytes: this.options.maxPartBytes,
       rowOrder,
       onBytes: (n) => this.#progress(n),
+      staging: this.staging,
     };
     const t = await uploadTensor(this.mem, this.model, name, opts);
     this.#count(cls, t.bytes);
@@ -173,6 +176,7 @@ class Loader {
       const w = await uploadConcat(this.mem, this.model, label, parts.map((p) => p.name), {
         maxPartBytes: this.options.maxPartBytes,
         onBytes: (n) => this.#progress(n),
+        staging: this.staging,
       });
       this.#count(cls, w.bytes);
       return [{ w, offset }];

@@ -7,7 +7,7 @@
 
 import type { GgufModel } from "../gguf/gguf_model.ts";
 import { GgmlType, rowBytes, typeName } from "../quant/ggml_types.ts";
-import { type GpuMemory, writeBytes } from "./buffers.ts";
+import type { Fill, FillStaging, GpuMemory } from "./buffers.ts";
 
 export interface TensorPart {
   readonly buffer: GPUBuffer;
@@ -38,10 +38,14 @@ export interface UploadOptions {
   readonly rowOrder?: Uint32Array;
   /** Called with each number of bytes written, for progress reporting. */
   readonly onBytes?: (bytes: number) => void;
+  /** Host pieces reused across the tensors of one load (builtin provider). */
+  readonly staging?: FillStaging;
+  /** Fill parts mapped at creation or through writeBuffer (default: by provider; tests). */
+  readonly mapped?: boolean;
 }
 
-/** File bytes read per piece while streaming a part to the GPU. */
-const PIECE_BYTES = 64 * 1024 * 1024;
+/** Reads `dst.length` bytes of a tensor's data, from byte `start` of it, into `dst`. */
+type ReadInto = (dst: Uint8Array<ArrayBuffer>, start: number) => Promise<void>;
 
 /** The row ranges of the parts: whole units (experts) per part, each part within `maxBytes`. */
 export function planParts(
@@ -78,7 +82,9 @@ export function uploadTensor(
   return uploadRows(
     mem,
     { name, type: info.type, shape: info.shape },
-    (start, len) => model.readTensorBytes(name, start, len),
+    async (dst, start) => {
+      await model.readTensorBytes(name, start, dst.length, dst);
+    },
     options,
   );
 }
@@ -121,20 +127,18 @@ export function uploadConcat(
     }
   }
   const rows = infos.reduce((s, t) => s + (t.shape[1] ?? 1), 0);
-  const read = async (start: number, length: number): Promise<Uint8Array> => {
-    const out = new Uint8Array(length);
+  const read: ReadInto = async (dst, start) => {
     let at = 0;
     for (const seg of segments) {
-      if (at >= start + length) break;
+      if (at >= start + dst.length) break;
       const lo = Math.max(start, at);
-      const hi = Math.min(start + length, at + seg.length);
+      const hi = Math.min(start + dst.length, at + seg.length);
       if (lo < hi) {
-        const piece = await model.readTensorBytes(seg.name, seg.start + lo - at, hi - lo);
-        out.set(piece, lo - start);
+        const into = dst.subarray(lo - start, hi - start);
+        await model.readTensorBytes(seg.name, seg.start + lo - at, hi - lo, into);
       }
       at += seg.length;
     }
-    return out;
   };
   const shape = experts > 1 ? [cols, rows, experts] : [cols, rows];
   return uploadRows(mem, { name: label, type, shape }, read, options);
@@ -147,12 +151,10 @@ export function uploadTensorBytes(
   bytes: Uint8Array,
   options: UploadOptions = {},
 ): Promise<GpuTensor> {
-  return uploadRows(
-    mem,
-    desc,
-    (start, len) => Promise.resolve(bytes.subarray(start, start + len)),
-    options,
-  );
+  return uploadRows(mem, desc, (dst, start) => {
+    dst.set(bytes.subarray(start, start + dst.length));
+    return Promise.resolve();
+  }, options);
 }
 
 /** Name, type and GGUF shape of a tensor. */
@@ -165,7 +167,7 @@ export interface TensorDesc {
 async function uploadRows(
   mem: GpuMemory,
   desc: TensorDesc,
-  read: (start: number, length: number) => Promise<Uint8Array>,
+  read: ReadInto,
   options: UploadOptions,
 ): Promise<GpuTensor> {
   const { name, type, shape } = desc;
@@ -188,19 +190,26 @@ async function uploadRows(
       `Cannot reorder tensor "${name}": ${order.length} row indices for ${rows} rows of a ${shape.length}-D tensor`,
     );
   }
-  const whole = order ? permuteRows(await read(0, rows * rb), order, rb) : undefined;
+  let whole: Uint8Array | undefined;
+  if (order) {
+    const file = new Uint8Array(rows * rb);
+    await read(file, 0);
+    whole = permuteRows(file, order, rb);
+  }
   const parts: TensorPart[] = [];
   let bytes = 0;
   for (const p of plan) {
-    const partBytes = p.rows * rb;
-    const buffer = mem.storage(`${name}[${p.firstRow}+${p.rows}]`, partBytes + 4);
-    for (let at = 0; at < partBytes; at += PIECE_BYTES) {
-      const len = Math.min(PIECE_BYTES, partBytes - at);
-      const start = p.firstRow * rb + at;
-      const piece = whole ? whole.subarray(start, start + len) : await read(start, len);
-      writeBytes(ctx, buffer, at, piece);
-      options.onBytes?.(len);
-    }
+    const first = p.firstRow * rb;
+    const fill: Fill = whole
+      ? (dst, at) => Promise.resolve(dst.set(whole.subarray(first + at, first + at + dst.length)))
+      : (dst, at) => read(dst, first + at);
+    // The word of padding is the one the dequantizer may read past the last row.
+    const buffer = await mem.fill(`${name}[${p.firstRow}+${p.rows}]`, p.rows * rb, fill, {
+      padding: 4,
+      staging: options.staging,
+      onPiece: options.onBytes,
+      mapped: options.mapped,
+    });
     parts.push({ buffer, firstRow: p.firstRow, rows: p.rows });
     bytes += buffer.size;
   }

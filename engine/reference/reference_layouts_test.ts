@@ -45,10 +45,17 @@ function memoryModel(path: string, m: Tensors): GgufModel {
       fileOffset: 0,
     });
   }
-  const readTensorBytes = (name: string, start: number, length: number) => {
+  const readTensorBytes = (
+    name: string,
+    start: number,
+    length: number,
+    into?: Uint8Array<ArrayBuffer>,
+  ) => {
     const b = bytes.get(name);
     if (!b) return Promise.reject(new RangeError(`no tensor "${name}"`));
-    return Promise.resolve(b.slice(start, start + length));
+    const out = into ?? new Uint8Array(length);
+    out.set(b.subarray(start, start + length));
+    return Promise.resolve(out);
   };
   return {
     path,
