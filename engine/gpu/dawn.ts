@@ -19,6 +19,84 @@ function dawnOptions(): string[] {
   }
 }
 
+/** Longest pause between two of Dawn's event polls while something waits on the GPU (ms). */
+export const POLL_MAX_MS = 0.25;
+/** First pause after the immediate first poll of a wait (ms); each later one doubles. */
+export const POLL_MIN_MS = 0.02;
+
+/**
+ * When Dawn polls for GPU events. While any promise of Dawn's waits (mapAsync,
+ * onSubmittedWorkDone, popErrorScope), its binding re-arms a fresh native setImmediate callback
+ * after every poll, tens of thousands per second. Each callback carries a Node-API finalizer,
+ * and Deno 2.9 deregisters those from a list with a linear search, so collecting them cost time
+ * growing with the square of their number: the main thread went busy outside JavaScript for 0.1
+ * to 16 s at a time (docs/PERFORMANCE.md, "Dawn's stalls"). Polling at once when a wait begins,
+ * then after pauses doubling from POLL_MIN_MS to POLL_MAX_MS, keeps that garbage ~20x smaller
+ * and adds at most POLL_MAX_MS to a wait.
+ */
+export class PollPacer {
+  #lastPoll = -Infinity;
+  #pause = 0;
+
+  /** The pause (ms) before a poll that Dawn asks for at `now`. */
+  next(now: number): number {
+    // A request well after the last poll starts a new wait: its work may be done already.
+    const continuing = now - this.#lastPoll <= 4 * POLL_MAX_MS;
+    this.#pause = continuing ? Math.min(POLL_MAX_MS, Math.max(POLL_MIN_MS, 2 * this.#pause)) : 0;
+    return this.#pause;
+  }
+
+  /** Records that a poll ran at `now`. */
+  polled(now: number): void {
+    this.#lastPoll = now;
+  }
+}
+
+type Immediate = (callback: (...args: unknown[]) => void, ...args: unknown[]) => unknown;
+
+/** Dawn's poll callbacks are unnamed native functions; everything else is left alone. */
+function isDawnPoll(callback: unknown): boolean {
+  return typeof callback === "function" && callback.name === "" &&
+    Function.prototype.toString.call(callback).endsWith("[native code] }");
+}
+
+/** setImmediate as it was before pacing, while pacing is on. */
+let unpaced: Immediate | undefined;
+
+/**
+ * Turns the pacing of Dawn's polls (PollPacer) on or off for this process; on once Dawn loads.
+ * bench/host_probe.ts turns it off to show what it prevents.
+ */
+export function paceDawnPolls(on: boolean): void {
+  if (on === (unpaced !== undefined)) return;
+  if (!on) {
+    (globalThis as { setImmediate: unknown }).setImmediate = unpaced;
+    unpaced = undefined;
+    return;
+  }
+  const unpacedImmediate = globalThis.setImmediate as unknown as Immediate;
+  unpaced = unpacedImmediate;
+  const pacer = new PollPacer();
+  const sleeper = new Int32Array(new SharedArrayBuffer(4));
+  const paced: Immediate = (callback, ...args) => {
+    if (!isDawnPoll(callback)) return unpacedImmediate(callback, ...args);
+    const pause = pacer.next(performance.now());
+    return unpacedImmediate(() => {
+      // A blocking pause of at most POLL_MAX_MS: the event loop still turns between polls.
+      if (pause > 0) Atomics.wait(sleeper, 0, 0, pause);
+      pacer.polled(performance.now());
+      callback(...args);
+    });
+  };
+  // Keep what hangs off setImmediate (util.promisify's custom symbol) for node-style callers.
+  for (const key of Reflect.ownKeys(unpacedImmediate)) {
+    if (!Object.hasOwn(paced, key)) {
+      Object.defineProperty(paced, key, Object.getOwnPropertyDescriptor(unpacedImmediate, key)!);
+    }
+  }
+  (globalThis as { setImmediate: unknown }).setImmediate = paced;
+}
+
 async function load(): Promise<GpuProvider> {
   let mod: DawnModule;
   try {
@@ -33,6 +111,7 @@ async function load(): Promise<GpuProvider> {
   // Dawn's objects (GPUBufferUsage, GPUShaderStage, ...) must be globals for code written
   // against the standard API; Deno's builtin ones are replaced only where Dawn defines them.
   Object.assign(globalThis, mod.globals);
+  paceDawnPolls(true);
   return { name: "dawn", gpu: mod.create(dawnOptions()) as GPU };
 }
 

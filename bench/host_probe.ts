@@ -1,0 +1,363 @@
+// Where a GPU step's wall time goes on the host: record+submit, wait, and the event-loop pumping
+// of the provider (setImmediate turns, their gaps and lengths, CPU time), with outliers logged.
+// A diagnostic beside bench/decode.ts: one whole-model stage, timed loading, then step phases.
+//
+//   deno run -A --v8-flags=--trace-gc bench/host_probe.ts --model M.gguf --gpu dawn
+//     [--pp 512] [--tg 64] [--runs 5] [--slots 2] [--variants default,unpaced]
+//     [--upload-gb 2] [--no-stage]
+//
+// `unpaced` runs the same workload with Dawn polling on every event-loop turn, as its binding
+// does by itself (engine/gpu/dawn.ts paceDawnPolls). --trace-gc interleaves V8's collections with
+// the outlier lines on stdout. --upload-gb times ways of filling GPU buffers from the model file.
+
+import {
+  createStorage,
+  FILL_PIECE_BYTES,
+  FillStaging,
+  fillStorage,
+} from "../engine/gpu/buffers.ts";
+import { paceDawnPolls } from "../engine/gpu/dawn.ts";
+import { type GpuContext, openGpu } from "../engine/gpu/device.ts";
+import { openGpuStage, type StepProfile } from "../engine/gpu/gpu_stage.ts";
+import { openGguf } from "../engine/gguf/read.ts";
+import type { GgufModel } from "../engine/gguf/gguf_model.ts";
+import { readHParams } from "../engine/hparams.ts";
+import { parseProviderChoice } from "../engine/open_stage.ts";
+import { parseCommandLine } from "../lib/cli.ts";
+import { median, seededIds } from "./measure.ts";
+import process from "node:process";
+
+/** setImmediate turns seen since start: how many, how late each ran, how long each took. */
+class ImmediateMeter {
+  turns = 0;
+  maxGapMs = 0;
+  maxRunMs = 0;
+  busyMs = 0;
+
+  install(): void {
+    const original = globalThis.setImmediate;
+    const wrapped = (cb: (...args: unknown[]) => void, ...args: unknown[]) => {
+      const queued = performance.now();
+      return original(() => {
+        const start = performance.now();
+        this.turns++;
+        this.maxGapMs = Math.max(this.maxGapMs, start - queued);
+        try {
+          cb(...args);
+        } finally {
+          const ran = performance.now() - start;
+          this.busyMs += ran;
+          this.maxRunMs = Math.max(this.maxRunMs, ran);
+        }
+      });
+    };
+    (globalThis as { setImmediate: unknown }).setImmediate = wrapped;
+  }
+
+  reset(): void {
+    this.turns = 0;
+    this.maxGapMs = 0;
+    this.maxRunMs = 0;
+    this.busyMs = 0;
+  }
+}
+
+/** One timed run with what happened on the host while it was in flight. */
+interface RunSample {
+  readonly what: string;
+  readonly wallMs: number;
+  /** Stage's own split (the last step of the run). */
+  readonly encodeMs?: number;
+  readonly waitMs?: number;
+  readonly gpuMs?: number;
+  readonly turns: number;
+  readonly maxGapMs: number;
+  readonly maxRunMs: number;
+  readonly pumpMs: number;
+  /** Process CPU time (user + system) over the run. */
+  readonly cpuMs: number;
+  readonly atMs: number;
+}
+
+function log(line: string): void {
+  console.log(`[probe ${(performance.now() / 1000).toFixed(3)}s] ${line}`);
+}
+
+function describe(s: RunSample): string {
+  const f = (x: number | undefined) => x === undefined ? "-" : x.toFixed(2);
+  return `${s.what}: wall ${f(s.wallMs)} ms (encode ${f(s.encodeMs)}, wait ${f(s.waitMs)}, gpu ${
+    f(s.gpuMs)
+  }), immediates ${s.turns} (max gap ${f(s.maxGapMs)}, max run ${f(s.maxRunMs)}, total ${
+    f(s.pumpMs)
+  }), cpu ${f(s.cpuMs)} ms`;
+}
+
+/** Load phases: file reads, queue writes, and the wait for the queue after the last write. */
+async function timedOpen(model: GgufModel, gpu: GpuContext, ctx: number, slots: number) {
+  let readMs = 0;
+  let readBytes = 0;
+  let writeMs = 0;
+  const read = model.readTensorBytes.bind(model);
+  (model as { readTensorBytes: GgufModel["readTensorBytes"] }).readTensorBytes = async (
+    name,
+    start,
+    length,
+  ) => {
+    const t = performance.now();
+    const out = await read(name, start, length);
+    readMs += performance.now() - t;
+    readBytes += length;
+    return out;
+  };
+  const queue = gpu.device.queue;
+  const write = queue.writeBuffer.bind(queue);
+  (queue as { writeBuffer: unknown }).writeBuffer = (
+    ...args: Parameters<GPUQueue["writeBuffer"]>
+  ) => {
+    const t = performance.now();
+    write(...args);
+    writeMs += performance.now() - t;
+  };
+  const hp = readHParams(model.metadata);
+  const samples: StepProfile[] = [];
+  const start = performance.now();
+  const stage = await openGpuStage(model, gpu, {
+    first: 0,
+    end: hp.nLayer,
+    slots,
+    ctx,
+    profile: (p) => samples.push(p),
+    log: (line) => {
+      if (!line.startsWith("Loading weights")) log(line);
+    },
+  });
+  const opened = performance.now();
+  await queue.onSubmittedWorkDone();
+  const drained = performance.now();
+  (queue as { writeBuffer: unknown }).writeBuffer = write;
+  (model as { readTensorBytes: unknown }).readTensorBytes = read;
+  log(
+    `open: ${((opened - start) / 1000).toFixed(2)} s (file reads ${
+      (readMs / 1000).toFixed(2)
+    } s for ${(readBytes / 1e9).toFixed(2)} GB, writeBuffer ${
+      (writeMs / 1000).toFixed(2)
+    } s), queue drained ${((drained - opened) / 1000).toFixed(2)} s later`,
+  );
+  return { stage, samples, hp, openSeconds: (opened - start) / 1000 };
+}
+
+async function probeSteps(
+  model: GgufModel,
+  gpu: GpuContext,
+  flags: ReturnType<typeof parseFlags>,
+  meter: ImmediateMeter,
+): Promise<void> {
+  const { stage, samples, hp } = await timedOpen(
+    model,
+    gpu,
+    Math.max(flags.pp, flags.tg),
+    flags.slots,
+  );
+  const all: RunSample[] = [];
+  async function timed(what: string, body: () => Promise<unknown>): Promise<RunSample> {
+    meter.reset();
+    const before = samples.length;
+    const cpu = process.cpuUsage();
+    const atMs = performance.now();
+    await body();
+    const wallMs = performance.now() - atMs;
+    const used = process.cpuUsage(cpu);
+    const last = samples.length > before ? samples.at(-1) : undefined;
+    const s: RunSample = {
+      what: `${flags.variant} ${what}`,
+      wallMs,
+      encodeMs: last?.encodeMs,
+      waitMs: last?.waitMs,
+      gpuMs: last?.gpuMs,
+      turns: meter.turns,
+      maxGapMs: meter.maxGapMs,
+      maxRunMs: meter.maxRunMs,
+      pumpMs: meter.busyMs,
+      cpuMs: (used.user + used.system) / 1000,
+      atMs,
+    };
+    all.push(s);
+    return s;
+  }
+  const ids = seededIds(flags.pp, hp.V, 1);
+  const step = (slot: number, id: number, pos: number) =>
+    stage.run(slot, { kind: "ids", ids: Uint32Array.of(id) }, 1, pos);
+  for (const variant of flags.variants) {
+    flags.variant = variant;
+    if (variant === "unpaced") paceDawnPolls(false);
+    const pp: RunSample[] = [];
+    for (let r = 0; r <= flags.runs; r++) {
+      const s = await timed(
+        `pp${flags.pp} run ${r}`,
+        () => stage.run(0, { kind: "ids", ids }, ids.length, 0),
+      );
+      if (r > 0) pp.push(s);
+    }
+    summarize(`${variant} pp${flags.pp}`, pp);
+    const tg: RunSample[] = [];
+    for (let r = 0; r <= Math.min(flags.runs, 3); r++) {
+      const steps: RunSample[] = [];
+      const t0 = performance.now();
+      let id = ids[0];
+      for (let pos = 0; pos < flags.tg; pos++) {
+        const s = await timed(`tg run ${r} step ${pos}`, async () => {
+          const out = await step(0, id, pos);
+          if (out.kind === "ids") id = out.ids[0] % hp.V;
+        });
+        steps.push(s);
+      }
+      if (r > 0) {
+        summarize(`${variant} tg${flags.tg} run ${r} steps`, steps);
+        tg.push({ ...steps[0], what: `tg${flags.tg} run ${r}`, wallMs: performance.now() - t0 });
+      }
+    }
+    summarize(`${variant} tg${flags.tg} whole runs`, tg);
+    if (flags.slots > 1) {
+      const both: RunSample[] = [];
+      for (let r = 0; r <= Math.min(flags.runs, 3); r++) {
+        const s = await timed(`tg${flags.tg} x${flags.slots} run ${r}`, () =>
+          Promise.all(
+            Array.from({ length: flags.slots }, async (_, slot) => {
+              let id = ids[slot];
+              for (let pos = 0; pos < flags.tg; pos++) {
+                const out = await step(slot, id, pos);
+                if (out.kind === "ids") id = out.ids[0] % hp.V;
+              }
+            }),
+          ));
+        if (r > 0) both.push(s);
+      }
+      summarize(`${variant} tg${flags.tg} x${flags.slots}`, both);
+    }
+    if (variant === "unpaced" && gpu.provider === "dawn") paceDawnPolls(true);
+  }
+  stage.close();
+}
+
+/** Median and max of the walls, and every run over 2x the median in full. */
+function summarize(what: string, runs: readonly RunSample[]): void {
+  if (runs.length === 0) return;
+  const walls = runs.map((r) => r.wallMs);
+  const med = median(walls);
+  const max = Math.max(...walls);
+  const pump = median(runs.map((r) => r.turns));
+  log(
+    `${what}: ${runs.length} runs, wall min ${Math.min(...walls).toFixed(2)} median ${
+      med.toFixed(2)
+    } max ${max.toFixed(2)} ms (max/median ${(max / med).toFixed(2)}), median immediates ${pump}`,
+  );
+  for (const r of runs) if (r.wallMs > 2 * med && r.wallMs > 5) log(`  OUTLIER ${describe(r)}`);
+}
+
+/** Upload strategies over the first `gb` GB of the model file, each into fresh 1 GiB buffers. */
+async function probeUploads(path: string, gpu: GpuContext, gb: number): Promise<void> {
+  const piece = FILL_PIECE_BYTES;
+  const total = Math.max(1, Math.floor(gb * 2 ** 30 / piece)) * piece;
+  const part = Math.min(1 << 30, gpu.limits.maxBufferSize - (gpu.limits.maxBufferSize % 4));
+  const file = await Deno.open(path);
+  const readInto = async (buf: Uint8Array, offset: number) => {
+    await file.seek(offset, Deno.SeekMode.Start);
+    let done = 0;
+    while (done < buf.length) {
+      const n = await file.read(buf.subarray(done));
+      if (n === null) throw new Error(`Cannot read ${path}: it ends at ${offset + done}`);
+      done += n;
+    }
+  };
+  async function variant(name: string, body: () => Promise<GPUBuffer[]>): Promise<void> {
+    const start = performance.now();
+    const made = await body();
+    await gpu.device.queue.onSubmittedWorkDone();
+    const s = (performance.now() - start) / 1000;
+    log(
+      `upload ${name}: ${(total / 1e9).toFixed(2)} GB in ${s.toFixed(2)} s = ${
+        (total / 1e9 / s).toFixed(2)
+      } GB/s`,
+    );
+    for (const b of made) b.destroy();
+  }
+  await variant("file read only, one reused piece", async () => {
+    const buf = new Uint8Array(piece);
+    for (let at = 0; at < total; at += buf.length) await readInto(buf, at);
+    return [];
+  });
+  await variant("as before 2026-12-01: read into a fresh piece, then writeBuffer", async () => {
+    const out = Array.from(
+      { length: Math.ceil(total / part) },
+      (_, i) => createStorage(gpu, `before ${i}`, part),
+    );
+    for (let at = 0; at < total; at += piece) {
+      const buf = new Uint8Array(piece);
+      await readInto(buf, at);
+      gpu.device.queue.writeBuffer(out[Math.floor(at / part)], at % part, buf);
+    }
+    return out;
+  });
+  for (const mapped of [true, false]) {
+    const how = mapped ? "mapped at creation" : "two reused pieces and writeBuffer";
+    await variant(`fillStorage, ${how}`, async () => {
+      const out: GPUBuffer[] = [];
+      const staging = new FillStaging();
+      for (let at = 0; at < total; at += part) {
+        const size = Math.min(part, total - at);
+        const fill = (dst: Uint8Array, offset: number) => readInto(dst, at + offset);
+        out.push(await fillStorage(gpu, `fill ${at}`, size, fill, { mapped, staging }));
+      }
+      return out;
+    });
+  }
+  file.close();
+}
+
+function parseFlags() {
+  const fail = (m: string): never => {
+    console.error(m);
+    Deno.exit(2);
+  };
+  const v = parseCommandLine({
+    args: Deno.args,
+    options: {
+      model: { type: "string" },
+      gpu: { type: "string", default: "dawn" },
+      pp: { type: "string", default: "512" },
+      tg: { type: "string", default: "64" },
+      runs: { type: "string", default: "5" },
+      slots: { type: "string", default: "2" },
+      variants: { type: "string", default: "default,unpaced" },
+      "upload-gb": { type: "string", default: "0" },
+      "no-stage": { type: "boolean", default: false },
+    },
+  }, fail);
+  if (!v.model) fail("Missing --model M.gguf");
+  return {
+    model: v.model!,
+    gpu: parseProviderChoice(v.gpu),
+    pp: Number(v.pp),
+    tg: Number(v.tg),
+    runs: Number(v.runs),
+    slots: Number(v.slots),
+    variants: v.variants.split(","),
+    variant: "default",
+    uploadGb: Number(v["upload-gb"]),
+    stage: !v["no-stage"],
+  };
+}
+
+if (import.meta.main) {
+  const flags = parseFlags();
+  const meter = new ImmediateMeter();
+  meter.install();
+  const gpu = await openGpu({ gpu: flags.gpu, log });
+  if (flags.stage) {
+    const model = await openGguf(flags.model);
+    await probeSteps(model, gpu, flags, meter);
+    model.close();
+  }
+  if (flags.uploadGb > 0) await probeUploads(flags.model, gpu, flags.uploadGb);
+  log("done");
+}

@@ -1,0 +1,41 @@
+// The pacing of Dawn's event polls (engine/gpu/dawn.ts): the pause schedule of one wait, a new
+// wait after a quiet spell, and a setImmediate that stays whole for everything but Dawn's polls.
+
+import assert from "node:assert/strict";
+import { paceDawnPolls, POLL_MAX_MS, POLL_MIN_MS, PollPacer } from "./dawn.ts";
+
+Deno.test("PollPacer: a wait polls at once, then after pauses doubling up to the max", () => {
+  const pacer = new PollPacer();
+  let now = 100;
+  const pauses: number[] = [];
+  for (let i = 0; i < 8; i++) {
+    const pause = pacer.next(now);
+    pauses.push(pause);
+    now += pause + 0.01;
+    pacer.polled(now);
+  }
+  assert.equal(pauses[0], 0);
+  assert.equal(pauses[1], POLL_MIN_MS);
+  assert.equal(pauses[2], 2 * POLL_MIN_MS);
+  for (let i = 2; i < pauses.length; i++) assert.ok(pauses[i] >= pauses[i - 1]);
+  assert.equal(pauses.at(-1), POLL_MAX_MS);
+  // The binding asks again only once the CPU has been busy elsewhere: a new wait starts fresh.
+  assert.equal(pacer.next(now + 5 * POLL_MAX_MS), 0);
+});
+
+Deno.test("paceDawnPolls: other callbacks run as before, and off restores setImmediate", async () => {
+  const before = globalThis.setImmediate;
+  paceDawnPolls(true);
+  try {
+    assert.notEqual(globalThis.setImmediate, before);
+    const got = await new Promise<number[]>((resolve) =>
+      setImmediate((a, b) => resolve([a, b]), 1, 2)
+    );
+    assert.deepEqual(got, [1, 2]);
+    const bound = await new Promise<string>((resolve) => setImmediate(resolve.bind(null, "bound")));
+    assert.equal(bound, "bound");
+  } finally {
+    paceDawnPolls(false);
+  }
+  assert.equal(globalThis.setImmediate, before);
+});
