@@ -102,9 +102,10 @@ async function timedOpen(model: GgufModel, gpu: GpuContext, ctx: number, slots: 
     name,
     start,
     length,
+    into,
   ) => {
     const t = performance.now();
-    const out = await read(name, start, length);
+    const out = await read(name, start, length, into);
     readMs += performance.now() - t;
     readBytes += length;
     return out;
