@@ -22,8 +22,21 @@ import { openGpuStage, type StepProfile } from "../engine/gpu/gpu_stage.ts";
 import { openGguf } from "../engine/gguf/read.ts";
 import type { GgufModel } from "../engine/gguf/gguf_model.ts";
 import { readHParams } from "../engine/hparams.ts";
-import { parseProviderChoice } from "../engine/open_stage.ts";
-import { parseCommandLine } from "../lib/cli.ts";
+import { PROVIDER_CHOICES } from "../engine/gpu/provider.ts";
+import {
+  type Command,
+  decimal,
+  flag,
+  type FlagTable,
+  type FlagValues,
+  listOf,
+  oneOf,
+  requiredFlag,
+  runCommand,
+  switchFlag,
+  text,
+  whole,
+} from "../lib/cli.ts";
 import { median, seededIds } from "./measure.ts";
 import process from "node:process";
 
@@ -150,7 +163,7 @@ async function timedOpen(model: GgufModel, gpu: GpuContext, ctx: number, slots: 
 async function probeSteps(
   model: GgufModel,
   gpu: GpuContext,
-  flags: ReturnType<typeof parseFlags>,
+  flags: ProbeFlags,
   meter: ImmediateMeter,
 ): Promise<void> {
   const { stage, samples, hp } = await timedOpen(
@@ -170,7 +183,7 @@ async function probeSteps(
     const used = process.cpuUsage(cpu);
     const last = samples.length > before ? samples.at(-1) : undefined;
     const s: RunSample = {
-      what: `${flags.variant} ${what}`,
+      what: `${variant} ${what}`,
       wallMs,
       encodeMs: last?.encodeMs,
       waitMs: last?.waitMs,
@@ -188,8 +201,8 @@ async function probeSteps(
   const ids = seededIds(flags.pp, hp.V, 1);
   const step = (slot: number, id: number, pos: number) =>
     stage.run(slot, { kind: "ids", ids: Uint32Array.of(id) }, 1, pos);
-  for (const variant of flags.variants) {
-    flags.variant = variant;
+  let variant = "";
+  for (variant of flags.variants) {
     if (variant === "unpaced") paceDawnPolls(false);
     const pp: RunSample[] = [];
     for (let r = 0; r <= flags.runs; r++) {
@@ -315,50 +328,41 @@ async function probeUploads(path: string, gpu: GpuContext, gb: number): Promise<
   file.close();
 }
 
-function parseFlags() {
-  const fail = (m: string): never => {
-    console.error(m);
-    Deno.exit(2);
-  };
-  const v = parseCommandLine({
-    args: Deno.args,
-    options: {
-      model: { type: "string" },
-      gpu: { type: "string", default: "dawn" },
-      pp: { type: "string", default: "512" },
-      tg: { type: "string", default: "64" },
-      runs: { type: "string", default: "5" },
-      slots: { type: "string", default: "2" },
-      variants: { type: "string", default: "default,unpaced" },
-      "upload-gb": { type: "string", default: "0" },
-      "no-stage": { type: "boolean", default: false },
-    },
-  }, fail);
-  if (!v.model) fail("Missing --model M.gguf");
-  return {
-    model: v.model!,
-    gpu: parseProviderChoice(v.gpu),
-    pp: Number(v.pp),
-    tg: Number(v.tg),
-    runs: Number(v.runs),
-    slots: Number(v.slots),
-    variants: v.variants.split(","),
-    variant: "default",
-    uploadGb: Number(v["upload-gb"]),
-    stage: !v["no-stage"],
-  };
-}
+const PROBE = {
+  name: "Host probe",
+  usage: "deno run -A --v8-flags=--trace-gc bench/host_probe.ts",
+  about: "Times each phase of a GPU stage's steps (record+submit, wait) with the provider's " +
+    "event-loop pumping and CPU time, logs runs over twice the median, and times the load " +
+    "and ways of filling GPU buffers from the model file.",
+  flags: {
+    model: requiredFlag(text("PATH"), "the GGUF file"),
+    gpu: flag(oneOf(PROVIDER_CHOICES), "the WebGPU provider", "dawn"),
+    pp: flag(whole(1), "prefill length", 512),
+    tg: flag(whole(1), "decode steps per run", 64),
+    runs: flag(whole(1), "timed runs per workload after one warm-up", 5),
+    slots: flag(whole(1), "slots decoding at once (1: no concurrent figure)", 2),
+    variants: flag(listOf(oneOf(["default", "unpaced"] as const)), "variants to run", [
+      "default",
+      "unpaced",
+    ]),
+    "upload-gb": flag(decimal(0, 1000), "GB of the file to upload per fill strategy", 0),
+    "no-stage": switchFlag("skip the stage (uploads only)"),
+  },
+} satisfies Command<FlagTable>;
 
-if (import.meta.main) {
-  const flags = parseFlags();
+type ProbeFlags = FlagValues<typeof PROBE.flags>;
+
+async function main(flags: ProbeFlags): Promise<void> {
   const meter = new ImmediateMeter();
   meter.install();
   const gpu = await openGpu({ gpu: flags.gpu, log });
-  if (flags.stage) {
+  if (!flags["no-stage"]) {
     const model = await openGguf(flags.model);
     await probeSteps(model, gpu, flags, meter);
     model.close();
   }
-  if (flags.uploadGb > 0) await probeUploads(flags.model, gpu, flags.uploadGb);
+  if (flags["upload-gb"] > 0) await probeUploads(flags.model, gpu, flags["upload-gb"]);
   log("done");
 }
+
+if (import.meta.main) await runCommand(PROBE, main);
