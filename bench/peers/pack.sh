@@ -9,7 +9,10 @@ peers=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 root=$(cd "$peers/../.." && pwd)
 cd "$peers"
 if [ ! -f node_modules/node-llama-cpp/package.json ]; then
-  npm ci --ignore-scripts --omit=optional --no-audit --no-fund
+  # Not `npm ci`: npm leaves node-llama-cpp's optional binaries for other platforms out of the
+  # lock, then `npm ci` calls the lock out of sync with package.json. `install` keeps the locked
+  # versions of everything it installs.
+  npm install --ignore-scripts --omit=optional --no-audit --no-fund
 fi
 mkdir -p "$root/.gpu"
 tar -cf - --exclude='node_modules/node-llama-cpp/llama/gitRelease.bundle' --exclude='*.map' \
