@@ -13,10 +13,11 @@ import {
 } from "../tools/synth/generate_model.ts";
 import { ARCHS, readHParams } from "../engine/hparams.ts";
 import { type PresetName, PRESETS } from "../tools/synth/presets.ts";
-import { Deadline } from "./measure.ts";
+import { Deadline, DEFAULT_RUNS } from "./measure.ts";
 import type { PeerReport } from "./peers/llama.ts";
 import { formatTable } from "./report.ts";
 import type { StageReport } from "./stage_bench.ts";
+import { benchServer, type ServerReport } from "./server_bench.ts";
 import {
   type Command,
   flag,
@@ -48,16 +49,27 @@ const BENCH = {
     ),
     backend: flag(oneOf(["gpu", "reference"] as const), "our engine", "gpu"),
     gpu: flag(listOf(oneOf(["builtin", "dawn"])), "GPU providers, one child each", [
-      "builtin",
       "dawn",
+      "builtin",
     ]),
+    server: flag(
+      listOf(oneOf(["builtin", "dawn"])),
+      "providers also measured through the server (main.ts), unsplit and split",
+      ["dawn"],
+    ),
+    "no-server": switchFlag("leave out the figures through the server"),
+    "server-prompt": flag(whole(1), "prompt tokens of each request through the server", 512),
     pp: flag(listOf(whole(1)), "prefill lengths", [512, 2048]),
     tg: flag(whole(1), "decode steps", 128),
     slots: flag(whole(1), "slots decoding at once for the aggregate figure (1: none)", 2),
     split: flag(whole(1), "also decode through layers 0:K here + K:n in a worker (default n/2)"),
     "no-split": switchFlag("leave out the split"),
     "no-peers": switchFlag("leave out the llama.cpp peer"),
-    runs: flag(whole(1), "timed runs per figure after one warm-up; the median is kept", 3),
+    runs: flag(
+      whole(1),
+      "timed runs per figure after one warm-up; median, fastest and slowest are kept",
+      DEFAULT_RUNS,
+    ),
     seed: flag(whole(0), "seed of the prompt ids", 1),
     "deadline-s": flag(whole(1), "stop starting measurements after S seconds (default none)"),
     json: flag(text("PATH"), "results file (default $OUT/bench.json when $OUT is set)"),
@@ -78,6 +90,13 @@ function parseFlags(values: FlagValues<typeof BENCH.flags>) {
     modelDir: values["model-dir"],
     backend,
     providers: backend === "gpu" ? values.gpu : ["cpu"],
+    // The reference backend has no providers: its server figures are taken once.
+    servers: values["no-server"]
+      ? []
+      : backend === "gpu"
+      ? values.server.filter((p) => values.gpu.includes(p))
+      : ["cpu"],
+    serverPrompt: values["server-prompt"],
     pp: values.pp,
     tg: values.tg,
     slots: values.slots,
@@ -202,6 +221,8 @@ export interface BenchReport {
   readonly device: string;
   readonly model: ModelReport;
   readonly engines: readonly (StageReport | { readonly gpu: string; readonly error: string })[];
+  /** Figures through /v1/messages, per provider in --server. */
+  readonly servers: readonly ServerReport[];
   readonly peers: readonly (PeerReport | { readonly name: string; readonly error: string })[];
 }
 
@@ -232,7 +253,7 @@ async function main(values: FlagValues<typeof BENCH.flags>): Promise<void> {
   ];
   // Children still to run share what is left of the deadline equally; a fast one leaves its
   // unused share to the ones after it.
-  let pending = flags.providers.length + (flags.peers ? 1 : 0);
+  let pending = flags.providers.length + flags.servers.length + (flags.peers ? 1 : 0);
   const share = () => String(Math.max(1, Math.floor(deadline.left / pending--)));
   const peers: BenchReport["peers"][number][] = [];
   if (flags.peers) {
@@ -254,6 +275,7 @@ async function main(values: FlagValues<typeof BENCH.flags>): Promise<void> {
     peers.push("error" in report ? { name, error: report.error } : report);
   }
   const engines: BenchReport["engines"][number][] = [];
+  const servers: ServerReport[] = [];
   for (const gpu of flags.providers) {
     const report = await child<StageReport>([
       "run",
@@ -263,8 +285,7 @@ async function main(values: FlagValues<typeof BENCH.flags>): Promise<void> {
       model.path,
       "--backend",
       flags.backend,
-      "--gpu",
-      gpu,
+      ...(flags.backend === "gpu" ? ["--gpu", gpu] : []),
       "--slots",
       String(flags.slots),
       "--deadline-s",
@@ -275,6 +296,21 @@ async function main(values: FlagValues<typeof BENCH.flags>): Promise<void> {
     engines.push(
       "error" in report && !("figures" in report) ? { gpu, error: report.error } : report,
     );
+    if (flags.servers.includes(gpu)) {
+      servers.push(
+        await benchServer({
+          model: model.path,
+          backend: flags.backend,
+          gpu,
+          promptTokens: flags.serverPrompt,
+          maxTokens: flags.tg,
+          split,
+          runs: flags.runs,
+          deadline: new Deadline(Number(share())),
+          log: (line) => console.error(line),
+        }),
+      );
+    }
   }
   const smi = run("nvidia-smi", ["--query-gpu=name,driver_version", "--format=csv,noheader"]);
   const firstAdapter = engines.find((e): e is StageReport => "adapter" in e && !!e.adapter)
@@ -288,6 +324,7 @@ async function main(values: FlagValues<typeof BENCH.flags>): Promise<void> {
       : firstAdapter ?? (flags.backend === "reference" ? "CPU" : "unknown"),
     model,
     engines,
+    servers,
     peers,
   };
   if (flags.json) {

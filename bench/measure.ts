@@ -3,6 +3,7 @@
 
 import { chainMaxBatch, runPipeline } from "../engine/pipeline.ts";
 import type { Stage } from "../engine/stage.ts";
+import { sampleToken, type SamplingParams, SplitMix64 } from "../lib/sampling/sample.ts";
 
 /** One bench figure: tokens per run and the seconds of each run, or why it is missing. */
 export interface Figure {
@@ -11,10 +12,25 @@ export interface Figure {
   readonly error?: string;
 }
 
-/** Seconds of each timed run (warm-up excluded) and their median. */
+/** Seconds of each timed run (warm-up excluded): their median, fastest and slowest. */
 export interface Timing {
   readonly seconds: readonly number[];
   readonly median: number;
+  readonly min: number;
+  readonly max: number;
+}
+
+/** Timed runs per figure unless told otherwise: enough for a median and a spread. */
+export const DEFAULT_RUNS = 5;
+
+/** The Timing of a non-empty list of run seconds. */
+export function timingOf(seconds: readonly number[]): Timing {
+  return {
+    seconds,
+    median: median(seconds),
+    min: Math.min(...seconds),
+    max: Math.max(...seconds),
+  };
 }
 
 /** Median of a non-empty list (mean of the middle two for an even count). */
@@ -82,6 +98,35 @@ export async function timeDecode(
   for (let pos = 0; pos < n; pos++) {
     const { ids } = await runPipeline(stages, slot, fed.subarray(pos, pos + 1), pos);
     if (pos + 1 < n) fed[pos + 1] = ids[0];
+  }
+  return { seconds: (performance.now() - start) / 1000, fed };
+}
+
+/** How the bench samples ("sampled decode"): what a chat client typically asks for. */
+export const BENCH_SAMPLING: SamplingParams = { temperature: 0.7, topK: 40, topP: 0.9 };
+
+/**
+ * n one-token steps of `slot` from position 0 as the server decodes a sampled request: each
+ * step asks the last stage for its top-k (only those are read back) and the next id is drawn
+ * from them with `sampling` from a seeded stream, then fed back.
+ */
+export async function timeSampledDecode(
+  stages: readonly Stage[],
+  first: number,
+  n: number,
+  sampling: SamplingParams,
+  seed: number,
+  slot = 0,
+): Promise<DecodeRun> {
+  const rng = new SplitMix64(BigInt(seed));
+  const fed = new Uint32Array(n);
+  fed[0] = first;
+  const start = performance.now();
+  for (let pos = 0; pos < n; pos++) {
+    const { ids, top } = await runPipeline(stages, slot, fed.subarray(pos, pos + 1), pos, {
+      topk: sampling.topK,
+    });
+    if (pos + 1 < n) fed[pos + 1] = sampleToken(ids[0], top, sampling, rng);
   }
   return { seconds: (performance.now() - start) / 1000, fed };
 }
@@ -167,7 +212,7 @@ export async function repeat(
   }
   const seconds: number[] = [];
   for (let i = 0; i < Math.min(runs, affordable); i++) seconds.push(await once());
-  return { seconds, median: median(seconds) };
+  return timingOf(seconds);
 }
 
 /**
@@ -185,7 +230,8 @@ export async function measure(
   try {
     const timing = await repeat(runs, once, deadline);
     log(
-      `${name}: ${(tokens / timing.median).toFixed(1)} tok/s, median of ${timing.seconds.length}`,
+      `${name}: ${(tokens / timing.median).toFixed(1)} tok/s, median of ${timing.seconds.length}` +
+        ` (slowest/median ${(timing.max / timing.median).toFixed(2)})`,
     );
     return { tokens, timing };
   } catch (e) {

@@ -10,6 +10,7 @@ import { openReferenceStage } from "../engine/reference/reference_stage.ts";
 import { connectRemoteStage } from "../lib/wire/remote_stage.ts";
 import { testModel } from "../tests/_models.ts";
 import {
+  BENCH_SAMPLING,
   Deadline,
   measure,
   median,
@@ -20,7 +21,10 @@ import {
   timeDecode,
   timeFusedDecode,
   timePrefill,
+  timeSampledDecode,
+  timingOf,
 } from "./measure.ts";
+import { sampleToken, SplitMix64 } from "../lib/sampling/sample.ts";
 import { formatTable } from "./report.ts";
 import { openGpuStage } from "../engine/gpu/gpu_stage.ts";
 import { gpuTest } from "../tests/_gpu.ts";
@@ -42,6 +46,10 @@ Deno.test("median: middle value, mean of the middle two, and no values refused",
   assert.equal(median([5, 1, 3]), 3);
   assert.equal(median([4, 1, 3, 2]), 2.5);
   assert.throws(() => median([]), RangeError);
+});
+
+Deno.test("timingOf: median, fastest and slowest of the runs", () => {
+  assert.deepEqual(timingOf([3, 1, 2]), { seconds: [3, 1, 2], median: 2, min: 1, max: 3 });
 });
 
 Deno.test("seededIds: in the vocabulary, the same for a seed, different across seeds", () => {
@@ -66,6 +74,36 @@ Deno.test("timeDecode feeds back the greedy tokens of stepping the stage by hand
         greedy.push(out.kind === "ids" ? out.ids[0] : -1);
       }
       assert.deepEqual(Array.from(run.fed), greedy);
+    } finally {
+      stage.close();
+    }
+  });
+});
+
+Deno.test("timeSampledDecode draws each step's id from its top-k with the seeded stream", async () => {
+  await withModel(async (model) => {
+    const stage = await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: CTX });
+    try {
+      const first = seededIds(1, readHParams(model.metadata).V, 3)[0];
+      const run = await timeSampledDecode([stage], first, 8, BENCH_SAMPLING, 7);
+      const rng = new SplitMix64(7n);
+      const fed = [first];
+      for (let pos = 0; pos < 7; pos++) {
+        const out = await stage.run(0, { kind: "ids", ids: Uint32Array.of(fed[pos]) }, 1, pos, {
+          topk: BENCH_SAMPLING.topK,
+        });
+        assert.equal(out.kind, "ids");
+        if (out.kind === "ids") {
+          assert.equal(out.top.length, BENCH_SAMPLING.topK);
+          fed.push(sampleToken(out.ids[0], out.top, BENCH_SAMPLING, rng));
+        }
+      }
+      assert.deepEqual(Array.from(run.fed), fed);
+      assert.notDeepEqual(
+        run.fed,
+        (await timeDecode([stage], first, 8)).fed,
+        "sampling is not greedy",
+      );
     } finally {
       stage.close();
     }
@@ -115,7 +153,7 @@ Deno.test("timeConcurrentDecode: each slot decodes as it would alone", async () 
   });
 });
 
-/** A reference-backend worker of layers [2, end) of `path`, quiet, one slot. */
+/** A reference-backend worker of layers [2, end) of `path`, quiet, two slots. */
 function startReferenceWorker(path: string, end: number) {
   return startWorker({
     model: path,
@@ -123,25 +161,27 @@ function startReferenceWorker(path: string, end: number) {
     end,
     backend: "reference",
     gpu: "builtin",
-    slots: 1,
+    slots: 2,
     ctx: CTX,
     startTimeoutS: 60,
     log: () => {},
   });
 }
 
-Deno.test("split: layers 0:2 here and 2:4 in a worker decode the tokens of one stage", async () => {
+Deno.test("split: layers 0:2 here and 2:4 in a worker decode the tokens of one stage, one slot or two at once", async () => {
   await withModel(async (model, path) => {
-    const first = seededIds(1, readHParams(model.metadata).V, 11)[0];
+    const firsts = Array.from(seededIds(2, readHParams(model.metadata).V, 11));
     const whole = await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: CTX });
-    const alone = await timeDecode([whole], first, 5);
+    const alone = [];
+    for (const first of firsts) alone.push((await timeDecode([whole], first, 5)).fed);
     whole.close();
     const worker = await startReferenceWorker(path, 4);
-    const local = await openReferenceStage(model, { first: 0, end: 2, slots: 1, ctx: CTX });
+    const local = await openReferenceStage(model, { first: 0, end: 2, slots: 2, ctx: CTX });
     try {
       const remote = await connectRemoteStage(worker.address, { local, model });
       try {
-        assert.deepEqual((await timeDecode([local, remote], first, 5)).fed, alone.fed);
+        assert.deepEqual((await timeDecode([local, remote], firsts[0], 5)).fed, alone[0]);
+        assert.deepEqual((await timeConcurrentDecode([local, remote], firsts, 5)).fed, alone);
       } finally {
         remote.close();
       }
@@ -213,8 +253,8 @@ gpuTest(
   },
 );
 
-Deno.test("formatTable: tok/s, split ms/token, and numbered notes for missing figures", () => {
-  const t = (median: number) => ({ seconds: [median], median });
+Deno.test("formatTable: median (best–worst, ×slowest/median), load, server rows, notes", () => {
+  const t = (...seconds: number[]) => timingOf(seconds);
   const table = formatTable(
     {
       date: "2026-11-29T10:00:00.000Z",
@@ -225,18 +265,46 @@ Deno.test("formatTable: tok/s, split ms/token, and numbered notes for missing fi
         {
           backend: "gpu",
           gpu: "dawn",
+          openSeconds: 11.87,
           figures: {
-            pp512: { tokens: 512, timing: t(0.5) },
+            pp512: { tokens: 512, timing: t(0.5, 0.4, 0.6) },
             tg128: { tokens: 128, timing: t(2) },
             "tg128-fused": { tokens: 128, timing: t(1.6) },
+            "tg128-sampled": { tokens: 128, timing: t(2.56) },
             tg128x2: { tokens: 256, error: "skipped: out of time" },
           },
-          split: { layers: "0:20 + 20:40", decode: { tokens: 128, timing: t(0.32) } },
+          split: {
+            layers: "0:20 + 20:40",
+            decode: { tokens: 128, timing: t(0.32) },
+            concurrent: { tokens: 256, timing: t(2) },
+          },
         },
         { gpu: "builtin", error: "the builtin engine exited with code 1" },
       ],
+      servers: [{
+        backend: "gpu",
+        gpu: "dawn",
+        promptTokens: 510,
+        maxTokens: 128,
+        modes: [
+          {
+            layers: "0:40",
+            startSeconds: 12.3,
+            greedy: {
+              ttft: { tokens: 510, timing: t(0.45) },
+              decode: { tokens: 1, timing: t(0.01, 0.011) },
+            },
+            sampled: {
+              ttft: { tokens: 510, timing: t(0.5) },
+              decode: { tokens: 1, timing: t(0.0125) },
+            },
+          },
+          { layers: "0:20 + 20:40", error: "the worker did not start" },
+        ],
+      }],
       peers: [{
         name: "llama.cpp",
+        loadSeconds: 6.84,
         figures: {
           pp512: { tokens: 512, timing: t(0.1) },
           tg128: { tokens: 128, timing: t(1) },
@@ -251,12 +319,30 @@ Deno.test("formatTable: tok/s, split ms/token, and numbered notes for missing fi
   const lines = table.split("\n");
   assert.equal(lines[0], "2026-11-29, GPU X, commit abc");
   assert.equal(lines[1], "model m.gguf (19.66 GB, made in 42 s)");
+  assert.match(lines[3], /^\| engine \| load s \| pp512 tok\/s \| tg128 tok\/s \| tg128 fused/);
   assert.equal(
     lines[5],
-    "| tandem gpu dawn | 1024 | 64.0 (80.0 fused) | (1) | 2.50 (0:20 + 20:40) |",
+    "| tandem gpu dawn | 11.9 | 1024 (1280–853, ×1.20) | 64.0 (64.0–64.0, ×1.00) | " +
+      "80.0 (80.0–80.0, ×1.00) | 50.0 (50.0–50.0, ×1.00) | (1) | 0:20 + 20:40 | " +
+      "2.5 (2.5–2.5, ×1.00) | 128 (128–128, ×1.00) |",
   );
-  assert.equal(lines[6], "| tandem gpu builtin | (2) | — | — | — |");
-  assert.equal(lines[7], "| llama.cpp | 5120 | 128 (256 without sampling) | — | — |");
-  assert.equal(lines[9], "(1) skipped: out of time");
-  assert.equal(lines[10], "(2) the builtin engine exited with code 1");
+  assert.equal(lines[6], "| tandem gpu builtin | (2) | — | — | — | — | — | — | — | — |");
+  assert.equal(
+    lines[7],
+    "| llama.cpp | 6.8 | 5120 (5120–5120, ×1.00) | 128 (128–128, ×1.00); 256 without sampling " +
+      "| — | — | — | — | — | — |",
+  );
+  assert.match(lines[9], /^\| through the server, 510-token prompt, 128 out \| start s \|/);
+  assert.equal(
+    lines[11],
+    "| tandem gpu dawn, layers 0:40 | 12.3 | 450 (450–450, ×1.00) | 95.2 (100–90.9, ×1.05) | " +
+      "500 (500–500, ×1.00) | 80.0 (80.0–80.0, ×1.00) |",
+  );
+  assert.equal(lines[12], "| tandem gpu dawn, layers 0:20 + 20:40 | (3) | — | — | — | — |");
+  assert.match(lines[14], /Largest slowest\/median: ×1\.20 \(tandem gpu dawn pp512\)\.$/);
+  assert.deepEqual(lines.slice(16), [
+    "(1) skipped: out of time",
+    "(2) the builtin engine exited with code 1",
+    "(3) the worker did not start",
+  ]);
 });

@@ -1,9 +1,25 @@
-// The bench's closing table: one markdown row per engine/provider and per peer, notes below.
-// Printed last by bench/decode.ts; the same rows go into docs/PERFORMANCE.md.
+// The bench's closing tables: one markdown row per engine/provider and per peer, then the figures
+// through the server, notes below. Printed last by bench/decode.ts; the rows go into
+// docs/PERFORMANCE.md.
 
 import type { Figure } from "./measure.ts";
 
-/** The parts of a bench result the table reads (BenchReport in bench/decode.ts). */
+/** What a table row of figures through the server reads (ServerReport in bench/server_bench.ts). */
+export interface ServerTableInput {
+  readonly gpu: string;
+  readonly backend: string;
+  readonly promptTokens: number;
+  readonly maxTokens: number;
+  readonly modes: readonly {
+    readonly layers: string;
+    readonly startSeconds?: number;
+    readonly greedy?: { readonly ttft: Figure; readonly decode: Figure };
+    readonly sampled?: { readonly ttft: Figure; readonly decode: Figure };
+    readonly error?: string;
+  }[];
+}
+
+/** The parts of a bench result the tables read (BenchReport in bench/decode.ts). */
 export interface TableInput {
   readonly date: string;
   readonly commit: string;
@@ -18,12 +34,19 @@ export interface TableInput {
     readonly backend?: string;
     readonly gpu: string;
     readonly error?: string;
+    readonly openSeconds?: number;
     readonly figures?: Readonly<Record<string, Figure>>;
-    readonly split?: { readonly layers: string; readonly decode: Figure };
+    readonly split?: {
+      readonly layers: string;
+      readonly decode: Figure;
+      readonly concurrent?: Figure;
+    };
   }[];
+  readonly servers?: readonly ServerTableInput[];
   readonly peers: readonly {
     readonly name: string;
     readonly error?: string;
+    readonly loadSeconds?: number;
     readonly figures?: Readonly<Record<string, Figure>>;
   }[];
 }
@@ -42,9 +65,19 @@ function rate(x: number): string {
   return x >= 100 ? x.toFixed(0) : x.toFixed(1);
 }
 
+/** A figure's value per run: tok/s, ms per token, or ms per run. */
+type Unit = "tok/s" | "ms/tok" | "ms";
+
+function valueOf(f: Figure, seconds: number, unit: Unit): number {
+  if (unit === "tok/s") return f.tokens / seconds;
+  if (unit === "ms/tok") return (seconds * 1000) / f.tokens;
+  return seconds * 1000;
+}
+
 /**
- * Builds the table. Cells are tok/s (the split column ms/token); a figure that failed or was
- * skipped shows a note number, and the notes below the table say why.
+ * Builds the tables. A cell is the median run's value, then in brackets the values of the best
+ * and the worst run and the slowest run's time over the median's; a figure that failed or was
+ * skipped shows a note number, and the notes below say why.
  */
 export function formatTable(
   report: TableInput,
@@ -53,46 +86,62 @@ export function formatTable(
   slots: number,
 ): string {
   const notes: string[] = [];
-  function cell(f: Figure | undefined, value: (f: Figure) => number | undefined, show = rate) {
+  let worst: { ratio: number; what: string } | undefined;
+  function cell(f: Figure | undefined, unit: Unit, what: string): string {
     if (!f) return "—";
-    const v = value(f);
-    if (v !== undefined) return show(v);
-    notes.push(f.error ?? "no timing");
-    return `(${notes.length})`;
+    if (!f.timing) {
+      notes.push(f.error ?? "no timing");
+      return `(${notes.length})`;
+    }
+    const t = f.timing;
+    const show = unit === "tok/s" ? rate : (x: number) => x.toFixed(unit === "ms" ? 0 : 1);
+    const ratio = t.max / t.median;
+    if (!worst || ratio > worst.ratio) worst = { ratio, what };
+    const range = `${show(valueOf(f, t.min, unit))}–${show(valueOf(f, t.max, unit))}`;
+    return `${show(valueOf(f, t.median, unit))} (${range}, ×${ratio.toFixed(2)})`;
   }
-  const tps = (f: Figure | undefined) => cell(f, tokensPerSecond);
+  const load = (s: number | undefined) => s === undefined ? "—" : s.toFixed(1);
   const head = [
     "engine",
+    "load s",
     ...pp.map((n) => `pp${n} tok/s`),
     `tg${tg} tok/s`,
+    `tg${tg} fused tok/s`,
+    `tg${tg} sampled tok/s`,
     ...(slots > 1 ? [`tg${tg} ×${slots} slots tok/s`] : []),
-    "split decode ms/tok",
+    "split layers",
+    `split tg${tg} ms/tok`,
+    ...(slots > 1 ? [`split ×${slots} slots tok/s`] : []),
   ];
   const rows: string[][] = [];
+  const missing = (name: string, error: string | undefined) => {
+    notes.push(error ?? "no result");
+    rows.push([name, `(${notes.length})`, ...head.slice(2).map(() => "—")]);
+  };
   for (const e of report.engines) {
     const name = `tandem ${e.backend ?? "gpu"} ${e.gpu}`;
     if (!e.figures) {
-      notes.push(e.error ?? "no result");
-      rows.push([name, `(${notes.length})`, ...head.slice(2).map(() => "—")]);
+      missing(name, e.error);
       continue;
     }
     const f = e.figures;
-    const fused = f[`tg${tg}-fused`];
-    const fusedRate = fused && tokensPerSecond(fused);
+    const c = (key: string, unit: Unit = "tok/s") => cell(f[key], unit, `${name} ${key}`);
     rows.push([
       name,
-      ...pp.map((n) => tps(f[`pp${n}`])),
-      tps(f[`tg${tg}`]) + (fusedRate ? ` (${rate(fusedRate)} fused)` : ""),
-      ...(slots > 1 ? [tps(f[`tg${tg}x${slots}`])] : []),
-      e.split
-        ? `${cell(e.split.decode, msPerToken, (x) => x.toFixed(2))} (${e.split.layers})`
-        : "—",
+      load(e.openSeconds),
+      ...pp.map((n) => c(`pp${n}`)),
+      c(`tg${tg}`),
+      c(`tg${tg}-fused`),
+      c(`tg${tg}-sampled`),
+      ...(slots > 1 ? [c(`tg${tg}x${slots}`)] : []),
+      e.split?.layers ?? "—",
+      cell(e.split?.decode, "ms/tok", `${name} split`),
+      ...(slots > 1 ? [cell(e.split?.concurrent, "tok/s", `${name} split ×${slots}`)] : []),
     ]);
   }
   for (const p of report.peers) {
     if (!p.figures) {
-      notes.push(p.error ?? "no result");
-      rows.push([p.name, `(${notes.length})`, ...head.slice(2).map(() => "—")]);
+      missing(p.name, p.error);
       continue;
     }
     const f = p.figures;
@@ -100,23 +149,58 @@ export function formatTable(
     const plainRate = plain && tokensPerSecond(plain);
     rows.push([
       p.name,
-      ...pp.map((n) => tps(f[`pp${n}`])),
-      tps(f[`tg${tg}`]) + (plainRate ? ` (${rate(plainRate)} without sampling)` : ""),
-      ...(slots > 1 ? ["—"] : []),
-      "—",
+      load(p.loadSeconds),
+      ...pp.map((n) => cell(f[`pp${n}`], "tok/s", `${p.name} pp${n}`)),
+      cell(f[`tg${tg}`], "tok/s", `${p.name} tg${tg}`) +
+      (plainRate ? `; ${rate(plainRate)} without sampling` : ""),
+      ...head.slice(pp.length + 3).map(() => "—"),
     ]);
   }
   const made = report.model.makeSeconds === undefined
     ? report.model.source
     : `made in ${report.model.makeSeconds.toFixed(0)} s`;
+  const table = (h: string[], r: string[][]) => [
+    `| ${h.join(" | ")} |`,
+    `|${h.map(() => "---").join("|")}|`,
+    ...r.map((row) => `| ${row.join(" | ")} |`),
+  ];
   const lines = [
     `${report.date.slice(0, 10)}, ${report.device}, commit ${report.commit}`,
     `model ${report.model.path} (${(report.model.bytes / 1e9).toFixed(2)} GB, ${made})`,
     "",
-    `| ${head.join(" | ")} |`,
-    `|${head.map(() => "---").join("|")}|`,
-    ...rows.map((r) => `| ${r.join(" | ")} |`),
+    ...table(head, rows),
   ];
+  for (const s of report.servers ?? []) {
+    const h = [
+      `through the server, ${s.promptTokens}-token prompt, ${s.maxTokens} out`,
+      "start s",
+      "first token ms, greedy",
+      "tok/s after it, greedy",
+      "first token ms, temperature 0.7",
+      "tok/s after it, temperature 0.7",
+    ];
+    const r = s.modes.map((m) => {
+      const name = `tandem ${s.backend} ${s.gpu}, layers ${m.layers}`;
+      if (m.error) {
+        notes.push(m.error);
+        return [name, `(${notes.length})`, "—", "—", "—", "—"];
+      }
+      return [
+        name,
+        load(m.startSeconds),
+        cell(m.greedy?.ttft, "ms", `${name} first token`),
+        cell(m.greedy?.decode, "tok/s", `${name} greedy`),
+        cell(m.sampled?.ttft, "ms", `${name} first token, sampled`),
+        cell(m.sampled?.decode, "tok/s", `${name} sampled`),
+      ];
+    });
+    lines.push("", ...table(h, r));
+  }
+  lines.push(
+    "",
+    "Cells: median (best–worst run, slowest run's time / median's)." +
+      (worst ? ` Largest slowest/median: ×${worst.ratio.toFixed(2)} (${worst.what}).` : ""),
+  );
   if (notes.length > 0) lines.push("", ...notes.map((n, i) => `(${i + 1}) ${n}`));
   return lines.join("\n");
 }

@@ -1,5 +1,5 @@
-// A worker process (worker.ts) serving the last layers on loopback TCP, started for the split bench.
-// bench/decode.ts puts it after an in-process stage of layers 0:k via lib/wire/remote_stage.ts.
+// The serving processes the bench starts: worker.ts for the last layers on loopback TCP (put after
+// an in-process stage by bench/stage_bench.ts), and main.ts heads for the figures through HTTP.
 
 export interface WorkerOptions {
   readonly model: string;
@@ -15,17 +15,23 @@ export interface WorkerOptions {
   readonly log: (line: string) => void;
 }
 
-export interface RunningWorker {
-  /** host:port it listens on. */
-  readonly address: string;
-  /** Seconds from spawn until it listened (opening its layers is most of it). */
+/** A child process that logged its ready line. */
+export interface RunningProcess {
+  /** The line that said it was ready. */
+  readonly readyLine: string;
+  /** Seconds from spawn until that line (opening its layers is most of it). */
   readonly startSeconds: number;
   /** Stops it (SIGTERM, then SIGKILL after 10 s) and waits for it to exit. */
   stop(): Promise<void>;
 }
 
-const WORKER = new URL("../worker.ts", import.meta.url);
+export interface RunningWorker extends RunningProcess {
+  /** host:port it listens on. */
+  readonly address: string;
+}
 
+const WORKER = new URL("../worker.ts", import.meta.url);
+const HEAD = new URL("../main.ts", import.meta.url);
 /** A port the OS calls free now; the worker binds it a moment later. */
 function freePort(): number {
   const probe = Deno.listen({ hostname: "127.0.0.1", port: 0 });
@@ -45,47 +51,42 @@ async function readLines(stream: ReadableStream<Uint8Array>, onLine: (line: stri
   if (rest) onLine(rest);
 }
 
-/** Spawns worker.ts and resolves once it logs that it is listening. */
-export async function startWorker(options: WorkerOptions): Promise<RunningWorker> {
-  const port = freePort();
-  const args = [
-    "run",
-    "-A",
-    WORKER.pathname,
-    "--model",
-    options.model,
-    "--layers",
-    `${options.first}:${options.end}`,
-    "--port",
-    String(port),
-    "--slots",
-    String(options.slots),
-    "--ctx",
-    String(options.ctx),
-    "--backend",
-    options.backend,
-    "--gpu",
-    options.gpu,
-  ];
-  const child = new Deno.Command(Deno.execPath(), { args, stdout: "null", stderr: "piped" })
-    .spawn();
+/**
+ * Spawns `deno run -A <args>` and resolves once a line of its stderr matches `ready`; throws with
+ * its last lines when it exits or stays silent for `startTimeoutS` first.
+ */
+async function startProcess(
+  args: readonly string[],
+  what: string,
+  ready: RegExp,
+  options: { readonly startTimeoutS: number; readonly log: (line: string) => void },
+): Promise<RunningProcess> {
+  const child = new Deno.Command(Deno.execPath(), {
+    args: ["run", "-A", ...args],
+    stdout: "null",
+    stderr: "piped",
+  }).spawn();
   const started = performance.now();
   const tail: string[] = [];
-  let listening: () => void = () => {};
-  const ready = new Promise<void>((resolve) => listening = resolve);
+  let readyLine = "";
+  let seen: () => void = () => {};
+  const isReady = new Promise<void>((resolve) => seen = resolve);
   const lines = readLines(child.stderr, (line) => {
     options.log(line);
     tail.push(line);
     if (tail.length > 20) tail.shift();
-    if (/ listening on /.test(line)) listening();
+    if (!readyLine && ready.test(line)) {
+      readyLine = line;
+      seen();
+    }
   });
   let timer: ReturnType<typeof setTimeout> | undefined;
   const outcome = await Promise.race([
-    ready.then(() => "ready" as const),
+    isReady.then(() => "ready" as const),
     child.status.then((s) => `exited with code ${s.code}` as const),
     new Promise<string>((resolve) => {
       timer = setTimeout(
-        () => resolve(`did not listen within ${options.startTimeoutS} s`),
+        () => resolve(`was not ready within ${options.startTimeoutS} s`),
         options.startTimeoutS * 1000,
       );
     }),
@@ -111,10 +112,87 @@ export async function startWorker(options: WorkerOptions): Promise<RunningWorker
   }
   if (outcome !== "ready") {
     await stop();
-    throw new Error(
-      `Cannot start the worker for layers ${options.first}:${options.end}: it ${outcome}; ` +
-        `its last lines:\n${tail.join("\n")}`,
-    );
+    throw new Error(`Cannot start ${what}: it ${outcome}; its last lines:\n${tail.join("\n")}`);
   }
-  return { address: `127.0.0.1:${port}`, startSeconds, stop };
+  return { readyLine, startSeconds, stop };
+}
+
+/** --backend, and --gpu where the backend has providers. */
+function engineArgs(options: { backend: string; gpu: string }): string[] {
+  return [
+    "--backend",
+    options.backend,
+    ...(options.backend === "gpu" ? ["--gpu", options.gpu] : []),
+  ];
+}
+
+/** Spawns worker.ts and resolves once it logs that it is listening. */
+export async function startWorker(options: WorkerOptions): Promise<RunningWorker> {
+  const port = freePort();
+  const running = await startProcess(
+    [
+      WORKER.pathname,
+      "--model",
+      options.model,
+      "--layers",
+      `${options.first}:${options.end}`,
+      "--port",
+      String(port),
+      "--slots",
+      String(options.slots),
+      "--ctx",
+      String(options.ctx),
+      ...engineArgs(options),
+    ],
+    `the worker for layers ${options.first}:${options.end}`,
+    / listening on /,
+    options,
+  );
+  return { ...running, address: `127.0.0.1:${port}` };
+}
+
+export interface HeadProcessOptions {
+  readonly model: string;
+  readonly backend: string;
+  readonly gpu: string;
+  readonly ctx: number;
+  /** "0:k" with `next` (the worker's address); the whole model without. */
+  readonly layers?: string;
+  readonly next?: string;
+  readonly startTimeoutS: number;
+  readonly log: (line: string) => void;
+}
+
+export interface RunningHead extends RunningProcess {
+  /** http://host:port it serves. */
+  readonly url: string;
+}
+
+/** Spawns main.ts on a free port and resolves once it serves (its weights loaded). */
+export async function startHeadProcess(options: HeadProcessOptions): Promise<RunningHead> {
+  const split = options.layers && options.next
+    ? ["--layers", options.layers, "--next", options.next]
+    : [];
+  const running = await startProcess(
+    [
+      HEAD.pathname,
+      "--model",
+      options.model,
+      "--port",
+      "0",
+      "--ctx",
+      String(options.ctx),
+      ...engineArgs(options),
+      ...split,
+    ],
+    `the head${split.length ? ` on layers ${options.layers}` : ""}`,
+    / serving \S+ at http/,
+    options,
+  );
+  const url = / at (http:\/\/[^\s:]+:\d+)/.exec(running.readyLine)?.[1];
+  if (!url) {
+    await running.stop();
+    throw new Error(`Cannot find the head's address in "${running.readyLine}"`);
+  }
+  return { ...running, url };
 }

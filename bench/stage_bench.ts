@@ -22,7 +22,9 @@ import type { Stage } from "../engine/stage.ts";
 import { FUSED_STEPS } from "../lib/scheduler/scheduler.ts";
 import { connectRemoteStage } from "../lib/wire/remote_stage.ts";
 import {
+  BENCH_SAMPLING,
   Deadline,
+  DEFAULT_RUNS,
   type Figure,
   measure,
   seededIds,
@@ -30,6 +32,7 @@ import {
   timeDecode,
   timeFusedDecode,
   timePrefill,
+  timeSampledDecode,
 } from "./measure.ts";
 import { startWorker } from "./split.ts";
 
@@ -54,7 +57,10 @@ export interface SplitReport {
   readonly layers: string;
   readonly workerStartSeconds?: number;
   readonly openSeconds?: number;
+  /** tg one sequence at a time through both stages (ms/token in the table). */
   readonly decode: Figure;
+  /** tg on `slots` sequences at once through both stages, keeping both stages busy. */
+  readonly concurrent?: Figure;
 }
 
 /** What this script prints for one backend/provider. */
@@ -65,7 +71,7 @@ export interface StageReport {
   readonly adapter?: string;
   readonly openSeconds?: number;
   readonly maxBatch?: number;
-  /** pp<n>, tg<n>, tg<n>x<slots>; keyed by name, tokens per run inside. */
+  /** pp<n>, tg<n>, tg<n>-fused, tg<n>-sampled, tg<n>x<slots>; tokens per run inside. */
   readonly figures: Readonly<Record<string, Figure>>;
   readonly split?: SplitReport;
   /** Set when the stage could not be opened at all. */
@@ -145,6 +151,14 @@ async function wholeFigures(
       log,
     );
   }
+  figures[`tg${tg}-sampled`] = await measure(
+    `tg${tg} sampled`,
+    tg,
+    runs,
+    async () => (await timeSampledDecode([stage], firsts[0], tg, BENCH_SAMPLING, seed)).seconds,
+    deadline,
+    log,
+  );
   if (options.slots > 1) {
     const name = `tg${tg}x${options.slots}`;
     figures[name] = await measure(
@@ -180,25 +194,41 @@ async function splitFigure(
       end: nLayer,
       backend: options.backend,
       gpu: options.gpu,
-      slots: 1,
+      slots: options.slots,
       ctx: Math.max(...options.pp, options.tg),
       startTimeoutS: Math.min(Math.max(deadline.left, 1), 900),
       log: (line) => console.error(line),
     });
-    const opened = await openTimed(model, options, 0, k, 1);
+    const opened = await openTimed(model, options, 0, k, options.slots);
     local = opened.stage;
     remote = await connectRemoteStage(worker.address, { local, model });
     const stages = [local, remote];
-    const first = seededIds(1, vocab, options.seed + 1)[0];
+    const firsts = Array.from(seededIds(options.slots, vocab, options.seed + 1));
     const decode = await measure(
       name,
       options.tg,
       options.runs,
-      async () => (await timeDecode(stages, first, options.tg)).seconds,
+      async () => (await timeDecode(stages, firsts[0], options.tg)).seconds,
       deadline,
       log,
     );
-    return { layers, workerStartSeconds: worker.startSeconds, openSeconds: opened.seconds, decode };
+    const concurrent = options.slots > 1
+      ? await measure(
+        `${name} x${options.slots}`,
+        options.tg * options.slots,
+        options.runs,
+        async () => (await timeConcurrentDecode(stages, firsts, options.tg)).seconds,
+        deadline,
+        log,
+      )
+      : undefined;
+    return {
+      layers,
+      workerStartSeconds: worker.startSeconds,
+      openSeconds: opened.seconds,
+      decode,
+      concurrent,
+    };
   } catch (e) {
     log(`${name}: ${(e as Error).stack}`);
     return { layers, decode: { tokens: options.tg, error: (e as Error).message } };
@@ -212,7 +242,9 @@ async function splitFigure(
 /** Every figure of one backend/provider; failures are kept in the report, not thrown. */
 export async function benchStage(options: StageBenchOptions): Promise<StageReport> {
   const deadline = new Deadline(options.deadlineS);
-  const { backend, gpu } = options;
+  const { backend } = options;
+  // The reference backend has no provider; its rows are named "cpu".
+  const gpu = backend === "gpu" ? options.gpu : "cpu";
   const adapter = backend === "gpu" ? await describeAdapter(gpu) : undefined;
   if (adapter) log(`adapter ${adapter}`);
   const model = await openGguf(options.model);
@@ -261,7 +293,7 @@ const STAGE_BENCH = {
     tg: flag(whole(1), "decode steps", 128),
     slots: flag(whole(1), "slots decoding at once for the aggregate figure", 2),
     split: flag(whole(1), "also decode through layers 0:K here + K:n in a worker"),
-    runs: flag(whole(1), "timed runs per figure", 3),
+    runs: flag(whole(1), "timed runs per figure", DEFAULT_RUNS),
     seed: flag(whole(0), "seed of the prompt ids", 1),
     "deadline-s": flag(whole(1), "stop starting measurements after S seconds", 600),
   },

@@ -1,12 +1,12 @@
 // The llama.cpp peer: pp/tg on the bench's GGUF through node-llama-cpp's prebuilt Vulkan build.
 // Spawned by bench/decode.ts under Deno with --node-modules-dir=manual; answers JSON on stdout.
 //
-// node-llama-cpp lives in bench/peers/node_modules (npm ci here, or unpacked from
+// node-llama-cpp lives in bench/peers/node_modules (npm install here, or unpacked from
 // .gpu/peers.tar.xz on the GPU box) and is imported by a computed URL, so that `deno check` and
 // CI never resolve it. Only the few calls used below are typed.
 
 import { parseArgs } from "node:util";
-import { Deadline, type Figure, measure, seededIds } from "../measure.ts";
+import { Deadline, DEFAULT_RUNS, type Figure, measure, seededIds } from "../measure.ts";
 
 interface Sequence {
   clearHistory(): Promise<void>;
@@ -79,7 +79,7 @@ async function load(): Promise<{ nlc: NodeLlamaCpp; version: string }> {
   } catch (e) {
     throw new Error(
       `Cannot find node-llama-cpp in ${PACKAGE.pathname} (${(e as Error).message}): run ` +
-        "`npm ci --ignore-scripts --omit=optional` in bench/peers, or unpack .gpu/peers.tar.xz",
+        "`npm install --ignore-scripts --omit=optional` in bench/peers, or unpack .gpu/peers.tar.xz",
     );
   }
   const entry = new URL("dist/index.js", PACKAGE).href;
@@ -98,7 +98,7 @@ async function main(): Promise<void> {
       vocab: { type: "string" },
       pp: { type: "string", default: "512,2048" },
       tg: { type: "string", default: "128" },
-      runs: { type: "string", default: "3" },
+      runs: { type: "string", default: String(DEFAULT_RUNS) },
       seed: { type: "string", default: "1" },
       batch: { type: "string", default: "512" },
       "deadline-s": { type: "string", default: "600" },

@@ -1,0 +1,261 @@
+// Figures through the server as users see them: a head (main.ts, unsplit, then split over a
+// worker) answering /v1/messages streams; time to first token and decode tok/s per request.
+// Run by bench/decode.ts after the engine figures; the head and worker are child processes.
+
+import { openGguf } from "../engine/gguf/read.ts";
+import { readHParams } from "../engine/hparams.ts";
+import { PromptBuilder } from "../lib/server/prompt.ts";
+import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
+import { type Deadline, type Figure, OutOfTime, timingOf } from "./measure.ts";
+import { type RunningProcess, startHeadProcess, startWorker } from "./split.ts";
+
+export interface ServerBenchOptions {
+  readonly model: string;
+  readonly backend: string;
+  readonly gpu: string;
+  /** Prompt length in tokens (after the chat template), at most. */
+  readonly promptTokens: number;
+  /** max_tokens of each request. */
+  readonly maxTokens: number;
+  /** Layer where the head ends and the worker begins for the split; undefined: unsplit only. */
+  readonly split?: number;
+  readonly runs: number;
+  readonly deadline: Deadline;
+  readonly log: (line: string) => void;
+}
+
+/** One kind of request, timed over the runs: first token, then the tokens after it. */
+export interface ServerFigure {
+  /** Seconds from sending the request to the first streamed token; tokens = prompt tokens. */
+  readonly ttft: Figure;
+  /** Seconds per output token after the first, of the replies longer than one token. */
+  readonly decode: Figure;
+}
+
+export interface ServerMode {
+  /** "0:40" unsplit, "0:20 + 20:40" split. */
+  readonly layers: string;
+  /** Seconds until the head served (the worker's start included for the split). */
+  readonly startSeconds?: number;
+  /** temperature 0. */
+  readonly greedy?: ServerFigure;
+  /** temperature 0.7, top_p 0.9. */
+  readonly sampled?: ServerFigure;
+  readonly error?: string;
+}
+
+export interface ServerReport {
+  readonly backend: string;
+  readonly gpu: string;
+  readonly promptTokens: number;
+  readonly maxTokens: number;
+  readonly modes: readonly ServerMode[];
+}
+
+/** One streamed reply, timed. */
+export interface StreamTiming {
+  readonly ttftSeconds: number;
+  /** Tokens the reply reported (usage.output_tokens). */
+  readonly outputTokens: number;
+  /** Seconds from the first streamed token to the end of the stream. */
+  readonly afterFirstSeconds: number;
+}
+
+const WORDS = ("the river keeps its own counsel and stones remember every flood while lanterns " +
+  "drift past quiet harbours where old sailors mend nets beneath a patient sky").split(" ");
+
+/**
+ * User text whose chat prompt (the model's template, as the head renders it) is as long as
+ * possible without passing `tokens`; and that length.
+ */
+export function promptOfLength(
+  prompts: PromptBuilder,
+  tokens: number,
+): { text: string; tokens: number } {
+  const text = (n: number) => Array.from({ length: n }, (_, i) => WORDS[(i * 7) % WORDS.length]);
+  const length = (n: number) =>
+    prompts.build({
+      messages: [{ role: "user", content: text(n).join(" ") }],
+      tools: [],
+      toolChoice: { type: "auto" },
+      thinking: false,
+    }).ids.length;
+  let lo = 1;
+  let hi = 1;
+  while (length(hi) <= tokens) hi *= 2;
+  while (hi - lo > 1) {
+    const mid = (lo + hi) >> 1;
+    if (length(mid) <= tokens) lo = mid;
+    else hi = mid;
+  }
+  return { text: text(lo).join(" "), tokens: length(lo) };
+}
+
+/** The event blocks of a server-sent event stream, as (event, parsed data) pairs. */
+async function* sseEvents(
+  body: ReadableStream<Uint8Array>,
+): AsyncGenerator<{ event: string; data: Record<string, unknown> }> {
+  let rest = "";
+  for await (const text of body.pipeThrough(new TextDecoderStream())) {
+    const blocks = (rest + text).split("\n\n");
+    rest = blocks.pop()!;
+    for (const block of blocks) {
+      const event = /^event: (.*)$/m.exec(block)?.[1] ?? "";
+      const data = /^data: (.*)$/m.exec(block)?.[1];
+      if (data) yield { event, data: JSON.parse(data) };
+    }
+  }
+}
+
+/** POSTs one streaming /v1/messages request and times its reply. */
+export async function timeMessage(
+  url: string,
+  text: string,
+  maxTokens: number,
+  sampling: { temperature: number; top_p?: number },
+): Promise<StreamTiming> {
+  const start = performance.now();
+  const response = await fetch(`${url}/v1/messages`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify({
+      model: "bench",
+      max_tokens: maxTokens,
+      stream: true,
+      messages: [{ role: "user", content: text }],
+      ...sampling,
+    }),
+  });
+  if (!response.ok || !response.body) {
+    throw new Error(
+      `Cannot time a reply: the head answered ${response.status}: ${await response.text()}`,
+    );
+  }
+  let first: number | undefined;
+  let outputTokens = 0;
+  for await (const { event, data } of sseEvents(response.body)) {
+    if (event === "content_block_delta") first ??= performance.now();
+    if (event === "message_delta") {
+      outputTokens = Number((data.usage as { output_tokens?: number } | undefined)?.output_tokens);
+    }
+    if (event === "error") throw new Error(`The head's stream failed: ${JSON.stringify(data)}`);
+  }
+  const end = performance.now();
+  if (!(outputTokens >= 1)) {
+    throw new Error(`Cannot time a reply that reported ${outputTokens} output tokens`);
+  }
+  // A reply whose only token is an end of turn streams no text: it ends when that token is out.
+  first ??= end;
+  return {
+    ttftSeconds: (first - start) / 1000,
+    outputTokens,
+    afterFirstSeconds: (end - first) / 1000,
+  };
+}
+
+/** One warm-up, then `runs` timed requests (fewer when the deadline comes). */
+async function figure(
+  url: string,
+  text: string,
+  promptTokens: number,
+  options: ServerBenchOptions,
+  sampling: { temperature: number; top_p?: number },
+  name: string,
+): Promise<ServerFigure> {
+  const { deadline, log } = options;
+  try {
+    if (deadline.left <= 0) throw new OutOfTime("no time left for a warm-up");
+    const warm = await timeMessage(url, text, options.maxTokens, sampling);
+    const each = warm.ttftSeconds + warm.afterFirstSeconds;
+    const runs = Math.min(options.runs, Math.floor(deadline.left / Math.max(each, 1e-6)));
+    if (runs < 1) throw new OutOfTime(`the warm-up took ${each.toFixed(1)} s`);
+    const timed: StreamTiming[] = [];
+    for (let i = 0; i < runs; i++) {
+      timed.push(await timeMessage(url, text, options.maxTokens, sampling));
+    }
+    const ttft = timingOf(timed.map((t) => t.ttftSeconds));
+    // A reply that ended at its first token (sampled end of turn) has no pace to give.
+    const paced = timed.filter((t) => t.outputTokens > 1);
+    if (paced.length === 0) throw new Error("every reply ended at its first token");
+    const perToken = timingOf(paced.map((t) => t.afterFirstSeconds / (t.outputTokens - 1)));
+    log(
+      `${name}: first token ${(ttft.median * 1000).toFixed(0)} ms, ${
+        (1 / perToken.median).toFixed(1)
+      } tok/s after it, median of ${runs}`,
+    );
+    return {
+      ttft: { tokens: promptTokens, timing: ttft },
+      decode: { tokens: 1, timing: perToken },
+    };
+  } catch (e) {
+    const error = e instanceof OutOfTime ? `skipped: ${e.message}` : (e as Error).message;
+    log(`${name}: ${error}`);
+    return { ttft: { tokens: promptTokens, error }, decode: { tokens: 1, error } };
+  }
+}
+
+/** The head unsplit, then split at options.split over a worker; one greedy and one sampled figure. */
+export async function benchServer(options: ServerBenchOptions): Promise<ServerReport> {
+  const model = await openGguf(options.model);
+  let prompt: { text: string; tokens: number };
+  let nLayer: number;
+  try {
+    const template = model.metadata.get("tokenizer.chat_template");
+    if (typeof template !== "string") {
+      throw new TypeError(`Cannot bench the server on "${options.model}": it has no chat template`);
+    }
+    const prompts = new PromptBuilder(TextTokenizer.fromGguf(model.metadata), template);
+    prompt = promptOfLength(prompts, options.promptTokens);
+    nLayer = readHParams(model.metadata).nLayer;
+  } finally {
+    model.close();
+  }
+  const ctx = prompt.tokens + options.maxTokens + 16;
+  const common = {
+    model: options.model,
+    backend: options.backend,
+    gpu: options.gpu,
+    startTimeoutS: Math.min(Math.max(options.deadline.left, 1), 900),
+    log: options.log,
+  };
+  const modes: ServerMode[] = [];
+  const layouts = [undefined, ...(options.split === undefined ? [] : [options.split])];
+  for (const k of layouts) {
+    const layers = k === undefined ? `0:${nLayer}` : `0:${k} + ${k}:${nLayer}`;
+    const started: RunningProcess[] = [];
+    try {
+      const start = performance.now();
+      let next: string | undefined;
+      if (k !== undefined) {
+        const worker = await startWorker({ ...common, first: k, end: nLayer, slots: 1, ctx });
+        started.push(worker);
+        next = worker.address;
+      }
+      const head = await startHeadProcess({
+        ...common,
+        ctx,
+        layers: k ? `0:${k}` : undefined,
+        next,
+      });
+      started.push(head);
+      const startSeconds = (performance.now() - start) / 1000;
+      const run = (sampling: { temperature: number; top_p?: number }, what: string) =>
+        figure(head.url, prompt.text, prompt.tokens, options, sampling, `server ${layers} ${what}`);
+      const greedy = await run({ temperature: 0 }, "greedy");
+      const sampled = await run({ temperature: 0.7, top_p: 0.9 }, "temperature 0.7");
+      modes.push({ layers, startSeconds, greedy, sampled });
+    } catch (e) {
+      options.log(`server ${layers}: ${(e as Error).message}`);
+      modes.push({ layers, error: (e as Error).message });
+    } finally {
+      for (const p of started.reverse()) await p.stop();
+    }
+  }
+  return {
+    backend: options.backend,
+    gpu: options.gpu,
+    promptTokens: prompt.tokens,
+    maxTokens: options.maxTokens,
+    modes,
+  };
+}
