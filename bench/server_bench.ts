@@ -5,7 +5,7 @@
 import { openGguf } from "../engine/gguf/read.ts";
 import { readHParams } from "../engine/hparams.ts";
 import { PromptBuilder } from "../lib/server/prompt.ts";
-import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
+import { TokenizerThread } from "../lib/tokenizer/tokenizer_thread.ts";
 import { type Deadline, type Figure, OutOfTime, timingOf } from "./measure.ts";
 import { type RunningProcess, startHeadProcess, startWorker } from "./split.ts";
 
@@ -68,27 +68,27 @@ const WORDS = ("the river keeps its own counsel and stones remember every flood 
  * User text whose chat prompt (the model's template, as the head renders it) is as long as
  * possible without passing `tokens`; and that length.
  */
-export function promptOfLength(
+export async function promptOfLength(
   prompts: PromptBuilder,
   tokens: number,
-): { text: string; tokens: number } {
+): Promise<{ text: string; tokens: number }> {
   const text = (n: number) => Array.from({ length: n }, (_, i) => WORDS[(i * 7) % WORDS.length]);
-  const length = (n: number) =>
-    prompts.build({
+  const length = async (n: number) =>
+    (await prompts.build({
       messages: [{ role: "user", content: text(n).join(" ") }],
       tools: [],
       toolChoice: { type: "auto" },
       thinking: false,
-    }).ids.length;
+    })).tokens;
   let lo = 1;
   let hi = 1;
-  while (length(hi) <= tokens) hi *= 2;
+  while (await length(hi) <= tokens) hi *= 2;
   while (hi - lo > 1) {
     const mid = (lo + hi) >> 1;
-    if (length(mid) <= tokens) lo = mid;
+    if (await length(mid) <= tokens) lo = mid;
     else hi = mid;
   }
-  return { text: text(lo).join(" "), tokens: length(lo) };
+  return { text: text(lo).join(" "), tokens: await length(lo) };
 }
 
 /** The event blocks of a server-sent event stream, as (event, parsed data) pairs. */
@@ -204,8 +204,15 @@ export async function benchServer(options: ServerBenchOptions): Promise<ServerRe
     if (typeof template !== "string") {
       throw new TypeError(`Cannot bench the server on "${options.model}": it has no chat template`);
     }
-    const prompts = new PromptBuilder(TextTokenizer.fromGguf(model.metadata), template);
-    prompt = promptOfLength(prompts, options.promptTokens);
+    const thread = await TokenizerThread.start(model.metadata, template);
+    try {
+      prompt = await promptOfLength(
+        new PromptBuilder(thread, options.promptTokens),
+        options.promptTokens,
+      );
+    } finally {
+      thread.close();
+    }
     nLayer = readHParams(model.metadata).nLayer;
   } finally {
     model.close();

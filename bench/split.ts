@@ -182,6 +182,9 @@ export async function startHeadProcess(options: HeadProcessOptions): Promise<Run
       "0",
       "--ctx",
       String(options.ctx),
+      // Without the prefix cache every request prefills its whole prompt, as the figure means.
+      "--snapshots",
+      "0",
       ...engineArgs(options),
       ...split,
     ],

@@ -7,28 +7,30 @@ import { benchServer, promptOfLength } from "../bench/server_bench.ts";
 import { Deadline } from "../bench/measure.ts";
 import { openGguf } from "../engine/gguf/read.ts";
 import { PromptBuilder } from "../lib/server/prompt.ts";
-import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
+import { TokenizerThread } from "../lib/tokenizer/tokenizer_thread.ts";
 import { testModel } from "./_models.ts";
 
 Deno.test("promptOfLength: the longest text whose chat prompt fits the budget", async () => {
   const model = await openGguf(await testModel({ arch: "qwen35moe" }));
+  const thread = await TokenizerThread.start(
+    model.metadata,
+    model.metadata.get("tokenizer.chat_template") as string,
+  );
   try {
-    const prompts = new PromptBuilder(
-      TextTokenizer.fromGguf(model.metadata),
-      model.metadata.get("tokenizer.chat_template") as string,
-    );
-    const build = (text: string) =>
-      prompts.build({
+    const prompts = new PromptBuilder(thread, 100);
+    const build = async (text: string) =>
+      (await prompts.build({
         messages: [{ role: "user", content: text }],
         tools: [],
         toolChoice: { type: "auto" },
         thinking: false,
-      }).ids.length;
-    const { text, tokens } = promptOfLength(prompts, 100);
-    assert.equal(build(text), tokens);
+      })).tokens;
+    const { text, tokens } = await promptOfLength(prompts, 100);
+    assert.equal(await build(text), tokens);
     assert.ok(tokens <= 100 && tokens > 90, `${tokens} tokens`);
-    assert.ok(build(`${text} the river`) > 100, "one more word would not fit");
+    assert.ok(await build(`${text} the river`) > 100, "one more word would not fit");
   } finally {
+    thread.close();
     model.close();
   }
 });
