@@ -17,7 +17,7 @@ import type { SequenceEvent, SequenceRequest } from "../lib/scheduler/sequence.t
 import { tinyModel } from "./_head.ts";
 import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { modelFingerprint } from "../lib/wire/hello.ts";
-import { RemoteStage } from "../lib/wire/remote_stage.ts";
+import { remoteStageAfter } from "../lib/wire/remote_stage.ts";
 import { startWorker } from "./_workers.ts";
 
 interface Span {
@@ -133,15 +133,7 @@ Deno.test("split driver: one slot's local layers run while the other's frame is 
     await openReferenceStage(model, { first: 0, end: 2, slots: 2, ctx: 128 }),
   );
   const link = new RecordingLink(
-    new RemoteStage(worker.address, {
-      first: 2,
-      nLayer: local.nLayer,
-      nEmbd: local.nEmbd,
-      slots: 2,
-      ctx: 128,
-      snapshots: 0,
-      fingerprint: await modelFingerprint(model),
-    }),
+    remoteStageAfter(worker.address, local, await modelFingerprint(model)),
   );
   const scheduler = new Scheduler({ local, link, tokenizer, slots: 2, queue: 0, snapshots: 0 });
   try {

@@ -8,7 +8,7 @@ import { StageLink } from "./link.ts";
 import { serveLocal } from "../../tests/_workers.ts";
 import { modelFingerprint } from "../wire/hello.ts";
 import { StageUnavailableError } from "../wire/peer.ts";
-import { RemoteStage } from "../wire/remote_stage.ts";
+import { remoteStageAfter } from "../wire/remote_stage.ts";
 import { testModel } from "../../tests/_models.ts";
 
 const model = await openGguf(await testModel({ arch: "qwen35moe", quant: "q4_k_m" }));
@@ -19,15 +19,7 @@ Deno.test("an idle stage is probed with PING, which leaves every slot as it was"
   const head = await openReferenceStage(model, { first: 0, end: 2, slots: 1, ctx: CTX });
   const whole = await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: CTX });
   const link = new StageLink(
-    new RemoteStage(worker.address, {
-      first: 2,
-      nLayer: 4,
-      nEmbd: head.nEmbd,
-      slots: 1,
-      ctx: CTX,
-      snapshots: 0,
-      fingerprint: await modelFingerprint(model),
-    }),
+    remoteStageAfter(worker.address, head, await modelFingerprint(model)),
     { idleMs: 0 },
   );
   try {
