@@ -6,6 +6,7 @@ import { createStorage } from "../engine/gpu/buffers.ts";
 import type { GpuContext } from "../engine/gpu/device.ts";
 import { gatherTiles, gatherWords, moeGather } from "../engine/gpu/kernels/moe_gather.ts";
 import { MUL_MAT_TYPES, mulMat, PREFILL_TT } from "../engine/gpu/kernels/mul_mat.ts";
+import { rmsNorm } from "../engine/gpu/kernels/rms_norm.ts";
 import { dequantize } from "../engine/quant/dequant.ts";
 import { randomBlocks } from "../tools/synth/quantize.ts";
 import { GgmlType, rowBytes, typeName } from "../engine/quant/ggml_types.ts";
@@ -273,6 +274,62 @@ gpuTest(
               i % 70
             } is ${batched[i]} in a batch but ${single[i]} alone`,
           );
+        }
+      }
+    }
+  },
+);
+
+gpuTest(
+  "mulMat() with a folded RMSNorm gives the bits of rmsNorm() then the product",
+  async (ctx) => {
+    // K = 1280 (a partial last round of 256 partials in the norm), 5 tokens: the unfolded
+    // product runs as a prefill tile, the folded one token by token; experts: 3 of 4, decode.
+    const [K, M, T, E, nUsed, eps] = [1280, 70, 5, 4, 3, 1e-6];
+    const r = rng(31);
+    const xs = upload(ctx, randomF32(T * K, r, 3));
+    const nw = upload(ctx, randomF32(K, r));
+    const h = createStorage(ctx, "h", T * K * 4);
+    const ids = upload(ctx, Uint32Array.from([3, 0, 2]));
+    for (const type of [GgmlType.Q8_0, GgmlType.IQ4_XS]) {
+      const bytes = randomBlocks(type, K * M * E, 0.5, r);
+      const w = await uploadWeights(
+        ctx,
+        { name: "w", type, shape: [K, M] },
+        bytes.subarray(0, rowBytes(type, K) * M),
+      );
+      const exps = await uploadWeights(ctx, { name: "exps", type, shape: [K, M, E] }, bytes);
+      const [folded, unfolded] = [0, 1].map(() => createStorage(ctx, "y", T * M * 4));
+      const [foldedIds, unfoldedIds] = [0, 1].map(() => createStorage(ctx, "y", nUsed * M * 4));
+      const norm = { w: nw, eps };
+      await submit(ctx, (enc) => {
+        rmsNorm(enc, { x: xs, w: nw, y: h }, { n: K, rows: T, eps });
+        mulMat(enc, { w, x: h, y: unfolded }, { tokens: T });
+        mulMat(enc, { w: exps, x: h, y: unfoldedIds, ids }, { tokens: 1, nUsed, xStrideI: 0 });
+        for (let t = 0; t < T; t++) {
+          mulMat(enc, { w, x: xs, y: folded }, { tokens: 1, norm, xOffset: t * K, yOffset: t * M });
+        }
+        mulMat(enc, { w: exps, x: xs, y: foldedIds, ids }, { tokens: 1, nUsed, xStrideI: 0, norm });
+      });
+      for (
+        const [a, b, what] of [[folded, unfolded, "plain"], [
+          foldedIds,
+          unfoldedIds,
+          "experts",
+        ]] as const
+      ) {
+        const n = what === "plain" ? T * M : nUsed * M;
+        const got = await readF32(ctx, a, n);
+        const want = await readF32(ctx, b, n);
+        assert.ok(want.some((v) => v !== 0), "the products are not all zero");
+        for (let i = 0; i < n; i++) {
+          if (!Object.is(got[i], want[i])) {
+            throw new Error(
+              `${typeName(type)} ${what}: output ${i} is ${got[i]} folded, ${
+                want[i]
+              } after rmsNorm()`,
+            );
+          }
         }
       }
     }

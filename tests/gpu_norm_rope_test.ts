@@ -3,7 +3,7 @@
 
 import { createStorage } from "../engine/gpu/buffers.ts";
 import { getRows } from "../engine/gpu/kernels/get_rows.ts";
-import { kNormRopeStore, qNormRope } from "../engine/gpu/kernels/qk_norm_rope.ts";
+import { qkNormRope } from "../engine/gpu/kernels/qk_norm_rope.ts";
 import { rmsNorm } from "../engine/gpu/kernels/rms_norm.ts";
 import { dequantize } from "../engine/quant/dequant.ts";
 import { f16ToF32 } from "../engine/quant/f16.ts";
@@ -94,7 +94,7 @@ function refRope(x: Float64Array, c: RopeCase, dh: number, nRot: number, pos: nu
     : ropeNeox(x, { headDim: dh, nRot, base, pos });
 }
 
-gpuTest("qNormRope() matches RMSNorm then NEOX/IMROPE of every q head", async (ctx) => {
+gpuTest("qkNormRope() matches RMSNorm then NEOX/IMROPE of every q head", async (ctx) => {
   const [T, H, dh, nRot] = [3, 4, 80, 16];
   // q heads interleaved with gate halves, as attn_q produces them: stride 2·dh per head.
   for (const c of CASES) {
@@ -103,9 +103,8 @@ gpuTest("qNormRope() matches RMSNorm then NEOX/IMROPE of every q head", async (c
     const w = randomF32(dh, r);
     const buf = upload(ctx, x);
     await submit(ctx, (enc) =>
-      qNormRope(enc, { x: buf, w: upload(ctx, w) }, {
+      qkNormRope(enc, { x: buf, wq: upload(ctx, w) }, {
         tokens: T,
-        heads: H,
         dh,
         nRot,
         thetaScale: ropeThetaScale(1e7, nRot),
@@ -113,7 +112,7 @@ gpuTest("qNormRope() matches RMSNorm then NEOX/IMROPE of every q head", async (c
         eps: 1e-6,
         pos0: c.pos0,
         xStrideT: H * 2 * dh,
-        xStrideH: 2 * dh,
+        q: { heads: H, strideH: 2 * dh },
       }));
     const got = await readF32(ctx, buf, x.length);
     const want = Float64Array.from(x);
@@ -130,7 +129,7 @@ gpuTest("qNormRope() matches RMSNorm then NEOX/IMROPE of every q head", async (c
   }
 });
 
-gpuTest("kNormRopeStore() writes rotated k and raw v as f16 into the cache", async (ctx) => {
+gpuTest("qkNormRope() writes rotated k and raw v as f16 into the cache", async (ctx) => {
   const [T, H, dh, nRot, pos0, ctxLen] = [2, 2, 64, 16, 3, 8];
   const r = rng(4);
   // The k/v projection: per token [k (H·dh) | v (H·dh)].
@@ -141,9 +140,8 @@ gpuTest("kNormRopeStore() writes rotated k and raw v as f16 into the cache", asy
   await submit(
     ctx,
     (enc) =>
-      kNormRopeStore(enc, { x: upload(ctx, kv), w: upload(ctx, w), kc, vc }, {
+      qkNormRope(enc, { x: upload(ctx, kv), wk: upload(ctx, w), kc, vc }, {
         tokens: T,
-        heads: H,
         dh,
         nRot,
         thetaScale: ropeThetaScale(1e7, nRot),
@@ -151,8 +149,7 @@ gpuTest("kNormRopeStore() writes rotated k and raw v as f16 into the cache", asy
         eps: 1e-6,
         pos0,
         xStrideT: 2 * H * dh,
-        xStrideH: dh,
-        vOffset: H * dh,
+        k: { heads: H, offset: 0, strideH: dh, vOffset: H * dh },
       }),
   );
   const words = T * H * dh / 2;

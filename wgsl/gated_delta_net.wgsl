@@ -4,7 +4,7 @@
 // Matches engine/reference/norms.ts l2NormHeads, engine/reference/deltanet.ts deltaNetGates and
 // deltaNetStep, engine/reference/norms.ts gatedRmsNorm, token by token (f32).
 // Bindings: 0 u: conv output of token t at t·u_stride_t: [q (nk·dk) | k (nk·dk) | v (nv·dv)]
-//   | 1 ba: [b (nv) | a (nv)] at t·ba_stride_t | 2 z: gate of head h at z_offset +
+//   | 1 ba: [b (nv) | a (nv)] at ba_offset + t·ba_stride_t | 2 z: gate of head h at z_offset +
 //   t·z_stride_t + h·dv | 3 p: [dt_bias (nv) | ssm_a (nv) | norm weight (dv)] f32
 //   | 4 state (nv, dk, dv) f32, S_h[i][j] at (h·dk + i)·dv + j | 5 y (t·y_stride_t + h·dv + j)
 //   | 6 params.
@@ -26,6 +26,7 @@ struct Params {
   tokens: u32,
   interleave: u32,
   u_stride_t: u32,
+  ba_offset: u32,
   ba_stride_t: u32,
   z_offset: u32,
   z_stride_t: u32,
@@ -76,8 +77,8 @@ fn load_token(t: u32, h: u32, kh: u32, c: u32, lid: u32) -> TokenIn {
       x.qk[n] = u[at + (params.nk + kh) * DK + e - DK];
     }
   }
-  x.b = ba[t * params.ba_stride_t + h];
-  x.a = ba[t * params.ba_stride_t + params.nv + h];
+  x.b = ba[params.ba_offset + t * params.ba_stride_t + h];
+  x.a = ba[params.ba_offset + t * params.ba_stride_t + params.nv + h];
   x.v = u[at + 2u * params.nk * DK + h * DV + c];
   x.z = z[params.z_offset + t * params.z_stride_t + h * DV + c];
   return x;

@@ -4,14 +4,16 @@
 // expert (prefill MoE). Matches engine/reference/math.ts matVec over engine/quant/dequant.ts rows.
 // Bindings: 0 w: weight bytes of one part (rows of `k` values, quantized) | 1 x (f32)
 //   | 2 ids (u32: expert ids (T, ids_stride) under ID, the gather table under GATHERED, a dummy
-//   otherwise) | 3 y (f32) | 4 params.
+//   otherwise) | 3 nw (k) f32 RMSNorm weight under NORM, a dummy otherwise | 4 y (f32) | 5 params.
 // Dispatch: (row_tiles folded to 2-D, z). Decode: WG = 128 threads = 8 rows of LANES threads,
 //   z = T·n_used slots under ID, else T tokens. TILED: WG = 4·TT threads, BM = 64 rows a tile,
 //   z = token tiles, or the gather table's most tiles under GATHERED (workgroups past its tile
 //   count exit).
 // Variants: TYPE_<type> (one), TILED with TT (slots a tile), ID, GATHERED (with TILED and ID),
 //   X_SWIGLU (x = silu(g)·u with u at g + up_offset), ADD (y += result), SUBGROUPS (decode row sums
-//   by subgroup shuffles), IQ4_TABLE_WORKGROUP (dequant.wgsl; not with the 16 KB dense TILED).
+//   by subgroup shuffles), IQ4_TABLE_WORKGROUP (dequant.wgsl; not with the 16 KB dense TILED),
+//   NORM (decode only: x is the raw residual row and the product uses RMSNorm(x)·nw, the norm
+//   computed per workgroup by _include/rms.wgsl exactly as wgsl/rms_norm.wgsl computes it).
 //
 // Batch invariance: every variant sums an output in one order, so a token's result does not
 // depend on how tokens are grouped into calls. Chunk c (values 32c..32c+31) contributes
@@ -26,6 +28,9 @@ enable subgroups;
 #endif
 
 #include "_include/dequant.wgsl"
+#ifdef NORM
+#include "_include/rms.wgsl"
+#endif
 
 struct Params {
   k: u32,
@@ -44,13 +49,15 @@ struct Params {
   y_stride_i: u32,
   ids_stride: u32,
   row_tiles: u32,
+  eps: f32,
 }
 
 @group(0) @binding(0) var<storage, read> w: array<u32>;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> ids: array<u32>;
-@group(0) @binding(3) var<storage, read_write> y: array<f32>;
-@group(0) @binding(4) var<uniform> params: Params;
+@group(0) @binding(3) var<storage, read> nw: array<f32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(5) var<uniform> params: Params;
 
 // Partial sums (chunk classes) per output.
 const LANES = 16u;
@@ -305,10 +312,16 @@ fn chunk_sum(wv: array<vec4<f32>, 8>, rc: u32) -> f32 {
   return s;
 }
 
-// The staged vec4 v of chunk c, zero past the row.
-fn stage_x(xo: u32, chunks: u32, c: u32, v: u32) -> vec4<f32> {
+// The staged vec4 v of chunk c, zero past the row; under NORM, (x·scale)·nw as rms_norm writes it.
+fn stage_x(xo: u32, chunks: u32, c: u32, v: u32, scale: f32) -> vec4<f32> {
   if (c < chunks) {
-    return x4(xo + 32u * c + 4u * v);
+    let col = 32u * c + 4u * v;
+#ifdef NORM
+    let g = vec4<f32>(nw[col], nw[col + 1u], nw[col + 2u], nw[col + 3u]);
+    return (x4(xo + col) * scale) * g;
+#else
+    return x4(xo + col);
+#endif
   }
   return vec4<f32>(0.0);
 }
@@ -349,6 +362,11 @@ fn main(
   let row_in_part = r;
 #endif
   fill_tables(lid);
+#ifdef NORM
+  let scale = rms_scale(xo, params.k, params.eps, lid);
+#else
+  let scale = 1.0;
+#endif
   let chunks = params.k / 32u;
   let classes = min(chunks, LANES);
   let row_byte = row_in_part * row_bytes();
@@ -368,8 +386,8 @@ fn main(
     if (live && cb < chunks) {
       wb = dequant32(row_byte, cb);
     }
-    let xa = stage_x(xo, chunks, c0 + xc, xv);
-    let xb = stage_x(xo, chunks, c0 + xc + LANES, xv);
+    let xa = stage_x(xo, chunks, c0 + xc, xv, scale);
+    let xb = stage_x(xo, chunks, c0 + xc + LANES, xv, scale);
     workgroupBarrier();
     xr[9u * xc + xv] = xa;
     xr[9u * (xc + LANES) + xv] = xb;

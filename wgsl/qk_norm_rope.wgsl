@@ -1,27 +1,29 @@
 // qk_norm_rope: per-head RMSNorm then partial RoPE (NEOX pairing; IMROPE for text positions) of
-// attention q or k heads. q is rewritten in place; k is written as f16 into the KV cache
-// together with the matching v head. Matches engine/reference/norms.ts rmsNorm then
-// engine/reference/rope.ts ropeNeox / ropeImrope with positions [p, p, p, 0].
-// Bindings: 0 x: head h of token t at x_offset + t·x_stride_t + h·x_stride_h, f32 (q in place,
-//   or the k projection with v at v_offset) | 1 w (dh) f32 norm weight
-//   | 2 kc, 3 vc: caches (pos, heads, dh) f16 pairs in u32 (store = 1 only; dummies otherwise)
-//   | 4 params.
-// Dispatch: (tokens·heads folded); one workgroup per head row, threads stride its dims.
-// WG = 64; dh ≤ 512 and even. Variants: none (store and IMROPE are uniform params).
+// the q and k heads of attention, in one dispatch. q is rewritten in place; k is written as f16
+// into the KV cache together with the matching v head. Matches engine/reference/norms.ts rmsNorm
+// then engine/reference/rope.ts ropeNeox / ropeImrope with positions [p, p, p, 0].
+// Bindings: 0 x: token t's row at t·x_stride_t: q head h at h·q_stride_h (in place), k head h at
+//   k_offset + h·k_stride_h, its v head at v_offset + h·k_stride_h, f32 | 1 wq, 2 wk (dh) f32
+//   norm weights | 3 kc, 4 vc: caches (pos, k_heads, dh) f16 pairs in u32 (dummies without k
+//   heads) | 5 params.
+// Dispatch: (tokens·(q_heads + k_heads) folded); a workgroup per head row (a token's q heads,
+//   then its k heads), threads stride its dims. WG = 64; dh ≤ 512 and even.
+// Variants: none (IMROPE is a uniform param; either head count may be 0).
 
 #include "_include/reduce.wgsl"
 
 struct Params {
   dh: u32,
   n_rot: u32,
-  heads: u32,
+  q_heads: u32,
+  k_heads: u32,
   tokens: u32,
-  x_offset: u32,
   x_stride_t: u32,
-  x_stride_h: u32,
+  q_stride_h: u32,
+  k_offset: u32,
+  k_stride_h: u32,
   v_offset: u32,
   pos0: u32,
-  store: u32,
   sect0: u32,
   sect1: u32,
   sect2: u32,
@@ -31,10 +33,11 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read_write> x: array<f32>;
-@group(0) @binding(1) var<storage, read> w: array<f32>;
-@group(0) @binding(2) var<storage, read_write> kc: array<u32>;
-@group(0) @binding(3) var<storage, read_write> vc: array<u32>;
-@group(0) @binding(4) var<uniform> params: Params;
+@group(0) @binding(1) var<storage, read> wq: array<f32>;
+@group(0) @binding(2) var<storage, read> wk: array<f32>;
+@group(0) @binding(3) var<storage, read_write> kc: array<u32>;
+@group(0) @binding(4) var<storage, read_write> vc: array<u32>;
+@group(0) @binding(5) var<uniform> params: Params;
 
 const WG = 64u;
 const MAX_DH = 512u;
@@ -77,13 +80,16 @@ fn main(
   @builtin(local_invocation_index) lid: u32,
 ) {
   let rowi = wid.x + wid.y * nwg.x;
-  if (rowi >= params.tokens * params.heads) {
+  let heads = params.q_heads + params.k_heads;
+  if (rowi >= params.tokens * heads) {
     return;
   }
-  let t = rowi / params.heads;
-  let h = rowi % params.heads;
+  let t = rowi / heads;
+  let store = rowi % heads >= params.q_heads;
+  let h = select(rowi % heads, rowi % heads - params.q_heads, store);
   let dh = params.dh;
-  let xo = params.x_offset + t * params.x_stride_t + h * params.x_stride_h;
+  let kxo = params.k_offset + h * params.k_stride_h;
+  let xo = t * params.x_stride_t + select(h * params.q_stride_h, kxo, store);
   var ss = 0.0;
   for (var i = lid; i < dh; i += WG) {
     let v = x[xo + i];
@@ -92,7 +98,13 @@ fn main(
   }
   let scale = 1.0 / sqrt(wg_sum(ss, lid) / f32(dh) + params.eps);
   for (var i = lid; i < dh; i += WG) {
-    row[i] = row[i] * scale * w[i];
+    var g = 0.0;
+    if (store) {
+      g = wk[i];
+    } else {
+      g = wq[i];
+    }
+    row[i] = row[i] * scale * g;
   }
   workgroupBarrier();
   let half = params.n_rot / 2u;
@@ -113,14 +125,14 @@ fn main(
     outv[i] = o;
   }
   workgroupBarrier();
-  if (params.store == 0u) {
+  if (!store) {
     for (var i = lid; i < dh; i += WG) {
       x[xo + i] = outv[i];
     }
     return;
   }
-  let cw = ((params.pos0 + t) * params.heads + h) * dh / 2u;
-  let vo = params.v_offset + t * params.x_stride_t + h * params.x_stride_h;
+  let cw = ((params.pos0 + t) * params.k_heads + h) * dh / 2u;
+  let vo = params.v_offset + t * params.x_stride_t + h * params.k_stride_h;
   for (var i = lid; i < dh / 2u; i += WG) {
     kc[cw + i] = pack2x16float(vec2<f32>(outv[2u * i], outv[2u * i + 1u]));
     vc[cw + i] = pack2x16float(vec2<f32>(x[vo + 2u * i], x[vo + 2u * i + 1u]));

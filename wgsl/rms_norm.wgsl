@@ -1,10 +1,11 @@
 // rms_norm: y = x · 1/sqrt(mean(x²) + eps) · w, row by row. One workgroup per row; threads
 // stride the row's columns. Matches engine/reference/norms.ts rmsNorm (ggml rms_norm + mul).
+// The scale comes from _include/rms.wgsl, as in mul_mat's NORM variant: the same bits.
 // Bindings: 0 x (rows at x_offset + r·x_stride) f32 | 1 w (n) f32 | 2 y (rows at y_offset +
 //   r·y_stride) f32 | 3 params.
 // Dispatch: (rows folded to 2-D). WG = 256. Variants: none.
 
-#include "_include/reduce.wgsl"
+#include "_include/rms.wgsl"
 
 struct Params {
   n: u32,
@@ -35,11 +36,7 @@ fn main(
   }
   let xo = params.x_offset + row * params.x_stride;
   let yo = params.y_offset + row * params.y_stride;
-  var ss = 0.0;
-  for (var i = lid; i < params.n; i += WG) {
-    ss += x[xo + i] * x[xo + i];
-  }
-  let scale = 1.0 / sqrt(wg_sum(ss, lid) / f32(params.n) + params.eps);
+  let scale = rms_scale(xo, params.n, params.eps, lid);
   for (var i = lid; i < params.n; i += WG) {
     y[yo + i] = x[xo + i] * scale * w[i];
   }

@@ -14,8 +14,8 @@ import { getRows } from "./kernels/get_rows.ts";
 import { gatherTiles, moeGather } from "./kernels/moe_gather.ts";
 import { moeRoute } from "./kernels/moe_route.ts";
 import { moeSum } from "./kernels/moe_sum.ts";
-import { mulMat, type MulMatOptions, PREFILL_TT } from "./kernels/mul_mat.ts";
-import { kNormRopeStore, qNormRope } from "./kernels/qk_norm_rope.ts";
+import { mulMat, type MulMatOptions, PREFILL_TT, type RmsNormInput } from "./kernels/mul_mat.ts";
+import { qkNormRope } from "./kernels/qk_norm_rope.ts";
 import { rmsNorm } from "./kernels/rms_norm.ts";
 import { ssmConv } from "./kernels/ssm_conv.ts";
 import { logitAdjust } from "./kernels/logit_adjust.ts";
@@ -39,8 +39,7 @@ export interface Activations {
   readonly attn: GPUBuffer; // (T, 2·Hq·Dh + 2·Hkv·Dh) [q|gate per head | k | v]
   readonly o: GPUBuffer; // (T, max(Hq·Dh, Nv·Dv)) attention or DeltaNet output
   readonly attnPart: GPUBuffer; // attention block partials (attentionPartialFloats)
-  readonly qkvz: GPUBuffer; // (T, C + Nv·Dv) DeltaNet projections [q | k | v | z]
-  readonly ba: GPUBuffer; // (T, 2·Nv) [b | a]
+  readonly qkvzba: GPUBuffer; // (T, C + Nv·Dv + 2·Nv) DeltaNet projections [q | k | v | z | b | a]
   readonly u: GPUBuffer; // (T, C) conv output
   readonly router: GPUBuffer; // (T, E + 1) router logits and shared gate logit
   readonly route: GPUBuffer; // (T, Ku) u32 chosen experts
@@ -72,17 +71,34 @@ export interface ForwardPlan {
   readonly lmChunk: number;
 }
 
-/** y[offsets] = W·x for every projection writing into one row of `width`. */
+/** A block's normed input: rows of h, or the residual rows x with the RMSNorm folded in. */
+interface Normed {
+  readonly x: GPUBuffer;
+  readonly norm?: RmsNormInput;
+}
+
+/**
+ * RMSNorm(x)·w as the input of the projections that follow: folded into them when one token
+ * runs (decode; _include/rms.wgsl gives both the same bits), else written to h by a dispatch.
+ */
+function normed(enc: StepEncoder, plan: ForwardPlan, w: GPUBuffer, T: number): Normed {
+  const { act, hp } = plan;
+  if (T === 1) return { x: act.x, norm: { w, eps: hp.eps } };
+  rmsNorm(enc, { x: act.x, w, y: act.h }, { n: hp.D, rows: T, eps: hp.eps });
+  return { x: act.h };
+}
+
+/** y[offsets] = W·h for every projection writing into one row of `width`. */
 function project(
   enc: StepEncoder,
   projections: readonly Projection[],
-  x: GPUBuffer,
+  h: Normed,
   y: GPUBuffer,
   width: number,
-  o: Omit<MulMatOptions, "yOffset" | "yStrideT">,
+  o: Omit<MulMatOptions, "yOffset" | "yStrideT" | "norm">,
 ): void {
   for (const p of projections) {
-    mulMat(enc, { w: p.w, x, y }, { ...o, yOffset: p.offset, yStrideT: width });
+    mulMat(enc, { w: p.w, x: h.x, y }, { ...o, norm: h.norm, yOffset: p.offset, yStrideT: width });
   }
 }
 
@@ -92,17 +108,18 @@ function deltaNetBlock(
   plan: ForwardPlan,
   w: DeltaNetWeights,
   s: GpuLayerState,
+  h: Normed,
   T: number,
 ): void {
   if (s.kind !== "deltanet") throw new TypeError("Cannot run a DeltaNet block on attention state");
   const { hp, act } = plan;
   const { C, Nk, Nv, Dk, Dv } = hp;
-  const width = C + Nv * Dv;
-  // projections: [q | k | v | z] and [b | a]
-  project(enc, w.qkvz, act.h, act.qkvz, width, { tokens: T });
-  project(enc, w.ba, act.h, act.ba, 2 * Nv, { tokens: T });
+  const baOffset = C + Nv * Dv;
+  const width = baOffset + 2 * Nv;
+  // projections: [q | k | v | z | b | a]
+  project(enc, w.qkvzba, h, act.qkvzba, width, { tokens: T });
   // causal conv over the raw qkv history, SiLU
-  ssmConv(enc, { x: act.qkvz, w: w.conv, state: s.conv, u: act.u }, {
+  ssmConv(enc, { x: act.qkvzba, w: w.conv, state: s.conv, u: act.u }, {
     channels: C,
     kc: hp.Kc,
     tokens: T,
@@ -110,7 +127,8 @@ function deltaNetBlock(
     uStrideT: C,
   });
   // L2 norms, gates, recurrence per value head, RMSNorm(o)·ssm_norm·silu(z)
-  gatedDeltaNet(enc, { u: act.u, ba: act.ba, z: act.qkvz, p: w.params, state: s.ssm, y: act.o }, {
+  const qkvzba = act.qkvzba;
+  gatedDeltaNet(enc, { u: act.u, ba: qkvzba, z: qkvzba, p: w.params, state: s.ssm, y: act.o }, {
     nk: Nk,
     nv: Nv,
     dk: Dk,
@@ -118,7 +136,8 @@ function deltaNetBlock(
     tokens: T,
     interleave: hp.arch === "qwen3next",
     uStrideT: C,
-    baStrideT: 2 * Nv,
+    baOffset,
+    baStrideT: width,
     zOffset: C,
     zStrideT: width,
     yStrideT: Nv * Dv,
@@ -134,6 +153,7 @@ function attentionBlock(
   plan: ForwardPlan,
   w: AttentionWeights,
   s: GpuLayerState,
+  h: Normed,
   T: number,
   base: number,
 ): void {
@@ -145,9 +165,9 @@ function attentionBlock(
   const qDim = 2 * Hq * Dh;
   const width = qDim + 2 * Hkv * Dh;
   // [q | gate] per head, k, v
-  project(enc, w.qkv, act.h, act.attn, width, { tokens: T });
+  project(enc, w.qkv, h, act.attn, width, { tokens: T });
   // per-head RMSNorm and partial RoPE (NEOX, or IMROPE with text positions); k, v into the cache
-  const rope = {
+  qkNormRope(enc, { x: act.attn, wq: w.qNorm, wk: w.kNorm, kc: s.kc, vc: s.vc }, {
     tokens: T,
     dh: Dh,
     nRot: hp.nRot,
@@ -156,14 +176,8 @@ function attentionBlock(
     eps: hp.eps,
     pos0: base,
     xStrideT: width,
-  };
-  qNormRope(enc, { x: act.attn, w: w.qNorm }, { ...rope, heads: Hq, xStrideH: 2 * Dh });
-  kNormRopeStore(enc, { x: act.attn, w: w.kNorm, kc: s.kc, vc: s.vc }, {
-    ...rope,
-    heads: Hkv,
-    xOffset: qDim,
-    xStrideH: Dh,
-    vOffset: qDim + Hkv * Dh,
+    q: { heads: Hq, strideH: 2 * Dh },
+    k: { heads: Hkv, offset: qDim, strideH: Dh, vOffset: qDim + Hkv * Dh },
   });
   // causal GQA over positions 0..base+t, ⊙ sigmoid(gate)
   attention(enc, { q: act.attn, kc: s.kc, vc: s.vc, part: act.attnPart, o: act.o }, {
@@ -182,11 +196,11 @@ function attentionBlock(
 }
 
 /** Routed experts + sigmoid-gated shared expert on h, added into x (docs/model_arch.md §4.7). */
-function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, T: number): void {
+function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed, T: number): void {
   const { hp, act } = plan;
   const { D, E, Ku, Fe, Fs } = hp;
   // router logits and the shared expert's gate logit; softmax, top-k, renormalise
-  project(enc, w.router, act.h, act.router, E + 1, { tokens: T });
+  project(enc, w.router, h, act.router, E + 1, { tokens: T });
   moeRoute(enc, { logits: act.router, ids: act.route, weights: act.routeW }, {
     experts: E,
     k: Ku,
@@ -208,8 +222,9 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, T: number)
   }
   // each token's experts: [gate | up], then down of silu(gate)·up
   for (const p of w.gateUp) {
-    mulMat(enc, { w: p.w, x: act.h, y: act.gateUp, ids }, {
+    mulMat(enc, { w: p.w, x: h.x, y: act.gateUp, ids }, {
       tokens: T,
+      norm: h.norm,
       nUsed: Ku,
       gatherTiles: tiles,
       yOffset: p.offset,
@@ -227,7 +242,7 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, T: number)
     swiglu: true,
   });
   // shared expert
-  project(enc, w.sharedGateUp, act.h, act.sharedGateUp, 2 * Fs, { tokens: T });
+  project(enc, w.sharedGateUp, h, act.sharedGateUp, 2 * Fs, { tokens: T });
   mulMat(enc, { w: w.sharedDown, x: act.sharedGateUp, y: act.sharedOut }, {
     tokens: T,
     xStrideT: 2 * Fs,
@@ -244,9 +259,15 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, T: number)
 }
 
 /** Dense SwiGLU FFN on h, added into x (qwen35). */
-function denseBlock(enc: StepEncoder, plan: ForwardPlan, w: DenseWeights, T: number): void {
+function denseBlock(
+  enc: StepEncoder,
+  plan: ForwardPlan,
+  w: DenseWeights,
+  h: Normed,
+  T: number,
+): void {
   const { F } = plan.hp;
-  project(enc, w.gateUp, plan.act.h, plan.act.gateUp, 2 * F, { tokens: T });
+  project(enc, w.gateUp, h, plan.act.gateUp, 2 * F, { tokens: T });
   mulMat(enc, { w: w.down, x: plan.act.gateUp, y: plan.act.x }, {
     tokens: T,
     xStrideT: 2 * F,
@@ -268,24 +289,22 @@ export function encodeLayers(
   base: number,
   idsOffset = 0,
 ): void {
-  const { hp, act, weights } = plan;
-  const D = hp.D;
-  const norm = { n: D, rows: T, eps: hp.eps };
+  const { act, weights } = plan;
   // 1. embed
   if (weights.embedding) {
     getRows(enc, { w: weights.embedding, ids: act.ids, y: act.x }, { tokens: T, idsOffset });
   }
   weights.layers.forEach((lw, i) => {
     // a. pre-mixer RMSNorm
-    rmsNorm(enc, { x: act.x, w: lw.attnNorm, y: act.h }, norm);
+    const h = normed(enc, plan, lw.attnNorm, T);
     // b, c. token mixer, residual
-    if (lw.mixer.kind === "deltanet") deltaNetBlock(enc, plan, lw.mixer, states[i], T);
-    else attentionBlock(enc, plan, lw.mixer, states[i], T, base);
+    if (lw.mixer.kind === "deltanet") deltaNetBlock(enc, plan, lw.mixer, states[i], h, T);
+    else attentionBlock(enc, plan, lw.mixer, states[i], h, T, base);
     // d. pre-FFN RMSNorm (post_attention_norm)
-    rmsNorm(enc, { x: act.x, w: lw.postNorm, y: act.h }, norm);
+    const h2 = normed(enc, plan, lw.postNorm, T);
     // e, f. MoE or dense SwiGLU, residual
-    if (lw.ffn.kind === "moe") moeBlock(enc, plan, lw.ffn, T);
-    else denseBlock(enc, plan, lw.ffn, T);
+    if (lw.ffn.kind === "moe") moeBlock(enc, plan, lw.ffn, h2, T);
+    else denseBlock(enc, plan, lw.ffn, h2, T);
   });
 }
 
@@ -313,10 +332,14 @@ export function encodeHead(
   if (!weights.output || !weights.outputNorm) {
     throw new RangeError("Cannot run the LM head: this stage does not own the last layer");
   }
-  rmsNorm(enc, { x: act.x, w: weights.outputNorm, y: act.h }, { n: D, rows: T, eps: hp.eps });
+  const h = normed(enc, plan, weights.outputNorm, T);
   for (let t0 = 0; t0 < T; t0 += plan.lmChunk) {
     const rows = Math.min(plan.lmChunk, T - t0);
-    mulMat(enc, { w: weights.output, x: act.h, y: act.logits }, { tokens: rows, xOffset: t0 * D });
+    mulMat(enc, { w: weights.output, x: h.x, y: act.logits }, {
+      tokens: rows,
+      norm: h.norm,
+      xOffset: t0 * D,
+    });
     if (t0 + rows === T) {
       logitAdjust(enc, { logits: act.logits, mask: act.mask, bias: act.bias }, {
         n: V,

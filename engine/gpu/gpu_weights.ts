@@ -33,10 +33,11 @@ export interface AttentionWeights {
 
 export interface DeltaNetWeights {
   readonly kind: "deltanet";
-  /** Into a (C + Nv·Dv) row: [q (Nk·Dk) | k (Nk·Dk) | v (Nv·Dv) | z (Nv·Dv)]. */
-  readonly qkvz: readonly Projection[];
-  /** Into a (2·Nv) row: [b | a]. */
-  readonly ba: readonly Projection[];
+  /**
+   * Into a (C + Nv·Dv + 2·Nv) row: [q (Nk·Dk) | k (Nk·Dk) | v (Nv·Dv) | z (Nv·Dv) | b (Nv) |
+   * a (Nv)]: one dispatch where the types allow.
+   */
+  readonly qkvzba: readonly Projection[];
   readonly conv: GPUBuffer; // (C, Kc) f32
   readonly params: GPUBuffer; // [dt_bias (Nv) | ssm_a (Nv) | ssm_norm (Dv)] f32
   readonly out: GpuTensor; // {Nv·Dv, D}
@@ -162,31 +163,34 @@ class Loader {
 
   /**
    * Matrices that read the same input and write consecutive parts of one activation row
-   * (`offset` of the first, then each after the previous). Joined into one tensor, so one
-   * dispatch computes them all, when they share a type; one projection each otherwise.
+   * (`offset` of the first, then each after the previous). Each run of neighbours of one type
+   * is joined into one tensor, so one dispatch computes the run.
    */
   async projections(
     cls: string,
-    label: string,
     offset: number,
     parts: readonly { name: string; shape: readonly number[] }[],
   ): Promise<Projection[]> {
     const infos = parts.map((p) => this.info(p.name, p.shape));
-    if (parts.length > 1 && infos.every((t) => t.type === infos[0].type)) {
-      const w = await uploadConcat(this.mem, this.model, label, parts.map((p) => p.name), {
-        maxPartBytes: this.options.maxPartBytes,
-        onBytes: (n) => this.#progress(n),
-        staging: this.staging,
-      });
-      this.#count(cls, w.bytes);
-      return [{ w, offset }];
-    }
     const out: Projection[] = [];
     let at = offset;
-    for (const p of parts) {
-      const w = await this.matrix(cls, p.name, p.shape);
+    for (let i = 0; i < parts.length;) {
+      let j = i + 1;
+      while (j < parts.length && infos[j].type === infos[i].type) j++;
+      const names = parts.slice(i, j).map((p) => p.name);
+      let w: GpuTensor;
+      if (names.length === 1) w = await this.matrix(cls, parts[i].name, parts[i].shape);
+      else {
+        w = await uploadConcat(this.mem, this.model, names.join("+"), names, {
+          maxPartBytes: this.options.maxPartBytes,
+          onBytes: (n) => this.#progress(n),
+          staging: this.staging,
+        });
+        this.#count(cls, w.bytes);
+      }
       out.push({ w, offset: at });
-      at += p.shape[1] ?? 1;
+      at += w.matrixRows;
+      i = j;
     }
     return out;
   }
@@ -237,7 +241,7 @@ async function attention(l: Loader, il: number): Promise<AttentionWeights> {
   const cls = "attention";
   const qkv = l.model.tensors.has(`${p}.attn_qkv.weight`)
     ? [{ w: await l.matrix(cls, `${p}.attn_qkv.weight`, [D, qDim + 2 * kvDim]), offset: 0 }]
-    : await l.projections(cls, `${p}.attn_q|k|v`, 0, [
+    : await l.projections(cls, 0, [
       { name: `${p}.attn_q.weight`, shape: [D, qDim] },
       { name: `${p}.attn_k.weight`, shape: [D, kvDim] },
       { name: `${p}.attn_v.weight`, shape: [D, kvDim] },
@@ -261,31 +265,41 @@ async function deltaNet(l: Loader, il: number): Promise<DeltaNetWeights> {
   const r = Nv / Nk;
   const valueDim = Nv * Dv;
   const cls = "deltanet";
-  let qkvz: Projection[];
-  if (l.model.tensors.has(`${p}.attn_qkv.weight`) || arch !== "qwen3next") {
-    qkvz = await l.projections(cls, `${p}.attn_qkv|gate`, 0, [
+  const baOffset = C + valueDim;
+  let qkvzba: Projection[];
+  if (arch !== "qwen3next") {
+    qkvzba = await l.projections(cls, 0, [
       { name: `${p}.attn_qkv.weight`, shape: [D, C] },
       { name: `${p}.attn_gate.weight`, shape: [D, valueDim] },
-    ]);
-  } else {
-    // Legacy ssm_in: per key head [q (Dk) | k (Dk) | v (r·Dv) | z (r·Dv)] (docs/model_arch.md
-    // §4.6.1).
-    const order = ungroup(Nk, [Dk, Dk, r * Dv, r * Dv]);
-    qkvz = [{ w: await l.matrix(cls, `${p}.ssm_in.weight`, [D, C + valueDim], order), offset: 0 }];
-  }
-  const ba = arch === "qwen3next"
-    ? [{
-      w: await l.matrix(cls, `${p}.ssm_ba.weight`, [D, 2 * Nv], ungroup(Nk, [r, r])),
-      offset: 0,
-    }]
-    : await l.projections(cls, `${p}.ssm_beta|alpha`, 0, [
       { name: `${p}.ssm_beta.weight`, shape: [D, Nv] },
       { name: `${p}.ssm_alpha.weight`, shape: [D, Nv] },
     ]);
+  } else {
+    // qwen3next's ssm_ba (and legacy ssm_in) group rows per key head: [b (r) | a (r)] and
+    // [q (Dk) | k (Dk) | v (r·Dv) | z (r·Dv)] (docs/model_arch.md §4.6.1); reordered, so they
+    // stay apart.
+    qkvzba = l.model.tensors.has(`${p}.attn_qkv.weight`)
+      ? await l.projections(cls, 0, [
+        { name: `${p}.attn_qkv.weight`, shape: [D, C] },
+        { name: `${p}.attn_gate.weight`, shape: [D, valueDim] },
+      ])
+      : [{
+        w: await l.matrix(
+          cls,
+          `${p}.ssm_in.weight`,
+          [D, C + valueDim],
+          ungroup(Nk, [Dk, Dk, r * Dv, r * Dv]),
+        ),
+        offset: 0,
+      }];
+    qkvzba.push({
+      w: await l.matrix(cls, `${p}.ssm_ba.weight`, [D, 2 * Nv], ungroup(Nk, [r, r])),
+      offset: baOffset,
+    });
+  }
   return {
     kind: "deltanet",
-    qkvz,
-    ba,
+    qkvzba,
     conv: await l.vectors(cls, `${p}.ssm_conv1d`, [l.vector(`${p}.ssm_conv1d.weight`, [Kc, C])]),
     params: await l.vectors(cls, `${p}.ssm params`, [
       l.vector(`${p}.ssm_dt.bias`, [Nv]),
@@ -301,19 +315,19 @@ async function moe(l: Loader, il: number): Promise<MoeWeights> {
   const p = `blk.${il}`;
   const gateUp = l.model.tensors.has(`${p}.ffn_gate_up_exps.weight`)
     ? [{ w: await l.matrix("experts", `${p}.ffn_gate_up_exps.weight`, [D, 2 * Fe, E]), offset: 0 }]
-    : await l.projections("experts", `${p}.ffn_gate|up_exps`, 0, [
+    : await l.projections("experts", 0, [
       { name: `${p}.ffn_gate_exps.weight`, shape: [D, Fe, E] },
       { name: `${p}.ffn_up_exps.weight`, shape: [D, Fe, E] },
     ]);
   return {
     kind: "moe",
-    router: await l.projections("router", `${p}.ffn_gate_inp|shexp`, 0, [
+    router: await l.projections("router", 0, [
       { name: `${p}.ffn_gate_inp.weight`, shape: [D, E] },
       { name: `${p}.ffn_gate_inp_shexp.weight`, shape: [D] },
     ]),
     gateUp,
     down: await l.matrix("experts", `${p}.ffn_down_exps.weight`, [Fe, D, E]),
-    sharedGateUp: await l.projections("shared expert", `${p}.ffn_gate|up_shexp`, 0, [
+    sharedGateUp: await l.projections("shared expert", 0, [
       { name: `${p}.ffn_gate_shexp.weight`, shape: [D, Fs] },
       { name: `${p}.ffn_up_shexp.weight`, shape: [D, Fs] },
     ]),
@@ -326,7 +340,7 @@ async function dense(l: Loader, il: number): Promise<DenseWeights> {
   const p = `blk.${il}`;
   return {
     kind: "dense",
-    gateUp: await l.projections("dense ffn", `${p}.ffn_gate|up`, 0, [
+    gateUp: await l.projections("dense ffn", 0, [
       { name: `${p}.ffn_gate.weight`, shape: [D, F] },
       { name: `${p}.ffn_up.weight`, shape: [D, F] },
     ]),

@@ -18,6 +18,7 @@ import ssmConv from "../../wgsl/ssm_conv.wgsl" with { type: "text" };
 import topk from "../../wgsl/topk.wgsl" with { type: "text" };
 import dequant from "../../wgsl/_include/dequant.wgsl" with { type: "text" };
 import reduce from "../../wgsl/_include/reduce.wgsl" with { type: "text" };
+import rms from "../../wgsl/_include/rms.wgsl" with { type: "text" };
 
 /** wgsl/<name> → its text, e.g. "mul_mat.wgsl", "_include/dequant.wgsl". */
 export const WGSL_SOURCES: ReadonlyMap<string, string> = new Map([
@@ -37,4 +38,5 @@ export const WGSL_SOURCES: ReadonlyMap<string, string> = new Map([
   ["topk.wgsl", topk],
   ["_include/dequant.wgsl", dequant],
   ["_include/reduce.wgsl", reduce],
+  ["_include/rms.wgsl", rms],
 ]);

@@ -43,6 +43,7 @@ export interface GatedDeltaNetOptions {
   /** Value head h reads key head ⌊h/(Nv/Nk)⌋ (qwen3next) instead of h mod Nk (qwen35*). */
   readonly interleave: boolean;
   readonly uStrideT: number;
+  readonly baOffset?: number;
   readonly baStrideT: number;
   readonly zOffset: number;
   readonly zStrideT: number;
@@ -69,6 +70,7 @@ export function gatedDeltaNet(
     tokens: o.tokens,
     interleave: o.interleave ? 1 : 0,
     u_stride_t: o.uStrideT,
+    ba_offset: o.baOffset ?? 0,
     ba_stride_t: o.baStrideT,
     z_offset: o.zOffset,
     z_stride_t: o.zStrideT,

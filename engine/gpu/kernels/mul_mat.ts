@@ -61,6 +61,8 @@ export interface MulMatKey {
   readonly swiglu?: boolean;
   /** Accumulate into y (residual add). */
   readonly add?: boolean;
+  /** x is a raw residual row and the product uses RMSNorm(x)·w (unbatched only). */
+  readonly norm?: boolean;
 }
 
 function tokensPerWg(v: MulMatKey): number {
@@ -92,10 +94,16 @@ export const MUL_MAT: KernelFamily<MulMatKey> = {
     if (v.id && v.batched) defines.GATHERED = true;
     if (v.swiglu) defines.X_SWIGLU = true;
     if (v.add) defines.ADD = true;
+    if (v.norm) {
+      if (v.batched || v.swiglu) {
+        throw new RangeError("Cannot fold RMSNorm into a prefill tile or a SwiGLU input");
+      }
+      defines.NORM = true;
+    }
     if (subgroups) defines.SUBGROUPS = true;
     const name = `mul_mat_${typeName(v.type)}_t${tokensPerWg(v)}${v.id ? "_id" : ""}${
       v.swiglu ? "_swiglu" : ""
-    }${v.add ? "_add" : ""}${subgroups ? "_sg" : ""}`;
+    }${v.add ? "_add" : ""}${v.norm ? "_norm" : ""}${subgroups ? "_sg" : ""}`;
     return { name, defines };
   },
 };
@@ -130,6 +138,17 @@ export interface MulMatOptions {
   readonly yStrideI?: number;
   readonly swiglu?: boolean;
   readonly add?: boolean;
+  /**
+   * x holds raw residual rows and each product reads RMSNorm(x)·w instead (engine/gpu/kernels/
+   * rms_norm.ts, the same bits): decode variants only, not gathered experts or prefill tiles.
+   */
+  readonly norm?: RmsNormInput;
+}
+
+/** The RMSNorm a product folds into its input. */
+export interface RmsNormInput {
+  readonly w: BufferRef;
+  readonly eps: number;
 }
 
 /**
@@ -147,6 +166,7 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
     id,
     swiglu: o.swiglu,
     add: o.add,
+    norm: o.norm !== undefined,
   };
   const nUsed = id ? (o.nUsed ?? 1) : 1;
   const rows = id ? w.matrixRows : 0;
@@ -169,16 +189,18 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
     );
   }
   const ids = b.ids ?? dummyStorage(enc.ctx);
+  const nw = o.norm?.w ?? dummyStorage(enc.ctx);
   for (const part of w.parts) {
     const partRows = id ? rows : part.rows;
     const tiles = Math.ceil(partRows / (key.batched ? TILE_ROWS : DECODE_ROWS));
-    enc.dispatch(MUL_MAT, key, { w: part.buffer, x: b.x, ids, y: b.y }, {
+    enc.dispatch(MUL_MAT, key, { w: part.buffer, x: b.x, ids, nw, y: b.y }, {
       ...base,
       rows: partRows,
       row_base: id ? 0 : part.firstRow,
       expert_first: id ? part.firstRow / w.matrixRows : 0,
       expert_count: id ? part.rows / w.matrixRows : 0,
       row_tiles: tiles,
+      eps: o.norm?.eps ?? 0,
     }, {
       tiles,
       z: gathered ? o.gatherTiles! : id ? o.tokens * nUsed : Math.ceil(o.tokens / tokensPerWg(key)),
