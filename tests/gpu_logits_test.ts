@@ -3,7 +3,7 @@
 
 import assert from "node:assert/strict";
 import { createStorage } from "../engine/gpu/buffers.ts";
-import { argmax } from "../engine/gpu/kernels/argmax.ts";
+import { argmax, argmaxScratchWords } from "../engine/gpu/kernels/argmax.ts";
 import { logitAdjust } from "../engine/gpu/kernels/logit_adjust.ts";
 import { topK, topKWords } from "../engine/gpu/kernels/topk.ts";
 import { adjustLogits, argmaxTopK } from "../engine/reference/logits.ts";
@@ -67,6 +67,7 @@ gpuTest("argmax, logitAdjust, topK and the log-sum-exp equal the reference", asy
     for (const i of order.slice(Math.max(7, place - 8), place + 8)) logits[last + i] = tied;
     const src = upload(ctx, logits);
     const ids = createStorage(ctx, "ids", rows * 4);
+    const argmaxScratch = createStorage(ctx, "argmax scratch", argmaxScratchWords(rows) * 4);
     const top = createStorage(ctx, "top", topKWords(k) * 4);
     const mask = adjust?.mask ? upload(ctx, adjust.mask) : undefined;
     const pairs = new Uint32Array(2 * (adjust?.bias?.length ?? 0));
@@ -82,7 +83,7 @@ gpuTest("argmax, logitAdjust, topK and the log-sum-exp equal the reference", asy
         words: adjust?.mask?.length ?? 0,
         pairs: adjust?.bias?.length ?? 0,
       });
-      argmax(enc, { src, out: ids }, { n: V, rows });
+      argmax(enc, { src, scratch: argmaxScratch, out: ids }, { n: V, rows });
       topK(enc, { src, out: top }, { n: V, k, offset: last });
     });
     const gotIds = await readU32(ctx, ids, rows);
@@ -109,3 +110,20 @@ gpuTest("argmax, logitAdjust, topK and the log-sum-exp equal the reference", asy
     assert.ok(Math.abs(lse - ref.lse) <= 1e-4, `${where}: log-sum-exp ${lse}, expected ${ref.lse}`);
   }
 });
+
+gpuTest(
+  "argmax() of a long row over many groups takes the lowest id of equal maxima",
+  async (ctx) => {
+    // 248 groups of 1024 values for one row: maxima in groups 200, 3 and 3 again.
+    const V = 253_000;
+    const logits = randomF32(V, rng(7), 4);
+    logits[204_800] = logits[3_100] = logits[3_900] = 9;
+    const ids = createStorage(ctx, "ids", 4);
+    const scratch = createStorage(ctx, "argmax scratch", argmaxScratchWords(1) * 4);
+    await submit(
+      ctx,
+      (enc) => argmax(enc, { src: upload(ctx, logits), scratch, out: ids }, { n: V, rows: 1 }),
+    );
+    assert.equal((await readU32(ctx, ids, 1))[0], 3_100);
+  },
+);

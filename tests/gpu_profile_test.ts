@@ -10,7 +10,7 @@ import { formatSteps, kernelRows, profileModel, type StepReport } from "../bench
 
 /**
  * Families every qwen35moe step dispatches (DeltaNet and attention layers, MoE, the head);
- * one-token steps fold rms_norm into their products.
+ * one-token steps fold rms_norm and moe_sum into their products.
  */
 const FAMILIES = [
   "get_rows",
@@ -20,7 +20,6 @@ const FAMILIES = [
   "qk_norm_rope",
   "attention",
   "moe_route",
-  "moe_sum",
   "argmax",
 ];
 
@@ -68,7 +67,7 @@ gpuTest("bench/profile: per-kernel GPU times of a prefill chunk and decode steps
       assert.match(formatSteps("prefill", [report.prefill]), /wall times only/);
       return;
     }
-    checkStep(gpu, report.prefill, "prefill", [...FAMILIES, "rms_norm"]);
+    checkStep(gpu, report.prefill, "prefill", [...FAMILIES, "rms_norm", "moe_sum"]);
     report.decode.forEach((s, i) => checkStep(gpu, s, `decode ${i}`, FAMILIES));
     const table = formatSteps("decode", report.decode);
     for (const r of kernelRows(report.decode.map((s) => s.gpu!))) {

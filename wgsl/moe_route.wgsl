@@ -4,7 +4,8 @@
 // Matches engine/reference/ffn.ts moeRoute and docs/model_arch.md §4.7 step 7's gate.
 // Bindings: 0 logits: token t's E (+1) logits at t·logits_stride, f32 | 1 ids (t·k + i) u32
 //   | 2 weights (t·(k+1) + i; index k = shared gate) f32 | 3 params.
-// Dispatch: (tokens); one workgroup per token. WG = 64; E ≤ 1024. Variants: none.
+// Dispatch: (tokens); one workgroup per token, a thread ranking experts lid, lid + WG, ...
+// WG = 256; E ≤ 1024. Variants: none.
 
 #include "_include/reduce.wgsl"
 
@@ -21,12 +22,10 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> weights: array<f32>;
 @group(0) @binding(3) var<uniform> params: Params;
 
-const WG = 64u;
+const WG = 256u;
 const MAX_E = 1024u;
 
 var<workgroup> probs: array<f32, MAX_E>;
-var<workgroup> best_v: array<f32, WG>;
-var<workgroup> best_i: array<u32, WG>;
 var<workgroup> picked: array<f32, 64>;
 
 @compute @workgroup_size(WG)
@@ -50,37 +49,24 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     probs[e] = probs[e] / sum;
   }
   workgroupBarrier();
-  for (var r = 0u; r < params.k; r++) {
-    // Probabilities are ≥ 0; taken experts are set to -1. Strictly greater keeps the lower id.
-    var bv = -2.0;
-    var bi = 0u;
-    for (var e = lid; e < E; e += WG) {
-      if (probs[e] > bv) {
-        bv = probs[e];
-        bi = e;
+  // Expert e's rank: how many come before it (higher probability, or equal and a lower id). The
+  // k of rank < k are the experts a serial pick of the largest (lower id on ties) would take,
+  // in that order; every thread ranks its experts at once.
+  for (var e = lid; e < E; e += WG) {
+    let pe = probs[e];
+    var rank = 0u;
+    for (var j = 0u; j < E; j++) {
+      let pj = probs[j];
+      if (pj > pe || (pj == pe && j < e)) {
+        rank++;
       }
     }
-    best_v[lid] = bv;
-    best_i[lid] = bi;
-    workgroupBarrier();
-    for (var s = WG / 2u; s > 0u; s >>= 1u) {
-      if (lid < s) {
-        let ov = best_v[lid + s];
-        let oi = best_i[lid + s];
-        if (ov > best_v[lid] || (ov == best_v[lid] && oi < best_i[lid])) {
-          best_v[lid] = ov;
-          best_i[lid] = oi;
-        }
-      }
-      workgroupBarrier();
+    if (rank < params.k) {
+      ids[t * params.k + rank] = e;
+      picked[rank] = pe;
     }
-    if (lid == 0u) {
-      ids[t * params.k + r] = best_i[0];
-      picked[r] = best_v[0];
-      probs[best_i[0]] = -1.0;
-    }
-    workgroupBarrier();
   }
+  workgroupBarrier();
   if (lid == 0u) {
     var total = 0.0;
     for (var r = 0u; r < params.k; r++) {

@@ -34,12 +34,13 @@ fn main(
   let c = idx % params.d;
   let k = params.k;
   let wo = t * (k + 1u);
+  // Explicit fma, as mul_mat's SUM variant folds a decode step's experts: the same bits.
   var acc = o[(t * k) * params.d + c] * weights[wo];
   for (var i = 1u; i < k; i++) {
-    acc += o[(t * k + i) * params.d + c] * weights[wo + i];
+    acc = fma(o[(t * k + i) * params.d + c], weights[wo + i], acc);
   }
   if (params.shared_expert == 1u) {
-    acc += s[idx] * weights[wo + k];
+    acc = fma(s[idx], weights[wo + k], acc);
   }
-  x[idx] += acc;
+  x[idx] = x[idx] + acc;
 }

@@ -4,7 +4,9 @@
 // expert (prefill MoE). Matches engine/reference/math.ts matVec over engine/quant/dequant.ts rows.
 // Bindings: 0 w: weight bytes of one part (rows of `k` values, quantized) | 1 x (f32)
 //   | 2 ids (u32: expert ids (T, ids_stride) under ID, the gather table under GATHERED, a dummy
-//   otherwise) | 3 nw (k) f32 RMSNorm weight under NORM, a dummy otherwise | 4 y (f32) | 5 params.
+//   otherwise) | 3 nw (k) f32 RMSNorm weight under NORM | 4 rw routing weights (t·(n_used+1) + i;
+//   index n_used = the shared expert's gate) f32 and 5 sh (t·rows + row) the shared expert's
+//   output f32 under SUM | 6 y (f32) | 7 params. Bindings a variant does not use get dummies.
 // Dispatch: (row_tiles folded to 2-D, z). Decode: WG = 128 threads = 8 rows of LANES threads,
 //   z = T·n_used slots under ID, else T tokens. TILED: WG = 4·TT threads, BM = 64 rows a tile,
 //   z = token tiles, or the gather table's most tiles under GATHERED (workgroups past its tile
@@ -13,7 +15,9 @@
 //   X_SWIGLU (x = silu(g)·u with u at g + up_offset), ADD (y += result), SUBGROUPS (decode row sums
 //   by subgroup shuffles), IQ4_TABLE_WORKGROUP (dequant.wgsl; not with the 16 KB dense TILED),
 //   NORM (decode only: x is the raw residual row and the product uses RMSNorm(x)·nw, the norm
-//   computed per workgroup by _include/rms.wgsl exactly as wgsl/rms_norm.wgsl computes it).
+//   computed per workgroup by _include/rms.wgsl exactly as wgsl/rms_norm.wgsl computes it),
+//   SUM (decode with ID, one part holding every expert: a workgroup per row of one token sums
+//   all its ranks' products as wgsl/moe_sum.wgsl does and adds them into y; grid (rows, 1, T)).
 //
 // Batch invariance: every variant sums an output in one order, so a token's result does not
 // depend on how tokens are grouped into calls. Chunk c (values 32c..32c+31) contributes
@@ -49,6 +53,7 @@ struct Params {
   y_stride_i: u32,
   ids_stride: u32,
   row_tiles: u32,
+  sum_shared: u32,
   eps: f32,
 }
 
@@ -56,8 +61,10 @@ struct Params {
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> ids: array<u32>;
 @group(0) @binding(3) var<storage, read> nw: array<f32>;
-@group(0) @binding(4) var<storage, read_write> y: array<f32>;
-@group(0) @binding(5) var<uniform> params: Params;
+@group(0) @binding(4) var<storage, read> rw: array<f32>;
+@group(0) @binding(5) var<storage, read> sh: array<f32>;
+@group(0) @binding(6) var<storage, read_write> y: array<f32>;
+@group(0) @binding(7) var<uniform> params: Params;
 
 // Partial sums (chunk classes) per output.
 const LANES = 16u;
@@ -312,6 +319,105 @@ fn chunk_sum(wv: array<vec4<f32>, 8>, rc: u32) -> f32 {
   return s;
 }
 
+// A row's output from its lanes' class partials: ((0 + p_0) + p_1) + ... in class order. Called
+// by every invocation (the tree without subgroups needs a barrier).
+fn class_total(p: f32, lid: u32, sid: u32, classes: u32) -> f32 {
+  let lane = lid % LANES;
+  var total = 0.0;
+#ifdef SUBGROUPS
+  // The row's lanes sit in one subgroup (the device checked that lanes follow
+  // local_invocation_index and subgroups have ≥ LANES lanes).
+  let first = sid - lane;
+  for (var l = 0u; l < classes; l++) {
+    total = total + subgroupShuffle(p, first + l);
+  }
+#else
+  partial[lid] = p;
+  workgroupBarrier();
+  // A fixed trip count: Mesa's lavapipe (CI's adapter) leaks ~0.6 MB a dispatch when a loop of
+  // data-dependent length follows the last barrier. Same sum, same order.
+  for (var l = 0u; l < LANES; l++) {
+    if (l < classes) {
+      total = total + partial[lid - lane + l];
+    }
+  }
+#endif
+  return total;
+}
+
+#ifdef SUM
+// s_c of weights wv against x from xo, read from memory: chunk_sum's arithmetic, unstaged.
+fn chunk_dot(wv: array<vec4<f32>, 8>, xo: u32) -> f32 {
+  var acc: f32;
+  acc = 0.0;
+  for (var v = 0u; v < 8u; v++) {
+    let xa = x4(xo + 4u * v);
+    acc = fma(wv[v].x, xa.x, acc);
+    acc = fma(wv[v].y, xa.y, acc);
+    acc = fma(wv[v].z, xa.z, acc);
+    acc = fma(wv[v].w, xa.w, acc);
+  }
+  return acc;
+}
+
+// Rank totals of the workgroup's row (n_used ≤ 64).
+var<workgroup> ranks: array<f32, 64>;
+
+// SUM: group g of LANES lanes takes ranks g, g + ROWS, ... of the token's experts, each a row
+// product in the decode order (a rank has an x of its own, so x is read unstaged); then thread 0
+// folds them as wgsl/moe_sum.wgsl does: fma in rank order from r_0·w_0, then the shared expert.
+@compute @workgroup_size(WG)
+fn main(
+  @builtin(workgroup_id) wid: vec3<u32>,
+  @builtin(num_workgroups) nwg: vec3<u32>,
+  @builtin(local_invocation_index) lid: u32,
+#ifdef SUBGROUPS
+  @builtin(subgroup_invocation_id) sid: u32,
+#endif
+) {
+#ifndef SUBGROUPS
+  let sid = 0u;
+#endif
+  let row = row_tile(wid, nwg);
+  if (row >= params.rows) {
+    return;
+  }
+  let t = wid.z;
+  let lane = lid % LANES;
+  fill_tables(lid);
+  let chunks = params.k / 32u;
+  let classes = min(chunks, LANES);
+  for (var i0 = 0u; i0 < params.n_used; i0 += ROWS) {
+    let i = i0 + lid / LANES;
+    var p = 0.0;
+    if (i < params.n_used) {
+      let e = ids[t * params.ids_stride + i];
+      let row_byte = ((e - params.expert_first) * params.rows + row) * row_bytes();
+      let xo = params.x_offset + t * params.x_stride_t + i * params.x_stride_i;
+      for (var c = lane; c < chunks; c += LANES) {
+        p = p + chunk_dot(dequant32(row_byte, c), xo + 32u * c);
+      }
+    }
+    let total = class_total(p, lid, sid, classes);
+    if (lane == 0u && i < params.n_used) {
+      ranks[i] = total;
+    }
+    workgroupBarrier();
+  }
+  if (lid == 0u) {
+    let wo = t * (params.n_used + 1u);
+    var acc = ranks[0] * rw[wo];
+    for (var i = 1u; i < params.n_used; i++) {
+      acc = fma(ranks[i], rw[wo + i], acc);
+    }
+    if (params.sum_shared == 1u) {
+      acc = fma(sh[t * params.rows + row], rw[wo + params.n_used], acc);
+    }
+    let yo = params.y_offset + t * params.y_stride_t + row;
+    y[yo] = y[yo] + acc;
+  }
+}
+#else
 // The staged vec4 v of chunk c, zero past the row; under NORM, (x·scale)·nw as rms_norm writes it.
 fn stage_x(xo: u32, chunks: u32, c: u32, v: u32, scale: f32) -> vec4<f32> {
   if (c < chunks) {
@@ -399,27 +505,13 @@ fn main(
       p = p + chunk_sum(wb, lane + LANES);
     }
   }
-  var total = 0.0;
-#ifdef SUBGROUPS
-  // The row's lanes sit in one subgroup (the device checked that lanes follow
-  // local_invocation_index and subgroups have ≥ LANES lanes).
-  let first = sid - lane;
-  for (var l = 0u; l < classes; l++) {
-    total = total + subgroupShuffle(p, first + l);
-  }
-#else
-  partial[lid] = p;
-  workgroupBarrier();
-  // A fixed trip count: Mesa's lavapipe (CI's adapter) leaks ~0.6 MB a dispatch when a loop of
-  // data-dependent length follows the last barrier. Same sum, same order.
-  for (var l = 0u; l < LANES; l++) {
-    if (l < classes) {
-      total = total + partial[lid - lane + l];
-    }
-  }
+#ifndef SUBGROUPS
+  let sid = 0u;
 #endif
+  let total = class_total(p, lid, sid, classes);
   if (lane == 0u && r < params.rows) {
     put(yo, total);
   }
 }
+#endif
 #endif

@@ -13,7 +13,7 @@ import { gatedDeltaNet } from "./kernels/gated_delta_net.ts";
 import { getRows } from "./kernels/get_rows.ts";
 import { gatherTiles, moeGather } from "./kernels/moe_gather.ts";
 import { moeRoute } from "./kernels/moe_route.ts";
-import { moeSum } from "./kernels/moe_sum.ts";
+import { moeDownSum } from "./kernels/moe_sum.ts";
 import { mulMat, type MulMatOptions, PREFILL_TT, type RmsNormInput } from "./kernels/mul_mat.ts";
 import { qkNormRope } from "./kernels/qk_norm_rope.ts";
 import { rmsNorm } from "./kernels/rms_norm.ts";
@@ -53,6 +53,7 @@ export interface Activations {
   readonly greedy: GPUBuffer; // (T) u32 argmax per position
   readonly mask: GPUBuffer; // (MAX_MASK_WORDS) u32 allowed-token bits of the run's LogitAdjust
   readonly bias: GPUBuffer; // (MAX_BIAS_PAIRS) (id u32, bias f32) pairs of the run's LogitAdjust
+  readonly argmaxScratch: GPUBuffer; // argmax candidates of the first pass
   readonly top: GPUBuffer; // (k) (f32 bits, id) pairs, then the log-sum-exp
 }
 
@@ -198,7 +199,7 @@ function attentionBlock(
 /** Routed experts + sigmoid-gated shared expert on h, added into x (docs/model_arch.md §4.7). */
 function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed, T: number): void {
   const { hp, act } = plan;
-  const { D, E, Ku, Fe, Fs } = hp;
+  const { E, Ku, Fe, Fs } = hp;
   // router logits and the shared expert's gate logit; softmax, top-k, renormalise
   project(enc, w.router, h, act.router, E + 1, { tokens: T });
   moeRoute(enc, { logits: act.router, ids: act.route, weights: act.routeW }, {
@@ -220,7 +221,7 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
     ids = act.gather;
     tiles = gatherTiles(T * Ku, E, PREFILL_TT);
   }
-  // each token's experts: [gate | up], then down of silu(gate)·up
+  // each token's experts: [gate | up]
   for (const p of w.gateUp) {
     mulMat(enc, { w: p.w, x: h.x, y: act.gateUp, ids }, {
       tokens: T,
@@ -232,15 +233,6 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
       yStrideI: 2 * Fe,
     });
   }
-  mulMat(enc, { w: w.down, x: act.gateUp, y: act.expertOut, ids }, {
-    tokens: T,
-    nUsed: Ku,
-    gatherTiles: tiles,
-    xStrideT: Ku * 2 * Fe,
-    xStrideI: 2 * Fe,
-    upOffset: Fe,
-    swiglu: true,
-  });
   // shared expert
   project(enc, w.sharedGateUp, h, act.sharedGateUp, 2 * Fs, { tokens: T });
   mulMat(enc, { w: w.sharedDown, x: act.sharedGateUp, y: act.sharedOut }, {
@@ -249,12 +241,23 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
     upOffset: Fs,
     swiglu: true,
   });
-  // Σ weight·expert in rank order + gate·shared, residual
-  moeSum(enc, { o: act.expertOut, s: act.sharedOut, weights: act.routeW, x: act.x }, {
-    d: D,
-    k: Ku,
+  // down of silu(gate)·up; Σ weight·expert in rank order + gate·shared, residual
+  moeDownSum(enc, {
+    w: w.down,
+    x: act.gateUp,
+    ids,
+    weights: act.routeW,
+    shared: act.sharedOut,
+    o: act.expertOut,
+    y: act.x,
+  }, {
     tokens: T,
-    sharedExpert: true,
+    nUsed: Ku,
+    gatherTiles: tiles,
+    xStrideT: Ku * 2 * Fe,
+    xStrideI: 2 * Fe,
+    upOffset: Fe,
+    swiglu: true,
   });
 }
 
@@ -347,7 +350,7 @@ export function encodeHead(
         ...adjust,
       });
     }
-    argmax(enc, { src: act.logits, out: greedy.buffer }, {
+    argmax(enc, { src: act.logits, scratch: act.argmaxScratch, out: greedy.buffer }, {
       n: V,
       rows,
       outOffset: greedy.offset + t0,

@@ -9,6 +9,7 @@ import { createStepTimer, ParamArena, StepEncoder, type StepTimer } from "./enco
 import { settleKernels } from "./kernel.ts";
 import type { DispatchProfiler } from "./profiler.ts";
 import type { GgufModel } from "../gguf/gguf_model.ts";
+import { argmaxScratchWords } from "./kernels/argmax.ts";
 import { attentionPartialFloats } from "./kernels/attention.ts";
 import { gatherWords } from "./kernels/moe_gather.ts";
 import { PREFILL_TT } from "./kernels/mul_mat.ts";
@@ -108,6 +109,7 @@ function allocActivations(
     greedy: f32("greedy ids", T),
     mask: f32("token mask", Math.ceil(V / 32)),
     bias: f32("logit biases", 2 * MAX_BIAS_PAIRS),
+    argmaxScratch: f32("argmax scratch", argmaxScratchWords(lmChunk)),
     top: f32("top-k", topKWords(MAX_TOPK)),
   };
 }

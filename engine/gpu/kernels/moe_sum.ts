@@ -1,9 +1,12 @@
 // Weighted sum of the routed experts' outputs plus the gated shared expert, added to the
-// residual stream (wgsl/moe_sum.wgsl): the end of a MoE FFN in engine/gpu/gpu_forward.ts.
+// residual stream (wgsl/moe_sum.wgsl), and moeDownSum, the experts' down products with that sum:
+// the end of a MoE FFN in engine/gpu/gpu_forward.ts.
 
-import type { BufferRef } from "../buffers.ts";
+import { type BufferRef, dummyStorage } from "../buffers.ts";
 import type { StepEncoder } from "../encoder.ts";
 import type { KernelFamily } from "../kernel.ts";
+import type { GpuTensor } from "../tensor.ts";
+import { mulMat, type MulMatOptions } from "./mul_mat.ts";
 
 /** One variant. */
 export const MOE_SUM: KernelFamily<void> = {
@@ -33,4 +36,44 @@ export function moeSum(
     tokens: o.tokens,
     shared_expert: o.sharedExpert ? 1 : 0,
   }, { tiles: Math.ceil((o.tokens * o.d) / 64) });
+}
+
+/**
+ * The end of a MoE FFN: every token's expert products y_i = W_{ids[t,i]}·x[t][i] (mulMat with
+ * ids), summed into x[t] by routing weight with the gated shared expert, as moeSum adds them. A
+ * one-token step over a stack in one part runs as one dispatch (mul_mat's SUM variant, the same
+ * bits); otherwise the products go to `o`, then moeSum.
+ */
+export function moeDownSum(
+  enc: StepEncoder,
+  b: {
+    readonly w: GpuTensor;
+    readonly x: BufferRef;
+    readonly ids: BufferRef;
+    readonly weights: BufferRef;
+    readonly shared?: BufferRef;
+    /** (T, nUsed, d) scratch for the products when they are not folded. */
+    readonly o: BufferRef;
+    /** The residual stream (T, d). */
+    readonly y: BufferRef;
+  },
+  o: Omit<MulMatOptions, "yOffset" | "yStrideT" | "yStrideI" | "add" | "norm" | "sum">,
+): void {
+  const d = b.w.matrixRows;
+  const k = o.nUsed ?? 1;
+  if (o.tokens === 1 && o.gatherTiles === undefined && b.w.parts.length === 1) {
+    mulMat(enc, { w: b.w, x: b.x, ids: b.ids, y: b.y }, {
+      ...o,
+      yStrideT: d,
+      sum: { weights: b.weights, shared: b.shared },
+    });
+    return;
+  }
+  mulMat(enc, { w: b.w, x: b.x, ids: b.ids, y: b.o }, o);
+  moeSum(enc, { o: b.o, s: b.shared ?? dummyStorage(enc.ctx), weights: b.weights, x: b.y }, {
+    d,
+    k,
+    tokens: o.tokens,
+    sharedExpert: b.shared !== undefined,
+  });
 }

@@ -63,6 +63,8 @@ export interface MulMatKey {
   readonly add?: boolean;
   /** x is a raw residual row and the product uses RMSNorm(x)·w (unbatched only). */
   readonly norm?: boolean;
+  /** One token's experts summed by routing weight into y (unbatched, with id). */
+  readonly sum?: boolean;
 }
 
 function tokensPerWg(v: MulMatKey): number {
@@ -100,10 +102,14 @@ export const MUL_MAT: KernelFamily<MulMatKey> = {
       }
       defines.NORM = true;
     }
+    if (v.sum) {
+      if (v.batched || !v.id) throw new RangeError("Cannot sum experts outside a decode product");
+      defines.SUM = true;
+    }
     if (subgroups) defines.SUBGROUPS = true;
     const name = `mul_mat_${typeName(v.type)}_t${tokensPerWg(v)}${v.id ? "_id" : ""}${
       v.swiglu ? "_swiglu" : ""
-    }${v.add ? "_add" : ""}${v.norm ? "_norm" : ""}${subgroups ? "_sg" : ""}`;
+    }${v.add ? "_add" : ""}${v.norm ? "_norm" : ""}${v.sum ? "_sum" : ""}${subgroups ? "_sg" : ""}`;
     return { name, defines };
   },
 };
@@ -143,6 +149,12 @@ export interface MulMatOptions {
    * rms_norm.ts, the same bits): decode variants only, not gathered experts or prefill tiles.
    */
   readonly norm?: RmsNormInput;
+  /**
+   * One token's expert products (with ids, unbatched, one part holding every expert) added
+   * into y as y[t][row] += Σ_i weights[t,i]·(W_{ids[t,i]}·x[t][i]) (+ weights[t,nUsed]·shared
+   * [t][row]), in wgsl/moe_sum.wgsl's order and bits: the end of a decode step's MoE FFN.
+   */
+  readonly sum?: { readonly weights: BufferRef; readonly shared?: BufferRef };
 }
 
 /** The RMSNorm a product folds into its input. */
@@ -167,7 +179,13 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
     swiglu: o.swiglu,
     add: o.add,
     norm: o.norm !== undefined,
+    sum: o.sum !== undefined,
   };
+  if (o.sum && w.parts.length !== 1) {
+    throw new RangeError(
+      `Cannot sum the experts of "${w.name}" in one product: they span ${w.parts.length} parts`,
+    );
+  }
   const nUsed = id ? (o.nUsed ?? 1) : 1;
   const rows = id ? w.matrixRows : 0;
   const base = {
@@ -190,20 +208,29 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
   }
   const ids = b.ids ?? dummyStorage(enc.ctx);
   const nw = o.norm?.w ?? dummyStorage(enc.ctx);
+  const rw = o.sum?.weights ?? dummyStorage(enc.ctx);
+  const sh = o.sum?.shared ?? dummyStorage(enc.ctx);
   for (const part of w.parts) {
     const partRows = id ? rows : part.rows;
-    const tiles = Math.ceil(partRows / (key.batched ? TILE_ROWS : DECODE_ROWS));
-    enc.dispatch(MUL_MAT, key, { w: part.buffer, x: b.x, ids, nw, y: b.y }, {
+    const tiles = o.sum ? partRows : Math.ceil(partRows / (key.batched ? TILE_ROWS : DECODE_ROWS));
+    enc.dispatch(MUL_MAT, key, { w: part.buffer, x: b.x, ids, nw, rw, sh, y: b.y }, {
       ...base,
       rows: partRows,
       row_base: id ? 0 : part.firstRow,
       expert_first: id ? part.firstRow / w.matrixRows : 0,
       expert_count: id ? part.rows / w.matrixRows : 0,
       row_tiles: tiles,
+      sum_shared: o.sum?.shared ? 1 : 0,
       eps: o.norm?.eps ?? 0,
     }, {
       tiles,
-      z: gathered ? o.gatherTiles! : id ? o.tokens * nUsed : Math.ceil(o.tokens / tokensPerWg(key)),
+      z: gathered
+        ? o.gatherTiles!
+        : o.sum
+        ? o.tokens
+        : id
+        ? o.tokens * nUsed
+        : Math.ceil(o.tokens / tokensPerWg(key)),
     });
   }
 }
