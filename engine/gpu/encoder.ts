@@ -66,16 +66,28 @@ export function createStepTimer(mem: GpuMemory): StepTimer | undefined {
   };
 }
 
-const bufferIds = new WeakMap<GPUBuffer, number>();
-let nextBufferId = 1;
+/** A bind group built over one arena slot, and the layout and buffers it binds. */
+interface SlotGroup {
+  readonly layout: GPUBindGroupLayout;
+  readonly refs: readonly BufferRef[];
+  readonly group: GPUBindGroup;
+}
 
-function bufferId(b: GPUBuffer): number {
-  let id = bufferIds.get(b);
-  if (id === undefined) {
-    id = nextBufferId++;
-    bufferIds.set(b, id);
+/**
+ * Bind groups kept per arena slot, most recent first: one per sequence slot whose step binds
+ * its own state at that dispatch, so interleaved sequences reuse theirs.
+ */
+const GROUPS_PER_SLOT = 16;
+
+function sameRefs(a: readonly BufferRef[], b: readonly BufferRef[]): boolean {
+  for (let i = 0; i < a.length; i++) {
+    const x = a[i];
+    const y = b[i];
+    if (x === y) continue;
+    if (!isSlice(x) || !isSlice(y)) return false;
+    if (x.buffer !== y.buffer || x.offset !== y.offset || x.size !== y.size) return false;
   }
-  return id;
+  return true;
 }
 
 const SLOT_WORDS = PARAMS_SLOT_BYTES / 4;
@@ -90,7 +102,8 @@ export class ParamArena {
   #mem: GpuMemory;
   #buffer: GPUBuffer;
   #slots: number;
-  readonly bindGroups = new Map<string, GPUBindGroup>();
+  /** Per slot, the bind groups built over it (SlotGroup). */
+  readonly bindGroups: SlotGroup[][] = [];
 
   constructor(mem: GpuMemory, slots = 256) {
     this.#mem = mem;
@@ -116,7 +129,7 @@ export class ParamArena {
       this.#mem.free(this.#buffer);
       this.#slots = Math.max(slots, 2 * this.#slots);
       this.#buffer = this.#create(this.#slots);
-      this.bindGroups.clear();
+      this.bindGroups.length = 0;
     }
     // A typed array's offset and size count elements.
     this.#mem.ctx.device.queue.writeBuffer(this.#buffer, 0, words, 0, slots * SLOT_WORDS);
@@ -190,31 +203,28 @@ export class StepEncoder {
 
   #bindGroup(kernel: Kernel, refs: readonly BufferRef[], slot: number): GPUBindGroup {
     const arena = this.#arena;
-    let key = `${kernel.file}|${slot}`;
-    for (const r of refs) {
-      key += isSlice(r) ? `|${bufferId(r.buffer)}@${r.offset}+${r.size}` : `|${bufferId(r)}`;
+    const built = (arena.bindGroups[slot] ??= []);
+    const layout = kernel.bindGroupLayout;
+    const at = built.findIndex((g) => g.layout === layout && sameRefs(g.refs, refs));
+    if (at >= 0) {
+      const hit = built[at];
+      if (at > 0) {
+        built.splice(at, 1);
+        built.unshift(hit);
+      }
+      return hit.group;
     }
-    let group = arena.bindGroups.get(key);
-    if (!group) {
-      const entries: GPUBindGroupEntry[] = refs.map((r, i) => ({
-        binding: i,
-        resource: isSlice(r) ? { buffer: r.buffer, offset: r.offset, size: r.size } : { buffer: r },
-      }));
-      entries.push({
-        binding: refs.length,
-        resource: {
-          buffer: arena.buffer,
-          offset: slot * PARAMS_SLOT_BYTES,
-          size: PARAMS_SLOT_BYTES,
-        },
-      });
-      group = this.ctx.device.createBindGroup({
-        label: kernel.name,
-        layout: kernel.bindGroupLayout,
-        entries,
-      });
-      arena.bindGroups.set(key, group);
-    }
+    const entries: GPUBindGroupEntry[] = refs.map((r, i) => ({
+      binding: i,
+      resource: isSlice(r) ? { buffer: r.buffer, offset: r.offset, size: r.size } : { buffer: r },
+    }));
+    entries.push({
+      binding: refs.length,
+      resource: { buffer: arena.buffer, offset: slot * PARAMS_SLOT_BYTES, size: PARAMS_SLOT_BYTES },
+    });
+    const group = this.ctx.device.createBindGroup({ label: kernel.name, layout, entries });
+    built.unshift({ layout, refs, group });
+    if (built.length > GROUPS_PER_SLOT) built.pop();
     return group;
   }
 
