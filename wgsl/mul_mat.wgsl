@@ -292,10 +292,11 @@ fn main(
   }
 }
 #else
-// Decode: ROWS rows of LANES lanes; lane l takes class l, two of its chunks a round. Each round
-// stages the x of ROUND consecutive chunks in workgroup memory once for all rows (each chunk
-// padded to 9 vec4 so the lanes' reads fall in distinct banks); a round's weights and x are
-// fetched before its barriers.
+// Decode: ROWS rows of LANES lanes; lane l takes class l, two of its chunks a round of ROUND
+// chunks. Each round stages the x of its chunks in workgroup memory once for all rows (each
+// chunk padded to 9 vec4 so the lanes' reads fall in distinct banks); a round's weights and x
+// are fetched before its barriers. SUM loops this over the ranks of one token's experts for the
+// same rows.
 const WG = 128u;
 const ROWS = WG / LANES;
 const ROUND = 2u * LANES;
@@ -332,6 +333,7 @@ fn class_total(p: f32, lid: u32, sid: u32, classes: u32) -> f32 {
     total = total + subgroupShuffle(p, first + l);
   }
 #else
+  workgroupBarrier();
   partial[lid] = p;
   workgroupBarrier();
   // A fixed trip count: Mesa's lavapipe (CI's adapter) leaks ~0.6 MB a dispatch when a loop of
@@ -345,79 +347,6 @@ fn class_total(p: f32, lid: u32, sid: u32, classes: u32) -> f32 {
   return total;
 }
 
-#ifdef SUM
-// s_c of weights wv against x from xo, read from memory: chunk_sum's arithmetic, unstaged.
-fn chunk_dot(wv: array<vec4<f32>, 8>, xo: u32) -> f32 {
-  var acc: f32;
-  acc = 0.0;
-  for (var v = 0u; v < 8u; v++) {
-    let xa = x4(xo + 4u * v);
-    acc = fma(wv[v].x, xa.x, acc);
-    acc = fma(wv[v].y, xa.y, acc);
-    acc = fma(wv[v].z, xa.z, acc);
-    acc = fma(wv[v].w, xa.w, acc);
-  }
-  return acc;
-}
-
-// Rank totals of the workgroup's row (n_used ≤ 64).
-var<workgroup> ranks: array<f32, 64>;
-
-// SUM: group g of LANES lanes takes ranks g, g + ROWS, ... of the token's experts, each a row
-// product in the decode order (a rank has an x of its own, so x is read unstaged); then thread 0
-// folds them as wgsl/moe_sum.wgsl does: fma in rank order from r_0·w_0, then the shared expert.
-@compute @workgroup_size(WG)
-fn main(
-  @builtin(workgroup_id) wid: vec3<u32>,
-  @builtin(num_workgroups) nwg: vec3<u32>,
-  @builtin(local_invocation_index) lid: u32,
-#ifdef SUBGROUPS
-  @builtin(subgroup_invocation_id) sid: u32,
-#endif
-) {
-#ifndef SUBGROUPS
-  let sid = 0u;
-#endif
-  let row = row_tile(wid, nwg);
-  if (row >= params.rows) {
-    return;
-  }
-  let t = wid.z;
-  let lane = lid % LANES;
-  fill_tables(lid);
-  let chunks = params.k / 32u;
-  let classes = min(chunks, LANES);
-  for (var i0 = 0u; i0 < params.n_used; i0 += ROWS) {
-    let i = i0 + lid / LANES;
-    var p = 0.0;
-    if (i < params.n_used) {
-      let e = ids[t * params.ids_stride + i];
-      let row_byte = ((e - params.expert_first) * params.rows + row) * row_bytes();
-      let xo = params.x_offset + t * params.x_stride_t + i * params.x_stride_i;
-      for (var c = lane; c < chunks; c += LANES) {
-        p = p + chunk_dot(dequant32(row_byte, c), xo + 32u * c);
-      }
-    }
-    let total = class_total(p, lid, sid, classes);
-    if (lane == 0u && i < params.n_used) {
-      ranks[i] = total;
-    }
-    workgroupBarrier();
-  }
-  if (lid == 0u) {
-    let wo = t * (params.n_used + 1u);
-    var acc = ranks[0] * rw[wo];
-    for (var i = 1u; i < params.n_used; i++) {
-      acc = fma(ranks[i], rw[wo + i], acc);
-    }
-    if (params.sum_shared == 1u) {
-      acc = fma(sh[t * params.rows + row], rw[wo + params.n_used], acc);
-    }
-    let yo = params.y_offset + t * params.y_stride_t + row;
-    y[yo] = y[yo] + acc;
-  }
-}
-#else
 // The staged vec4 v of chunk c, zero past the row; under NORM, (x·scale)·nw as rms_norm writes it.
 fn stage_x(xo: u32, chunks: u32, c: u32, v: u32, scale: f32) -> vec4<f32> {
   if (c < chunks) {
@@ -432,54 +361,20 @@ fn stage_x(xo: u32, chunks: u32, c: u32, v: u32, scale: f32) -> vec4<f32> {
   return vec4<f32>(0.0);
 }
 
-@compute @workgroup_size(WG)
-fn main(
-  @builtin(workgroup_id) wid: vec3<u32>,
-  @builtin(num_workgroups) nwg: vec3<u32>,
-  @builtin(local_invocation_index) lid: u32,
-#ifdef SUBGROUPS
-  @builtin(subgroup_invocation_id) sid: u32,
-#endif
-) {
-  let tile = row_tile(wid, nwg);
-  if (tile >= params.row_tiles) {
-    return;
-  }
+// The product of this thread's row (row_byte; `live` if it exists) with x from xo, returned to
+// every lane of the row. Called by every invocation: its rounds have barriers.
+fn row_product(row_byte: u32, live: bool, xo: u32, lid: u32, sid: u32) -> f32 {
   let lane = lid % LANES;
-  let r = tile * ROWS + lid / LANES;
-#ifdef ID
-  // Slot wid.z = (token t, expert rank i).
-  let t = wid.z / params.n_used;
-  let i = wid.z % params.n_used;
-  if (lid == 0u) {
-    chosen = ids[t * params.ids_stride + i];
-  }
-  let e = workgroupUniformLoad(&chosen);
-  // Only the part holding expert e computes it.
-  if (e < params.expert_first || e >= params.expert_first + params.expert_count) {
-    return;
-  }
-  let xo = params.x_offset + t * params.x_stride_t + i * params.x_stride_i;
-  let yo = params.y_offset + t * params.y_stride_t + i * params.y_stride_i + r;
-  let row_in_part = (e - params.expert_first) * params.rows + r;
-#else
-  let xo = params.x_offset + wid.z * params.x_stride_t;
-  let yo = params.y_offset + wid.z * params.y_stride_t + params.row_base + r;
-  let row_in_part = r;
-#endif
-  fill_tables(lid);
+  let chunks = params.k / 32u;
+  let classes = min(chunks, LANES);
+  // This thread stages vec4 lid % 8 of round chunks lid / 8 and lid / 8 + LANES.
+  let xc = lid / 8u;
+  let xv = lid % 8u;
 #ifdef NORM
   let scale = rms_scale(xo, params.k, params.eps, lid);
 #else
   let scale = 1.0;
 #endif
-  let chunks = params.k / 32u;
-  let classes = min(chunks, LANES);
-  let row_byte = row_in_part * row_bytes();
-  // This thread stages vec4 lid % 8 of round chunks lid / 8 and lid / 8 + LANES.
-  let xc = lid / 8u;
-  let xv = lid % 8u;
-  let live = r < params.rows;
   var p = 0.0;
   for (var c0 = 0u; c0 < chunks; c0 += ROUND) {
     let ca = c0 + lane;
@@ -505,13 +400,81 @@ fn main(
       p = p + chunk_sum(wb, lane + LANES);
     }
   }
+  return class_total(p, lid, sid, classes);
+}
+
+@compute @workgroup_size(WG)
+fn main(
+  @builtin(workgroup_id) wid: vec3<u32>,
+  @builtin(num_workgroups) nwg: vec3<u32>,
+  @builtin(local_invocation_index) lid: u32,
+#ifdef SUBGROUPS
+  @builtin(subgroup_invocation_id) sid: u32,
+#endif
+) {
 #ifndef SUBGROUPS
   let sid = 0u;
 #endif
-  let total = class_total(p, lid, sid, classes);
-  if (lane == 0u && r < params.rows) {
+  let tile = row_tile(wid, nwg);
+  if (tile >= params.row_tiles) {
+    return;
+  }
+  let lane = lid % LANES;
+  let r = tile * ROWS + lid / LANES;
+  let live = r < params.rows;
+  fill_tables(lid);
+#ifdef SUM
+  // One token (wid.z), every rank i: y += fma chain of w_i·(W_{e_i}·x_i) in rank order, from
+  // r_0·w_0, then the shared expert, as wgsl/moe_sum.wgsl adds them.
+  let t = wid.z;
+  let wo = t * (params.n_used + 1u);
+  var acc = 0.0;
+  for (var i = 0u; i < params.n_used; i++) {
+    if (lid == 0u) {
+      chosen = ids[t * params.ids_stride + i];
+    }
+    let e = workgroupUniformLoad(&chosen);
+    let xo = params.x_offset + t * params.x_stride_t + i * params.x_stride_i;
+    let row_byte = ((e - params.expert_first) * params.rows + r) * row_bytes();
+    let total = row_product(row_byte, live, xo, lid, sid);
+    if (i == 0u) {
+      acc = total * rw[wo];
+    } else {
+      acc = fma(total, rw[wo + i], acc);
+    }
+  }
+  if (params.sum_shared == 1u) {
+    acc = fma(sh[t * params.rows + r], rw[wo + params.n_used], acc);
+  }
+  if (lane == 0u && live) {
+    let yo = params.y_offset + t * params.y_stride_t + r;
+    y[yo] = y[yo] + acc;
+  }
+#else
+#ifdef ID
+  // Slot wid.z = (token t, expert rank i).
+  let t = wid.z / params.n_used;
+  let i = wid.z % params.n_used;
+  if (lid == 0u) {
+    chosen = ids[t * params.ids_stride + i];
+  }
+  let e = workgroupUniformLoad(&chosen);
+  // Only the part holding expert e computes it.
+  if (e < params.expert_first || e >= params.expert_first + params.expert_count) {
+    return;
+  }
+  let xo = params.x_offset + t * params.x_stride_t + i * params.x_stride_i;
+  let yo = params.y_offset + t * params.y_stride_t + i * params.y_stride_i + r;
+  let row_in_part = (e - params.expert_first) * params.rows + r;
+#else
+  let xo = params.x_offset + wid.z * params.x_stride_t;
+  let yo = params.y_offset + wid.z * params.y_stride_t + params.row_base + r;
+  let row_in_part = r;
+#endif
+  let total = row_product(row_in_part * row_bytes(), live, xo, lid, sid);
+  if (lane == 0u && live) {
     put(yo, total);
   }
-}
 #endif
+}
 #endif

@@ -212,7 +212,7 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
   const sh = o.sum?.shared ?? dummyStorage(enc.ctx);
   for (const part of w.parts) {
     const partRows = id ? rows : part.rows;
-    const tiles = o.sum ? partRows : Math.ceil(partRows / (key.batched ? TILE_ROWS : DECODE_ROWS));
+    const tiles = Math.ceil(partRows / (key.batched ? TILE_ROWS : DECODE_ROWS));
     enc.dispatch(MUL_MAT, key, { w: part.buffer, x: b.x, ids, nw, rw, sh, y: b.y }, {
       ...base,
       rows: partRows,
