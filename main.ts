@@ -1,5 +1,5 @@
-// `deno task head`: flags (lib/cli.ts) → lib/server/head.ts (model, stages, scheduler, HTTP) until
-// SIGINT/SIGTERM. The Anthropic, OpenAI and llama.cpp routes are in lib/server/.
+// `deno task head` and tandem-head: flags (lib/cli.ts) → the grant they call for (lib/launch/) →
+// lib/server/head.ts (model, stages, scheduler, HTTP) until SIGINT/SIGTERM.
 
 import {
   address,
@@ -8,20 +8,21 @@ import {
   ENGINE_FLAGS,
   flag,
   type FlagTable,
+  type FlagValues,
   isLoopback,
   layerRange,
   listOf,
   MODEL_FLAG,
-  runCommand,
   switchFlag,
   text,
   UsageError,
   whole,
 } from "./lib/cli.ts";
+import { runRole } from "./lib/launch/launch.ts";
 import { startHead } from "./lib/server/head.ts";
 import { loadKeyFile } from "./lib/wire/hello.ts";
 
-const HEAD = {
+export const HEAD = {
   name: "Head",
   usage: "deno task head",
   about: "Serves the Anthropic (/v1/messages), OpenAI (/v1/chat/completions, /v1/completions) " +
@@ -73,49 +74,51 @@ async function readApiKey(path: string): Promise<string> {
   return text;
 }
 
-if (import.meta.main) {
-  await runCommand(HEAD, async (flags) => {
-    if (flags.next && !flags.layers) {
-      throw new UsageError("--next needs --layers 0:k for the head's own layers");
-    }
-    if (!isLoopback(flags.host) && !flags["api-key-file"] && !flags.insecure) {
-      throw new UsageError(
-        `Cannot serve on ${flags.host} without an API key: pass --api-key-file F (clients send ` +
-          `it as x-api-key) or --insecure to serve anyone who can reach the port`,
-      );
-    }
-    const running = await startHead({
-      model: flags.model,
-      layers: flags.layers,
-      next: flags.next,
-      host: flags.host,
-      port: flags.port,
-      slots: flags.slots,
-      ctx: flags.ctx,
-      queue: flags.queue,
-      snapshots: flags.snapshots,
-      maxBatch: flags["max-batch"],
-      apiKey: flags["api-key-file"] ? await readApiKey(flags["api-key-file"]) : undefined,
-      maxBodyBytes: flags["max-body-bytes"],
-      headerTimeoutMs: flags["header-timeout"] * 1000,
-      corsOrigins: flags["cors-origin"],
-      wireKey: flags["key-file"] ? await loadKeyFile(flags["key-file"]) : undefined,
-      backend: flags.backend,
-      gpu: flags.gpu,
-      allowSoftwareGpu: flags["allow-software-gpu"],
-      sampling: {
-        temperature: flags.temperature,
-        temperatureCap: flags["temperature-cap"],
-        topK: flags["top-k"],
-        topP: flags["top-p"],
-      },
-      modelId: flags["model-id"],
-    });
-    const stop = Promise.withResolvers<void>();
-    Deno.addSignalListener("SIGINT", () => stop.resolve());
-    Deno.addSignalListener("SIGTERM", () => stop.resolve());
-    await stop.promise;
-    await running.close();
-    Deno.exit(0);
+/** The head's life in its role thread: serve until SIGINT or SIGTERM. */
+export async function serveHead(flags: FlagValues<typeof HEAD.flags>): Promise<void> {
+  if (flags.next && !flags.layers) {
+    throw new UsageError("--next needs --layers 0:k for the head's own layers");
+  }
+  if (!isLoopback(flags.host) && !flags["api-key-file"] && !flags.insecure) {
+    throw new UsageError(
+      `Cannot serve on ${flags.host} without an API key: pass --api-key-file F (clients send ` +
+        `it as x-api-key) or --insecure to serve anyone who can reach the port`,
+    );
+  }
+  const running = await startHead({
+    model: flags.model,
+    layers: flags.layers,
+    next: flags.next,
+    host: flags.host,
+    port: flags.port,
+    slots: flags.slots,
+    ctx: flags.ctx,
+    queue: flags.queue,
+    snapshots: flags.snapshots,
+    maxBatch: flags["max-batch"],
+    apiKey: flags["api-key-file"] ? await readApiKey(flags["api-key-file"]) : undefined,
+    maxBodyBytes: flags["max-body-bytes"],
+    headerTimeoutMs: flags["header-timeout"] * 1000,
+    corsOrigins: flags["cors-origin"],
+    wireKey: flags["key-file"] ? await loadKeyFile(flags["key-file"]) : undefined,
+    backend: flags.backend,
+    gpu: flags.gpu,
+    allowSoftwareGpu: flags["allow-software-gpu"],
+    sampling: {
+      temperature: flags.temperature,
+      temperatureCap: flags["temperature-cap"],
+      topK: flags["top-k"],
+      topP: flags["top-p"],
+    },
+    modelId: flags["model-id"],
   });
+  const stop = Promise.withResolvers<void>();
+  Deno.addSignalListener("SIGINT", () => stop.resolve());
+  Deno.addSignalListener("SIGTERM", () => stop.resolve());
+  await stop.promise;
+  await running.close();
+}
+
+if (import.meta.main) {
+  await runRole("head", HEAD, import.meta.url, (flags) => flags, serveHead);
 }

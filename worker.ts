@@ -1,34 +1,35 @@
-// `deno task worker`: one pipeline stage served over TCP, optionally chained to --next.
-// Flags (lib/cli.ts) → lib/wire/stage_worker.ts (bind, open the layers, serve) until SIGINT/SIGTERM.
+// `deno task worker` and tandem-worker: one pipeline stage served over TCP, optionally chained to
+// --next. Flags (lib/cli.ts) → the grant they call for (lib/launch/) → lib/wire/stage_worker.ts
+// (bind, open the layers, serve) until SIGINT/SIGTERM.
 
-import type { Backend } from "./engine/open_stage.ts";
 import {
   address,
   type Command,
   ENGINE_FLAGS,
   flag,
   type FlagTable,
+  type FlagValues,
   isLoopback,
   layerRange,
   MODEL_FLAG,
   requiredFlag,
-  runCommand,
   switchFlag,
   text,
   UsageError,
   whole,
 } from "./lib/cli.ts";
+import { runRole } from "./lib/launch/launch.ts";
 import { loadKeyFile } from "./lib/wire/hello.ts";
 import { defaultSnapshots } from "./lib/scheduler/prefix_cache.ts";
 import { startWorker } from "./lib/wire/stage_worker.ts";
 
-const WORKER = {
+export const WORKER = {
   name: "Worker",
   usage: "deno task worker",
   about: "Serves layers a:b of a model to the stage before it (the head or another worker) over " +
     "the stage wire protocol. Binds 127.0.0.1 unless --host is given; any other address needs " +
-    "--key-file or --insecure. Permissions: docs/WIRE.md (net: the listen address and --next " +
-    "only; read: the model files).",
+    "--key-file or --insecure. It may reach only its listen address and --next and read only " +
+    "--model and --key-file (docs/DEPLOY.md).",
   flags: {
     model: MODEL_FLAG,
     layers: requiredFlag(layerRange, "the layers served here, a:b with a > 0"),
@@ -49,64 +50,44 @@ const WORKER = {
   },
 } satisfies Command<FlagTable>;
 
-/**
- * The reference backend needs no FFI and no environment, so a worker started with them (as
- * `deno task worker` is) drops both; net and read cannot be narrowed at run time, so a broad
- * grant of those is only reported.
- */
-async function narrowPermissions(backend: Backend, log: (line: string) => void): Promise<void> {
-  if (backend === "reference") {
-    await Deno.permissions.revoke({ name: "ffi" });
-    await Deno.permissions.revoke({ name: "env" });
-  }
-  const broad: string[] = [];
-  for (const name of ["net", "read"] as const) {
-    if ((await Deno.permissions.query({ name })).state === "granted") broad.push(`--allow-${name}`);
-  }
-  if (broad.length > 0) {
-    log(
-      `running with unrestricted ${broad.join(" and ")}; docs/WIRE.md shows the command that ` +
-        `limits them to this worker's address, next hop and model files`,
+/** The worker's life in its role thread: serve until SIGINT or SIGTERM. */
+export async function serveWorker(flags: FlagValues<typeof WORKER.flags>): Promise<void> {
+  const { layers, host } = flags;
+  if (layers.first === 0) {
+    throw new UsageError(
+      `Cannot serve layers ${layers.first}:${layers.end} on a worker: layer 0 embeds token ` +
+        `ids, which the head does; start the worker at the layer where the previous stage ends`,
     );
   }
+  if (!isLoopback(host) && !flags["key-file"] && !flags.insecure) {
+    throw new UsageError(
+      `Cannot listen on ${host} without a key: pass --key-file F (a shared secret, see ` +
+        `docs/WIRE.md) or --insecure to serve anyone who can reach the port`,
+    );
+  }
+  const key = flags["key-file"] ? await loadKeyFile(flags["key-file"]) : undefined;
+  const log = (line: string) => console.error(`[worker ${layers.first}..${layers.end}] ${line}`);
+  const worker = await startWorker({
+    model: flags.model,
+    layers,
+    host,
+    port: flags.port,
+    slots: flags.slots,
+    ctx: flags.ctx,
+    maxBatch: flags["max-batch"],
+    snapshots: flags.snapshots ?? defaultSnapshots(flags.ctx, flags.slots),
+    next: flags.next,
+    key,
+    backend: flags.backend,
+    gpu: flags.gpu,
+    allowSoftwareGpu: flags["allow-software-gpu"],
+    log,
+  });
+  Deno.addSignalListener("SIGINT", worker.close);
+  Deno.addSignalListener("SIGTERM", worker.close);
+  await worker.finished;
 }
 
 if (import.meta.main) {
-  await runCommand(WORKER, async (flags) => {
-    const { layers, host } = flags;
-    if (layers.first === 0) {
-      throw new UsageError(
-        `Cannot serve layers ${layers.first}:${layers.end} on a worker: layer 0 embeds token ` +
-          `ids, which the head does; start the worker at the layer where the previous stage ends`,
-      );
-    }
-    if (!isLoopback(host) && !flags["key-file"] && !flags.insecure) {
-      throw new UsageError(
-        `Cannot listen on ${host} without a key: pass --key-file F (a shared secret, see ` +
-          `docs/WIRE.md) or --insecure to serve anyone who can reach the port`,
-      );
-    }
-    const key = flags["key-file"] ? await loadKeyFile(flags["key-file"]) : undefined;
-    const log = (line: string) => console.error(`[worker ${layers.first}..${layers.end}] ${line}`);
-    await narrowPermissions(flags.backend, log);
-    const worker = await startWorker({
-      model: flags.model,
-      layers,
-      host,
-      port: flags.port,
-      slots: flags.slots,
-      ctx: flags.ctx,
-      maxBatch: flags["max-batch"],
-      snapshots: flags.snapshots ?? defaultSnapshots(flags.ctx, flags.slots),
-      next: flags.next,
-      key,
-      backend: flags.backend,
-      gpu: flags.gpu,
-      allowSoftwareGpu: flags["allow-software-gpu"],
-      log,
-    });
-    Deno.addSignalListener("SIGINT", worker.close);
-    Deno.addSignalListener("SIGTERM", worker.close);
-    await worker.finished;
-  });
+  await runRole("worker", WORKER, import.meta.url, (flags) => flags, serveWorker);
 }

@@ -2,7 +2,7 @@
 // Between the generator (tools/synth/generate_model.ts) and every test or fixture that runs a model.
 
 import { createHash } from "node:crypto";
-import { parseShardPath, shardPath } from "../engine/gguf/format.ts";
+import { shardPath, splitPaths } from "../engine/gguf/format.ts";
 import {
   generateModel,
   type Layout,
@@ -127,10 +127,7 @@ export async function testModel(spec: TestModelSpec): Promise<string> {
  * shards joined in order, which is what a fixture records as the model's identity.
  */
 export async function sha256File(path: string): Promise<string> {
-  const shard = parseShardPath(path);
-  const paths = shard && shard.index === 0
-    ? Array.from({ length: shard.count }, (_, i) => shardPath(shard.stem, i, shard.count))
-    : [path];
+  const paths = splitPaths(path);
   const hash = createHash("sha256");
   for (const p of paths) {
     // Reading the stream to its end closes the file.

@@ -1,7 +1,7 @@
-// Test helpers for lib/wire and worker.ts: free ports, worker processes started with the
-// restricted permissions docs/WIRE.md prescribes, in-process stage servers, raw hello clients.
+// Test helpers for lib/wire and worker.ts: free ports, worker processes started as `deno task
+// worker` starts them (under the grant their flags call for), in-process stage servers, raw hellos.
 
-import { parseShardPath, shardPath } from "../engine/gguf/format.ts";
+import { LAUNCHER_FLAGS } from "../lib/launch/grants.ts";
 import type { GgufModel } from "../engine/gguf/gguf_model.ts";
 import {
   openReferenceStage,
@@ -26,14 +26,6 @@ export function freePort(): number {
   return port;
 }
 
-/** Every file of a model: the shards of a gguf-split, or the one file. */
-export function modelFiles(path: string): string[] {
-  const shard = parseShardPath(path);
-  return shard
-    ? Array.from({ length: shard.count }, (_, i) => shardPath(shard.stem, i, shard.count))
-    : [path];
-}
-
 export interface WorkerOptions {
   readonly model: string;
   readonly layers: string;
@@ -54,8 +46,6 @@ export interface WorkerOptions {
   readonly backend?: "reference" | "gpu";
   /** Flags after the usual ones, e.g. ["--host", "0.0.0.0"]. */
   readonly extra?: readonly string[];
-  /** Permission flags instead of the restricted ones, e.g. those of `deno task worker`. */
-  readonly permissions?: readonly string[];
 }
 
 export interface WorkerProcess {
@@ -67,14 +57,11 @@ export interface WorkerProcess {
   stop(): Promise<void>;
 }
 
-/** The `deno run` arguments of a worker: net only to its port and --next, read only its files. */
+/**
+ * The `deno run` arguments of a worker, with the launcher's grant of `deno task worker`: the role
+ * itself then runs with net only to its port and --next and read only of its files.
+ */
 export function workerArgs(options: WorkerOptions, port: number): string[] {
-  const net = [`${options.host ?? "127.0.0.1"}:${port}`, ...(options.next ? [options.next] : [])];
-  const read = [
-    ...modelFiles(options.model),
-    PROJECT_ROOT,
-    ...(options.keyFile ? [options.keyFile] : []),
-  ];
   const flags = [
     ["--model", options.model],
     ["--layers", options.layers],
@@ -93,39 +80,53 @@ export function workerArgs(options: WorkerOptions, port: number): string[] {
   return [
     "run",
     "--no-prompt",
-    ...(options.permissions ?? [`--allow-net=${net.join(",")}`, `--allow-read=${read.join(",")}`]),
+    ...LAUNCHER_FLAGS,
     WORKER,
     ...flags,
     ...(options.extra ?? []),
   ];
 }
 
-/** Starts worker.ts and waits until it listens. Throws with its output if it exits first. */
-export async function startWorker(options: WorkerOptions): Promise<WorkerProcess> {
-  const port = options.port ?? freePort();
+export interface LoggedProcess {
+  readonly child: Deno.ChildProcess;
+  /** Everything the process wrote to stderr so far. */
+  log(): string;
+  /** SIGTERM, then waits for the exit; its status. */
+  stop(): Promise<Deno.CommandStatus>;
+}
+
+/**
+ * Spawns `deno <args>` in the project root and waits until its stderr matches `ready`. Throws
+ * with its output if it exits first.
+ */
+export async function startLogged(
+  args: readonly string[],
+  ready: RegExp,
+  env: Record<string, string> = {},
+): Promise<LoggedProcess> {
   const child = new Deno.Command(Deno.execPath(), {
-    args: workerArgs(options, port),
+    args: [...args],
     cwd: PROJECT_ROOT,
+    env,
     stdin: "null",
     stdout: "null",
     stderr: "piped",
   }).spawn();
   let text = "";
-  const listening = Promise.withResolvers<void>();
+  const started = Promise.withResolvers<void>();
   const drained = (async () => {
     for await (const chunk of child.stderr.pipeThrough(new TextDecoderStream())) {
       text += chunk;
-      if (text.includes("listening on")) listening.resolve();
+      if (ready.test(text)) started.resolve();
     }
   })();
   const exited = child.status.then(async (s) => {
     await drained;
     return s;
   });
-  const early = await Promise.race([listening.promise.then(() => undefined), exited]);
-  if (early) throw new Error(`worker ${options.layers} exited with ${early.code}:\n${text}`);
+  const early = await Promise.race([started.promise.then(() => undefined), exited]);
+  if (early) throw new Error(`deno ${args.join(" ")} exited with ${early.code}:\n${text}`);
   return {
-    address: `127.0.0.1:${port}`,
     child,
     log: () => text,
     async stop() {
@@ -134,7 +135,21 @@ export async function startWorker(options: WorkerOptions): Promise<WorkerProcess
       } catch (e) {
         if (!(e instanceof TypeError)) throw e; // Already exited.
       }
-      await exited;
+      return await exited;
+    },
+  };
+}
+
+/** Starts worker.ts and waits until it listens. Throws with its output if it exits first. */
+export async function startWorker(options: WorkerOptions): Promise<WorkerProcess> {
+  const port = options.port ?? freePort();
+  const p = await startLogged(workerArgs(options, port), /listening on/);
+  return {
+    address: `127.0.0.1:${port}`,
+    child: p.child,
+    log: p.log,
+    async stop() {
+      await p.stop();
     },
   };
 }

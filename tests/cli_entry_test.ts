@@ -2,6 +2,7 @@
 // and the worker bind their address before the model loads, naming a busy port in the error.
 
 import assert from "node:assert/strict";
+import { LAUNCHER_FLAGS } from "../lib/launch/grants.ts";
 import { PROJECT_ROOT } from "./_workers.ts";
 
 const ENTRIES = [
@@ -16,9 +17,11 @@ const ENTRIES = [
   "bench/compile_times.ts",
 ];
 
+/** Runs an entry point; the head and the worker with the grant their tasks give them. */
 async function run(args: string[], env: Record<string, string> = {}) {
+  const role = args[0] === "main.ts" || args[0] === "worker.ts";
   const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", ...args],
+    args: ["run", ...(role ? LAUNCHER_FLAGS : ["-A"]), ...args],
     cwd: PROJECT_ROOT,
     env,
     stdout: "piped",
@@ -50,7 +53,10 @@ Deno.test("head and worker name a busy port before loading the model, and read T
     assert.equal(head.code, 1);
     assert.match(
       head.stderr,
-      new RegExp(`^Head stopped: Cannot listen on 127\\.0\\.0\\.1:${port}: the port is in use`),
+      new RegExp(
+        `^Head stopped: Cannot listen on 127\\.0\\.0\\.1:${port}: the port is in use`,
+        "m",
+      ),
     );
     const worker = await run(["worker.ts", "--model", missing, "--layers", "1:2", "--port", port]);
     assert.equal(worker.code, 1);

@@ -125,3 +125,15 @@ export function parseShardPath(
   if (!m) return undefined;
   return { stem: path.slice(0, m.index), index: Number(m[1]) - 1, count: Number(m[2]) };
 }
+
+/**
+ * Every file of the model whose first (or only) file is `path`: the names gguf-split gives its
+ * shards when `path` is shard 1 of N, else just `path`. Named from the path alone, so a launcher
+ * can grant read access to them before anything is opened.
+ */
+export function splitPaths(path: string): string[] {
+  const shard = parseShardPath(path);
+  return shard && shard.index === 0
+    ? Array.from({ length: shard.count }, (_, i) => shardPath(shard.stem, i, shard.count))
+    : [path];
+}

@@ -126,12 +126,13 @@ async function handshake(
 }
 
 /**
- * Opens a connection, runs the handshake and checks the worker's HELLO against `want`. Every
- * failure, a mismatch included, is a StageUnavailableError whose reason names both values.
+ * Opens a connection, runs the handshake and checks the worker's HELLO against `want` (a probe
+ * passes none and takes any hello). Every failure, a mismatch included, is a
+ * StageUnavailableError whose reason names both values.
  */
 export async function connectPeer(
   address: string,
-  want: ChainExpectation,
+  want: ChainExpectation | undefined,
   options: PeerOptions = {},
 ): Promise<Peer> {
   const { hostname, port } = parseAddress(address);
@@ -158,7 +159,7 @@ export async function connectPeer(
       ms,
       () => new StageUnavailableError(address, `no hello within ${ms} ms`),
     );
-    const mismatch = helloMismatch(info, want);
+    const mismatch = want && helloMismatch(info, want);
     if (mismatch) throw new StageUnavailableError(address, mismatch);
     return new Peer(address, conn, reader, info, options.replyTimeoutMs ?? 600_000);
   } catch (e) {

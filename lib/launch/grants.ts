@@ -1,0 +1,101 @@
+// What each role may touch: the launcher thread's grant (deno.json tasks, compiled binaries) and
+// the narrow grant its role thread runs under, derived from the role's own flags.
+// Read by lib/launch/launch.ts when a head or worker starts, and by tools/compile.ts.
+
+import { splitPaths } from "../../engine/gguf/format.ts";
+
+export type Role = "head" | "worker";
+
+/**
+ * The launcher thread's grant, the same for `deno task head|worker` (deno.json) and the binaries
+ * (tools/compile.ts): enough to hand any narrower grant down. The role thread runs everything
+ * else, under roleGrant's grant.
+ */
+export const LAUNCHER_FLAGS: readonly string[] = [
+  "--no-prompt",
+  "--unstable-worker-options",
+  "--allow-net",
+  "--allow-read",
+  "--allow-env=TANDEM_*",
+  "--allow-ffi",
+];
+
+/** The flags of either role that say what it touches (names as in main.ts / worker.ts). */
+export interface RoleFlags {
+  readonly model: string;
+  readonly host: string;
+  readonly port: number;
+  readonly next?: string;
+  readonly "key-file"?: string;
+  /** The head's only. */
+  readonly "api-key-file"?: string;
+  readonly backend: string;
+  readonly gpu: string;
+}
+
+/** A grant as Deno's worker permissions take it; every kind is listed, so none is inherited. */
+export interface Grant {
+  readonly net: string[];
+  readonly read: string[];
+  readonly env: string[];
+  readonly ffi: string[] | false;
+  readonly write: false;
+  readonly run: false;
+  readonly sys: false;
+  readonly import: false;
+}
+
+/** host:port as --allow-net writes it (IPv6 in brackets). */
+function netAddress(host: string, port: number): string {
+  return host.includes(":") && !host.startsWith("[") ? `[${host}]:${port}` : `${host}:${port}`;
+}
+
+/**
+ * The folder holding this platform's Dawn addon (npm package webgpu), which the GPU backend
+ * loads through FFI when --gpu is auto or dawn; undefined where the package has none.
+ */
+export function dawnFolder(): string | undefined {
+  const os = Deno.build.os === "darwin"
+    ? "darwin"
+    : Deno.build.os === "windows"
+    ? "win32"
+    : "linux";
+  const arch = os === "darwin" ? "universal" : Deno.build.arch === "aarch64" ? "arm64" : "x64";
+  const folder = new URL(`./dist/${os}-${arch}/`, import.meta.resolve("webgpu"));
+  try {
+    return Deno.statSync(folder).isDirectory ? decodeURIComponent(folder.pathname) : undefined;
+  } catch {
+    return undefined;
+  }
+}
+
+/**
+ * The role thread's grant: net to its listen address and next hop; read of its model files (every
+ * file of a gguf-split) and key files; the TANDEM_* environment; FFI only to Dawn's addon, and
+ * only when the GPU backend may use Dawn. No write, run, sys or remote import.
+ */
+export function roleGrant(flags: RoleFlags, dawn: string | undefined): Grant {
+  const usesDawn = flags.backend === "gpu" && flags.gpu !== "builtin" && dawn !== undefined;
+  return {
+    net: [netAddress(flags.host, flags.port), ...(flags.next ? [flags.next] : [])],
+    read: [
+      ...splitPaths(flags.model),
+      ...(flags["key-file"] ? [flags["key-file"]] : []),
+      ...(flags["api-key-file"] ? [flags["api-key-file"]] : []),
+    ],
+    env: ["TANDEM_*"],
+    ffi: usesDawn ? [dawn] : false,
+    write: false,
+    run: false,
+    sys: false,
+    import: false,
+  };
+}
+
+/** One line for the start-up log: what the role thread may touch. */
+export function describeGrant(grant: Grant): string {
+  return `net ${grant.net.join(", ")}; read ${grant.read.join(", ")}; env ` +
+    `${grant.env.join(", ")}; ffi ${
+      grant.ffi ? grant.ffi.join(", ") : "none"
+    }; no write, run or sys`;
+}
