@@ -76,42 +76,87 @@ export interface StepProfile {
   readonly gpuMs?: number;
 }
 
+/** GPU bytes of a stage by part; `total` also counts readbacks and the params arena. */
+export interface StageMemory {
+  /** By kind of weight, as the loader counts them ("experts", "attention", "norms", ...). */
+  readonly weights: ReadonlyMap<string, number>;
+  /** KV caches and recurrent states of all slots. */
+  readonly slotState: number;
+  readonly snapshots: number;
+  readonly activations: number;
+  readonly total: number;
+}
+
+/** Positions per run when the caller sets none. */
+export function defaultMaxBatch(ctx: number): number {
+  return Math.min(ctx, 512);
+}
+
 /** Bytes of logits one LM-head chunk may take. */
 const LOGITS_BYTES = 64 * 1024 * 1024;
 
-function allocActivations(
-  mem: GpuMemory,
+/** Each activation buffer of a stage running T positions at once: its label and f32 count. */
+export function activationFloats(
   hp: HParams,
   T: number,
   lmChunk: number,
   attnPartFloats: number,
-): Activations {
+): Record<keyof Activations, readonly [string, number]> {
   const { D, Hq, Hkv, Dh, C, Nv, Dv, E, Ku, Fe, Fs, F, V } = hp;
-  const f32 = (label: string, n: number) => mem.storage(label, 4 * n);
   return {
-    ids: f32("ids", T + 1),
-    x: f32("x", T * D),
-    h: f32("h", T * D),
-    attn: f32("attn qkv", T * (2 * Hq * Dh + 2 * Hkv * Dh)),
-    o: f32("mixer out", T * Math.max(Hq * Dh, Nv * Dv)),
-    attnPart: f32("attention partials", attnPartFloats),
-    qkvzba: f32("deltanet qkvzba", T * (C + Nv * Dv + 2 * Nv)),
-    u: f32("conv out", T * C),
-    router: f32("router logits", T * (E + 1)),
-    route: f32("expert ids", T * Ku),
-    routeW: f32("expert weights", T * (Ku + 1)),
-    gather: f32("expert gather table", gatherWords(T * Ku, E, PREFILL_TT)),
-    gateUp: f32("ffn gate|up", T * Math.max(Ku * 2 * Fe, 2 * F)),
-    expertOut: f32("expert out", T * Ku * D),
-    sharedGateUp: f32("shared gate|up", T * 2 * Fs),
-    sharedOut: f32("shared out", T * D),
-    logits: f32("logits", lmChunk * V),
-    greedy: f32("greedy ids", T),
-    mask: f32("token mask", Math.ceil(V / 32)),
-    bias: f32("logit biases", 2 * MAX_BIAS_PAIRS),
-    argmaxScratch: f32("argmax scratch", argmaxScratchWords(lmChunk)),
-    top: f32("top-k", topKWords(MAX_TOPK)),
+    ids: ["ids", T + 1],
+    x: ["x", T * D],
+    h: ["h", T * D],
+    attn: ["attn qkv", T * (2 * Hq * Dh + 2 * Hkv * Dh)],
+    o: ["mixer out", T * Math.max(Hq * Dh, Nv * Dv)],
+    attnPart: ["attention partials", attnPartFloats],
+    qkvzba: ["deltanet qkvzba", T * (C + Nv * Dv + 2 * Nv)],
+    u: ["conv out", T * C],
+    router: ["router logits", T * (E + 1)],
+    route: ["expert ids", T * Ku],
+    routeW: ["expert weights", T * (Ku + 1)],
+    gather: ["expert gather table", gatherWords(T * Ku, E, PREFILL_TT)],
+    gateUp: ["ffn gate|up", T * Math.max(Ku * 2 * Fe, 2 * F)],
+    expertOut: ["expert out", T * Ku * D],
+    sharedGateUp: ["shared gate|up", T * 2 * Fs],
+    sharedOut: ["shared out", T * D],
+    logits: ["logits", lmChunk * V],
+    greedy: ["greedy ids", T],
+    mask: ["token mask", Math.ceil(V / 32)],
+    bias: ["logit biases", 2 * MAX_BIAS_PAIRS],
+    argmaxScratch: ["argmax scratch", argmaxScratchWords(lmChunk)],
+    top: ["top-k", topKWords(MAX_TOPK)],
   };
+}
+
+/** The shapes a stage's activations follow from: positions per run, LM-head chunk, partials. */
+export function activationShape(
+  hp: HParams,
+  span: { readonly first: number; readonly end: number },
+  ctx: number,
+  maxBatch: number,
+): { lmChunk: number; attnPartFloats: number } {
+  const lmChunk = Math.max(1, Math.min(maxBatch, Math.floor(LOGITS_BYTES / (4 * hp.V))));
+  const attention = hp.isDeltaNet.slice(span.first, span.end).some((d) => !d);
+  const attnPartFloats = attention
+    ? attentionPartialFloats({ hq: hp.Hq, dh: hp.Dh, ctx, maxBatch })
+    : 0;
+  return { lmChunk, attnPartFloats };
+}
+
+function allocActivations(
+  mem: GpuMemory,
+  floats: Record<keyof Activations, readonly [string, number]>,
+): Activations {
+  const entries = Object.entries(floats).map(([k, [label, n]]) => [k, mem.storage(label, 4 * n)]);
+  return Object.fromEntries(entries) as Activations;
+}
+
+/** Bytes of layer il's two state buffers: conv and recurrent state, or K and V (f16). */
+export function layerStateBytes(hp: HParams, il: number, positions: number): [number, number] {
+  if (hp.isDeltaNet[il]) return [4 * (hp.Kc - 1) * hp.C, 4 * hp.Nv * hp.Dk * hp.Dv];
+  const kv = 2 * positions * hp.Hkv * hp.Dh;
+  return [kv, kv];
 }
 
 /** One slot's (or snapshot's) state buffers for the owned layers. */
@@ -126,24 +171,24 @@ function allocState(
   const states: GpuLayerState[] = [];
   const { ctx } = mem;
   for (let il = first; il < end; il++) {
+    const [a, b] = layerStateBytes(hp, il, positions);
     if (hp.isDeltaNet[il]) {
       states.push({
         kind: "deltanet",
-        conv: mem.storage(`${label} conv ${il}`, 4 * (hp.Kc - 1) * hp.C),
-        ssm: mem.storage(`${label} ssm ${il}`, 4 * hp.Nv * hp.Dk * hp.Dv),
+        conv: mem.storage(`${label} conv ${il}`, a),
+        ssm: mem.storage(`${label} ssm ${il}`, b),
       });
       continue;
     }
-    const bytes = 2 * positions * hp.Hkv * hp.Dh;
-    if (bytes > ctx.limits.maxStorageBufferBindingSize) {
+    if (a > ctx.limits.maxStorageBufferBindingSize) {
       throw new RangeError(
-        `Cannot allocate the KV cache of layer ${il} for ${positions} positions: ${bytes} bytes per K or V exceed the device's binding limit ${ctx.limits.maxStorageBufferBindingSize}; use a smaller --ctx`,
+        `Cannot allocate the KV cache of layer ${il} for ${positions} positions: ${a} bytes per K or V exceed the device's binding limit ${ctx.limits.maxStorageBufferBindingSize}; use a smaller --ctx`,
       );
     }
     states.push({
       kind: "attention",
-      kc: mem.storage(`${label} k ${il}`, bytes),
-      vc: mem.storage(`${label} v ${il}`, bytes),
+      kc: mem.storage(`${label} k ${il}`, a),
+      vc: mem.storage(`${label} v ${il}`, b),
     });
   }
   return states;
@@ -214,6 +259,19 @@ export class GpuStage implements Stage {
 
   get snapshots(): number {
     return this.#sets.length - this.slots;
+  }
+
+  /** What this stage holds on the GPU now, by part (deno task plan predicts these). */
+  get memory(): StageMemory {
+    const setBytes = (set: readonly GpuLayerState[]) =>
+      set.flatMap(stateBuffers).reduce((s, b) => s + b.size, 0);
+    return {
+      weights: this.#plan.weights.bytes,
+      slotState: this.#sets.slice(0, this.slots).reduce((s, set) => s + setBytes(set), 0),
+      snapshots: this.#sets.slice(this.slots).reduce((s, set) => s + setBytes(set), 0),
+      activations: Object.values(this.#plan.act).reduce((s, b) => s + b.size, 0),
+      total: this.#memory.bytes,
+    };
   }
 
   #snapshot(idx: number): number {
@@ -483,7 +541,7 @@ export async function openGpuStage(
       `Cannot open a stage with ${slots} slots of ${ctx} positions: both must be ≥ 1`,
     );
   }
-  const maxBatch = options.maxBatch ?? Math.min(ctx, 512);
+  const maxBatch = options.maxBatch ?? defaultMaxBatch(ctx);
   const snapshots = options.snapshots ?? 0;
   if (
     !Number.isInteger(maxBatch) || maxBatch < 1 || !Number.isInteger(snapshots) || snapshots < 0
@@ -501,11 +559,8 @@ export async function openGpuStage(
       maxPartBytes: options.maxPartBytes,
       log,
     });
-    const lmChunk = Math.max(1, Math.min(maxBatch, Math.floor(LOGITS_BYTES / (4 * hp.V))));
-    const attnPartFloats = weights.layers.some((l) => l.mixer.kind === "attention")
-      ? attentionPartialFloats({ hq: hp.Hq, dh: hp.Dh, ctx, maxBatch })
-      : 0;
-    const act = allocActivations(mem, hp, maxBatch, lmChunk, attnPartFloats);
+    const { lmChunk, attnPartFloats } = activationShape(hp, { first, end }, ctx, maxBatch);
+    const act = allocActivations(mem, activationFloats(hp, maxBatch, lmChunk, attnPartFloats));
     const sets = Array.from(
       { length: slots + snapshots },
       (_, i) =>

@@ -1,0 +1,159 @@
+// The GPU memory a stage will hold, from the model's header alone: weights by kind, state per slot,
+// snapshots, activations. Read by tools/plan.ts before deploying; checked against GpuStage.memory.
+//
+// Weights follow gpu_weights.ts's upload: matrices stay in their stored type, joined into one
+// buffer where the loader joins same-typed projections; small vectors become f32. Every buffer is
+// padded as buffers.ts pads it. A matrix larger than the device's binding limit is uploaded in
+// parts, each with its own padding: the plan counts one part, a few bytes under such a stage.
+
+import type { GgufModel } from "../gguf/gguf_model.ts";
+import type { LayerSpan } from "../gguf/stage_shard.ts";
+import type { HParams } from "../hparams.ts";
+import { paddedSize } from "./buffers.ts";
+import {
+  activationFloats,
+  activationShape,
+  defaultMaxBatch,
+  layerStateBytes,
+  type StageMemory,
+} from "./gpu_stage.ts";
+
+export interface PlanOptions {
+  readonly ctx: number;
+  readonly slots: number;
+  readonly snapshots: number;
+  /** Positions per run; default the stage's own default. */
+  readonly maxBatch?: number;
+}
+
+export interface StagePlan extends Omit<StageMemory, "total"> {
+  readonly span: LayerSpan;
+  /** Of one slot: K and V caches (attention layers) and conv + recurrent state (DeltaNet). */
+  readonly perSlot: { readonly kv: number; readonly recurrent: number };
+  readonly maxBatch: number;
+  /** Weights, slots, snapshots and activations together. */
+  readonly total: number;
+}
+
+/** Adds the buffers the loader makes, by kind. */
+class Tally {
+  readonly bytes = new Map<string, number>();
+
+  constructor(readonly model: GgufModel, readonly hp: HParams) {}
+
+  #add(kind: string, bytes: number): void {
+    this.bytes.set(kind, (this.bytes.get(kind) ?? 0) + paddedSize(bytes));
+  }
+
+  #stored(name: string): number {
+    const t = this.model.tensors.get(name);
+    if (!t) throw new RangeError(`Cannot plan: "${this.model.path}" has no tensor "${name}"`);
+    return t.nbytes;
+  }
+
+  /** A matrix uploaded as stored, with the word past its last row the dequantizer may read. */
+  matrix(kind: string, name: string): void {
+    this.#add(kind, this.#stored(name) + 4);
+  }
+
+  /** Projections: one joined buffer when they share a type, else one each (Loader.projections). */
+  projections(kind: string, names: readonly string[]): void {
+    const types = new Set(names.map((n) => this.model.tensors.get(n)?.type));
+    if (names.length > 1 && types.size === 1) {
+      this.#add(kind, names.reduce((s, n) => s + this.#stored(n), 4));
+    } else for (const n of names) this.matrix(kind, n);
+  }
+
+  /** Small vectors dequantized to f32 into one buffer. */
+  vectors(kind: string, names: readonly string[]): void {
+    const elements = (n: string) => {
+      const t = this.model.tensors.get(n);
+      if (!t) throw new RangeError(`Cannot plan: "${this.model.path}" has no tensor "${n}"`);
+      return t.shape.reduce((a, b) => a * b, 1);
+    };
+    this.#add(kind, 4 * names.reduce((s, n) => s + elements(n), 0));
+  }
+}
+
+function planLayer(t: Tally, il: number): void {
+  const { hp, model } = t;
+  const p = `blk.${il}`;
+  const has = (name: string) => model.tensors.has(`${p}.${name}`);
+  t.vectors("norms", [`${p}.attn_norm.weight`]);
+  t.vectors("norms", [`${p}.post_attention_norm.weight`]);
+  if (hp.isDeltaNet[il]) {
+    if (has("attn_qkv.weight") || hp.arch !== "qwen3next") {
+      t.projections("deltanet", [`${p}.attn_qkv.weight`, `${p}.attn_gate.weight`]);
+    } else t.matrix("deltanet", `${p}.ssm_in.weight`);
+    if (hp.arch === "qwen3next") t.matrix("deltanet", `${p}.ssm_ba.weight`);
+    else t.projections("deltanet", [`${p}.ssm_beta.weight`, `${p}.ssm_alpha.weight`]);
+    t.vectors("deltanet", [`${p}.ssm_conv1d.weight`]);
+    t.vectors("deltanet", [`${p}.ssm_dt.bias`, `${p}.ssm_a`, `${p}.ssm_norm.weight`]);
+    t.matrix("deltanet", `${p}.ssm_out.weight`);
+  } else {
+    if (has("attn_qkv.weight")) t.matrix("attention", `${p}.attn_qkv.weight`);
+    else {
+      t.projections("attention", ["q", "k", "v"].map((x) => `${p}.attn_${x}.weight`));
+    }
+    t.vectors("norms", [`${p}.attn_q_norm.weight`]);
+    t.vectors("norms", [`${p}.attn_k_norm.weight`]);
+    t.matrix("attention", `${p}.attn_output.weight`);
+  }
+  if (hp.arch === "qwen35") {
+    t.projections("dense ffn", [`${p}.ffn_gate.weight`, `${p}.ffn_up.weight`]);
+    t.matrix("dense ffn", `${p}.ffn_down.weight`);
+    return;
+  }
+  if (has("ffn_gate_up_exps.weight")) t.matrix("experts", `${p}.ffn_gate_up_exps.weight`);
+  else t.projections("experts", [`${p}.ffn_gate_exps.weight`, `${p}.ffn_up_exps.weight`]);
+  t.projections("router", [`${p}.ffn_gate_inp.weight`, `${p}.ffn_gate_inp_shexp.weight`]);
+  t.matrix("experts", `${p}.ffn_down_exps.weight`);
+  t.projections("shared expert", [`${p}.ffn_gate_shexp.weight`, `${p}.ffn_up_shexp.weight`]);
+  t.matrix("shared expert", `${p}.ffn_down_shexp.weight`);
+}
+
+/** The GPU memory of layers `span` of `model` with these slots, context and snapshots. */
+export function planStage(
+  model: GgufModel,
+  hp: HParams,
+  span: LayerSpan,
+  options: PlanOptions,
+): StagePlan {
+  const t = new Tally(model, hp);
+  for (let il = span.first; il < span.end; il++) planLayer(t, il);
+  if (span.first === 0) t.matrix("token embedding", "token_embd.weight");
+  if (span.end === hp.nLayer) {
+    t.vectors("norms", ["output_norm.weight"]);
+    const tied = !model.tensors.has("output.weight");
+    // A tied head on the first stage reuses the embedding's buffer.
+    if (!(tied && span.first === 0)) {
+      t.matrix("lm head", tied ? "token_embd.weight" : "output.weight");
+    }
+  }
+  const perSlot = { kv: 0, recurrent: 0 };
+  let slotBytes = 0;
+  for (let il = span.first; il < span.end; il++) {
+    const [a, b] = layerStateBytes(hp, il, options.ctx);
+    const bytes = paddedSize(a) + paddedSize(b);
+    if (hp.isDeltaNet[il]) perSlot.recurrent += bytes;
+    else perSlot.kv += bytes;
+    slotBytes += bytes;
+  }
+  const maxBatch = options.maxBatch ?? defaultMaxBatch(options.ctx);
+  const { lmChunk, attnPartFloats } = activationShape(hp, span, options.ctx, maxBatch);
+  const activations = Object.values(activationFloats(hp, maxBatch, lmChunk, attnPartFloats))
+    .reduce((s, [, n]) => s + paddedSize(4 * n), 0);
+  const weights = [...t.bytes.values()].reduce((s, n) => s + n, 0);
+  const slotState = options.slots * slotBytes;
+  const snapshots = options.snapshots * slotBytes;
+  return {
+    span,
+    weights: t.bytes,
+    perSlot,
+    slotState,
+    snapshots,
+    activations,
+    maxBatch,
+    total: weights + slotState + snapshots + activations,
+  };
+}

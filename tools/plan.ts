@@ -1,0 +1,81 @@
+// `deno task plan`: the GPU memory each stage of a split needs, before anything is deployed.
+// Reads only the model's header; the numbers are engine/gpu/memory_plan.ts's, which a GPU test
+// holds equal to what a stage allocates.
+//
+//   deno task plan --model M.gguf --stages 0:20,20:40 --ctx 8192 --slots 2 [--snapshots N]
+
+import { openGguf } from "../engine/gguf/read.ts";
+import { planStage, type StagePlan } from "../engine/gpu/memory_plan.ts";
+import { readHParams } from "../engine/hparams.ts";
+import {
+  type Command,
+  flag,
+  type FlagTable,
+  layerRange,
+  listOf,
+  MODEL_FLAG,
+  requiredFlag,
+  runCommand,
+  whole,
+} from "../lib/cli.ts";
+import { checkStages } from "./shard.ts";
+
+export const PLAN = {
+  name: "Plan",
+  usage: "deno task plan",
+  about: "Prints the GPU memory each stage needs (weights by kind, KV cache and recurrent " +
+    "state per slot, snapshots, activations) and the total, as the GPU engine allocates it.",
+  flags: {
+    model: MODEL_FLAG,
+    stages: requiredFlag(listOf(layerRange), "the stages' layers, e.g. 0:20,20:40"),
+    ctx: requiredFlag(whole(1), "positions per slot, as the stages' --ctx"),
+    slots: requiredFlag(whole(1), "slots, as the stages' --slots"),
+    snapshots: flag(whole(0), "snapshot places, as the stages' --snapshots", 0),
+    "max-batch": flag(whole(1), "positions per run, as --max-batch (default the engine's)"),
+  },
+} satisfies Command<FlagTable>;
+
+function size(bytes: number): string {
+  return bytes >= 2 ** 30
+    ? `${(bytes / 2 ** 30).toFixed(2)} GiB`
+    : `${(bytes / 2 ** 20).toFixed(1)} MiB`;
+}
+
+/** The lines printed for one stage. */
+export function formatPlan(p: StagePlan, slots: number, snapshots: number, ctx: number): string[] {
+  const weights = [...p.weights.values()].reduce((s, n) => s + n, 0);
+  const kinds = [...p.weights].map(([kind, n]) => `${kind} ${size(n)}`).join(", ");
+  const slot = p.perSlot.kv + p.perSlot.recurrent;
+  return [
+    `stage ${p.span.first}:${p.span.end}`,
+    `  weights      ${size(weights)} (${kinds})`,
+    `  per slot     ${size(slot)} (KV ${size(p.perSlot.kv)} for ${ctx} positions, recurrent ` +
+    `${size(p.perSlot.recurrent)}) × ${slots} slots = ${size(p.slotState)}`,
+    `  snapshots    ${snapshots} × ${size(slot)} = ${size(p.snapshots)}`,
+    `  activations  ${size(p.activations)} (${p.maxBatch} positions per run)`,
+    `  total        ${size(p.total)}`,
+  ];
+}
+
+if (import.meta.main) {
+  await runCommand(PLAN, async (flags) => {
+    const model = await openGguf(flags.model);
+    try {
+      const hp = readHParams(model.metadata);
+      checkStages(flags.stages, hp.nLayer);
+      const options = {
+        ctx: flags.ctx,
+        slots: flags.slots,
+        snapshots: flags.snapshots,
+        maxBatch: flags["max-batch"],
+      };
+      const plans = flags.stages.map((span) => planStage(model, hp, span, options));
+      for (const p of plans) {
+        console.log(formatPlan(p, flags.slots, flags.snapshots, flags.ctx).join("\n"));
+      }
+      console.log(`all stages     ${size(plans.reduce((s, p) => s + p.total, 0))}`);
+    } finally {
+      model.close();
+    }
+  });
+}
