@@ -160,6 +160,13 @@ Deno.test("a worker killed mid-stream: partial tokens, then an error event; the 
     const health = await fetch(`${head.url}/health`);
     assert.equal(health.status, 503);
     assert.equal((await health.json()).stages[1].up, false);
+    // The head alone is alive (a liveness probe must not restart it for its worker's outage).
+    const alone = await fetch(`${head.url}/health?scope=head`);
+    assert.equal(alone.status, 200);
+    assert.equal((await alone.json()).scope, "head");
+    const unknown = await fetch(`${head.url}/health?scope=chain`);
+    assert.equal(unknown.status, 400);
+    assert.match((await unknown.json()).error.message, /Cannot use scope "chain" on \/health/);
     const t0 = performance.now();
     const refused = await post(`${head.url}/v1/messages`, turn);
     assert.equal(refused.status, 503);

@@ -133,7 +133,16 @@ function routes(head: Head, requests: RequestCounter): Map<string, Route> {
       flavor: "llama",
       method: "GET",
       open: true,
-      run: async () => {
+      run: async (c) => {
+        // ?scope=head: this process alone, without asking the next stage (liveness probes).
+        const scope = new URL(c.request.url).searchParams.get("scope");
+        if (scope === "head") return Response.json({ status: "ok", scope, model: head.modelId });
+        if (scope !== null) {
+          throw new ApiError(
+            "invalid_request",
+            `Cannot use scope "${scope}" on /health: expected "head", or no scope for the chain`,
+          );
+        }
         const h = await head.scheduler.health();
         const down = h.stages.filter((s) => s.up !== true);
         return Response.json({
