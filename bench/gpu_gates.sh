@@ -37,7 +37,7 @@ for spec in "qwen35moe f32" "qwen35moe q4_k_m" "qwen3next f32" "qwen35 mixed"; d
   dawn=$(run --gpu dawn)
   builtin=$(run --gpu builtin)
   wlog="$out/worker-$arch-$quant.log"
-  "$deno" run -A worker.ts --model "$model" --layers "$cut:$layers" --port 7811 --gpu builtin \
+  "$deno" task worker --model "$model" --layers "$cut:$layers" --port 7811 --gpu builtin \
     >"$wlog" 2>&1 &
   worker=$!
   for _ in $(seq 60); do grep -q "listening" "$wlog" && break; sleep 1; done

@@ -1,6 +1,8 @@
 // The serving processes the bench starts: worker.ts for the last layers on loopback TCP (put after
 // an in-process stage by bench/stage_bench.ts), and main.ts heads for the figures through HTTP.
 
+import { LAUNCHER_FLAGS } from "../lib/launch/grants.ts";
+
 export interface WorkerOptions {
   readonly model: string;
   readonly first: number;
@@ -52,7 +54,7 @@ async function readLines(stream: ReadableStream<Uint8Array>, onLine: (line: stri
 }
 
 /**
- * Spawns `deno run -A <args>` and resolves once a line of its stderr matches `ready`; throws with
+ * Spawns `deno run <launcher grant> <args>` and resolves once a line of its stderr matches `ready`; throws with
  * its last lines when it exits or stays silent for `startTimeoutS` first.
  */
 async function startProcess(
@@ -62,7 +64,8 @@ async function startProcess(
   options: { readonly startTimeoutS: number; readonly log: (line: string) => void },
 ): Promise<RunningProcess> {
   const child = new Deno.Command(Deno.execPath(), {
-    args: ["run", "-A", ...args],
+    // As `deno task head|worker` start them: each role runs under the grant its flags call for.
+    args: ["run", ...LAUNCHER_FLAGS, ...args],
     stdout: "null",
     stderr: "piped",
   }).spawn();

@@ -1,6 +1,7 @@
 // `deno task demo`: makes the default model if missing, runs a worker (layers 2:4) and a head (0:2)
 // on loopback, streams one /v1/messages reply with per-stage timings, then serves until Ctrl-C.
 
+import { LAUNCHER_FLAGS } from "../lib/launch/grants.ts";
 import { generateModel, modelFileStem, type ModelSpec } from "./synth/generate_model.ts";
 import type { Backend } from "../engine/open_stage.ts";
 import { type RunningHead, startHead } from "../lib/server/head.ts";
@@ -75,11 +76,8 @@ async function startWorker(model: string, backend: Backend): Promise<Worker> {
   const child = new Deno.Command(Deno.execPath(), {
     args: [
       "run",
-      `--allow-net=127.0.0.1:${port}`,
-      // The model's folder (every shard) and the project (the GPU provider's files).
-      `--allow-read=${model.slice(0, Math.max(0, model.lastIndexOf("/"))) || "."},${ROOT}`,
-      "--allow-env",
-      "--allow-ffi",
+      // As `deno task worker` starts it: the role runs under the grant its flags call for.
+      ...LAUNCHER_FLAGS,
       `${ROOT}/worker.ts`,
       ...["--model", model, "--layers", "2:4", "--port", String(port), "--slots", "2"],
       ...["--ctx", "4096", "--snapshots", "8", "--backend", backend, "--allow-software-gpu"],
