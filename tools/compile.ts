@@ -25,6 +25,15 @@ import { LAUNCHER_FLAGS, type Role } from "../lib/launch/grants.ts";
 /** The entry module of each role, relative to the project root. */
 const ROLE_ENTRIES: Readonly<Record<Role, string>> = { head: "main.ts", worker: "worker.ts" };
 
+/**
+ * Modules a role starts as Web Workers besides its entry (which is its own role thread): deno
+ * compile embeds a worker's module only when told to.
+ */
+export const ROLE_THREADS: Readonly<Record<Role, readonly string[]>> = {
+  head: ["lib/tokenizer/tokenizer_worker.ts"],
+  worker: [],
+};
+
 export interface Target {
   /** Deno's target triple. */
   readonly triple: string;
@@ -89,6 +98,7 @@ export async function compileArgs(role: Role, target: string, out: string): Prom
     "--exclude-unused-npm",
     ...[...new Set(others), "win32-arm64"].map((d) => `--exclude=${dawn}/dist/${d}`),
     `--exclude=${dawn}/build`,
+    ...ROLE_THREADS[role].map((m) => `--include=${PROJECT}/${m}`),
     ...LAUNCHER_FLAGS,
     "--target",
     t.triple,

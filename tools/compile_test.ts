@@ -6,6 +6,7 @@ import {
   embeddedPackages,
   embeddedProblems,
   parseEmbedded,
+  ROLE_THREADS,
   RUNTIME_PACKAGES,
   TARGETS,
   verifyBinary,
@@ -74,6 +75,10 @@ Deno.test("every binary embeds its role's code, the WGSL and its own platform's 
       // Only the head tokenizes; the worker's graph never reaches the tokenizer packages.
       assert.equal(packages.includes("@huggingface/tokenizers"), role === "head", what);
       assert.ok(r.entries.some((e) => e.path === (role === "head" ? "main.ts" : "worker.ts")));
+      // Modules started as Web Workers are embedded too.
+      for (const m of ROLE_THREADS[role]) {
+        assert.ok(r.entries.some((e) => e.path.endsWith(m.split("/").at(-1)!)), `${what}: ${m}`);
+      }
       assert.ok(r.total < 40 * MIB, `${what} embeds ${r.total} bytes`);
     }
   }
