@@ -18,7 +18,7 @@ import {
   UsageError,
   whole,
 } from "./lib/cli.ts";
-import { runRole } from "./lib/launch/launch.ts";
+import { freeLoopbackPort, runRole } from "./lib/launch/launch.ts";
 import { startHead } from "./lib/server/head.ts";
 import { loadKeyFile } from "./lib/wire/hello.ts";
 
@@ -47,6 +47,11 @@ export const HEAD = {
     "api-key-file": flag(text("PATH"), "a file holding the API key clients must send"),
     "max-body-bytes": flag(whole(1), "larger request bodies get 413", 32 * 1024 * 1024),
     "header-timeout": flag(decimal(0.1, 3600), "seconds a client has to send its headers", 10),
+    "internal-port": flag(
+      whole(0, 65535),
+      "the loopback port of the HTTP server behind the header guard; 0 picks a free one",
+      0,
+    ),
     insecure: switchFlag("serve a non-loopback --host without --api-key-file"),
     "key-file": flag(text("PATH"), "the wire's shared key (the worker's --key-file)"),
     "cors-origin": flag(
@@ -74,6 +79,16 @@ async function readApiKey(path: string): Promise<string> {
   return text;
 }
 
+/**
+ * The head's values and what its grant follows: its HTTP server sits on a loopback port behind
+ * the header guard, so the launcher picks that port now and the grant names only it; its
+ * tokenizer runs in a thread whose modules Deno reads when the head starts it.
+ */
+export function prepareHead(flags: FlagValues<typeof HEAD.flags>) {
+  const values = { ...flags, "internal-port": flags["internal-port"] || freeLoopbackPort() };
+  return { values, touches: { ...values, internal: values["internal-port"], threads: true } };
+}
+
 /** The head's life in its role thread: serve until SIGINT or SIGTERM. */
 export async function serveHead(flags: FlagValues<typeof HEAD.flags>): Promise<void> {
   if (flags.next && !flags.layers) {
@@ -99,6 +114,7 @@ export async function serveHead(flags: FlagValues<typeof HEAD.flags>): Promise<v
     apiKey: flags["api-key-file"] ? await readApiKey(flags["api-key-file"]) : undefined,
     maxBodyBytes: flags["max-body-bytes"],
     headerTimeoutMs: flags["header-timeout"] * 1000,
+    internalPort: flags["internal-port"],
     corsOrigins: flags["cors-origin"],
     wireKey: flags["key-file"] ? await loadKeyFile(flags["key-file"]) : undefined,
     backend: flags.backend,
@@ -120,5 +136,5 @@ export async function serveHead(flags: FlagValues<typeof HEAD.flags>): Promise<v
 }
 
 if (import.meta.main) {
-  await runRole("head", HEAD, import.meta.url, (flags) => flags, serveHead);
+  await runRole("head", HEAD, import.meta.url, prepareHead, serveHead);
 }

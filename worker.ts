@@ -89,5 +89,11 @@ export async function serveWorker(flags: FlagValues<typeof WORKER.flags>): Promi
 }
 
 if (import.meta.main) {
-  await runRole("worker", WORKER, import.meta.url, (flags) => flags, serveWorker);
+  await runRole(
+    "worker",
+    WORKER,
+    import.meta.url,
+    (flags) => ({ values: flags, touches: flags }),
+    serveWorker,
+  );
 }

@@ -7,7 +7,7 @@
 
 import { runRole } from "../lib/launch/launch.ts";
 import { parseAddress } from "../lib/wire/peer.ts";
-import { HEAD, serveHead } from "../main.ts";
+import { HEAD, prepareHead, serveHead } from "../main.ts";
 import { serveWorker, WORKER } from "../worker.ts";
 
 /** What one attempt met: "allowed" or the error's name (NotCapable when the grant refuses it). */
@@ -36,12 +36,12 @@ async function tryOutside(): Promise<void> {
 const url = import.meta.url;
 if (import.meta.main) {
   if (Deno.env.get("TANDEM_PROBE_ROLE") === "head") {
-    await runRole("head", HEAD, url, (f) => f, async (f) => {
+    await runRole("head", HEAD, url, prepareHead, async (f) => {
       await tryOutside();
       await serveHead(f);
     });
   } else {
-    await runRole("worker", WORKER, url, (f) => f, async (f) => {
+    await runRole("worker", WORKER, url, (f) => ({ values: f, touches: f }), async (f) => {
       await tryOutside();
       await serveWorker(f);
     });

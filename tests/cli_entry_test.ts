@@ -75,7 +75,7 @@ Deno.test("the head refuses a non-loopback --host without --api-key-file unless 
   assert.equal(open.code, 2);
   assert.match(
     open.stderr,
-    /^Cannot serve on 0\.0\.0\.0 without an API key: pass --api-key-file F/,
+    /^Cannot serve on 0\.0\.0\.0 without an API key: pass --api-key-file F/m,
   );
   // With --insecure the address is accepted: the run gets as far as the (missing) model.
   const insecure = await run([

@@ -64,10 +64,14 @@ Deno.test("deno task worker and deno task head serve a split on shards, each und
     );
     assert.match(
       head.log(),
-      new RegExp(escape(
-        `[launch] the head runs with: net 127.0.0.1:${hp}, 127.0.0.1:${wp}; read ${headShard}; ` +
-          `env TANDEM_*; ffi none; no write, run or sys`,
-      )),
+      new RegExp(
+        escape(
+          `[launch] the head runs with: net 127.0.0.1:${hp}, 127.0.0.1:${wp}, 127.0.0.1:`,
+        ) + String.raw`\d+` + escape(
+          `; read ${headShard}, ${PROJECT_ROOT}/lib/, ${PROJECT_ROOT}/engine/, ` +
+            `${PROJECT_ROOT}/node_modules/; env TANDEM_*; ffi none; no write, run or sys`,
+        ),
+      ),
     );
   });
 });

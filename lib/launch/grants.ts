@@ -31,6 +31,27 @@ export interface RoleFlags {
   readonly "api-key-file"?: string;
   readonly backend: string;
   readonly gpu: string;
+  /** A loopback port the role also listens on and connects to (the head's guarded server). */
+  readonly internal?: number;
+  /**
+   * Whether the role starts Web Workers of its own (the head's tokenizer thread): Deno reads
+   * their modules at run time, so the role may read its own code.
+   */
+  readonly threads?: boolean;
+}
+
+/** The folders of this program's own code: its modules and the npm packages they import. */
+export function codeFolders(): string[] {
+  return ["../../lib/", "../../engine/", "../../node_modules/"]
+    .map((p) => new URL(p, import.meta.url))
+    .filter((u) => {
+      try {
+        return Deno.statSync(u).isDirectory;
+      } catch {
+        return false;
+      }
+    })
+    .map((u) => decodeURIComponent(u.pathname));
 }
 
 /** A grant as Deno's worker permissions take it; every kind is listed, so none is inherited. */
@@ -70,18 +91,24 @@ export function dawnFolder(): string | undefined {
 }
 
 /**
- * The role thread's grant: net to its listen address and next hop; read of its model files (every
+ * The role thread's grant: net to its listen address, its next hop and its internal loopback port
+ * (if any); read of its model files (every
  * file of a gguf-split) and key files; the TANDEM_* environment; FFI only to Dawn's addon, and
  * only when the GPU backend may use Dawn. No write, run, sys or remote import.
  */
 export function roleGrant(flags: RoleFlags, dawn: string | undefined): Grant {
   const usesDawn = flags.backend === "gpu" && flags.gpu !== "builtin" && dawn !== undefined;
   return {
-    net: [netAddress(flags.host, flags.port), ...(flags.next ? [flags.next] : [])],
+    net: [
+      netAddress(flags.host, flags.port),
+      ...(flags.next ? [flags.next] : []),
+      ...(flags.internal ? [netAddress("127.0.0.1", flags.internal)] : []),
+    ],
     read: [
       ...splitPaths(flags.model),
       ...(flags["key-file"] ? [flags["key-file"]] : []),
       ...(flags["api-key-file"] ? [flags["api-key-file"]] : []),
+      ...(flags.threads ? codeFolders() : []),
     ],
     env: ["TANDEM_*"],
     ffi: usesDawn ? [dawn] : false,

@@ -2,7 +2,7 @@
 // every file of the model and the key files, Dawn's folder only when the GPU backend may load it.
 
 import assert from "node:assert/strict";
-import { dawnFolder, roleGrant } from "./grants.ts";
+import { codeFolders, dawnFolder, roleGrant } from "./grants.ts";
 
 const WORKER = {
   model: "/m/qwen-00001-of-00003.gguf",
@@ -48,6 +48,11 @@ Deno.test("a head on IPv6 with an API key; no FFI unless the GPU backend may loa
   assert.equal(grant.ffi, false);
   assert.equal(roleGrant({ ...WORKER, backend: "reference" }, "/dawn/linux-x64").ffi, false);
   assert.equal(roleGrant(WORKER, undefined).ffi, false);
+  // The head's guarded HTTP server and its tokenizer thread's modules.
+  const full = roleGrant({ ...head, internal: 40001, threads: true }, undefined);
+  assert.deepEqual(full.net, ["[::1]:8080", "127.0.0.1:40001"]);
+  assert.deepEqual(full.read, ["shards/q.layers-0-20.gguf", "api-key", ...codeFolders()]);
+  assert.ok(codeFolders().some((f) => f.endsWith("/lib/")));
 });
 
 Deno.test("Dawn's folder is this platform's, inside the installed webgpu package", () => {

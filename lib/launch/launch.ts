@@ -79,21 +79,37 @@ async function runInRoleThread(
   }
 }
 
+/** What the launcher hands the role thread: its flag values, and what its grant follows. */
+export interface Prepared<V> {
+  readonly values: V;
+  readonly touches: RoleFlags;
+}
+
+/** A loopback port free a moment ago, for a role's internal server (the OS picks it). */
+export function freeLoopbackPort(): number {
+  const probe = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const { port } = probe.addr as Deno.NetAddr;
+  probe.close();
+  return port;
+}
+
 /**
  * The whole life of a role process. In the launcher thread: flags (--help and usage errors as
  * every command), the grant derived from them, then the role thread; in the role thread: `main`.
- * `entry` is the calling module's import.meta.url; `touches` picks the flags the grant follows.
+ * `entry` is the calling module's import.meta.url; `prepare` settles the values the role gets
+ * (e.g. picks its internal port) and picks the flags the grant follows.
  */
 export async function runRole<F extends FlagTable>(
   role: Role,
   command: Command<F>,
   entry: string,
-  touches: (values: FlagValues<F>) => RoleFlags,
+  prepare: (values: FlagValues<F>) => Prepared<FlagValues<F>>,
   main: (values: FlagValues<F>) => Promise<void>,
 ): Promise<void> {
   if (inRoleThread()) return serveRoleThread(main);
-  await runCommand(command, async (values) => {
-    const grant = roleGrant(touches(values), dawnFolder());
+  await runCommand(command, async (given) => {
+    const { values, touches } = prepare(given);
+    const grant = roleGrant(touches, dawnFolder());
     console.error(`[launch] the ${role} runs with: ${describeGrant(grant)}`);
     await runInRoleThread(role, entry, values, grant);
   });

@@ -43,6 +43,11 @@ export interface HeadOptions {
   readonly headerTimeoutMs?: number;
   /** Origins browsers may call from ("*" for any); none: no CORS headers. */
   readonly corsOrigins?: readonly string[];
+  /**
+   * Loopback port of the HTTP server behind the header guard; 0 (the default) picks a free one.
+   * The launcher picks it, so the head's grant can name it.
+   */
+  readonly internalPort?: number;
   /** The wire's shared key (the worker's --key-file). */
   readonly wireKey?: CryptoKey;
   readonly backend?: Backend;
@@ -93,7 +98,7 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
   const listening = Promise.withResolvers<Deno.NetAddr>();
   const server = Deno.serve({
     hostname: "127.0.0.1",
-    port: 0,
+    port: options.internalPort ?? 0,
     onListen: (addr) => listening.resolve(addr as Deno.NetAddr),
     onError: (e) => {
       log(`unhandled: ${(e as Error)?.stack ?? e}`);
