@@ -56,12 +56,16 @@ class Tally {
     this.#add(kind, this.#stored(name) + 4);
   }
 
-  /** Projections: one joined buffer when they share a type, else one each (Loader.projections). */
+  /** Projections: each run of consecutive same-typed ones joined into one buffer (Loader). */
   projections(kind: string, names: readonly string[]): void {
-    const types = new Set(names.map((n) => this.model.tensors.get(n)?.type));
-    if (names.length > 1 && types.size === 1) {
-      this.#add(kind, names.reduce((s, n) => s + this.#stored(n), 4));
-    } else for (const n of names) this.matrix(kind, n);
+    const type = (n: string) => this.model.tensors.get(n)?.type;
+    for (let i = 0; i < names.length;) {
+      let j = i + 1;
+      while (j < names.length && type(names[j]) === type(names[i])) j++;
+      if (j - i === 1) this.matrix(kind, names[i]);
+      else this.#add(kind, names.slice(i, j).reduce((s, n) => s + this.#stored(n), 4));
+      i = j;
+    }
   }
 
   /** Small vectors dequantized to f32 into one buffer. */
@@ -82,11 +86,15 @@ function planLayer(t: Tally, il: number): void {
   t.vectors("norms", [`${p}.attn_norm.weight`]);
   t.vectors("norms", [`${p}.post_attention_norm.weight`]);
   if (hp.isDeltaNet[il]) {
-    if (has("attn_qkv.weight") || hp.arch !== "qwen3next") {
-      t.projections("deltanet", [`${p}.attn_qkv.weight`, `${p}.attn_gate.weight`]);
-    } else t.matrix("deltanet", `${p}.ssm_in.weight`);
-    if (hp.arch === "qwen3next") t.matrix("deltanet", `${p}.ssm_ba.weight`);
-    else t.projections("deltanet", [`${p}.ssm_beta.weight`, `${p}.ssm_alpha.weight`]);
+    const qkvz = [`${p}.attn_qkv.weight`, `${p}.attn_gate.weight`];
+    if (hp.arch !== "qwen3next") {
+      t.projections("deltanet", [...qkvz, `${p}.ssm_beta.weight`, `${p}.ssm_alpha.weight`]);
+    } else {
+      // qwen3next's row-reordered ssm_in and ssm_ba stay apart from the rest.
+      if (has("attn_qkv.weight")) t.projections("deltanet", qkvz);
+      else t.matrix("deltanet", `${p}.ssm_in.weight`);
+      t.matrix("deltanet", `${p}.ssm_ba.weight`);
+    }
     t.vectors("deltanet", [`${p}.ssm_conv1d.weight`]);
     t.vectors("deltanet", [`${p}.ssm_dt.bias`, `${p}.ssm_a`, `${p}.ssm_norm.weight`]);
     t.matrix("deltanet", `${p}.ssm_out.weight`);
