@@ -1,9 +1,10 @@
-// GPU MoE routing and expert-output sum (engine/gpu/kernels/{moe_route,moe_sum}.ts) against
-// engine/reference/ffn.ts moeRoute and the llama.cpp summation order; the one-dispatch decode sum
-// against the products and moeSum.
+// GPU MoE routing, prefill gather table and expert-output sum (engine/gpu/kernels/{moe_route,
+// moe_gather,moe_sum}.ts) against engine/reference/ffn.ts moeRoute, a serial counting sort and the
+// llama.cpp summation order; the one-dispatch decode sum against the products and moeSum.
 
 import assert from "node:assert/strict";
 import { createStorage } from "../engine/gpu/buffers.ts";
+import { gatherTiles, gatherWords, moeGather } from "../engine/gpu/kernels/moe_gather.ts";
 import { moeRoute } from "../engine/gpu/kernels/moe_route.ts";
 import { moeDownSum, moeSum } from "../engine/gpu/kernels/moe_sum.ts";
 import { mulMat } from "../engine/gpu/kernels/mul_mat.ts";
@@ -134,6 +135,53 @@ gpuTest(
         Object.is(got[i], want[i]),
         `row ${i}: ${got[i]} in one dispatch, ${want[i]} apart`,
       );
+    }
+  },
+);
+
+/** The gather table of moe_gather.wgsl's contract, built by one pass over the slots. */
+function serialGather(ids: Uint32Array, experts: number, tt: number): Uint32Array {
+  const maxTiles = gatherTiles(ids.length, experts, tt);
+  const table = new Uint32Array(gatherWords(ids.length, experts, tt));
+  const counts = new Array<number>(experts).fill(0);
+  for (const e of ids) counts[e]++;
+  const cursor: number[] = [];
+  let first = 0;
+  let tiles = 0;
+  for (let e = 0; e < experts; e++) {
+    cursor.push(first);
+    for (let f = 0; f < counts[e]; f += tt) {
+      table[1 + tiles++] = e | (Math.min(tt, counts[e] - f) << 10) | ((first + f) << 16);
+    }
+    first += counts[e];
+  }
+  table[0] = tiles;
+  ids.forEach((e, s) => table[1 + maxTiles + cursor[e]++] = s);
+  return table;
+}
+
+gpuTest(
+  "moeGather() builds the serial counting sort's table, tiles and slot order",
+  async (ctx) => {
+    // Slots over several blocks of the kernel's 256 threads; 5 distinct experts a token, skewed
+    // towards low ids so some experts take several tiles and some none; 1000 experts: every
+    // thread's share of the scan.
+    const r = rng(77);
+    for (const [T, k, E, tt] of [[130, 5, 40, 32], [301, 8, 1000, 16], [3, 2, 4, 63]]) {
+      const ids = new Uint32Array(T * k);
+      for (let t = 0; t < T; t++) {
+        const chosen = new Set<number>();
+        while (chosen.size < k) chosen.add(Math.floor(E * r() ** 2));
+        ids.set([...chosen], t * k);
+      }
+      const want = serialGather(ids, E, tt);
+      const table = createStorage(ctx, "table", 4 * want.length);
+      await submit(
+        ctx,
+        (enc) => moeGather(enc, { ids: upload(ctx, ids), table }, { slots: T * k, experts: E, tt }),
+      );
+      const got = await readU32(ctx, table, want.length);
+      assert.deepEqual([...got], [...want], `T=${T} k=${k} E=${E} tt=${tt}`);
     }
   },
 );
