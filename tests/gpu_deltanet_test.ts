@@ -11,32 +11,69 @@ import { gatedRmsNorm, l2NormHeads } from "../engine/reference/norms.ts";
 import { assertClose, gpuTest, randomF32, readF32, rng, submit, upload } from "./_gpu.ts";
 import { deltaNetHParams } from "./_hparams.ts";
 
-gpuTest("ssmConv() matches convStep over a run of tokens and carries the state", async (ctx) => {
-  const [C, Kc, T, stride] = [100, 4, 5, 130];
-  const r = rng(11);
-  const x = randomF32(T * stride, r, 2);
-  const w = randomF32(C * Kc, r);
-  const state0 = randomF32((Kc - 1) * C, r);
+/** ssmConv over x's T tokens in calls of `calls[i]` tokens: the outputs, then the final state. */
+async function convRuns(
+  ctx: GpuContext,
+  [C, Kc, stride]: readonly number[],
+  x: Float32Array,
+  w: Float32Array,
+  state0: Float32Array,
+  calls: readonly number[],
+): Promise<{ u: Float32Array; state: Float32Array }> {
+  const T = calls.reduce((a, b) => a + b, 0);
   const state = upload(ctx, state0);
-  const u = createStorage(ctx, "u", T * C * 4);
-  await submit(ctx, (enc) =>
-    ssmConv(enc, { x: upload(ctx, x), w: upload(ctx, w), state, u }, {
-      channels: C,
-      kc: Kc,
-      tokens: T,
-      xOffset: 3,
-      xStrideT: stride,
-      uStrideT: C,
-    }));
-  const ref = Float64Array.from(state0);
-  const want = new Float64Array(T * C);
-  for (let t = 0; t < T; t++) {
-    want.set(convStep(ref, x.subarray(3 + t * stride, 3 + t * stride + C), w), t * C);
+  const us = calls.map((n) => createStorage(ctx, "u", n * C * 4));
+  const xb = upload(ctx, x);
+  const wb = upload(ctx, w);
+  await submit(ctx, (enc) => {
+    let t0 = 0;
+    calls.forEach((n, i) => {
+      ssmConv(enc, { x: xb, w: wb, state, u: us[i] }, {
+        channels: C,
+        kc: Kc,
+        tokens: n,
+        xOffset: 3 + t0 * stride,
+        xStrideT: stride,
+        uStrideT: C,
+      });
+      t0 += n;
+    });
+  });
+  const u = new Float32Array(T * C);
+  let t0 = 0;
+  for (const [i, n] of calls.entries()) {
+    u.set(await readF32(ctx, us[i], n * C), t0 * C);
+    t0 += n;
   }
-  // Four f32 products summed and a SiLU: within 1e-5 of the terms' size (≤ ~8).
-  assertClose(await readF32(ctx, u, T * C), want, 8, 1e-5, "conv output");
-  assertClose(await readF32(ctx, state, (Kc - 1) * C), ref, 2, 0, "conv state (raw inputs)");
-});
+  return { u, state: await readF32(ctx, state, (Kc - 1) * C) };
+}
+
+gpuTest(
+  "ssmConv() matches convStep over a run of tokens, carries the state, and splits bit for bit",
+  async (ctx) => {
+    // 21 tokens: three groups of the kernel's 8, the last partial.
+    const [C, Kc, T, stride] = [100, 4, 21, 130];
+    const r = rng(11);
+    const x = randomF32(T * stride, r, 2);
+    const w = randomF32(C * Kc, r);
+    const state0 = randomF32((Kc - 1) * C, r);
+    const whole = await convRuns(ctx, [C, Kc, stride], x, w, state0, [T]);
+    const ref = Float64Array.from(state0);
+    const want = new Float64Array(T * C);
+    for (let t = 0; t < T; t++) {
+      want.set(convStep(ref, x.subarray(3 + t * stride, 3 + t * stride + C), w), t * C);
+    }
+    // Four f32 products summed and a SiLU: within 1e-5 of the terms' size (≤ ~8).
+    assertClose(whole.u, want, 8, 1e-5, "conv output");
+    assertClose(whole.state, ref, 2, 0, "conv state (raw inputs)");
+    // Calls shorter than the state (1, 2 tokens) and longer than a group (9).
+    const split = await convRuns(ctx, [C, Kc, stride], x, w, state0, [1, 2, 9, 1, 8]);
+    for (const [what, a, b] of [["u", split.u, whole.u], ["state", split.state, whole.state]]) {
+      const i = (a as Float32Array).findIndex((v, i) => !Object.is(v, (b as Float32Array)[i]));
+      if (i >= 0) throw new Error(`conv ${what}[${i}] is ${a[i]} in calls, ${b[i]} in one call`);
+    }
+  },
+);
 
 type Arch = "qwen3next" | "qwen35moe";
 

@@ -3,8 +3,15 @@
 // Matches engine/reference/deltanet.ts convStep applied token by token (f32 sum, taps in order).
 // Bindings: 0 x: raw qkv of token t at x_offset + t·x_stride_t, f32 | 1 w (channels, kc) f32
 //   | 2 state (kc−1, channels) f32 | 3 u (t·u_stride_t + c) f32 | 4 params.
-// Dispatch: (channel tiles); one thread per channel walks the tokens in order. WG = 64;
-//   kc ≤ 8. Variants: none.
+// Dispatch: (channel tiles, 1, token groups of RUN); a thread per channel walks the RUN tokens of
+//   its group. WG = 64; kc ≤ RUN + 1 = 9. Variants: none.
+//
+// Every token's output is the same sum of the same kc inputs in the same order, read from x, or
+// from the state for positions before the run, so a token's bits do not depend on how tokens are
+// split into calls. Only group 0 reaches back into the state (later groups start ≥ RUN ≥ kc − 1
+// positions in), and the thread that read a channel's state writes it back after its tokens:
+// no other invocation touches that channel's state. (One thread walking all tokens per channel
+// left 128 workgroups latency-bound for ~0.5 ms per 512-token call on an H200.)
 
 struct Params {
   channels: u32,
@@ -22,34 +29,41 @@ struct Params {
 @group(0) @binding(4) var<uniform> params: Params;
 
 const WG = 64u;
-const MAX_KC = 8u;
+const RUN = 8u;
+
+// The raw input of channel c at position p of the run (p + kc − 1 ≥ 0): x, or the state before it.
+fn input(p: i32, c: u32) -> f32 {
+  if (p >= 0) {
+    return x[params.x_offset + u32(p) * params.x_stride_t + c];
+  }
+  return state[u32(p + i32(params.kc) - 1) * params.channels + c];
+}
 
 @compute @workgroup_size(WG)
-fn main(@builtin(global_invocation_id) gid: vec3<u32>) {
+fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wid: vec3<u32>) {
   let c = gid.x;
   let C = params.channels;
   if (c >= C) {
     return;
   }
   let kc = params.kc;
-  var win: array<f32, MAX_KC>;
-  for (var j = 0u; j + 1u < kc; j++) {
-    win[j] = state[j * C + c];
-  }
-  for (var t = 0u; t < params.tokens; t++) {
-    let xv = x[params.x_offset + t * params.x_stride_t + c];
+  let tokens = params.tokens;
+  let t0 = wid.z * RUN;
+  let t1 = min(t0 + RUN, tokens);
+  for (var t = t0; t < t1; t++) {
+    let first = i32(t) - i32(kc) + 1;
     var s = 0.0;
     for (var j = 0u; j + 1u < kc; j++) {
-      s += w[c * kc + j] * win[j];
+      s += w[c * kc + j] * input(first + i32(j), c);
     }
-    s += w[c * kc + kc - 1u] * xv;
+    s += w[c * kc + kc - 1u] * x[params.x_offset + t * params.x_stride_t + c];
     u[t * params.u_stride_t + c] = s / (1.0 + exp(-s));
-    for (var j = 0u; j + 2u < kc; j++) {
-      win[j] = win[j + 1u];
-    }
-    win[kc - 2u] = xv;
   }
-  for (var j = 0u; j + 1u < kc; j++) {
-    state[j * C + c] = win[j];
+  // The state after the run: its last kc − 1 inputs. Row j reads row j + tokens of the old state
+  // or x, never a row already rewritten.
+  if (wid.z == 0u) {
+    for (var j = 0u; j + 1u < kc; j++) {
+      state[j * C + c] = input(i32(tokens + j) - i32(kc) + 1, c);
+    }
   }
 }

@@ -5,6 +5,9 @@ import type { BufferRef } from "../buffers.ts";
 import type { StepEncoder } from "../encoder.ts";
 import type { KernelFamily } from "../kernel.ts";
 
+/** Tokens a thread walks (wgsl RUN): at least kc − 1, so only the first group reads the state. */
+const CONV_RUN = 8;
+
 /** One variant. */
 export const SSM_CONV: KernelFamily<void> = {
   file: "ssm_conv.wgsl",
@@ -29,8 +32,10 @@ export function ssmConv(
     readonly uStrideT: number;
   },
 ): void {
-  if (o.kc < 2 || o.kc > 8) {
-    throw new RangeError(`Cannot run a conv of ${o.kc} taps: the kernel takes 2 to 8`);
+  if (o.kc < 2 || o.kc > CONV_RUN + 1) {
+    throw new RangeError(
+      `Cannot run a conv of ${o.kc} taps: the kernel takes 2 to ${CONV_RUN + 1}`,
+    );
   }
   enc.dispatch(SSM_CONV, undefined, b, {
     channels: o.channels,
@@ -39,5 +44,5 @@ export function ssmConv(
     x_offset: o.xOffset ?? 0,
     x_stride_t: o.xStrideT,
     u_stride_t: o.uStrideT,
-  }, { tiles: Math.ceil(o.channels / 64) });
+  }, { tiles: Math.ceil(o.channels / 64), z: Math.ceil(o.tokens / CONV_RUN) });
 }
