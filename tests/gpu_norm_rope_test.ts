@@ -3,12 +3,13 @@
 
 import { createStorage } from "../engine/gpu/buffers.ts";
 import { getRows } from "../engine/gpu/kernels/get_rows.ts";
+import { MUL_MAT_TYPES } from "../engine/gpu/kernels/mul_mat.ts";
 import { qkNormRope } from "../engine/gpu/kernels/qk_norm_rope.ts";
 import { rmsNorm } from "../engine/gpu/kernels/rms_norm.ts";
 import { dequantize } from "../engine/quant/dequant.ts";
 import { f16ToF32 } from "../engine/quant/f16.ts";
 import { randomBlocks } from "../tools/synth/quantize.ts";
-import { GgmlType, rowBytes } from "../engine/quant/ggml_types.ts";
+import { rowBytes, typeName } from "../engine/quant/ggml_types.ts";
 import { rmsNorm as refRmsNorm } from "../engine/reference/norms.ts";
 import { ropeImrope, ropeNeox, ropeThetaScale } from "../engine/reference/rope.ts";
 import {
@@ -46,26 +47,30 @@ gpuTest("rmsNorm() matches the reference on rows longer than the workgroup", asy
   assertClose(got, want, Array.from(want, (v) => Math.abs(v) + 1e-3), 1e-5, "rms_norm");
 });
 
-gpuTest("getRows() gathers dequantized rows across table parts", async (ctx) => {
-  const type = GgmlType.Q5_K;
-  const [cols, rows] = [512, 13];
-  const bytes = randomBlocks(type, cols * rows, 1, rng(2));
-  const table = await uploadWeights(ctx, { name: "embd", type, shape: [cols, rows] }, bytes, {
-    maxPartBytes: 4 * rowBytes(type, cols),
-  });
-  const ids = Uint32Array.from([12, 0, 5, 5, 3]);
-  const y = createStorage(ctx, "y", ids.length * cols * 4);
-  await submit(
-    ctx,
-    (enc) => getRows(enc, { w: table, ids: upload(ctx, ids), y }, { tokens: ids.length }),
-  );
-  const got = await readF32(ctx, y, ids.length * cols);
-  const all = dequantize(type, bytes, cols * rows);
-  const want = new Float32Array(ids.length * cols);
-  ids.forEach((id, t) => want.set(all.subarray(id * cols, id * cols + cols), t * cols));
-  // A lookup is exact: dequantization has no rounding beyond llama.cpp's own.
-  assertClose(got, want, 1, 0, "embedding rows");
-});
+gpuTest(
+  "getRows() gathers exactly the dequantized rows, for every type, across table parts",
+  async (ctx) => {
+    const [cols, rows] = [512, 13];
+    const ids = Uint32Array.from([12, 0, 5, 5, 3]);
+    for (const type of MUL_MAT_TYPES) {
+      const bytes = randomBlocks(type, cols * rows, 1, rng(2 + type));
+      const table = await uploadWeights(ctx, { name: "embd", type, shape: [cols, rows] }, bytes, {
+        maxPartBytes: 4 * rowBytes(type, cols),
+      });
+      const y = createStorage(ctx, "y", ids.length * cols * 4);
+      await submit(
+        ctx,
+        (enc) => getRows(enc, { w: table, ids: upload(ctx, ids), y }, { tokens: ids.length }),
+      );
+      const got = await readF32(ctx, y, ids.length * cols);
+      const all = dequantize(type, bytes, cols * rows);
+      const want = new Float32Array(ids.length * cols);
+      ids.forEach((id, t) => want.set(all.subarray(id * cols, id * cols + cols), t * cols));
+      // A lookup is exact: dequantization has no rounding beyond llama.cpp's own.
+      assertClose(got, want, 1, 0, `${typeName(type)} embedding rows`);
+    }
+  },
+);
 
 interface RopeCase {
   readonly name: string;
