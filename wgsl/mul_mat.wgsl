@@ -8,7 +8,7 @@
 //   index n_used = the shared expert's gate) f32 and 5 sh (t·rows + row) the shared expert's
 //   output f32 under SUM | 6 y (f32) | 7 params. Bindings a variant does not use get dummies.
 // Dispatch: (row_tiles folded to 2-D, z). Decode: WG = 128 threads = 8 rows of LANES threads,
-//   z = T·n_used slots under ID, else T tokens. TILED: WG = 4·TT threads, BM = 64 rows a tile,
+//   z = T·n_used slots under ID, else T tokens. TILED: WG = 2·TT threads, BM = 64 rows a tile,
 //   z = token tiles, or the gather table's most tiles under GATHERED (workgroups past its tile
 //   count exit).
 // Variants: TYPE_<type> (one), TILED with TT (slots a tile), ID, GATHERED (with TILED and ID),
@@ -115,14 +115,19 @@ fn row_tile(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 }
 
 #ifdef TILED
-// A tile: BM rows × TT slots; one chunk (32 values of k) at a time is staged in workgroup memory
-// as whole vec4s over k: ws[k/4][row] (dequantized once per tile, 8 KB) and xs[k/4][slot]
-// (128·TT bytes). Thread (rg, tg) owns rows rg + 16i × slots 4tg + j (i, j < 4): a warp reads 16
-// consecutive rows and broadcasts 2 slot groups, and groups past the tile's slots skip the math.
-// The next chunk's operands are fetched into registers while the current one is multiplied.
+// A tile: BM rows × TT slots, WG = 2·TT threads. One chunk (32 values of k) at a time is staged
+// in workgroup memory k-major, as vec4s of 4 consecutive rows or slots: ws[k][row] (each weight
+// dequantized once per tile, 8 KB) and xs[k][slot] (128·TT bytes). Thread (rg, tg) = (lid % 8,
+// lid / 8) owns rows 4rg..4rg+3 and 32+4rg..32+4rg+3 × slots 4tg..4tg+3: per value of k, three
+// 16-byte reads (a warp's rows: 128 contiguous bytes; its 4 slot groups: broadcasts) feed 32 FMAs.
+// Threads below BM dequantize a row each; every thread stages 16 values of x, lanes reading 4
+// consecutive values of 8 slots. No registers hold the next chunk: several tiles share an SM and
+// hide each other's loads. Groups of slots past the tile's count skip the math.
 const BM = 64u;
-const WG = 4u * TT;
-const RG = BM / 4u;
+const WG = 2u * TT;
+// vec4s of rows, and of slots, per value of k.
+const RQ = BM / 4u;
+const TQ = TT / 4u;
 
 var<workgroup> ws: array<vec4<f32>, 8u * BM>;
 var<workgroup> xs: array<vec4<f32>, 8u * TT>;
@@ -141,6 +146,14 @@ fn slot_xy(base: u32, nn: u32) -> vec2<u32> {
     params.x_offset + t * params.x_stride_t + i * params.x_stride_i,
     params.y_offset + t * params.y_stride_t + i * params.y_stride_i,
   );
+}
+
+// Values kl, kl + 4, …, kl + 28 of chunk c of the slot whose x starts at xo, into its xs column.
+fn stage_slot(xo: u32, c: u32, kl: u32, slot: u32) {
+  for (var kh = 0u; kh < 8u; kh++) {
+    let k = 4u * kh + kl;
+    xs[k * TQ + slot / 4u][slot % 4u] = xval(xo + 32u * c + k);
+  }
 }
 
 @compute @workgroup_size(WG)
@@ -179,111 +192,82 @@ fn main(
 #endif
   fill_tables(lid);
   let row0 = tile * BM;
-  // Staging: threads below BM dequantize row row0 + lid; every thread stages values sk..sk+7
-  // of slot sn.
   let w_live = lid < BM && row0 + lid < params.rows;
   let w_byte = (part_row0 + row0 + lid) * row_bytes();
-  let sn = lid % TT;
-  let sk = 8u * (lid / TT);
-  let x_live = sn < n;
-  var sx = 0u;
-  if (x_live) {
-    sx = slot_xy(base, sn).x + sk;
+  // This thread stages values ≡ kl (mod 4) of slots sa and sa + 8.
+  let kl = lid % 4u;
+  let sa = 16u * (lid / 32u) + (lid % 32u) / 4u;
+  let sb = sa + 8u;
+  var xa = 0u;
+  var xb = 0u;
+  if (sa < n) {
+    xa = slot_xy(base, sa).x;
   }
-  let rg = lid % RG;
-  let tg = lid / RG;
+  if (sb < n) {
+    xb = slot_xy(base, sb).x;
+  }
+  let rg = lid % 8u;
+  let tg = lid / 8u;
   let busy = 4u * tg < n;
 
   let chunks = params.k / 32u;
   let classes = min(chunks, LANES);
-  var wreg: array<vec4<f32>, 8>;
-  var xlo = vec4<f32>(0.0);
-  var xhi = vec4<f32>(0.0);
-  if (w_live) {
-    wreg = dequant32(w_byte, 0u);
-  }
-  if (x_live) {
-    xlo = x4(sx);
-    xhi = x4(sx + 4u);
-  }
-  // total[i][j], acc[i][j], s[i][j]: row rg + 16i, slot 4tg + j.
-  var total: array<vec4<f32>, 4>;
-  var acc: array<vec4<f32>, 4>;
-  var c = 0u;
-  loop {
-    workgroupBarrier();
-    if (lid < BM) {
-      for (var v = 0u; v < 8u; v++) {
-        ws[v * BM + lid] = wreg[v];
-      }
-    }
-    xs[(sk / 4u) * TT + sn] = xlo;
-    xs[(sk / 4u + 1u) * TT + sn] = xhi;
-    workgroupBarrier();
-    // The next chunk in class order: c + LANES, else the first chunk of the next class.
-    var next: u32;
-    var more: bool;
-    if (c + LANES < chunks) {
-      next = c + LANES;
-      more = true;
-    } else {
-      next = c % LANES + 1u;
-      more = next < classes;
-    }
-    if (more) {
+  // total[i], acc[i]: row i (4rg + i, then 32 + 4rg + i − 4) × the thread's 4 slots.
+  var total: array<vec4<f32>, 8>;
+  var acc: array<vec4<f32>, 8>;
+  for (var l = 0u; l < classes; l++) {
+    for (var c = l; c < chunks; c += LANES) {
+      workgroupBarrier();
       if (w_live) {
-        wreg = dequant32(w_byte, next);
-      }
-      if (x_live) {
-        xlo = x4(sx + 32u * next);
-        xhi = x4(sx + 32u * next + 4u);
-      }
-    }
-    if (busy) {
-      var s: array<vec4<f32>, 4>;
-      for (var i = 0u; i < 4u; i++) {
-        s[i] = vec4<f32>(0.0);
-      }
-      for (var v = 0u; v < 8u; v++) {
-        var a: array<vec4<f32>, 4>;
-        var b: array<vec4<f32>, 4>;
-        for (var i = 0u; i < 4u; i++) {
-          a[i] = ws[v * BM + rg + RG * i];
-          b[i] = xs[v * TT + 4u * tg + i];
-        }
-        // b across slots, one per value of k.
-        let b0 = vec4<f32>(b[0].x, b[1].x, b[2].x, b[3].x);
-        let b1 = vec4<f32>(b[0].y, b[1].y, b[2].y, b[3].y);
-        let b2 = vec4<f32>(b[0].z, b[1].z, b[2].z, b[3].z);
-        let b3 = vec4<f32>(b[0].w, b[1].w, b[2].w, b[3].w);
-        for (var i = 0u; i < 4u; i++) {
-          s[i] = fma(vec4<f32>(a[i].x), b0, s[i]);
-          s[i] = fma(vec4<f32>(a[i].y), b1, s[i]);
-          s[i] = fma(vec4<f32>(a[i].z), b2, s[i]);
-          s[i] = fma(vec4<f32>(a[i].w), b3, s[i]);
+        let wv = dequant32(w_byte, c);
+        for (var v = 0u; v < 8u; v++) {
+          for (var j = 0u; j < 4u; j++) {
+            ws[(4u * v + j) * RQ + lid / 4u][lid % 4u] = wv[v][j];
+          }
         }
       }
-      for (var i = 0u; i < 4u; i++) {
-        acc[i] = acc[i] + s[i];
+      if (sa < n) {
+        stage_slot(xa, c, kl, sa);
+      }
+      if (sb < n) {
+        stage_slot(xb, c, kl, sb);
+      }
+      workgroupBarrier();
+      if (busy) {
+        // Set explicitly: a `var` in a loop body has been seen keeping its last value (naga).
+        var s: array<vec4<f32>, 8>;
+        for (var i = 0u; i < 8u; i++) {
+          s[i] = vec4<f32>(0.0);
+        }
+        for (var k = 0u; k < 32u; k++) {
+          let a0 = ws[k * RQ + rg];
+          let a1 = ws[k * RQ + 8u + rg];
+          let b = xs[k * TQ + tg];
+          s[0] = fma(vec4<f32>(a0.x), b, s[0]);
+          s[1] = fma(vec4<f32>(a0.y), b, s[1]);
+          s[2] = fma(vec4<f32>(a0.z), b, s[2]);
+          s[3] = fma(vec4<f32>(a0.w), b, s[3]);
+          s[4] = fma(vec4<f32>(a1.x), b, s[4]);
+          s[5] = fma(vec4<f32>(a1.y), b, s[5]);
+          s[6] = fma(vec4<f32>(a1.z), b, s[6]);
+          s[7] = fma(vec4<f32>(a1.w), b, s[7]);
+        }
+        for (var i = 0u; i < 8u; i++) {
+          acc[i] = acc[i] + s[i];
+        }
       }
     }
-    if (c + LANES >= chunks) {
-      for (var i = 0u; i < 4u; i++) {
-        total[i] = total[i] + acc[i];
-        acc[i] = vec4<f32>(0.0);
-      }
+    for (var i = 0u; i < 8u; i++) {
+      total[i] = total[i] + acc[i];
+      acc[i] = vec4<f32>(0.0);
     }
-    if (!more) {
-      break;
-    }
-    c = next;
   }
   for (var j = 0u; j < 4u; j++) {
     let nn = 4u * tg + j;
     if (nn < n) {
       let yo = slot_xy(base, nn).y + y_row0;
-      for (var i = 0u; i < 4u; i++) {
-        let r = row0 + rg + RG * i;
+      for (var i = 0u; i < 8u; i++) {
+        let r = row0 + 4u * rg + 32u * (i / 4u) + i % 4u;
         if (r < params.rows) {
           put(yo + r, total[i][j]);
         }
