@@ -234,11 +234,23 @@ gpuTest(
 gpuTest(
   "gatedDeltaNet() gives bit-identical outputs and state however the tokens are split into calls",
   async (ctx) => {
-    for (const arch of ["qwen3next", "qwen35moe"] as const) {
-      const c = deltaNetCase(arch, [2, 4, 128, 128], 13, 7 + arch.length);
-      const whole = await runGpu(ctx, c, [13]);
-      for (const calls of [Array<number>(13).fill(1), [6, 7]]) {
-        const split = await runGpu(ctx, c, calls);
+    // The model's heads, and small heads on 64 threads, whose output norm takes 32 tokens a
+    // round: 70 tokens in one call take three rounds.
+    const cases = (["qwen3next", "qwen35moe"] as const).flatMap((arch) => [
+      { arch, dims: [2, 4, 128, 128], gpu: ctx, calls: [Array<number>(13).fill(1), [6, 7]] },
+      { arch, dims: [2, 4, 48, 32], gpu: limited(ctx, 64), calls: [[33, 1, 36]] },
+    ]);
+    for (const { arch, dims, gpu, calls: splits } of cases) {
+      const T = splits[0].reduce((a, b) => a + b, 0);
+      const c = deltaNetCase(arch, dims, T, 7 + arch.length + dims[3]);
+      const whole = await runGpu(gpu, c, [T]);
+      if (T > 32) {
+        const want = runReference(c);
+        assertClose(whole.y, want.y, 3, 1e-4, `${arch} ${T} tokens output`);
+        assertClose(whole.state, want.state, 1, 1e-5, `${arch} ${T} tokens state`);
+      }
+      for (const calls of splits) {
+        const split = await runGpu(gpu, c, calls);
         for (
           const [what, a, b] of [["output", whole.y, split.y], [
             "state",
@@ -249,7 +261,7 @@ gpuTest(
           const i = a.findIndex((x, k) => !Object.is(x, b[k]));
           if (i >= 0) {
             throw new Error(
-              `${arch} ${what} differs between 1 call of 13 tokens and calls of [${calls}] at element ${i}: ${
+              `${arch} ${what} differs between 1 call of ${T} tokens and calls of [${calls}] at element ${i}: ${
                 a[i]
               } vs ${b[i]}; the recurrence must run the same arithmetic per token`,
             );

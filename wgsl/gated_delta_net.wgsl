@@ -15,10 +15,13 @@
 // array (indexed by a loop variable, so likely in local memory) on only nv workgroups. Here each
 // warp loads whole state rows and a thread's serial chain is DK/R rows. Per token: the row
 // partials of k·S, |q|² and |k|², then of q·S, are summed over the R slices through workgroup
-// memory in slice order, and |o|² over the columns in groups of GS; four barriers. The next
-// token's inputs are fetched while this one computes. Every token runs the same code in the same
-// order whatever the run length, so outputs and state are bit-identical however tokens are split
-// into calls.
+// memory in slice order: two barriers. The output norm needs every column of a token, so the
+// token loop leaves each token's o in y and a pass after it applies RMSNorm(o)·w·silu(z) to all
+// the call's tokens at once: |o|² over the columns in groups of GS, NP tokens a round (the norm
+// had cost two more barriers a token, half the latency of a prefill that walks its tokens one by
+// one). The next token's inputs are fetched while this one computes and its q and k staged in
+// the other half of qs/ks. Every token runs the same code in the same order whatever the run
+// length, so outputs and state are bit-identical however tokens are split into calls.
 
 struct Params {
   nk: u32,
@@ -46,15 +49,17 @@ const WG = DV * R;
 const RPT = DK / R;
 const NG = DV / GS;
 const QK_PER = (2u * DK + WG - 1u) / WG;
+// Tokens a round of the output norm takes: NG threads each.
+const NP = WG / NG;
 
-var<workgroup> qs: array<f32, DK>;
-var<workgroup> ks: array<f32, DK>;
+// q and k of token t in half t % 2.
+var<workgroup> qs: array<f32, 2u * DK>;
+var<workgroup> ks: array<f32, 2u * DK>;
 // Per-slice partials, [r][c]; the norm partials (|q|², |k|²) are the same for every column.
+// After the token loop they hold the |o|² group sums [token][group] of the output norm's rounds.
 var<workgroup> part_kv: array<f32, WG>;
 var<workgroup> part_o: array<f32, WG>;
 var<workgroup> part_qk: array<vec2<f32>, R>;
-var<workgroup> o_sq: array<f32, DV>;
-var<workgroup> group_sq: array<f32, NG>;
 
 // What one thread reads of token t; loaded a token ahead so the global-memory latency overlaps
 // the previous token's arithmetic. qk[n] is element lid + n·WG of [q | k] of the key head.
@@ -63,7 +68,6 @@ struct TokenIn {
   b: f32,
   a: f32,
   v: f32,
-  z: f32,
 }
 
 fn load_token(t: u32, h: u32, kh: u32, c: u32, lid: u32) -> TokenIn {
@@ -80,17 +84,16 @@ fn load_token(t: u32, h: u32, kh: u32, c: u32, lid: u32) -> TokenIn {
   x.b = ba[params.ba_offset + t * params.ba_stride_t + h];
   x.a = ba[params.ba_offset + t * params.ba_stride_t + params.nv + h];
   x.v = u[at + 2u * params.nk * DK + h * DV + c];
-  x.z = z[params.z_offset + t * params.z_stride_t + h * DV + c];
   return x;
 }
 
-fn store_qk(x: array<f32, QK_PER>, lid: u32) {
+fn store_qk(x: array<f32, QK_PER>, half: u32, lid: u32) {
   for (var n = 0u; n < QK_PER; n++) {
     let e = lid + n * WG;
     if (e < DK) {
-      qs[e] = x[n];
+      qs[half + e] = x[n];
     } else if (e < 2u * DK) {
-      ks[e - DK] = x[n];
+      ks[half + e - DK] = x[n];
     }
   }
 }
@@ -112,15 +115,15 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
   let dt = p[h];
   let a_log = p[nv + h];
-  let wc = p[2u * nv + c];
   let out_scale = 1.0 / sqrt(f32(DK));
   var cur: TokenIn;
   if (tokens > 0u) {
     cur = load_token(0u, h, kh, c, lid);
-    store_qk(cur.qk, lid);
+    store_qk(cur.qk, 0u, lid);
   }
   workgroupBarrier();
   for (var t = 0u; t < tokens; t++) {
+    let half = (t % 2u) * DK;
     var ahead = cur;
     if (t + 1u < tokens) {
       ahead = load_token(t + 1u, h, kh, c, lid);
@@ -132,8 +135,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var pqq = 0.0;
     var pkk = 0.0;
     for (var m = 0u; m < RPT; m++) {
-      let ki = ks[r + R * m];
-      let qi = qs[r + R * m];
+      let ki = ks[half + r + R * m];
+      let qi = qs[half + r + R * m];
       s[m] *= decay;
       pkv += s[m] * ki;
       pkk += ki * ki;
@@ -150,48 +153,72 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       kv += part_kv[i * DV + c];
       qk += part_qk[i];
     }
+    // The other half was last read before the barrier above; the next token reads it after the
+    // one below.
+    if (t + 1u < tokens) {
+      store_qk(ahead.qk, DK - half, lid);
+    }
     let rq = 1.0 / max(sqrt(qk.x), params.eps);
     let rk = 1.0 / max(sqrt(qk.y), params.eps);
     // k·S of the normalised k is rk·(k·S): the norm is applied after the slice sums.
     let delta = (cur.v - kv * rk) * beta;
     var po = 0.0;
     for (var m = 0u; m < RPT; m++) {
-      s[m] += (ks[r + R * m] * rk) * delta;
-      po += s[m] * qs[r + R * m];
+      s[m] += (ks[half + r + R * m] * rk) * delta;
+      po += s[m] * qs[half + r + R * m];
     }
     part_o[lid] = po;
     workgroupBarrier();
-    var o = 0.0;
-    for (var i = 0u; i < R; i++) {
-      o += part_o[i * DV + c];
-    }
-    o = o * rq * out_scale;
     if (r == 0u) {
-      o_sq[c] = o * o;
-    }
-    // qs/ks were last read before the barrier above; the next token reads them after the next.
-    store_qk(ahead.qk, lid);
-    workgroupBarrier();
-    if (lid < NG) {
-      var g = 0.0;
-      for (var i = 0u; i < GS; i++) {
-        g += o_sq[lid * GS + i];
+      var o = 0.0;
+      for (var i = 0u; i < R; i++) {
+        o += part_o[i * DV + c];
       }
-      group_sq[lid] = g;
-    }
-    workgroupBarrier();
-    if (r == 0u) {
-      var ss = 0.0;
-      for (var i = 0u; i < NG; i++) {
-        ss += group_sq[i];
-      }
-      let norm = 1.0 / sqrt(ss / f32(DV) + params.eps);
-      let zv = cur.z;
-      y[t * params.y_stride_t + h * DV + c] = o * norm * wc * (zv / (1.0 + exp(-zv)));
+      y[t * params.y_stride_t + h * DV + c] = o * rq * out_scale;
     }
     cur = ahead;
   }
   for (var m = 0u; m < RPT; m++) {
     state[(h * DK + r + R * m) * DV + c] = s[m];
+  }
+  // The gated output norm of every token: y = o · (1/√(mean o² + eps)) · w · silu(z), the o that
+  // the loop left in y read back by other invocations. Rounds alternate between the two partial
+  // buffers, so one barrier a round orders them.
+  storageBarrier();
+  for (var tb = 0u; tb < tokens; tb += NP) {
+    let tl = lid / NG;
+    let g = lid % NG;
+    var sq = 0.0;
+    if (tb + tl < tokens) {
+      let yo = (tb + tl) * params.y_stride_t + h * DV + g * GS;
+      for (var i = 0u; i < GS; i++) {
+        let o = y[yo + i];
+        sq = fma(o, o, sq);
+      }
+    }
+    let odd = (tb / NP) % 2u == 1u;
+    if (odd) {
+      part_o[lid] = sq;
+    } else {
+      part_kv[lid] = sq;
+    }
+    workgroupBarrier();
+    // NP tokens × DV columns: GS values a thread, each summing its token's NG groups in order.
+    for (var i = 0u; i < GS; i++) {
+      let e = lid + i * WG;
+      let t = tb + e / DV;
+      let col = e % DV;
+      if (t < tokens) {
+        var ss = 0.0;
+        for (var j = 0u; j < NG; j++) {
+          let at = (e / DV) * NG + j;
+          ss += select(part_kv[at], part_o[at], odd);
+        }
+        let yi = t * params.y_stride_t + h * DV + col;
+        let zv = z[params.z_offset + t * params.z_stride_t + h * DV + col];
+        let inv_rms = 1.0 / sqrt(ss / f32(DV) + params.eps);
+        y[yi] = y[yi] * inv_rms * p[2u * nv + col] * (zv / (1.0 + exp(-zv)));
+      }
+    }
   }
 }
