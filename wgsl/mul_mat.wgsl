@@ -129,8 +129,10 @@ const WG = 2u * TT;
 const RQ = BM / 4u;
 const TQ = TT / 4u;
 
-var<workgroup> ws: array<vec4<f32>, 8u * BM>;
-var<workgroup> xs: array<vec4<f32>, 8u * TT>;
+// [k][vec4 of rows or slots]: indexed by k (a constant in the unrolled loop) and by the thread's
+// group (the same at every k), the bounds checks a compiler adds to each read fold or hoist.
+var<workgroup> ws: array<array<vec4<f32>, RQ>, 32>;
+var<workgroup> xs: array<array<vec4<f32>, TQ>, 32>;
 
 // x and y offsets of the tile's slot `nn`: token base + nn, or gather table entry base + nn.
 fn slot_xy(base: u32, nn: u32) -> vec2<u32> {
@@ -152,7 +154,7 @@ fn slot_xy(base: u32, nn: u32) -> vec2<u32> {
 fn stage_slot(xo: u32, c: u32, kl: u32, slot: u32) {
   for (var kh = 0u; kh < 8u; kh++) {
     let k = 4u * kh + kl;
-    xs[k * TQ + slot / 4u][slot % 4u] = xval(xo + 32u * c + k);
+    xs[k][slot / 4u][slot % 4u] = xval(xo + 32u * c + k);
   }
 }
 
@@ -222,7 +224,7 @@ fn main(
         let wv = dequant32(w_byte, c);
         for (var v = 0u; v < 8u; v++) {
           for (var j = 0u; j < 4u; j++) {
-            ws[(4u * v + j) * RQ + lid / 4u][lid % 4u] = wv[v][j];
+            ws[4u * v + j][lid / 4u][lid % 4u] = wv[v][j];
           }
         }
       }
@@ -240,9 +242,9 @@ fn main(
           s[i] = vec4<f32>(0.0);
         }
         for (var k = 0u; k < 32u; k++) {
-          let a0 = ws[k * RQ + rg];
-          let a1 = ws[k * RQ + 8u + rg];
-          let b = xs[k * TQ + tg];
+          let a0 = ws[k][rg];
+          let a1 = ws[k][8u + rg];
+          let b = xs[k][tg];
           s[0] = fma(vec4<f32>(a0.x), b, s[0]);
           s[1] = fma(vec4<f32>(a0.y), b, s[1]);
           s[2] = fma(vec4<f32>(a0.z), b, s[2]);
