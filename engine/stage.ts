@@ -42,9 +42,10 @@ export interface LogitAdjust {
 
 /**
  * What the last stage returns: the greedy id of each of n positions, the top-k of the last
- * position, descending by logit (ties: lower id first), and the log-sum-exp of that position's
- * whole (adjusted) logits row, so that logit − lse is a token's log-probability. `lse` is NaN
- * when no top-k was asked for.
+ * position (among the tokens its mask allows), descending by logit (ties: lower id first), and
+ * the log-sum-exp of that position's whole logits row after biases, before the mask, so that
+ * logit − lse is a token's log-probability under the model, whatever a grammar allowed. `lse`
+ * is NaN when no top-k was asked for.
  */
 export interface LastOutput {
   readonly ids: Uint32Array;

@@ -5,8 +5,13 @@ import assert from "node:assert/strict";
 import { createStorage } from "../engine/gpu/buffers.ts";
 import { argmax, argmaxScratchWords } from "../engine/gpu/kernels/argmax.ts";
 import { logitAdjust } from "../engine/gpu/kernels/logit_adjust.ts";
-import { topK, topKWords } from "../engine/gpu/kernels/topk.ts";
-import { adjustLogits, argmaxTopK } from "../engine/reference/logits.ts";
+import { logSumExp, topK, topKWords } from "../engine/gpu/kernels/topk.ts";
+import {
+  argmaxTopK,
+  biasLogits,
+  logSumExp as refLogSumExp,
+  maskLogits,
+} from "../engine/reference/logits.ts";
 import { type LogitAdjust, MAX_TOPK } from "../engine/stage.ts";
 import { gpuTest, randomF32, readU32, rng, submit, upload } from "./_gpu.ts";
 
@@ -77,17 +82,21 @@ gpuTest("argmax, logitAdjust, topK and the log-sum-exp equal the reference", asy
     });
     const bias = pairs.length ? upload(ctx, pairs) : undefined;
     await submit(ctx, (enc) => {
+      // As gpu_forward.ts encodes a head: biases, the normaliser, the mask, argmax, top-k.
+      const row = { n: V, offset: last };
+      logitAdjust(enc, { logits: src, mask, bias }, { ...row, words: 0, pairs: pairs.length / 2 });
+      logSumExp(enc, { src, out: top }, { ...row, k });
       logitAdjust(enc, { logits: src, mask, bias }, {
-        n: V,
-        offset: last,
+        ...row,
         words: adjust?.mask?.length ?? 0,
-        pairs: adjust?.bias?.length ?? 0,
+        pairs: 0,
       });
       argmax(enc, { src, scratch: argmaxScratch, out: ids }, { n: V, rows });
       topK(enc, { src, out: top }, { n: V, k, offset: last });
     });
     const gotIds = await readU32(ctx, ids, rows);
-    const lastRow = adjustLogits(logits.subarray(last, last + V), adjust);
+    const biased = biasLogits(logits.subarray(last, last + V), adjust?.bias);
+    const lastRow = maskLogits(biased, adjust?.mask);
     for (let row = 0; row < rows; row++) {
       const ref = argmaxTopK(row === rows - 1 ? lastRow : logits.subarray(row * V, row * V + V), 0);
       assert.equal(gotIds[row], ref.argmax, `${where} row ${row} argmax`);
@@ -106,8 +115,10 @@ gpuTest("argmax, logitAdjust, topK and the log-sum-exp equal the reference", asy
     got.forEach((e, i) =>
       assert.ok(Math.abs(e.logit - ref.top[i].logit) <= 1e-5 * Math.abs(e.logit), `${where} #${i}`)
     );
+    // The normaliser is over the biased row, before the mask.
     const lse = f32(words[2 * k]);
-    assert.ok(Math.abs(lse - ref.lse) <= 1e-4, `${where}: log-sum-exp ${lse}, expected ${ref.lse}`);
+    const want = refLogSumExp(biased);
+    assert.ok(Math.abs(lse - want) <= 1e-4, `${where}: log-sum-exp ${lse}, expected ${want}`);
   }
 });
 

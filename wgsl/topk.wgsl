@@ -1,20 +1,22 @@
 // topk: the k largest values of one row with their indices, descending (ties: lower index first),
-// and the row's log-sum-exp, for any k up to MAXK. Matches engine/reference/logits.ts argmaxTopK.
+// for any k up to MAXK (mode 1), or the row's log-sum-exp (mode 0). Matches
+// engine/reference/logits.ts argmaxTopK and logSumExp.
 // Bindings: 0 src: the row at src_offset + i, n values f32; values ≤ MASKED (logit_adjust's masked
-//   tokens) are no candidates and add nothing to the sum | 1 dst: k (f32 bits, index) u32 pairs,
-//   then the log-sum-exp as f32 bits at 2·k | 2 params.
+//   tokens) are no candidates and add nothing to the sum | 1 dst: k (f32 bits, index) u32 pairs
+//   (mode 1), then the log-sum-exp as f32 bits at 2·k (mode 0) | 2 params.
 // Dispatch: (1); one workgroup. WG = 256. Missing entries (k above the candidates) are
 //   (MASKED, 0xffffffff). Variants: none.
 //
-// One pass computes an online max and sum of exp (the normaliser) and a histogram of each value's
-// top 8 key bits; three more histogram passes fix the k-th largest key 8 bits at a time (radix
-// select); keys above it are gathered, then keys equal to it (the lowest indices first when more
-// tie than fit), and a bitonic sort orders the ≤ MAXK candidates. Keys map f32 order onto u32.
+// Mode 0 is one pass of online max and sum of exp. Mode 1 histograms each value's key (f32 order
+// as u32 order) 8 bits at a time, four passes fixing the k-th largest key (radix select); keys
+// above it are gathered, then keys equal to it (the lowest indices first when more tie than
+// fit), and a bitonic sort orders the ≤ MAXK candidates.
 
 struct Params {
   n: u32,
   k: u32,
   src_offset: u32,
+  mode: u32,
 }
 
 @group(0) @binding(0) var<storage, read> src: array<f32>;
@@ -70,36 +72,50 @@ fn main(@builtin(local_invocation_index) lid: u32) {
   let n = params.n;
   let off = params.src_offset;
 
-  // Pass 1: online max / sum of exp, valid count, histogram of the top key byte.
-  var m = MASKED;
-  var s = 0.0;
+  if (params.mode == 0u) {
+    // Online max and sum of exp, per thread, then merged pairwise.
+    var m = MASKED;
+    var s = 0.0;
+    for (var e = lid; e < n; e += WG) {
+      let v = src[off + e];
+      if (v > MASKED) {
+        if (v > m) {
+          s = s * exp(m - v) + 1.0;
+          m = v;
+        } else {
+          s += exp(v - m);
+        }
+      }
+    }
+    red_m[lid] = m;
+    red_s[lid] = s;
+    workgroupBarrier();
+    for (var w = WG / 2u; w > 0u; w >>= 1u) {
+      if (lid < w) {
+        let m2 = red_m[lid + w];
+        let mm = max(red_m[lid], m2);
+        red_s[lid] = red_s[lid] * exp(red_m[lid] - mm) + red_s[lid + w] * exp(m2 - mm);
+        red_m[lid] = mm;
+      }
+      workgroupBarrier();
+    }
+    if (lid == 0u) {
+      dst[2u * params.k] = bitcast<u32>(red_m[0] + log(red_s[0]));
+    }
+    return;
+  }
+
+  // The valid count and a histogram of the top key byte.
   var valid = 0u;
   for (var e = lid; e < n; e += WG) {
     let v = src[off + e];
     if (v > MASKED) {
       valid += 1u;
-      if (v > m) {
-        s = s * exp(m - v) + 1.0;
-        m = v;
-      } else {
-        s += exp(v - m);
-      }
       atomicAdd(&hist[key_of(v) >> 24u], 1u);
     }
   }
-  red_m[lid] = m;
-  red_s[lid] = s;
   atomicAdd(&valid_total, valid);
   workgroupBarrier();
-  for (var w = WG / 2u; w > 0u; w >>= 1u) {
-    if (lid < w) {
-      let m2 = red_m[lid + w];
-      let mm = max(red_m[lid], m2);
-      red_s[lid] = red_s[lid] * exp(red_m[lid] - mm) + red_s[lid + w] * exp(m2 - mm);
-      red_m[lid] = mm;
-    }
-    workgroupBarrier();
-  }
   if (lid == 0u) {
     let kk = min(params.k, atomicLoad(&valid_total));
     wg_prefix = 0u;
@@ -237,8 +253,5 @@ fn main(@builtin(local_invocation_index) lid: u32) {
       dst[2u * r] = bitcast<u32>(MASKED);
       dst[2u * r + 1u] = NONE;
     }
-  }
-  if (lid == 0u) {
-    dst[2u * params.k] = bitcast<u32>(red_m[0] + log(red_s[0]));
   }
 }

@@ -19,7 +19,7 @@ import { qkNormRope } from "./kernels/qk_norm_rope.ts";
 import { rmsNorm } from "./kernels/rms_norm.ts";
 import { ssmConv } from "./kernels/ssm_conv.ts";
 import { logitAdjust } from "./kernels/logit_adjust.ts";
-import { topK } from "./kernels/topk.ts";
+import { logSumExp, topK } from "./kernels/topk.ts";
 import type { HParams } from "../hparams.ts";
 import { ropeThetaScale } from "../reference/rope.ts";
 import type {
@@ -344,11 +344,13 @@ export function encodeHead(
       xOffset: t0 * D,
     });
     if (t0 + rows === T) {
-      logitAdjust(enc, { logits: act.logits, mask: act.mask, bias: act.bias }, {
-        n: V,
-        offset: (rows - 1) * V,
-        ...adjust,
-      });
+      // Biases, then the normaliser (the model's distribution), then the grammar's mask, which
+      // limits the greedy id and the candidates.
+      const row = { n: V, offset: (rows - 1) * V };
+      const logits = { logits: act.logits, mask: act.mask, bias: act.bias };
+      logitAdjust(enc, logits, { ...row, words: 0, pairs: adjust.pairs });
+      if (topk > 0) logSumExp(enc, { src: act.logits, out: act.top }, { ...row, k: topk });
+      logitAdjust(enc, logits, { ...row, words: adjust.words, pairs: 0 });
     }
     argmax(enc, { src: act.logits, scratch: act.argmaxScratch, out: greedy.buffer }, {
       n: V,

@@ -13,7 +13,7 @@ import {
   checkTopK,
 } from "../stage_checks.ts";
 import { forwardLayer, type LayerState, lmHead, newLayerState } from "./reference_forward.ts";
-import { adjustLogits, argmaxTopK } from "./logits.ts";
+import { argmaxTopK, biasLogits, logSumExp, maskLogits } from "./logits.ts";
 import {
   type Embedding,
   type HeadWeights,
@@ -131,11 +131,17 @@ export class ReferenceStage implements Stage {
     let top: TopEntry[] = [];
     let lse = NaN;
     for (let t = 0; t < n; t++) {
-      const last = t === n - 1;
-      const raw = lmHead(this.#hp, head, rows.subarray(t * D, (t + 1) * D));
-      const best = argmaxTopK(last ? adjustLogits(raw, options.adjust) : raw, last ? topk : 0);
+      const logits = lmHead(this.#hp, head, rows.subarray(t * D, (t + 1) * D));
+      if (t < n - 1) {
+        ids[t] = argmaxTopK(logits, 0).argmax;
+        continue;
+      }
+      // The normaliser is the model's (after biases); the mask only limits the candidates.
+      const biased = biasLogits(logits, options.adjust?.bias);
+      if (topk > 0) lse = logSumExp(biased);
+      const best = argmaxTopK(maskLogits(biased, options.adjust?.mask), topk);
       ids[t] = best.argmax;
-      if (last) ({ top, lse } = best);
+      top = best.top;
     }
     return { kind: "ids", ids, top, lse };
   }

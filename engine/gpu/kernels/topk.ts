@@ -12,21 +12,15 @@ export const TOPK: KernelFamily<void> = {
   variant: () => ({ name: "topk", defines: {} }),
 };
 
-/** u32 words a top-k of `k` writes: k (f32 bits, index) pairs and the log-sum-exp. */
+/** u32 words a top-k of `k` and its log-sum-exp fill: k (f32 bits, index) pairs, then one. */
 export function topKWords(k: number): number {
   return 2 * k + 1;
 }
 
-/**
- * Records the top `k` of src[offset .. offset+n) into out as k (f32 bits, index) u32 pairs,
- * descending by value, ties by lower index, then the row's log-sum-exp (f32 bits). Entries masked
- * by logit_adjust are skipped; missing entries have index 0xffffffff.
- */
-export function topK(
-  enc: StepEncoder,
-  b: { readonly src: BufferRef; readonly out: BufferRef },
-  o: { readonly n: number; readonly k: number; readonly offset?: number },
-): void {
+type TopKBuffers = { readonly src: BufferRef; readonly out: BufferRef };
+type TopKOptions = { readonly n: number; readonly k: number; readonly offset?: number };
+
+function dispatchTopK(enc: StepEncoder, b: TopKBuffers, o: TopKOptions, mode: 0 | 1): void {
   if (!Number.isInteger(o.k) || o.k < 1 || o.k > MAX_TOPK) {
     throw new RangeError(`Cannot take the top ${o.k} logits: expected 1..${MAX_TOPK}`);
   }
@@ -34,5 +28,20 @@ export function topK(
     n: o.n,
     k: o.k,
     src_offset: o.offset ?? 0,
+    mode,
   }, { tiles: 1 });
+}
+
+/**
+ * Records the top `k` of src[offset .. offset+n) into out as k (f32 bits, index) u32 pairs,
+ * descending by value, ties by lower index. Entries masked by logit_adjust are skipped; missing
+ * entries have index 0xffffffff.
+ */
+export function topK(enc: StepEncoder, b: TopKBuffers, o: TopKOptions): void {
+  dispatchTopK(enc, b, o, 1);
+}
+
+/** Records the log-sum-exp of src[offset .. offset+n) into out[2·k] (after topK's k pairs). */
+export function logSumExp(enc: StepEncoder, b: TopKBuffers, o: TopKOptions): void {
+  dispatchTopK(enc, b, o, 0);
 }
