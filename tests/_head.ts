@@ -2,6 +2,8 @@
 // parsing, JSON posting. Used by tests/http_*_test.ts, tests/sdk_*_test.ts, tests/server_*_test.ts.
 
 import { type HeadOptions, type RunningHead, startHead } from "../lib/server/head.ts";
+import type { ProviderChoice } from "../engine/gpu/provider.ts";
+import { ignore as noGpu } from "./_gpu.ts";
 import { testModel } from "./_models.ts";
 
 /** The model every server test uses: tiny qwen35moe, f32, seed 1. */
@@ -26,6 +28,30 @@ export async function startTestHead(config: Partial<HeadOptions> = {}): Promise<
     ...config,
   });
   return { ...running, lines };
+}
+
+/** The engines a head test can run on: the CPU reference and the GPU engine (Mesa's in CI). */
+export type TestBackend = "reference" | "gpu";
+
+/**
+ * Registers `fn` once per backend, the GPU run named so and skipped only where no WebGPU adapter
+ * exists. For the tests that prove a path on the GPU engine too; the rest run on the reference.
+ */
+export function backendTest(
+  name: string,
+  fn: (options: Partial<HeadOptions>) => Promise<void>,
+): void {
+  Deno.test(name, () => fn({ backend: "reference" }));
+  Deno.test({
+    name: `${name} (GPU engine)`,
+    ignore: noGpu,
+    fn: () =>
+      fn({
+        backend: "gpu",
+        gpu: (Deno.env.get("TANDEM_GPU") ?? "builtin") as ProviderChoice,
+        allowSoftwareGpu: true,
+      }),
+  });
 }
 
 export interface SseFrame {

@@ -1,8 +1,8 @@
 // No request holds the head's event loop: hostile bodies (30 MB prompts on every route, deep
-// nesting, millions of values) run while /health is polled and the loop's stalls are timed.
+// nesting, millions of values) and hostile schemas run while /health is polled and stalls timed.
 
 import assert from "node:assert/strict";
-import { startTestHead, type TestHead, tinyModel } from "./_head.ts";
+import { post, startTestHead, type TestHead, tinyModel } from "./_head.ts";
 import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { openGguf } from "../engine/gguf/read.ts";
 import type { HostileAnswer, HostileCase } from "./_hostile_client.ts";
@@ -108,6 +108,48 @@ Deno.test({
         assert.equal(a.status, 400, a.text.slice(0, 300));
         assert.match(a.text, cases[i][1]);
       });
+    } finally {
+      await head.close();
+    }
+  },
+});
+
+/** Catastrophic backtracking for RegExp (it froze the head for 103 s in issue 11). */
+const EXPONENTIAL = "^(.+)+\\u0000$";
+
+Deno.test({
+  name: "hostile schema patterns generate without holding the event loop; huge ones are 400s",
+  ignore: Deno.build.os !== "linux",
+  fn: async () => {
+    const head = await startTestHead({ slots: 2, ctx: 512 });
+    const complete = (schema: unknown, n_predict: number) =>
+      post(`${head.url}/completion`, { prompt: "Name:", n_predict, json_schema: schema });
+    try {
+      // A benign structured request first: the engine's and the grammar's first runs compile
+      // their code paths, a one-time cost of a new head, not of a schema.
+      await (await complete({ type: "string", pattern: "^[a-z]+$", maxLength: 4 }, 8)).body
+        ?.cancel();
+      const hostile = { type: "string", pattern: EXPONENTIAL, minLength: 40 };
+      let answers: Response[] = [];
+      const { hold, slowestHealth } = await measured(head, async () => {
+        answers = await Promise.all([1, 2, 3].map(() => complete(hostile, 60)));
+      });
+      for (const res of answers) {
+        assert.equal(res.status, 200);
+        const value: string = JSON.parse((await res.json()).content);
+        // The value matches the pattern: 40 characters or more, the last one U+0000.
+        assert.ok([...value].length >= 40 && value.endsWith("\u0000"), JSON.stringify(value));
+      }
+      assert.ok(hold < 100, `the event loop was held for ${hold} ms of CPU`);
+      assert.ok(slowestHealth < 1000, `/health took ${slowestHealth.toFixed(0)} ms`);
+
+      // Patterns that expand past the automaton's bound are refused before anything runs.
+      const huge = await complete({ type: "string", pattern: "((a{100}){100}){100}" }, 8);
+      assert.equal(huge.status, 400);
+      assert.match(
+        (await huge.json()).error.message,
+        /^json_schema\.pattern: .*states; at most 4096 are supported/,
+      );
     } finally {
       await head.close();
     }

@@ -81,6 +81,35 @@ Deno.test("split /v1/messages bodies equal unsplit ones byte for byte; streams a
     );
     assert.equal(streamedText(frames), buffered.content[0].text);
 
+    // Log-probabilities (the normaliser crosses the wire) and a grammar's mask (sent with each
+    // step) give the same values split as unsplit.
+    const probed = {
+      prompt: "The answer is",
+      n_predict: 8,
+      n_probs: 4,
+      temperature: 0,
+      grammar: 'root ::= ("yes" | "no" | "maybe") " " [a-z]{1,4}\n',
+    };
+    const [a, b] = await Promise.all([split, whole].map(async (h) => {
+      const body = await (await post(`${h.url}/completion`, probed)).json();
+      return { content: body.content, probs: body.completion_probabilities };
+    }));
+    assert.deepEqual(a, b);
+    assert.match(a.content, /^(yes|no|maybe) [a-z]{1,4}$/);
+    const chat = {
+      ...ask("Give JSON"),
+      logprobs: true,
+      top_logprobs: 3,
+      response_format: { type: "json_object" },
+    };
+    const [x, y] = await Promise.all(
+      [split, whole].map(async (h) =>
+        (await (await post(`${h.url}/v1/chat/completions`, chat)).json()).choices
+      ),
+    );
+    assert.deepEqual(x, y);
+    assert.ok(x[0].logprobs.content.length > 0);
+
     // Two concurrent sequences with different prompts each equal their solo reference.
     const prompts = [
       ask("Count to ten", { max_tokens: 24 }),

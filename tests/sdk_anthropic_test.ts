@@ -3,7 +3,7 @@
 
 import assert from "node:assert/strict";
 import Anthropic from "@anthropic-ai/sdk";
-import { startTestHead } from "./_head.ts";
+import { backendTest, startTestHead } from "./_head.ts";
 
 const tools: Anthropic.Tool[] = [{
   name: "get_weather",
@@ -85,52 +85,60 @@ Deno.test("Anthropic SDK: messages.create, messages.stream, countTokens, models.
   }
 });
 
-Deno.test("Anthropic SDK: a forced tool call, streamed and buffered, then its tool_result", async () => {
-  // Greedy (the operator's default, as above): streamed and buffered calls must agree.
-  const head = await startTestHead({ ctx: 1024, snapshots: 2, sampling: { temperature: 0 } });
-  try {
-    const client = new Anthropic({ apiKey: "none", baseURL: head.url, maxRetries: 0 });
-    const params: Anthropic.MessageCreateParamsNonStreaming = {
-      model: "tandem-local",
-      max_tokens: 150,
-      tools,
-      tool_choice: { type: "any" },
-      messages: [{ role: "user", content: "Is it raining in Tokyo?" }],
-    };
-    const call = await client.messages.create(params);
-    assert.equal(call.stop_reason, "tool_use");
-    const use = call.content.find((b): b is Anthropic.ToolUseBlock => b.type === "tool_use");
-    assert.ok(use);
-    assert.equal(use.name, "get_weather");
-    const input = use.input as { city: string; unit?: string };
-    assert.ok(["Paris", "Tokyo", "Lima"].includes(input.city));
-    assert.ok(input.unit === undefined || ["celsius", "fahrenheit"].includes(input.unit));
-
-    const streamed = await client.messages.stream(params).finalMessage();
-    const streamedUse = streamed.content.find((b) => b.type === "tool_use");
-    assert.deepEqual(
-      streamedUse && streamedUse.type === "tool_use" && streamedUse.input,
-      use.input,
-    );
-    assert.equal(streamed.stop_reason, "tool_use");
-
-    const answer = await client.messages.create({
-      ...params,
-      tool_choice: { type: "auto" },
-      max_tokens: 6,
-      messages: [
-        ...params.messages,
-        { role: "assistant", content: call.content },
-        {
-          role: "user",
-          content: [{ type: "tool_result", tool_use_id: use.id, content: "Light rain, 14°C" }],
-        },
-      ],
+backendTest(
+  "Anthropic SDK: a forced tool call, streamed and buffered, then its tool_result",
+  async (engine) => {
+    // Greedy (the operator's default, as above): streamed and buffered calls must agree.
+    const head = await startTestHead({
+      ctx: 1024,
+      snapshots: 2,
+      sampling: { temperature: 0 },
+      ...engine,
     });
-    assert.equal(answer.type, "message");
-    assert.ok(answer.usage.output_tokens > 0);
-    assert.ok((answer.usage.cache_read_input_tokens ?? 0) > 0, "the first turn was cached");
-  } finally {
-    await head.close();
-  }
-});
+    try {
+      const client = new Anthropic({ apiKey: "none", baseURL: head.url, maxRetries: 0 });
+      const params: Anthropic.MessageCreateParamsNonStreaming = {
+        model: "tandem-local",
+        max_tokens: 150,
+        tools,
+        tool_choice: { type: "any" },
+        messages: [{ role: "user", content: "Is it raining in Tokyo?" }],
+      };
+      const call = await client.messages.create(params);
+      assert.equal(call.stop_reason, "tool_use");
+      const use = call.content.find((b): b is Anthropic.ToolUseBlock => b.type === "tool_use");
+      assert.ok(use);
+      assert.equal(use.name, "get_weather");
+      const input = use.input as { city: string; unit?: string };
+      assert.ok(["Paris", "Tokyo", "Lima"].includes(input.city));
+      assert.ok(input.unit === undefined || ["celsius", "fahrenheit"].includes(input.unit));
+
+      const streamed = await client.messages.stream(params).finalMessage();
+      const streamedUse = streamed.content.find((b) => b.type === "tool_use");
+      assert.deepEqual(
+        streamedUse && streamedUse.type === "tool_use" && streamedUse.input,
+        use.input,
+      );
+      assert.equal(streamed.stop_reason, "tool_use");
+
+      const answer = await client.messages.create({
+        ...params,
+        tool_choice: { type: "auto" },
+        max_tokens: 6,
+        messages: [
+          ...params.messages,
+          { role: "assistant", content: call.content },
+          {
+            role: "user",
+            content: [{ type: "tool_result", tool_use_id: use.id, content: "Light rain, 14°C" }],
+          },
+        ],
+      });
+      assert.equal(answer.type, "message");
+      assert.ok(answer.usage.output_tokens > 0);
+      assert.ok((answer.usage.cache_read_input_tokens ?? 0) > 0, "the first turn was cached");
+    } finally {
+      await head.close();
+    }
+  },
+);

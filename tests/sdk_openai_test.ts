@@ -3,7 +3,7 @@
 
 import assert from "node:assert/strict";
 import OpenAI from "openai";
-import { startTestHead } from "./_head.ts";
+import { backendTest, startTestHead } from "./_head.ts";
 
 const tools: OpenAI.ChatCompletionTool[] = [{
   type: "function",
@@ -77,53 +77,56 @@ Deno.test("OpenAI SDK: chat.completions.create and stream agree; errors are type
   }
 });
 
-Deno.test("OpenAI SDK: tool_choice forces a tool call; the tool result goes back", async () => {
-  const head = await startTestHead({ ctx: 1024, snapshots: 2 });
-  try {
-    const client = new OpenAI({ apiKey: "none", baseURL: `${head.url}/v1`, maxRetries: 0 });
-    const messages: OpenAI.ChatCompletionMessageParam[] = [
-      { role: "user", content: "What does 'tandem' mean?" },
-    ];
-    const params = {
-      model: "gpt-anything",
-      max_tokens: 150,
-      temperature: 0,
-      tools,
-      tool_choice: { type: "function" as const, function: { name: "lookup" } },
-      messages,
-    };
-    const done = await client.chat.completions.create(params);
-    const choice = done.choices[0];
-    assert.equal(choice.finish_reason, "tool_calls");
-    const call = choice.message.tool_calls?.[0];
-    assert.ok(call && call.type === "function");
-    assert.equal(call.function.name, "lookup");
-    assert.match(call.id, /^call_/);
-    const args = JSON.parse(call.function.arguments);
-    assert.equal(typeof args.word, "string");
-    assert.ok(args.word.length <= 8);
-    assert.ok([1, 2, 3].includes(args.limit));
+backendTest(
+  "OpenAI SDK: tool_choice forces a tool call; the tool result goes back",
+  async (engine) => {
+    const head = await startTestHead({ ctx: 1024, snapshots: 2, ...engine });
+    try {
+      const client = new OpenAI({ apiKey: "none", baseURL: `${head.url}/v1`, maxRetries: 0 });
+      const messages: OpenAI.ChatCompletionMessageParam[] = [
+        { role: "user", content: "What does 'tandem' mean?" },
+      ];
+      const params = {
+        model: "gpt-anything",
+        max_tokens: 150,
+        temperature: 0,
+        tools,
+        tool_choice: { type: "function" as const, function: { name: "lookup" } },
+        messages,
+      };
+      const done = await client.chat.completions.create(params);
+      const choice = done.choices[0];
+      assert.equal(choice.finish_reason, "tool_calls");
+      const call = choice.message.tool_calls?.[0];
+      assert.ok(call && call.type === "function");
+      assert.equal(call.function.name, "lookup");
+      assert.match(call.id, /^call_/);
+      const args = JSON.parse(call.function.arguments);
+      assert.equal(typeof args.word, "string");
+      assert.ok(args.word.length <= 8);
+      assert.ok([1, 2, 3].includes(args.limit));
 
-    const stream = client.chat.completions.stream(params);
-    const final = await stream.finalChatCompletion();
-    const streamedCall = final.choices[0].message.tool_calls?.[0];
-    assert.ok(streamedCall && streamedCall.type === "function");
-    assert.deepEqual(JSON.parse(streamedCall.function.arguments), args);
-    assert.equal(final.choices[0].finish_reason, "tool_calls");
+      const stream = client.chat.completions.stream(params);
+      const final = await stream.finalChatCompletion();
+      const streamedCall = final.choices[0].message.tool_calls?.[0];
+      assert.ok(streamedCall && streamedCall.type === "function");
+      assert.deepEqual(JSON.parse(streamedCall.function.arguments), args);
+      assert.equal(final.choices[0].finish_reason, "tool_calls");
 
-    const answer = await client.chat.completions.create({
-      ...params,
-      tool_choice: "auto",
-      max_tokens: 5,
-      messages: [
-        ...messages,
-        { role: "assistant", content: null, tool_calls: [call] },
-        { role: "tool", tool_call_id: call.id, content: "a bicycle for two" },
-      ],
-    });
-    assert.ok(answer.choices[0].finish_reason);
-    assert.ok((answer.usage?.prompt_tokens_details?.cached_tokens ?? 0) > 0);
-  } finally {
-    await head.close();
-  }
-});
+      const answer = await client.chat.completions.create({
+        ...params,
+        tool_choice: "auto",
+        max_tokens: 5,
+        messages: [
+          ...messages,
+          { role: "assistant", content: null, tool_calls: [call] },
+          { role: "tool", tool_call_id: call.id, content: "a bicycle for two" },
+        ],
+      });
+      assert.ok(answer.choices[0].finish_reason);
+      assert.ok((answer.usage?.prompt_tokens_details?.cached_tokens ?? 0) > 0);
+    } finally {
+      await head.close();
+    }
+  },
+);

@@ -11,7 +11,7 @@ import type { SequenceRequest, StopReason, TokenProbs, Usage } from "./sequence.
 export interface Completion {
   /** Generated ids, the one that ended generation included. */
   readonly ids: number[];
-  /** Each generated token's probabilities, when the request asked for nProbs. */
+  /** Each generated token's probabilities, when the request asked for them (logprobs). */
   readonly probs: TokenProbs[];
   readonly reason: StopReason;
   readonly usage: Usage;
@@ -61,7 +61,7 @@ export interface GreedyOptions {
   readonly maxTokens: number;
   /** See SequenceRequest.stopIds; an empty set generates maxTokens tokens whatever comes. */
   readonly stopIds?: ReadonlySet<number>;
-  /** See SequenceRequest.nProbs. */
+  /** Log-probabilities with this many best candidates per token (SequenceRequest.logprobs). */
   readonly nProbs?: number;
 }
 
@@ -71,7 +71,7 @@ export function greedy(prompt: readonly number[], options: GreedyOptions): Seque
     prompt,
     maxTokens: options.maxTokens,
     stopIds: options.stopIds,
-    nProbs: options.nProbs,
+    logprobs: options.nProbs,
     sampling: { temperature: 0, topK: 0, topP: 1, seed: 0n },
   };
 }

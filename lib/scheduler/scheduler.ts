@@ -7,7 +7,7 @@
 // neither the head nor the worker waits for the other's round trip.
 
 import { StageUnavailableError } from "../wire/peer.ts";
-import { type LastOutput, MAX_TOPK, type Stage } from "../../engine/stage.ts";
+import { type LastOutput, MAX_TOPK, type Stage, type StageRunOptions } from "../../engine/stage.ts";
 import { checkChainLink, checkFirstStage } from "../../engine/stage_checks.ts";
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
 import type { StageLink } from "./link.ts";
@@ -364,7 +364,7 @@ export class Scheduler {
         slot,
         Uint32Array.from(prompt.slice(pos, end)),
         pos,
-        last ? topk : 0,
+        last ? { topk, adjust: seq.adjust(end, this.ctx) } : {},
       );
       pos = end;
       if (pos === boundary) await this.#savePrefix(seq, slot, prompt.slice(0, pos));
@@ -393,7 +393,10 @@ export class Scheduler {
         id = ids[steps - 1];
         continue;
       }
-      out = await this.#forward(seq, slot, Uint32Array.of(id), pos, topk);
+      out = await this.#forward(seq, slot, Uint32Array.of(id), pos, {
+        topk,
+        adjust: seq.adjust(pos + 1, this.ctx),
+      });
       pos++;
       id = seq.pick(out.ids[out.ids.length - 1], out.top);
       if (!this.#accept(seq, id, out, pos)) return;
@@ -413,8 +416,10 @@ export class Scheduler {
    * grammar or per-token probabilities).
    */
   #fusedGreedy(seq: Sequence): Stage["decodeGreedy"] {
-    const { constraint, nProbs, sampling } = seq.request;
-    if (this.#link || constraint || nProbs || sampling.temperature !== 0) return undefined;
+    const { constraint, logprobs, sampling } = seq.request;
+    if (this.#link || constraint || logprobs !== undefined || sampling.temperature !== 0) {
+      return undefined;
+    }
     return this.#local.decodeGreedy?.bind(this.#local);
   }
 
@@ -440,7 +445,7 @@ export class Scheduler {
     slot: number,
     ids: Uint32Array,
     base: number,
-    topk: number,
+    options: StageRunOptions,
   ): Promise<LastOutput> {
     const [localTimes, remoteTimes] = this.stats.stages;
     const out = await this.#lane.run(() => {
@@ -448,7 +453,7 @@ export class Scheduler {
       return timed(
         localTimes,
         ids.length,
-        () => this.#local.run(slot, { kind: "ids", ids }, ids.length, base, { topk }),
+        () => this.#local.run(slot, { kind: "ids", ids }, ids.length, base, options),
       );
     });
     if (out.kind === "ids") return out;
@@ -456,7 +461,7 @@ export class Scheduler {
     return await timed(
       remoteTimes,
       ids.length,
-      () => this.#link!.run(slot, out.rows, ids.length, base, { topk }),
+      () => this.#link!.run(slot, out.rows, ids.length, base, options),
     );
   }
 

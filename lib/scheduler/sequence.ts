@@ -1,7 +1,7 @@
 // One request's generation state: prompt, limits, sampler, stop conditions and its event stream.
 // The scheduler feeds it the last stage's output per step; lib/server reads its events.
 
-import type { LastOutput, TopEntry } from "../../engine/stage.ts";
+import type { LastOutput, LogitAdjust } from "../../engine/stage.ts";
 import { sampleToken, SplitMix64 } from "../sampling/sample.ts";
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
 
@@ -19,14 +19,15 @@ export interface SamplingOptions {
 }
 
 /**
- * Restricts which tokens may come next (a grammar). The scheduler asks the last stage for every
- * candidate it can send while a constraint is active.
+ * Restricts which tokens may come next (a grammar). Its mask travels with each step to the last
+ * stage, which applies it to the logits, so the greedy id and every candidate already fit.
  */
 export interface TokenConstraint {
-  /** Up to `limit` of `ranked` (descending by logit) that keep the output valid, in order. */
-  viable(ranked: readonly TopEntry[], limit: number): TopEntry[];
-  /** A token that is always valid next: used when no candidate the stage sent is. */
-  fallback(): number;
+  /**
+   * The tokens allowed next (bit i & 31 of word i >> 5) when `remaining` tokens may still be
+   * generated, this one included.
+   */
+  mask(remaining: number): Uint32Array;
   accept(id: number): void;
   /** The grammar is complete: generation ends here. */
   readonly done: boolean;
@@ -45,8 +46,11 @@ export interface SequenceRequest {
   readonly stop?: readonly string[];
   readonly sampling: SamplingOptions;
   readonly constraint?: TokenConstraint;
-  /** Report this many top candidates with log-probabilities per generated token. */
-  readonly nProbs?: number;
+  /**
+   * Report each generated token's log-probability and those of this many best candidates
+   * (0: the token's own only); undefined: none.
+   */
+  readonly logprobs?: number;
   /** Ids that end generation (they are output); default the tokenizer's end-of-generation ids. */
   readonly stopIds?: ReadonlySet<number>;
   readonly signal?: AbortSignal;
@@ -252,10 +256,22 @@ export class Sequence {
 
   /** Candidates to ask the last stage for at each step. */
   topk(vocabSize: number, maxTopk: number): number {
-    const { constraint, nProbs, sampling } = this.request;
-    if (constraint) return Math.min(vocabSize, maxTopk);
-    const wanted = Math.max(sampling.temperature > 0 ? sampling.topK : 0, nProbs ?? 0);
+    const { logprobs, sampling } = this.request;
+    // A greedy token's own logit is the top candidate's: asking for one is enough.
+    const probs = logprobs === undefined ? 0 : Math.max(logprobs, 1);
+    const wanted = Math.max(sampling.temperature > 0 ? sampling.topK : 0, probs);
     return Math.min(wanted, vocabSize, maxTopk);
+  }
+
+  /**
+   * The logit adjustments of the step whose token will sit at position `pos` of a context of
+   * `ctx`: the constraint's mask, sized for the tokens that may still follow.
+   */
+  adjust(pos: number, ctx: number): LogitAdjust | undefined {
+    const { constraint, maxTokens } = this.request;
+    if (!constraint) return undefined;
+    const remaining = Math.min(maxTokens - this.#outputTokens, ctx - pos + 1);
+    return { mask: constraint.mask(remaining) };
   }
 
   /**
@@ -277,14 +293,9 @@ export class Sequence {
     this.#cacheWriteTokens = tokens - this.#cachedTokens;
   }
 
-  /** The next token from the last stage's output for the final position. */
-  pick(greedy: number, top: readonly TopEntry[]): number {
-    const { constraint, sampling } = this.request;
-    if (!constraint) return sampleToken(greedy, top, sampling, this.#rng);
-    const limit = sampling.temperature > 0 ? Math.max(1, sampling.topK) : 1;
-    const viable = constraint.viable(top, limit);
-    if (viable.length === 0) return constraint.fallback();
-    return sampleToken(viable[0].id, viable, sampling, this.#rng);
+  /** The next token from the last stage's output (adjusted by `adjust`) for the final position. */
+  pick(greedy: number, top: LastOutput["top"]): number {
+    return sampleToken(greedy, top, this.request.sampling, this.#rng);
   }
 
   /**
@@ -294,9 +305,9 @@ export class Sequence {
   accept(id: number, out: Candidates, eog: boolean, contextFull: boolean): boolean {
     this.#firstTokenMs ??= performance.now() - this.#admittedAt;
     this.#outputTokens++;
-    const { constraint, maxTokens, nProbs } = this.request;
+    const { constraint, maxTokens, logprobs } = this.request;
     constraint?.accept(id);
-    const probs = nProbs ? this.#probs(id, out, nProbs) : undefined;
+    const probs = logprobs === undefined ? undefined : this.#probs(id, out, logprobs);
     if (eog) {
       this.#emit({ type: "token", id, text: "", probs });
       this.#finish("end_turn", null);

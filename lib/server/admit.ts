@@ -1,5 +1,6 @@
-// Admission of a prepared chat prompt into the scheduler (context check, forced tool calls as a
-// grammar, reply parsing), and how a generation learns its client left. Routes → lib/scheduler/.
+// Admission of a prepared chat prompt into the scheduler (context and schema checks, forced tool
+// calls and response formats as a grammar, reply parsing), and how a generation learns its client
+// left. Routes → lib/scheduler/.
 
 import type { TokenConstraint } from "../scheduler/sequence.ts";
 import type { Head } from "./head_context.ts";
@@ -7,7 +8,8 @@ import { OutputStream, type ReplyEvent } from "./output.ts";
 import { type ChatRequest, checkFits, type Prompt } from "./prompt.ts";
 import { randomId } from "./random_id.ts";
 import { resolveSampling, type SamplingRequest } from "./sampling_defaults.ts";
-import { ToolCallConstraint } from "./tool_grammar.ts";
+import { grammarConstraint } from "../grammar/token_mask.ts";
+import { checkToolSchemas, replyGrammar } from "./tool_grammar.ts";
 
 /**
  * What tells a generation that its client left: a streamed reply learns it from its body stream
@@ -24,12 +26,15 @@ export interface ChatLimits {
   readonly sampling: SamplingRequest;
   /** Prefix of tool_use ids ("toolu_" or "call_"). */
   readonly toolIdPrefix: string;
+  /** Per-token log-probabilities with this many best candidates (see SequenceRequest). */
+  readonly logprobs?: number;
   readonly signal?: AbortSignal;
 }
 
 /**
- * Admits a chat prompt: a 400 when it does not fit the context, tool_choice any/tool as a
- * grammar over the reply, and the sequence's events parsed into content blocks.
+ * Admits a chat prompt: a 400 when a schema is unusable or the prompt does not fit the context,
+ * tool_choice any/tool and a response format as a grammar over the reply, and the sequence's
+ * events parsed into content blocks.
  */
 export async function admitChat(
   head: Head,
@@ -37,16 +42,22 @@ export async function admitChat(
   prompt: Prompt,
   limits: ChatLimits,
 ): Promise<ReadableStream<ReplyEvent>> {
-  checkFits(prompt.tokens, head.scheduler.ctx, prompt.ids.length === prompt.tokens);
+  checkToolSchemas(chat.tools);
   const choice = chat.toolChoice;
   const forced = choice.type === "tool"
     ? chat.tools.filter((t) => t.name === choice.name)
     : choice.type === "any"
     ? chat.tools
     : [];
-  const constraint: TokenConstraint | undefined = forced.length
-    ? new ToolCallConstraint(head.tokenizer, forced)
-    : undefined;
+  const grammar = replyGrammar({
+    forced,
+    optional: choice.type === "auto" ? chat.tools : [],
+    format: chat.format,
+    reasoning: prompt.endsInThinking,
+  });
+  const constraint: TokenConstraint | undefined = grammar &&
+    grammarConstraint(grammar, head.tokenizer);
+  checkFits(prompt.tokens, head.scheduler.ctx, prompt.ids.length === prompt.tokens);
   const sequence = await head.scheduler.admit({
     prompt: prompt.ids,
     cacheBoundary: prompt.historyTokens,
@@ -54,6 +65,7 @@ export async function admitChat(
     stop: limits.stop,
     sampling: resolveSampling(limits.sampling, head.defaults),
     constraint,
+    logprobs: limits.logprobs,
     signal: limits.signal,
   });
   return sequence.events.pipeThrough(
@@ -62,6 +74,7 @@ export async function admitChat(
       thinking: chat.thinking === true || prompt.endsInThinking,
       startInThinking: prompt.endsInThinking,
       newToolId: () => randomId(limits.toolIdPrefix),
+      tokenBytes: (id) => head.tokenizer.tokenBytes(id),
       log: head.log,
     }),
   );

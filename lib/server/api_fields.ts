@@ -34,8 +34,6 @@ const refused = (note: string, neutral?: (value: Json) => boolean): FieldRule =>
 const is = (...values: Json[]) => (v: Json) => values.includes(v);
 const emptyList = (v: Json) => Array.isArray(v) && v.length === 0;
 
-const GRAMMAR_LATER = "not supported yet (structured output, issue 12)";
-const LOGPROBS_LATER = "not supported yet (log probabilities, issue 12)";
 const PENALTY_LATER = "not supported yet (penalties and logit_bias on the last stage, issue 12)";
 
 /** Anthropic POST /v1/messages. */
@@ -68,7 +66,10 @@ const MESSAGES: FieldTable = {
   "metadata.user_id": ignored("metadata"),
   output_config: honoured("an object; see its keys"),
   "output_config.effort": ignored("no effort control; the model reasons as its template says"),
-  "output_config.format": refused(GRAMMAR_LATER),
+  "output_config.format": honoured(
+    "{type: json_schema, schema}: the reply is JSON of the schema (docs/STRUCTURED_OUTPUT.md)",
+  ),
+  output_format: honoured("the structured-outputs beta's name of output_config.format"),
   service_tier: ignored("one tier"),
   inference_geo: ignored("runs where the head runs"),
   cache_control: ignored("prefix caching is automatic"),
@@ -86,6 +87,8 @@ const COUNT_TOKENS: FieldTable = {
   temperature: ignored("only the prompt is counted"),
   top_p: ignored("only the prompt is counted"),
   top_k: ignored("only the prompt is counted"),
+  "output_config.format": ignored("only the prompt is counted"),
+  output_format: ignored("only the prompt is counted"),
 };
 
 /** Sampling extensions llama.cpp and vLLM accept on their OpenAI routes. */
@@ -133,9 +136,12 @@ const CHAT: FieldTable = {
   reasoning_effort: honoured("none turns the template's reasoning off, any other value on"),
   chat_template_kwargs: honoured("extension: an object; see its keys"),
   "chat_template_kwargs.enable_thinking": honoured("turns the template's reasoning on or off"),
-  response_format: refused(GRAMMAR_LATER, (v) => isObject(v) && v.type === "text"),
-  logprobs: refused(LOGPROBS_LATER, is(false)),
-  top_logprobs: refused(LOGPROBS_LATER, is(0)),
+  response_format: honoured(
+    "text, json_object, or json_schema {name, schema, strict}: the reply is that JSON " +
+      "(docs/STRUCTURED_OUTPUT.md)",
+  ),
+  logprobs: honoured("true: each token's log-probability under the model (logprobs.content)"),
+  top_logprobs: honoured("0 to 20 alternatives per token; needs logprobs: true"),
   metadata: ignored("metadata"),
   safety_identifier: ignored("metadata"),
   prompt_cache_key: ignored("prefix caching is automatic"),
@@ -157,7 +163,9 @@ const COMPLETIONS: FieldTable = {
   prompt: honoured("a string, token ids, or a list of one of those; several prompts are refused"),
   max_tokens: honoured("output token limit, at least 1, default 16"),
   echo: honoured("the prompt text precedes the completion"),
-  logprobs: refused(LOGPROBS_LATER),
+  logprobs: honoured(
+    "0 to 5: each token's log-probability and that many alternatives; not with echo",
+  ),
   best_of: refused("values above 1 are not supported", is(1)),
   suffix: refused("no insertion (fill-in-the-middle) mode", is("")),
 };
@@ -206,9 +214,9 @@ const LLAMA_COMPLETION: FieldTable = {
   xtc_probability: refused("no XTC sampling", is(0)),
   xtc_threshold: ignored("used only with xtc_probability"),
   top_n_sigma: refused("no top-n-sigma sampling", is(-1)),
-  grammar: refused(GRAMMAR_LATER, is("")),
-  json_schema: refused(GRAMMAR_LATER),
-  post_sampling_probs: refused(LOGPROBS_LATER, is(false)),
+  grammar: honoured('GBNF the reply follows (docs/STRUCTURED_OUTPUT.md); "": none'),
+  json_schema: honoured("the reply is JSON of this schema (docs/STRUCTURED_OUTPUT.md)"),
+  post_sampling_probs: refused("n_probs are the model's probabilities, before sampling", is(false)),
   samplers: refused("the sampler order is fixed"),
   n_indent: refused("no indentation control", is(0)),
   n_cmpl: refused("values above 1 are not supported", is(1)),

@@ -12,6 +12,8 @@ import type { Head } from "./head_context.ts";
 import { resolveSampling } from "./sampling_defaults.ts";
 import { checkFits } from "./prompt.ts";
 import { type PromptPart, rawPromptIds } from "./raw_prompt.ts";
+import { grammarConstraint } from "../grammar/token_mask.ts";
+import { type ReplyFormat, replyGrammar } from "./tool_grammar.ts";
 import { type SseMessage, sseResponse, SseStream } from "./sse.ts";
 
 const STOP_TYPE: Readonly<Record<StopReason, string>> = {
@@ -48,6 +50,20 @@ function probabilities(tokenizer: TextTokenizer, id: number, probs: TokenProbs) 
   };
 }
 
+/** llama.cpp's constraints: `json_schema` (a schema object) or `grammar` (GBNF text), not both. */
+function completionFormat(root: Field): ReplyFormat | undefined {
+  const schema = root.key("json_schema");
+  const gbnf = root.key("grammar");
+  // llama.cpp clients send an empty grammar for none.
+  const noGrammar = gbnf.value === "";
+  if (schema.present && gbnf.present && !noGrammar) {
+    gbnf.fail(`cannot be combined with "json_schema"; send one of them`);
+  }
+  if (schema.present) return { type: "json_schema", schema: schema.object(), path: schema.path };
+  if (gbnf.present && !noGrammar) return { type: "gbnf", grammar: gbnf.string(), path: gbnf.path };
+  return undefined;
+}
+
 /** Numbers JSON carries exactly stay numbers; larger seeds become decimal strings. */
 function seedJson(seed: bigint): number | string {
   return seed <= BigInt(Number.MAX_SAFE_INTEGER) ? Number(seed) : seed.toString();
@@ -62,6 +78,9 @@ export async function createCompletion(
 ): Promise<Response> {
   const root = Field.root(body);
   checkFields(root, fieldsOf("POST /completion"));
+  // A grammar is compiled (and refused) before the prompt is tokenized.
+  const format = completionFormat(root);
+  const grammar = format && replyGrammar({ format, reasoning: false });
   const { ids: prompt, tokens } = await rawPromptIds(promptParts(root.key("prompt"), head), head);
   if (tokens === 0) root.key("prompt").fail("the prompt has no tokens");
   const nPredict = root.key("n_predict").optNumber({ integer: true, min: -1 }) ?? -1;
@@ -87,7 +106,8 @@ export async function createCompletion(
     maxTokens: nPredict < 0 ? Number.MAX_SAFE_INTEGER : Math.max(nPredict, 1),
     stop,
     sampling,
-    nProbs,
+    constraint: grammar && grammarConstraint(grammar, head.tokenizer),
+    logprobs: nProbs > 0 ? nProbs : undefined,
     signal: streamSignal(stream, request),
   });
   const settings = {

@@ -78,6 +78,8 @@ export class AnthropicEventStream extends TransformStream<ReplyEvent, SseMessage
             send("content_block_delta", { index: e.index, delta });
             return;
           }
+          case "logprobs":
+            return; // The Anthropic API has no log-probabilities.
           case "block_stop":
             if (e.signature !== undefined) {
               send("content_block_delta", {

@@ -10,6 +10,7 @@ import { defaultSnapshots } from "../scheduler/prefix_cache.ts";
 import { Scheduler } from "../scheduler/scheduler.ts";
 import { TextTokenizer } from "../tokenizer/tokenizer.ts";
 import { TokenizerThread } from "../tokenizer/tokenizer_thread.ts";
+import { VocabIndex } from "../grammar/token_mask.ts";
 import { modelFingerprint } from "../wire/hello.ts";
 import { remoteStageAfter } from "../wire/remote_stage.ts";
 import { checkChainLink, checkFirstStage } from "../../engine/stage_checks.ts";
@@ -125,6 +126,8 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
     const model = await openGguf(options.model);
     cleanup.push(() => model.close());
     const tokenizer = TextTokenizer.fromGguf(model.metadata);
+    // Grammars walk the vocabulary sorted bytewise: sort it now, not inside a first request.
+    VocabIndex.of(tokenizer);
     const template = model.metadata.get("tokenizer.chat_template");
     if (typeof template !== "string") {
       throw new TypeError(

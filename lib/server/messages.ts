@@ -12,6 +12,7 @@ import { randomId } from "./random_id.ts";
 import type { SamplingRequest } from "./sampling_defaults.ts";
 import { collectReply, type Reply, type ToolSpec } from "./output.ts";
 import { type ChatRequest, checkFits, type ToolChoice } from "./prompt.ts";
+import type { ReplyFormat } from "./tool_grammar.ts";
 import { sseResponse, SseStream } from "./sse.ts";
 
 export interface MessagesRequest {
@@ -140,6 +141,7 @@ function parseTools(field: Field): ToolSpec[] {
       name: t.key("name").string(),
       description: t.key("description").optString(),
       inputSchema: t.key("input_schema").object(),
+      schemaPath: t.key("input_schema").path,
     });
   }
   return tools;
@@ -160,6 +162,21 @@ function parseToolChoice(field: Field, tools: readonly ToolSpec[]): ToolChoice {
     field.key("name").fail(`no tool named "${name}" is in "tools"`);
   }
   return { type, name };
+}
+
+/**
+ * Structured output: `output_config.format` (or the beta's top-level `output_format`) as
+ * {type: "json_schema", schema}.
+ */
+function parseOutputFormat(root: Field): ReplyFormat | undefined {
+  const config = root.key("output_config");
+  if (config.present) config.object();
+  const field = config.key("format").present ? config.key("format") : root.key("output_format");
+  if (!field.present) return undefined;
+  field.object();
+  field.key("type").oneOf(["json_schema"] as const);
+  const schema = field.key("schema");
+  return { type: "json_schema", schema: schema.object(), path: schema.path };
 }
 
 /** Validates an Anthropic body; `countOnly` is count_tokens (no max_tokens, no sampling). */
@@ -198,7 +215,14 @@ export function parseMessagesRequest(body: JsonObject, countOnly = false): Messa
     root.key("metadata").key("user_id").optString();
   }
   if (root.key("output_config").present) root.key("output_config").object();
-  const chat: ChatRequest = { messages, tools, toolChoice, thinking: thinkingOn, prefill };
+  const chat: ChatRequest = {
+    messages,
+    tools,
+    toolChoice,
+    thinking: thinkingOn,
+    prefill,
+    format: parseOutputFormat(root),
+  };
   if (countOnly) {
     return { model, chat, maxTokens: 0, stop: [], sampling: {}, stream: false };
   }

@@ -10,7 +10,14 @@ import { admitChat, streamSignal } from "./admit.ts";
 import type { Head } from "./head_context.ts";
 import { randomId } from "./random_id.ts";
 import type { SamplingRequest } from "./sampling_defaults.ts";
-import { collectReply, type ReplyEvent, type ReplyStopReason, type ToolSpec } from "./output.ts";
+import {
+  collectReply,
+  type ReplyEvent,
+  type ReplyStopReason,
+  type TokenLogprob,
+  type ToolSpec,
+} from "./output.ts";
+import type { ReplyFormat } from "./tool_grammar.ts";
 import type { ChatRequest, ToolChoice } from "./prompt.ts";
 import { type SseMessage, sseResponse, SseStream } from "./sse.ts";
 
@@ -25,6 +32,8 @@ export interface OpenAIOptions {
 export interface CompletionsRequest extends OpenAIOptions {
   readonly model: string;
   readonly chat: ChatRequest;
+  /** Per-token log-probabilities with this many alternatives (top_logprobs); undefined: none. */
+  readonly logprobs: number | undefined;
   /** Undefined: until end of generation or a full context. */
   readonly maxTokens: number | undefined;
 }
@@ -101,6 +110,7 @@ function parseTools(field: Field): ToolSpec[] {
     return {
       name: fn.key("name").string(),
       description: fn.key("description").optString(),
+      schemaPath: fn.key("parameters").path,
       inputSchema: fn.key("parameters").present
         ? fn.key("parameters").object()
         : { type: "object", properties: {} },
@@ -144,6 +154,32 @@ export function readOpenAIOptions(root: Field): OpenAIOptions {
   };
 }
 
+/** OpenAI's response_format: text, json_object, or json_schema {name, schema, strict}. */
+function parseResponseFormat(field: Field): ReplyFormat | undefined {
+  if (!field.present) return undefined;
+  field.object();
+  const type = field.key("type").oneOf(["text", "json_object", "json_schema"] as const);
+  if (type === "text") return undefined;
+  if (type === "json_object") return { type };
+  const spec = field.key("json_schema");
+  spec.object();
+  spec.key("name").string();
+  spec.key("strict").optBoolean();
+  const schema = spec.key("schema");
+  return { type, schema: schema.present ? schema.object() : {}, path: schema.path };
+}
+
+/** OpenAI's most alternatives per token. */
+const MAX_TOP_LOGPROBS = 20;
+
+/** logprobs and top_logprobs (0..20, OpenAI's range, which needs logprobs: true). */
+function parseLogprobs(root: Field): number | undefined {
+  const on = root.key("logprobs").optBoolean() ?? false;
+  const top = root.key("top_logprobs").optNumber({ integer: true, min: 0, max: MAX_TOP_LOGPROBS });
+  if (top !== undefined && !on) root.key("top_logprobs").fail(`needs "logprobs": true`);
+  return on ? top ?? 0 : undefined;
+}
+
 export function parseCompletionsRequest(body: JsonObject): CompletionsRequest {
   const root = Field.root(body);
   checkFields(root, fieldsOf("POST /v1/chat/completions"));
@@ -166,7 +202,14 @@ export function parseCompletionsRequest(body: JsonObject): CompletionsRequest {
   return {
     ...readOpenAIOptions(root),
     model,
-    chat: { messages, tools, toolChoice, thinking },
+    chat: {
+      messages,
+      tools,
+      toolChoice,
+      thinking,
+      format: parseResponseFormat(root.key("response_format")),
+    },
+    logprobs: parseLogprobs(root),
     maxTokens,
   };
 }
@@ -180,28 +223,59 @@ export function openaiUsage(usage: Usage): Record<string, unknown> {
   };
 }
 
+/** OpenAI's floor for a log-probability it cannot tell (a token outside the candidates). */
+const LOGPROB_FLOOR = -9999;
+
+function logprobEntry(bytes: Uint8Array, logprob: number) {
+  return {
+    token: new TextDecoder().decode(bytes),
+    logprob: Math.max(logprob, LOGPROB_FLOOR),
+    bytes: [...bytes],
+  };
+}
+
+/** OpenAI's `logprobs.content` entries of generated tokens, with `top` alternatives each. */
+export function openaiLogprobs(tokens: readonly TokenLogprob[], top: number) {
+  return tokens.map((t) => ({
+    ...logprobEntry(t.bytes, t.logprob),
+    top_logprobs: t.top.slice(0, top).map((c) => logprobEntry(c.bytes, c.logprob)),
+  }));
+}
+
 interface ChunkInfo {
   readonly id: string;
   readonly created: number;
   readonly model: string;
   readonly includeUsage: boolean;
   readonly requestId: string;
+  /** top_logprobs when logprobs were asked for. */
+  readonly logprobs: number | undefined;
 }
 
-/** Reply events → chat.completion.chunk frames (no `event:` names), then `[DONE]`. */
+/**
+ * Reply events → chat.completion.chunk frames (no `event:` names), then `[DONE]`; an error ends
+ * the stream with an error chunk instead. Token log-probabilities ride on the next chunk.
+ */
 export class OpenAIChunkStream extends TransformStream<ReplyEvent, SseMessage> {
   constructor(info: ChunkInfo) {
     const calls = new Map<number, number>();
-    const chunk = (delta: Record<string, unknown>, finish: string | null = null) => ({
-      data: JSON.stringify({
-        id: info.id,
-        object: "chat.completion.chunk",
-        created: info.created,
-        model: info.model,
-        choices: [{ index: 0, delta, finish_reason: finish, logprobs: null }],
-        ...(info.includeUsage ? { usage: null } : {}),
-      }),
-    });
+    let pending: TokenLogprob[] = [];
+    const chunk = (delta: Record<string, unknown>, finish: string | null = null) => {
+      const logprobs = info.logprobs !== undefined && pending.length
+        ? { content: openaiLogprobs(pending, info.logprobs), refusal: null }
+        : null;
+      pending = [];
+      return {
+        data: JSON.stringify({
+          id: info.id,
+          object: "chat.completion.chunk",
+          created: info.created,
+          model: info.model,
+          choices: [{ index: 0, delta, finish_reason: finish, logprobs }],
+          ...(info.includeUsage ? { usage: null } : {}),
+        }),
+      };
+    };
     super({
       transform(e, controller) {
         switch (e.type) {
@@ -232,6 +306,9 @@ export class OpenAIChunkStream extends TransformStream<ReplyEvent, SseMessage> {
             ));
             return;
           case "block_stop":
+            return;
+          case "logprobs":
+            pending.push(...e.tokens);
             return;
           case "end":
             controller.enqueue(chunk({}, FINISH[e.stopReason]));
@@ -271,6 +348,7 @@ export async function createChatCompletion(
     stop: req.stop,
     sampling: req.sampling,
     toolIdPrefix: "call_",
+    logprobs: req.logprobs,
     signal: streamSignal(req.stream, request),
   });
   const id = randomId("chatcmpl-");
@@ -284,6 +362,7 @@ export async function createChatCompletion(
           model: head.modelId,
           includeUsage: req.includeUsage,
           requestId,
+          logprobs: req.logprobs,
         }),
       )
       .pipeThrough(
@@ -318,7 +397,9 @@ export async function createChatCompletion(
           ...(calls.length ? { tool_calls: calls } : {}),
         },
         finish_reason: FINISH[reply.stopReason],
-        logprobs: null,
+        logprobs: req.logprobs === undefined
+          ? null
+          : { content: openaiLogprobs(reply.logprobs, req.logprobs), refusal: null },
       }],
       usage: openaiUsage(reply.usage),
     }, { headers: { "request-id": requestId } });

@@ -4,12 +4,14 @@
 import type { SequenceEvent, StopReason, Usage } from "../scheduler/sequence.ts";
 import { type ApiError, toApiError } from "./api_error.ts";
 import { isObject, type Json, type JsonObject } from "./fields.ts";
-import { schemaError } from "./json_schema.ts";
+import { schemaError } from "../grammar/json_schema.ts";
 
 export interface ToolSpec {
   readonly name: string;
   readonly description?: string;
   readonly inputSchema: JsonObject;
+  /** Where the schema sits in the request, for errors ("tools.0.input_schema"). */
+  readonly schemaPath: string;
 }
 
 export type BlockStart =
@@ -18,6 +20,13 @@ export type BlockStart =
   | { readonly type: "tool_use"; readonly id: string; readonly name: string };
 
 export type ReplyStopReason = "end_turn" | "max_tokens" | "stop_sequence" | "tool_use";
+
+/** A generated token's bytes and log-probability, with the best candidates' (OpenAI logprobs). */
+export interface TokenLogprob {
+  readonly bytes: Uint8Array;
+  readonly logprob: number;
+  readonly top: readonly { readonly bytes: Uint8Array; readonly logprob: number }[];
+}
 
 export type ReplyEvent =
   | {
@@ -35,6 +44,8 @@ export type ReplyEvent =
   }
   /** `signature` closes a thinking block (clients need one to send the block back). */
   | { readonly type: "block_stop"; readonly index: number; readonly signature?: string }
+  /** Log-probabilities of the tokens whose text the following deltas carry. */
+  | { readonly type: "logprobs"; readonly tokens: readonly TokenLogprob[] }
   | {
     readonly type: "end";
     readonly stopReason: ReplyStopReason;
@@ -52,6 +63,8 @@ export interface OutputOptions {
   readonly startInThinking?: boolean;
   /** Makes a tool_use id. */
   readonly newToolId: () => string;
+  /** A token's bytes, for log-probabilities (the tokenizer's tokenBytes). */
+  readonly tokenBytes: (id: number) => Uint8Array;
   readonly log?: (line: string) => void;
 }
 
@@ -306,29 +319,56 @@ export class OutputParser {
   }
 }
 
-/** Sequence events → reply events (TransformStream around OutputParser). */
+/**
+ * Sequence events → reply events (TransformStream around OutputParser). Anything that fails
+ * here ends the reply with an error event, and the generation with it.
+ */
 export class OutputStream extends TransformStream<SequenceEvent, ReplyEvent> {
   constructor(options: OutputOptions) {
     let parser: OutputParser;
+    const handle = (
+      event: SequenceEvent,
+      controller: TransformStreamDefaultController<ReplyEvent>,
+    ) => {
+      switch (event.type) {
+        case "start":
+          controller.enqueue(event);
+          return;
+        case "token":
+          if (event.probs) {
+            const bytes = options.tokenBytes;
+            controller.enqueue({
+              type: "logprobs",
+              tokens: [{
+                bytes: bytes(event.id),
+                logprob: event.probs.logprob,
+                top: event.probs.top.map((c) => ({ bytes: bytes(c.id), logprob: c.logprob })),
+              }],
+            });
+          }
+          parser.push(event.text);
+          return;
+        case "text":
+          parser.push(event.text);
+          return;
+        case "end":
+          parser.end(event.reason, event.stopSequence, event.usage);
+          return;
+        case "error":
+          parser.finish();
+          controller.enqueue({ type: "error", error: toApiError(event.error) });
+      }
+    };
     super({
       start(controller) {
         parser = new OutputParser(options, (e) => controller.enqueue(e));
       },
       transform(event, controller) {
-        switch (event.type) {
-          case "start":
-            controller.enqueue(event);
-            return;
-          case "token":
-          case "text":
-            parser.push(event.text);
-            return;
-          case "end":
-            parser.end(event.reason, event.stopSequence, event.usage);
-            return;
-          case "error":
-            parser.finish();
-            controller.enqueue({ type: "error", error: toApiError(event.error) });
+        try {
+          handle(event, controller);
+        } catch (e) {
+          controller.enqueue({ type: "error", error: toApiError(e) });
+          controller.terminate();
         }
       },
     });
@@ -343,6 +383,8 @@ export type ReplyBlock =
 /** A whole reply, for non-streaming responses. */
 export interface Reply {
   readonly blocks: ReplyBlock[];
+  /** Per generated token, when log-probabilities were asked for. */
+  readonly logprobs: readonly TokenLogprob[];
   readonly stopReason: ReplyStopReason;
   readonly stopSequence: string | null;
   readonly usage: Usage;
@@ -354,9 +396,13 @@ export interface Reply {
  */
 export async function collectReply(events: ReadableStream<ReplyEvent>): Promise<Reply> {
   const blocks: ReplyBlock[] = [];
+  const logprobs: TokenLogprob[] = [];
   const json = new Map<number, string>();
   for await (const e of events) {
     switch (e.type) {
+      case "logprobs":
+        logprobs.push(...e.tokens);
+        break;
       case "block_start":
         blocks[e.index] = e.block.type === "text"
           ? { type: "text", text: "" }
@@ -380,6 +426,7 @@ export async function collectReply(events: ReadableStream<ReplyEvent>): Promise<
       case "end":
         return {
           blocks,
+          logprobs,
           stopReason: e.stopReason,
           stopSequence: e.stopSequence,
           usage: e.usage,

@@ -36,6 +36,7 @@ const tools: ToolSpec[] = [{
     properties: { city: { type: "string" } },
     required: ["city"],
   },
+  schemaPath: "tools.0.input_schema",
 }];
 
 const usage = { promptTokens: 5, cachedTokens: 2, cacheWriteTokens: 0, outputTokens: 9 };
@@ -58,6 +59,7 @@ async function parse(
         thinking: options.thinking ?? false,
         startInThinking: options.startInThinking,
         newToolId: () => `toolu_${n++}`,
+        tokenBytes: (id) => Uint8Array.of(id),
       }),
     ),
   );
@@ -190,7 +192,14 @@ Deno.test("an error after the start is an `event: error` frame with the error bo
     new TextDecoder().decode(
       (await Array.fromAsync(
         ReadableStream.from(events)
-          .pipeThrough(new OutputStream({ tools: [], thinking: false, newToolId: () => "x" }))
+          .pipeThrough(
+            new OutputStream({
+              tools: [],
+              thinking: false,
+              newToolId: () => "x",
+              tokenBytes: (id) => Uint8Array.of(id),
+            }),
+          )
           .pipeThrough(new AnthropicEventStream({ id: "msg_2", model: "m", requestId: "req_9" }))
           .pipeThrough(new SseStream()),
       )).reduce((a, b) => new Uint8Array([...a, ...b]), new Uint8Array()),
@@ -206,6 +215,76 @@ Deno.test("an error after the start is an `event: error` frame with the error bo
     error: { type: "api_error", message: "Internal error: boom" },
     request_id: "req_9",
   });
+});
+
+Deno.test("token log-probabilities come as logprobs events before the text they carry", async () => {
+  const probs = {
+    logprob: -0.5,
+    top: [{ id: 7, logprob: -0.5, logit: 3 }, { id: 9, logprob: -1.25, logit: 2.25 }],
+  };
+  const events: SequenceEvent[] = [
+    { type: "start", promptTokens: 4, cachedTokens: 0, cacheWriteTokens: 0 },
+    { type: "token", id: 7, text: "Hi", probs },
+    { type: "end", reason: "end_turn", stopSequence: null, usage },
+  ];
+  const out = await Array.fromAsync(
+    ReadableStream.from(events).pipeThrough(
+      new OutputStream({
+        tools: [],
+        thinking: false,
+        newToolId: () => "x",
+        tokenBytes: (id) => Uint8Array.of(id, id),
+      }),
+    ),
+  );
+  assert.deepEqual(out.map((e) => e.type), [
+    "start",
+    "logprobs",
+    "block_start",
+    "delta",
+    "block_stop",
+    "end",
+  ]);
+  assert.deepEqual(out[1], {
+    type: "logprobs",
+    tokens: [{
+      bytes: Uint8Array.of(7, 7),
+      logprob: -0.5,
+      top: [{ bytes: Uint8Array.of(7, 7), logprob: -0.5 }, {
+        bytes: Uint8Array.of(9, 9),
+        logprob: -1.25,
+      }],
+    }],
+  });
+});
+
+Deno.test("a failure inside the output parser ends the reply with an error event", async () => {
+  let cancelled = false;
+  const source = new ReadableStream<SequenceEvent>({
+    start(controller) {
+      controller.enqueue({ type: "start", promptTokens: 4, cachedTokens: 0, cacheWriteTokens: 0 });
+      controller.enqueue({ type: "token", id: 1, text: "a", probs: { logprob: 0, top: [] } });
+      controller.enqueue({ type: "token", id: 2, text: "b" });
+    },
+    cancel: () => {
+      cancelled = true;
+    },
+  });
+  const out = await Array.fromAsync(
+    source.pipeThrough(
+      new OutputStream({
+        tools: [],
+        thinking: false,
+        newToolId: () => "x",
+        tokenBytes: () => {
+          throw new RangeError("no such token");
+        },
+      }),
+    ),
+  );
+  assert.deepEqual(out.map((e) => e.type), ["start", "error"]);
+  assert.match(out[1].type === "error" ? out[1].error.message : "", /no such token/);
+  assert.ok(cancelled, "the generation behind it is cancelled");
 });
 
 Deno.test("SseStream sends keep-alive frames only while the stream is silent", async () => {

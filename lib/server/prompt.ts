@@ -5,6 +5,7 @@ import { type ChatMessage, ChatTemplateError, type ChatTool } from "../tokenizer
 import type { CountedParts, TokenizerThread } from "../tokenizer/tokenizer_thread.ts";
 import { ApiError } from "./api_error.ts";
 import type { ToolSpec } from "./output.ts";
+import type { ReplyFormat } from "./tool_grammar.ts";
 
 export type ToolChoice =
   | { readonly type: "auto" }
@@ -22,6 +23,8 @@ export interface ChatRequest {
   readonly thinking: boolean | undefined;
   /** Text the reply continues (an Anthropic assistant prefill). */
   readonly prefill?: string;
+  /** The reply must be JSON (of a schema) or follow a grammar. */
+  readonly format?: ReplyFormat;
 }
 
 export interface Prompt {

@@ -1,7 +1,8 @@
 // POST /v1/completions: OpenAI's legacy text completions (a raw prompt, no chat template), as one
 // text_completion object or as text_completion chunks ending in `data: [DONE]`.
 
-import type { SequenceEvent, StopReason } from "../scheduler/sequence.ts";
+import type { SequenceEvent, StopReason, TokenProbs } from "../scheduler/sequence.ts";
+import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
 import { ApiError, errorResponse, toApiError } from "./api_error.ts";
 import { checkFields, fieldsOf } from "./api_fields.ts";
 import { Field, type JsonObject } from "./fields.ts";
@@ -23,6 +24,41 @@ const FINISH: Readonly<Record<StopReason, string>> = {
 
 /** OpenAI's default max_tokens for this route. */
 const DEFAULT_MAX_TOKENS = 16;
+/** OpenAI's most alternatives per token on this route. */
+const MAX_LOGPROBS = 5;
+
+/** Generated tokens with their probabilities, and the text before them in the reply. */
+interface ProbedToken {
+  readonly id: number;
+  readonly probs: TokenProbs;
+}
+
+/**
+ * OpenAI's legacy `logprobs` object: token texts, their log-probabilities, the `top` best
+ * candidates of each as text → log-probability, and each token's offset in the reply text.
+ */
+function legacyLogprobs(
+  tokenizer: TextTokenizer,
+  tokens: readonly ProbedToken[],
+  top: number,
+  at: number,
+) {
+  const text = (id: number) => new TextDecoder().decode(tokenizer.tokenBytes(id));
+  const texts = tokens.map((t) => text(t.id));
+  const offsets: number[] = [];
+  for (const t of texts) {
+    offsets.push(at);
+    at += t.length;
+  }
+  return {
+    tokens: texts,
+    token_logprobs: tokens.map((t) => t.probs.logprob),
+    top_logprobs: tokens.map((t) =>
+      Object.fromEntries(t.probs.top.slice(0, top).map((c) => [text(c.id), c.logprob]))
+    ),
+    text_offset: offsets,
+  };
+}
 
 /**
  * `prompt`: a string, token ids, or a list holding one of those. Several prompts would be several
@@ -57,6 +93,12 @@ export async function createTextCompletion(
   const maxTokens = root.key("max_tokens").optNumber({ integer: true, min: 1 }) ??
     DEFAULT_MAX_TOKENS;
   const echo = root.key("echo").optBoolean() ?? false;
+  const logprobs = root.key("logprobs").optNumber({ integer: true, min: 0, max: MAX_LOGPROBS });
+  if (echo && logprobs !== undefined) {
+    root.key("echo").fail(
+      `cannot be combined with "logprobs": the prompt's own log-probabilities are not computed`,
+    );
+  }
   checkFits(prompt.tokens, head.scheduler.ctx, prompt.ids.length === prompt.tokens);
   // What echo repeats: the text given, or the text of the ids given.
   const promptText = parts.every((p) => typeof p === "string")
@@ -69,21 +111,33 @@ export async function createTextCompletion(
     maxTokens,
     stop: options.stop,
     sampling: resolveSampling(options.sampling, head.defaults),
+    logprobs,
     signal: streamSignal(options.stream, request),
   });
   const id = randomId("cmpl-");
   const created = Math.floor(Date.now() / 1000);
-  const choice = (text: string, finish: string | null) => ({
-    id,
-    object: "text_completion",
-    created,
-    model: head.modelId,
-    choices: [{ text, index: 0, logprobs: null, finish_reason: finish }],
-  });
+  // Probed tokens not yet sent, and how much text the ones sent before them held.
+  let probed: ProbedToken[] = [];
+  let offset = 0;
+  const choice = (text: string, finish: string | null) => {
+    const entries = logprobs === undefined
+      ? null
+      : legacyLogprobs(head.tokenizer, probed, logprobs, offset);
+    offset += entries?.tokens.reduce((n, t) => n + t.length, 0) ?? 0;
+    probed = [];
+    return {
+      id,
+      object: "text_completion",
+      created,
+      model: head.modelId,
+      choices: [{ text, index: 0, logprobs: entries, finish_reason: finish }],
+    };
+  };
 
   if (!options.stream) {
     let text = echo ? promptText : "";
     for await (const e of seq.events) {
+      if (e.type === "token" && e.probs) probed.push({ id: e.id, probs: e.probs });
       if (e.type === "token" || e.type === "text") text += e.text;
       if (e.type === "error") return errorResponse(toApiError(e.error), "openai", requestId);
       if (e.type === "end") {
@@ -109,6 +163,8 @@ export async function createTextCompletion(
         switch (e.type) {
           case "token":
           case "text":
+            // A token whose text is held back sends its log-probabilities with the next chunk.
+            if (e.type === "token" && e.probs) probed.push({ id: e.id, probs: e.probs });
             if (e.text) send(choice(e.text, null));
             return;
           case "end":

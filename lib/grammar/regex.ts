@@ -1,0 +1,518 @@
+// JSON Schema `pattern`s (the ECMAScript syntax without backreferences or lookaround) compiled to a
+// size-bounded NFA that runs in time linear in the text; lib/grammar/json_grammar.ts and json_schema.ts.
+
+import { CharSet, MAX_CODE_POINT } from "./charset.ts";
+
+/** Most NFA states one pattern may expand to (counted repetitions are unrolled). */
+export const MAX_NFA_STATES = 4096;
+
+/** A pattern this engine refuses: a syntax error or an unsupported construct, with its offset. */
+export class PatternError extends Error {
+  override name = "PatternError";
+}
+
+type Node =
+  | { readonly k: "set"; readonly set: CharSet }
+  | { readonly k: "seq"; readonly items: readonly Node[] }
+  | { readonly k: "alt"; readonly items: readonly Node[] }
+  | { readonly k: "rep"; readonly node: Node; readonly min: number; readonly max: number }
+  | { readonly k: "bol" }
+  | { readonly k: "eol" };
+
+const DIGIT = CharSet.range(0x30, 0x39);
+const WORD = CharSet.fromRanges([0x30, 0x39, 0x41, 0x5a, 0x5f, 0x5f, 0x61, 0x7a]);
+const SPACE = CharSet.fromRanges([
+  0x09,
+  0x0d,
+  0x20,
+  0x20,
+  0xa0,
+  0xa0,
+  0x1680,
+  0x1680,
+  0x2000,
+  0x200a,
+  0x2028,
+  0x2029,
+  0x202f,
+  0x202f,
+  0x205f,
+  0x205f,
+  0x3000,
+  0x3000,
+  0xfeff,
+  0xfeff,
+]);
+const LINE_TERMINATORS = CharSet.of(0x0a, 0x0d, 0x2028, 0x2029);
+const DOT = LINE_TERMINATORS.negate();
+const SYNTAX = "^$\\.*+?()[]{}|/";
+const CONTROL_ESCAPES: Readonly<Record<string, number>> = { t: 9, n: 10, v: 11, f: 12, r: 13 };
+
+class Parser {
+  pos = 0;
+  constructor(readonly src: string) {}
+
+  fail(what: string): never {
+    throw new PatternError(`${what} at offset ${this.pos}`);
+  }
+
+  peek(): string | undefined {
+    return this.src[this.pos];
+  }
+
+  eat(c: string): boolean {
+    if (this.src.startsWith(c, this.pos)) {
+      this.pos += c.length;
+      return true;
+    }
+    return false;
+  }
+
+  /** The next code point, consumed. */
+  codePoint(): number {
+    const cp = this.src.codePointAt(this.pos);
+    if (cp === undefined) this.fail("unexpected end of pattern");
+    this.pos += cp > 0xffff ? 2 : 1;
+    return cp;
+  }
+
+  disjunction(): Node {
+    const items = [this.alternative()];
+    while (this.eat("|")) items.push(this.alternative());
+    return items.length === 1 ? items[0] : { k: "alt", items };
+  }
+
+  alternative(): Node {
+    const items: Node[] = [];
+    while (this.pos < this.src.length && this.peek() !== "|" && this.peek() !== ")") {
+      items.push(this.term());
+    }
+    return items.length === 1 ? items[0] : { k: "seq", items };
+  }
+
+  term(): Node {
+    if (this.eat("^")) return { k: "bol" };
+    if (this.eat("$")) return { k: "eol" };
+    if (this.src.startsWith("\\b", this.pos) || this.src.startsWith("\\B", this.pos)) {
+      this.fail("word-boundary assertions (\\b, \\B) are not supported");
+    }
+    const atom = this.atom();
+    return this.quantified(atom);
+  }
+
+  quantified(atom: Node): Node {
+    let min: number;
+    let max: number;
+    const at = this.pos;
+    if (this.eat("*")) [min, max] = [0, Infinity];
+    else if (this.eat("+")) [min, max] = [1, Infinity];
+    else if (this.eat("?")) [min, max] = [0, 1];
+    else if (this.peek() === "{") {
+      const m = /^\{(\d+)(,(\d*))?\}/.exec(this.src.slice(this.pos));
+      if (!m) this.fail("a lone '{' (escape it as \\{)");
+      this.pos += m[0].length;
+      min = Number(m[1]);
+      max = m[2] === undefined ? min : m[3] === "" ? Infinity : Number(m[3]);
+      if (!Number.isSafeInteger(min) || (max !== Infinity && !Number.isSafeInteger(max))) {
+        this.pos = at;
+        this.fail("a repetition count too large");
+      }
+      if (max < min) {
+        this.pos = at;
+        this.fail(`the repetition {${min},${max}} is out of order`);
+      }
+    } else return atom;
+    this.eat("?"); // Lazy and greedy quantifiers match the same strings.
+    if (this.peek() && "*+?{".includes(this.peek()!)) this.fail("a quantifier after a quantifier");
+    return { k: "rep", node: atom, min, max };
+  }
+
+  atom(): Node {
+    const c = this.peek();
+    if (c === ".") {
+      this.pos++;
+      return { k: "set", set: DOT };
+    }
+    if (c === "(") return this.group();
+    if (c === "[") return { k: "set", set: this.charClass() };
+    if (c === "\\") {
+      this.pos++;
+      return { k: "set", set: this.atomEscape(false) };
+    }
+    if (c === undefined || ")]{}|*+?".includes(c)) {
+      this.fail(c === undefined ? "unexpected end of pattern" : `an unexpected '${c}'`);
+    }
+    return { k: "set", set: CharSet.of(this.codePoint()) };
+  }
+
+  group(): Node {
+    this.pos++;
+    if (this.eat("?")) {
+      if (this.eat(":")) {
+        /* non-capturing */
+      } else if (this.eat("<") && /^[A-Za-z_$]/.test(this.peek() ?? "")) {
+        const end = this.src.indexOf(">", this.pos);
+        if (end === -1) this.fail("an unterminated group name");
+        this.pos = end + 1;
+      } else this.fail("lookahead and lookbehind assertions are not supported");
+    }
+    const inner = this.disjunction();
+    if (!this.eat(")")) this.fail("a missing ')'");
+    return inner;
+  }
+
+  /** An escape after '\'; `inClass`: inside [...], where \b is backspace and '-' may be escaped. */
+  atomEscape(inClass: boolean): CharSet {
+    const c = this.peek();
+    if (c === undefined) this.fail("a '\\' at the end of the pattern");
+    this.pos++;
+    switch (c) {
+      case "d":
+        return DIGIT;
+      case "D":
+        return DIGIT.negate();
+      case "w":
+        return WORD;
+      case "W":
+        return WORD.negate();
+      case "s":
+        return SPACE;
+      case "S":
+        return SPACE.negate();
+      case "b":
+        if (inClass) return CharSet.of(8);
+        break;
+      case "0":
+        if (/[0-9]/.test(this.peek() ?? "")) this.fail("octal escapes are not supported");
+        return CharSet.of(0);
+      case "c": {
+        const letter = this.peek();
+        if (!letter || !/[A-Za-z]/.test(letter)) this.fail("an invalid \\c escape");
+        this.pos++;
+        return CharSet.of(letter.charCodeAt(0) % 32);
+      }
+      case "x": {
+        const m = /^[0-9A-Fa-f]{2}/.exec(this.src.slice(this.pos));
+        if (!m) this.fail("an invalid \\x escape");
+        this.pos += 2;
+        return CharSet.of(parseInt(m[0], 16));
+      }
+      case "u":
+        return CharSet.of(this.unicodeEscape());
+      case "p":
+      case "P":
+        this.fail("Unicode property escapes (\\p{…}) are not supported");
+        break;
+      case "k":
+        this.fail("backreferences are not supported");
+        break;
+      default:
+        if (c in CONTROL_ESCAPES) return CharSet.of(CONTROL_ESCAPES[c]);
+        if (/[1-9]/.test(c)) this.fail("backreferences are not supported");
+        if (SYNTAX.includes(c) || (inClass && c === "-")) return CharSet.of(c.charCodeAt(0));
+    }
+    this.pos--;
+    this.fail(`an unknown escape '\\${c}'`);
+  }
+
+  unicodeEscape(): number {
+    const rest = this.src.slice(this.pos);
+    const braced = /^\{([0-9A-Fa-f]{1,6})\}/.exec(rest);
+    if (braced) {
+      const cp = parseInt(braced[1], 16);
+      if (cp > MAX_CODE_POINT) this.fail("a code point above U+10FFFF");
+      this.pos += braced[0].length;
+      return cp;
+    }
+    const m = /^[0-9A-Fa-f]{4}/.exec(rest);
+    if (!m) this.fail("an invalid \\u escape");
+    this.pos += 4;
+    const unit = parseInt(m[0], 16);
+    const low = /^\\u(D[C-F][0-9A-F]{2})/i.exec(this.src.slice(this.pos));
+    if (unit >= 0xd800 && unit <= 0xdbff && low) {
+      this.pos += 6;
+      return 0x10000 + ((unit - 0xd800) << 10) + (parseInt(low[1], 16) - 0xdc00);
+    }
+    return unit;
+  }
+
+  charClass(): CharSet {
+    this.pos++;
+    const negated = this.eat("^");
+    let set = CharSet.EMPTY;
+    while (!this.eat("]")) {
+      if (this.pos >= this.src.length) this.fail("a missing ']'");
+      const lo = this.classAtom();
+      if (this.peek() === "-" && this.src[this.pos + 1] !== "]" && this.pos + 1 < this.src.length) {
+        this.pos++;
+        const hi = this.classAtom();
+        if (typeof lo !== "number" || typeof hi !== "number") {
+          this.fail("a class escape (\\d, \\w, \\s) as a range bound");
+        }
+        if (hi < lo) this.fail("a character range out of order");
+        set = set.union(CharSet.range(lo, hi));
+      } else set = set.union(typeof lo === "number" ? CharSet.of(lo) : lo);
+    }
+    return negated ? set.negate() : set;
+  }
+
+  /** One class member: a code point, or a set for \d-style escapes. */
+  classAtom(): number | CharSet {
+    if (!this.eat("\\")) return this.codePoint();
+    const set = this.atomEscape(true);
+    return set.ranges.length === 2 && set.ranges[0] === set.ranges[1] ? set.ranges[0] : set;
+  }
+}
+
+/** States the NFA of `node` takes (saturating above the limit). */
+function size(node: Node): number {
+  switch (node.k) {
+    case "set":
+      return 2;
+    case "bol":
+    case "eol":
+      return 0;
+    case "seq":
+      return node.items.reduce((s, n) => Math.min(s + size(n), 1e9), 0);
+    case "alt":
+      return node.items.reduce((s, n) => Math.min(s + size(n), 1e9), node.items.length + 1);
+    case "rep": {
+      const copies = node.max === Infinity ? node.min + 1 : node.max;
+      return Math.min((size(node.node) + 1) * copies + 2, 1e9);
+    }
+  }
+}
+
+interface State {
+  readonly eps: number[];
+  set?: CharSet;
+  next?: number;
+}
+
+/** Most sets of NFA states (DFA states) one pattern may meet while it runs. */
+const MAX_DFA_STATES = 65_536;
+/** Most cached transitions per pattern; past it transitions are recomputed, not stored. */
+const MAX_TRANSITIONS = 262_144;
+
+/**
+ * A compiled pattern: an NFA of at most MAX_NFA_STATES states over code points, run as a DFA
+ * built on the way: each set of live NFA states it meets gets a number (its DFA state), and each
+ * step from a set is cached, so reading a character usually costs one map lookup.
+ */
+export class Pattern {
+  readonly states: readonly State[];
+  readonly accept: number;
+  /** The DFA state before any text. */
+  readonly start: number;
+  /** Fewest text units (see `cost`) from each NFA state to the accepting one; Infinity if none. */
+  readonly #dist: Float64Array;
+  readonly #mark: Uint32Array;
+  #generation = 0;
+  /** DFA state → its sorted live NFA states; index 0 is the dead (empty) set. */
+  readonly #sets: (readonly number[])[] = [[]];
+  readonly #ids = new Map<string, number>([["", 0]]);
+  readonly #next = new Map<number, number>();
+
+  constructor(states: State[], start: number, accept: number, cost: (set: CharSet) => number) {
+    this.states = states;
+    this.accept = accept;
+    this.#mark = new Uint32Array(states.length);
+    this.#dist = distances(states, accept, cost);
+    this.start = this.#intern(this.#closure([start]));
+  }
+
+  /** The DFA state after `id` reads `cp`; 0 (dead) when no completion can match. */
+  step(id: number, cp: number): number {
+    if (id === 0) return 0;
+    const key = id * 0x110000 + cp;
+    const hit = this.#next.get(key);
+    if (hit !== undefined) return hit;
+    const next: number[] = [];
+    for (const s of this.#sets[id]) {
+      const st = this.states[s];
+      if (st.set?.has(cp)) next.push(st.next!);
+    }
+    const out = this.#intern(this.#closure(next));
+    if (this.#next.size < MAX_TRANSITIONS) this.#next.set(key, out);
+    return out;
+  }
+
+  /** Whether some NFA state of `id` reads a code point in [lo, hi]. */
+  meets(id: number, lo: number, hi: number): boolean {
+    return this.#sets[id].some((s) => this.states[s].set?.meets(lo, hi) ?? false);
+  }
+
+  accepts(id: number): boolean {
+    return this.#sets[id].includes(this.accept);
+  }
+
+  /** Fewest text units until `id` can accept. */
+  distance(id: number): number {
+    let best = Infinity;
+    for (const s of this.#sets[id]) best = Math.min(best, this.#dist[s]);
+    return best;
+  }
+
+  /** Fewest text units until `id` can accept, once it has read one code point in [lo, hi]. */
+  distanceAfter(id: number, lo: number, hi: number): number {
+    let best = Infinity;
+    for (const s of this.#sets[id]) {
+      const st = this.states[s];
+      if (st.set?.meets(lo, hi)) best = Math.min(best, this.#dist[st.next!]);
+    }
+    return best;
+  }
+
+  /** Whether the whole of `text` matches. Linear in its length. */
+  test(text: string): boolean {
+    let id = this.start;
+    for (const ch of text) {
+      id = this.step(id, ch.codePointAt(0)!);
+      if (id === 0) return false;
+    }
+    return this.accepts(id);
+  }
+
+  #intern(set: number[]): number {
+    const key = set.join(",");
+    let id = this.#ids.get(key);
+    if (id === undefined) {
+      if (this.#sets.length >= MAX_DFA_STATES) {
+        throw new PatternError(
+          `the pattern's automaton met more than ${MAX_DFA_STATES} state sets; use a simpler pattern`,
+        );
+      }
+      id = this.#sets.length;
+      this.#sets.push(set);
+      this.#ids.set(key, id);
+    }
+    return id;
+  }
+
+  /** The epsilon closure of `seeds`, live states only, sorted. */
+  #closure(seeds: readonly number[]): number[] {
+    const gen = ++this.#generation;
+    const out: number[] = [];
+    const stack = [...seeds];
+    while (stack.length) {
+      const s = stack.pop()!;
+      if (this.#mark[s] === gen) continue;
+      this.#mark[s] = gen;
+      if (this.#dist[s] === Infinity) continue;
+      if (this.states[s].set || s === this.accept) out.push(s);
+      stack.push(...this.states[s].eps);
+    }
+    return out.sort((a, b) => a - b);
+  }
+}
+
+/** Shortest weighted paths to `accept` over reversed edges (Dial's buckets: weights are small). */
+function distances(
+  states: readonly State[],
+  accept: number,
+  cost: (set: CharSet) => number,
+): Float64Array {
+  const reverse: [number, number][][] = states.map(() => []);
+  states.forEach((st, s) => {
+    for (const e of st.eps) reverse[e].push([s, 0]);
+    if (st.set) reverse[st.next!].push([s, cost(st.set)]);
+  });
+  const dist = new Float64Array(states.length).fill(Infinity);
+  const buckets: number[][] = [[accept]];
+  dist[accept] = 0;
+  for (let d = 0; d < buckets.length; d++) {
+    for (const u of buckets[d] ?? []) {
+      if (dist[u] !== d) continue;
+      for (const [v, w] of reverse[u]) {
+        if (d + w < dist[v]) {
+          dist[v] = d + w;
+          (buckets[d + w] ??= []).push(v);
+        }
+      }
+    }
+  }
+  return dist;
+}
+
+function build(node: Node, states: State[], from: number): number {
+  const add = () => states.push({ eps: [] }) - 1;
+  switch (node.k) {
+    case "set": {
+      const to = add();
+      states[from].set = node.set;
+      states[from].next = to;
+      const out = add();
+      states[to].eps.push(out);
+      return out;
+    }
+    case "seq":
+      return node.items.reduce((at, item) => build(item, states, at), from);
+    case "alt": {
+      const out = add();
+      for (const item of node.items) {
+        const start = add();
+        states[from].eps.push(start);
+        states[build(item, states, start)].eps.push(out);
+      }
+      return out;
+    }
+    case "rep": {
+      let at = from;
+      for (let i = 0; i < node.min; i++) at = build(node.node, states, at);
+      if (node.max === Infinity) {
+        const loop = add();
+        states[at].eps.push(loop);
+        const body = add();
+        states[loop].eps.push(body);
+        states[build(node.node, states, body)].eps.push(loop);
+        return loop;
+      }
+      const out = add();
+      for (let i = node.min; i < node.max; i++) {
+        states[at].eps.push(out);
+        const body = add();
+        states[at].eps.push(body);
+        at = build(node.node, states, body);
+      }
+      states[at].eps.push(out);
+      return out;
+    }
+    case "bol":
+    case "eol":
+      throw new PatternError("'^' and '$' are supported only at the start and end of the pattern");
+  }
+}
+
+const ANY_TEXT: Node = { k: "rep", node: { k: "set", set: CharSet.ANY }, min: 0, max: Infinity };
+
+/** A top-level alternative with its anchors turned into (absent) unanchored `.*` ends. */
+function anchored(node: Node): Node {
+  const items = node.k === "seq" ? [...node.items] : [node];
+  const head = items[0]?.k === "bol" ? items.shift() : undefined;
+  const tail = items.at(-1)?.k === "eol" ? items.pop() : undefined;
+  return { k: "seq", items: [...(head ? [] : [ANY_TEXT]), ...items, ...(tail ? [] : [ANY_TEXT])] };
+}
+
+/**
+ * Compiles a JSON Schema pattern: it matches a string when it matches some part of it (anchors
+ * `^`/`$` pin the ends), as ECMAScript's RegExp.test does. `cost` weighs a transition for
+ * distance(). Throws PatternError on syntax errors, unsupported constructs and patterns that
+ * expand beyond MAX_NFA_STATES.
+ */
+export function compilePattern(source: string, cost: (set: CharSet) => number): Pattern {
+  const parser = new Parser(source);
+  const tree = parser.disjunction();
+  if (parser.pos < source.length) parser.fail("an unmatched ')'");
+  const top = tree.k === "alt" ? tree.items.map(anchored) : [anchored(tree)];
+  const whole: Node = top.length === 1 ? top[0] : { k: "alt", items: top };
+  const states = size(whole);
+  if (states > MAX_NFA_STATES) {
+    throw new PatternError(
+      `the pattern expands to ${states >= 1e9 ? "over a billion" : states} states; at most ` +
+        `${MAX_NFA_STATES} are supported (use smaller repetition counts)`,
+    );
+  }
+  const list: State[] = [{ eps: [] }];
+  const accept = build(whole, list, 0);
+  return new Pattern(list, 0, accept, cost);
+}

@@ -1,0 +1,140 @@
+// Tests of lib/grammar/token_mask.ts over the tiny test vocabulary: masks allow exactly the tokens
+// that keep the text a prefix of the grammar, any logit order then yields a valid value, in budget.
+
+import assert from "node:assert/strict";
+import { Ajv } from "ajv";
+import { SplitMix64 } from "../sampling/sample.ts";
+import type { Json } from "../server/fields.ts";
+import { tinyTokenizer } from "../../tests/_tiny_tokenizer.ts";
+import { Grammar } from "./grammar.ts";
+import { JsonGrammarBuilder, ref, rule } from "./json_grammar.ts";
+import { GrammarConstraint, VocabIndex } from "./token_mask.ts";
+
+const { tokenizer } = tinyTokenizer("qwen35");
+const vocab = VocabIndex.of(tokenizer);
+
+function grammarOf(schema: Json): Grammar {
+  return new Grammar(
+    rule("root", [[ref(new JsonGrammarBuilder(schema, { strict: true }).value(schema, ""))]]),
+  );
+}
+
+const allowed = (mask: Uint32Array, id: number) => ((mask[id >>> 5] >>> (id & 31)) & 1) === 1;
+
+/** A random order of the vocabulary: the logits of a model that knows nothing. */
+function ranking(rng: SplitMix64): number[] {
+  const ids = Array.from({ length: tokenizer.vocabSize }, (_, i) => i);
+  for (let i = ids.length - 1; i > 0; i--) {
+    const j = Math.floor(rng.nextFloat() * (i + 1));
+    [ids[i], ids[j]] = [ids[j], ids[i]];
+  }
+  return ids;
+}
+
+/** Greedy decoding of a random model under `grammar`: the best-ranked allowed token each step. */
+function generate(
+  grammar: Grammar,
+  seed: bigint,
+  maxTokens: number,
+): { text: string; ended: boolean } {
+  const rng = new SplitMix64(seed);
+  const c = new GrammarConstraint(grammar, vocab);
+  const ids: number[] = [];
+  while (ids.length < maxTokens && !c.done) {
+    const mask = c.mask(maxTokens - ids.length);
+    const id = ranking(rng).find((i) => allowed(mask, i));
+    assert.ok(id !== undefined, "some token is always allowed");
+    c.accept(id);
+    ids.push(id);
+    if (tokenizer.eosIds.has(id)) break;
+  }
+  return {
+    text: tokenizer.decode(ids, { specials: false }),
+    ended: c.done || ids.length < maxTokens,
+  };
+}
+
+const PYDANTIC_LIKE: Json = {
+  $defs: {
+    Item: {
+      type: "object",
+      properties: {
+        sku: { type: "string", pattern: "^[A-Z]{2}-\\d{3}$" },
+        qty: { type: "integer", minimum: 1, maximum: 99 },
+        price: { type: "number", exclusiveMinimum: 0, maximum: 1000 },
+      },
+      required: ["sku", "qty"],
+      additionalProperties: false,
+    },
+  },
+  type: "object",
+  properties: {
+    kind: { enum: ["order", "quote"] },
+    when: { type: "string", format: "date" },
+    note: { anyOf: [{ type: "string", maxLength: 8 }, { type: "null" }] },
+    items: { type: "array", items: { $ref: "#/$defs/Item" }, minItems: 1, maxItems: 3 },
+    flags: { type: "array", items: { type: "boolean" }, maxItems: 2 },
+  },
+  required: ["kind", "items"],
+  additionalProperties: false,
+};
+
+Deno.test("any logit order yields a value the schema validates, within the token budget", () => {
+  const ajv = new Ajv({ strict: false });
+  ajv.addFormat("date", /^\d{4}-\d{2}-\d{2}$/);
+  const validate = ajv.compile(PYDANTIC_LIKE as object);
+  const g = grammarOf(PYDANTIC_LIKE);
+  for (let seed = 1n; seed <= 4n; seed++) {
+    for (const budget of [400, 60]) {
+      const { text, ended } = generate(g, seed, budget);
+      assert.ok(ended, `seed ${seed}: no end within ${budget} tokens: ${text}`);
+      const value = JSON.parse(text);
+      assert.ok(validate(value), `seed ${seed}: ${text}: ${JSON.stringify(validate.errors)}`);
+    }
+  }
+});
+
+Deno.test("the mask allows exactly the tokens whose text keeps a valid prefix", () => {
+  const g = grammarOf({
+    type: "object",
+    properties: { a: { type: "string", maxLength: 6 }, b: { enum: [true, 12] } },
+  });
+  const c = new GrammarConstraint(g, vocab);
+  const fatal = new TextDecoder("utf-8", { fatal: true });
+  const rng = new SplitMix64(9n);
+  for (let step = 0; step < 8 && !c.done; step++) {
+    const mask = c.mask(1000);
+    for (let id = 0; id < tokenizer.vocabSize; id++) {
+      const bytes = tokenizer.tokenBytes(id, { specials: false });
+      if (tokenizer.eosIds.has(id)) {
+        assert.equal(
+          allowed(mask, id),
+          g.match(c.text) === "complete",
+          `eos at ${JSON.stringify(c.text)}`,
+        );
+        continue;
+      }
+      let piece: string;
+      try {
+        piece = fatal.decode(bytes);
+      } catch {
+        continue; // Part of a character: covered by the generation test.
+      }
+      const fits = bytes.length > 0 && g.match(c.text + piece) !== "invalid";
+      assert.equal(
+        allowed(mask, id),
+        fits,
+        `token ${JSON.stringify(piece)} after ${JSON.stringify(c.text)}`,
+      );
+    }
+    c.accept(ranking(rng).find((i) => allowed(mask, i))!);
+  }
+});
+
+Deno.test("a token the grammar does not allow is refused by accept", () => {
+  const c = new GrammarConstraint(grammarOf({ type: "boolean" }), vocab);
+  const x = tokenizer.encode("x")[0];
+  assert.throws(() => c.accept(x), /token \d+ \("x"\) does not fit the grammar/);
+  const eos = [...tokenizer.eosIds][0];
+  assert.throws(() => c.accept(eos), /does not allow the text to end/);
+});
