@@ -2,12 +2,16 @@
 // size-bounded NFA that runs in time linear in the text; lib/grammar/json_grammar.ts and json_schema.ts.
 
 import { CharSet, MAX_CODE_POINT } from "./charset.ts";
+import { GrammarError } from "./grammar.ts";
 
 /** Most NFA states one pattern may expand to (counted repetitions are unrolled). */
 export const MAX_NFA_STATES = 4096;
 
-/** A pattern this engine refuses: a syntax error or an unsupported construct, with its offset. */
-export class PatternError extends Error {
+/**
+ * A pattern this engine refuses: a syntax error or an unsupported construct (with its offset),
+ * or, while it runs, an automaton grown past its bound.
+ */
+export class PatternError extends GrammarError {
   override name = "PatternError";
 }
 

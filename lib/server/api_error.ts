@@ -1,6 +1,7 @@
 // HTTP errors in one table: each kind's status and type per API flavor, and their two encodings
 // (a JSON response before the 200, an SSE error frame after it). Used by every lib/server route.
 
+import { GrammarError } from "../grammar/grammar.ts";
 import { OverloadedError } from "../scheduler/scheduler.ts";
 import { StageUnavailableError } from "../wire/peer.ts";
 
@@ -133,6 +134,12 @@ export function toApiError(e: unknown): ApiError {
       `A pipeline stage is unavailable: ${e.message}; retry once it is back (see GET /health)`,
       { retryAfter: 1, cause: e },
     );
+  }
+  if (e instanceof GrammarError) {
+    // A grammar that turns out unusable while it runs (too ambiguous, too many pattern states).
+    return new ApiError("invalid_request", `Cannot follow the requested grammar: ${e.message}`, {
+      cause: e,
+    });
   }
   const message = e instanceof Error ? e.message : String(e);
   return new ApiError("internal", `Internal error: ${message}`, { cause: e });
