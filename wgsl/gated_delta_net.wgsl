@@ -8,20 +8,23 @@
 //   t·z_stride_t + h·dv | 3 p: [dt_bias (nv) | ssm_a (nv) | norm weight (dv)] f32
 //   | 4 state (nv, dk, dv) f32, S_h[i][j] at (h·dk + i)·dv + j | 5 y (t·y_stride_t + h·dv + j)
 //   | 6 params.
-// Dispatch: (nv); WG = DV·R threads, thread (c, r) = (lid mod DV, lid / DV) owns rows r, r + R, …
-//   of column c. Variants: DK, DV (head dims), R (row slices; divides DK), GS.
+// Dispatch: (nv); WG = DV·R threads, thread (c, r) = (lid mod DV, lid / DV) owns rows r·RPT …
+//   r·RPT + RPT − 1 of column c. Variants: DK, DV (head dims), R (row slices; 4·R divides DK), GS.
 //
 // Why split rows: one thread per column walked all DK rows per token from a DK-long register
 // array (indexed by a loop variable, so likely in local memory) on only nv workgroups. Here each
-// warp loads whole state rows and a thread's serial chain is DK/R rows. Per token: the row
-// partials of k·S, |q|² and |k|², then of q·S, are summed over the R slices through workgroup
-// memory in slice order: two barriers. The output norm needs every column of a token, so the
-// token loop leaves each token's o in y and a pass after it applies RMSNorm(o)·w·silu(z) to all
-// the call's tokens at once: |o|² over the columns in groups of GS, NP tokens a round (the norm
-// had cost two more barriers a token, half the latency of a prefill that walks its tokens one by
-// one). The next token's inputs are fetched while this one computes and its q and k staged in
-// the other half of qs/ks. Every token runs the same code in the same order whatever the run
-// length, so outputs and state are bit-identical however tokens are split into calls.
+// warp loads whole state rows and a thread's serial chain is RPT rows. A head is one workgroup on
+// one SM, and all its threads issue every token's work, so the token loop is kept lean: per row
+// and token four f32 operations (k·S from the old state, decay applied to the sum; the update as
+// one fma; q·S), q and k read as vec4s (every lane of a warp the same address), |q|² and |k|²
+// only by the column-0 threads. The row partials of k·S, |q|² and |k|², then of q·S, are summed
+// over the R slices through workgroup memory in slice order: two barriers a token. The output
+// norm needs every column of a token, so the token loop leaves each token's o in y and a pass
+// after it applies RMSNorm(o)·w·silu(z) to all the call's tokens at once: |o|² over the columns
+// in groups of GS, NP tokens a round (the norm had cost two more barriers a token). The next
+// token's inputs are fetched while this one computes and its q and k staged in the other half of
+// qs/ks. Every token runs the same code in the same order whatever the run length, so outputs
+// and state are bit-identical however tokens are split into calls.
 
 struct Params {
   nk: u32,
@@ -47,14 +50,16 @@ struct Params {
 
 const WG = DV * R;
 const RPT = DK / R;
+// vec4s of a thread's rows.
+const RQ = RPT / 4u;
 const NG = DV / GS;
 const QK_PER = (2u * DK + WG - 1u) / WG;
 // Tokens a round of the output norm takes: NG threads each.
 const NP = WG / NG;
 
-// q and k of token t in half t % 2.
-var<workgroup> qs: array<f32, 2u * DK>;
-var<workgroup> ks: array<f32, 2u * DK>;
+// q and k of token t in half t % 2 (DK/4 vec4s each), as vec4s of 4 consecutive rows.
+var<workgroup> qs: array<vec4<f32>, DK / 2u>;
+var<workgroup> ks: array<vec4<f32>, DK / 2u>;
 // Per-slice partials, [r][c]; the norm partials (|q|², |k|²) are the same for every column.
 // After the token loop they hold the |o|² group sums [token][group] of the output norm's rounds.
 var<workgroup> part_kv: array<f32, WG>;
@@ -87,13 +92,14 @@ fn load_token(t: u32, h: u32, kh: u32, c: u32, lid: u32) -> TokenIn {
   return x;
 }
 
+// Into half `half` (0 or DK values in).
 fn store_qk(x: array<f32, QK_PER>, half: u32, lid: u32) {
   for (var n = 0u; n < QK_PER; n++) {
     let e = lid + n * WG;
     if (e < DK) {
-      qs[half + e] = x[n];
+      qs[(half + e) / 4u][e % 4u] = x[n];
     } else if (e < 2u * DK) {
-      ks[half + e - DK] = x[n];
+      ks[(half + e - DK) / 4u][e % 4u] = x[n];
     }
   }
 }
@@ -111,7 +117,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   let kh = select(h % nk, h / (nv / nk), params.interleave == 1u);
   var s: array<f32, RPT>;
   for (var m = 0u; m < RPT; m++) {
-    s[m] = state[(h * DK + r + R * m) * DV + c];
+    s[m] = state[(h * DK + r * RPT + m) * DV + c];
   }
   let dt = p[h];
   let a_log = p[nv + h];
@@ -123,7 +129,8 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   }
   workgroupBarrier();
   for (var t = 0u; t < tokens; t++) {
-    let half = (t % 2u) * DK;
+    // This token's rows of q and k: vec4 `at + j`.
+    let at = (t % 2u) * (DK / 4u) + r * RQ;
     var ahead = cur;
     if (t + 1u < tokens) {
       ahead = load_token(t + 1u, h, kh, c, lid);
@@ -132,18 +139,29 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let beta = 1.0 / (1.0 + exp(-cur.b));
     let decay = exp(select(log(1.0 + exp(ga)), ga, ga > 20.0) * a_log);
     var pkv = 0.0;
-    var pqq = 0.0;
-    var pkk = 0.0;
-    for (var m = 0u; m < RPT; m++) {
-      let ki = ks[half + r + R * m];
-      let qi = qs[half + r + R * m];
-      s[m] *= decay;
-      pkv += s[m] * ki;
-      pkk += ki * ki;
-      pqq += qi * qi;
+    for (var j = 0u; j < RQ; j++) {
+      let k4 = ks[at + j];
+      pkv = fma(s[4u * j], k4.x, pkv);
+      pkv = fma(s[4u * j + 1u], k4.y, pkv);
+      pkv = fma(s[4u * j + 2u], k4.z, pkv);
+      pkv = fma(s[4u * j + 3u], k4.w, pkv);
     }
     part_kv[lid] = pkv;
     if (c == 0u) {
+      var pqq = 0.0;
+      var pkk = 0.0;
+      for (var j = 0u; j < RQ; j++) {
+        let k4 = ks[at + j];
+        let q4 = qs[at + j];
+        pkk = fma(k4.x, k4.x, pkk);
+        pkk = fma(k4.y, k4.y, pkk);
+        pkk = fma(k4.z, k4.z, pkk);
+        pkk = fma(k4.w, k4.w, pkk);
+        pqq = fma(q4.x, q4.x, pqq);
+        pqq = fma(q4.y, q4.y, pqq);
+        pqq = fma(q4.z, q4.z, pqq);
+        pqq = fma(q4.w, q4.w, pqq);
+      }
       part_qk[r] = vec2(pqq, pkk);
     }
     workgroupBarrier();
@@ -156,16 +174,25 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     // The other half was last read before the barrier above; the next token reads it after the
     // one below.
     if (t + 1u < tokens) {
-      store_qk(ahead.qk, DK - half, lid);
+      store_qk(ahead.qk, DK - (t % 2u) * DK, lid);
     }
     let rq = 1.0 / max(sqrt(qk.x), params.eps);
     let rk = 1.0 / max(sqrt(qk.y), params.eps);
-    // k·S of the normalised k is rk·(k·S): the norm is applied after the slice sums.
-    let delta = (cur.v - kv * rk) * beta;
+    // (decay·S)·(rk·k) = decay·rk·(S·k); S ← decay·S + (rk·k)·delta.
+    let delta = (cur.v - decay * kv * rk) * beta;
+    let d = rk * delta;
     var po = 0.0;
-    for (var m = 0u; m < RPT; m++) {
-      s[m] += (ks[half + r + R * m] * rk) * delta;
-      po += s[m] * qs[half + r + R * m];
+    for (var j = 0u; j < RQ; j++) {
+      let k4 = ks[at + j];
+      let q4 = qs[at + j];
+      s[4u * j] = fma(s[4u * j], decay, k4.x * d);
+      s[4u * j + 1u] = fma(s[4u * j + 1u], decay, k4.y * d);
+      s[4u * j + 2u] = fma(s[4u * j + 2u], decay, k4.z * d);
+      s[4u * j + 3u] = fma(s[4u * j + 3u], decay, k4.w * d);
+      po = fma(s[4u * j], q4.x, po);
+      po = fma(s[4u * j + 1u], q4.y, po);
+      po = fma(s[4u * j + 2u], q4.z, po);
+      po = fma(s[4u * j + 3u], q4.w, po);
     }
     part_o[lid] = po;
     workgroupBarrier();
@@ -179,7 +206,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     cur = ahead;
   }
   for (var m = 0u; m < RPT; m++) {
-    state[(h * DK + r + R * m) * DV + c] = s[m];
+    state[(h * DK + r * RPT + m) * DV + c] = s[m];
   }
   // The gated output norm of every token: y = o · (1/√(mean o² + eps)) · w · silu(z), the o that
   // the loop left in y read back by other invocations. Rounds alternate between the two partial

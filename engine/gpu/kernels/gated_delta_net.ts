@@ -8,10 +8,15 @@ import type { BufferRef } from "../buffers.ts";
 import type { StepEncoder } from "../encoder.ts";
 import type { KernelFamily, KernelTarget } from "../kernel.ts";
 
-/** Row slices per column: the most (≤ 8, dividing dk) that fit the device's workgroup size. */
+/**
+ * Row slices per column: the most (≤ 8, each slice a whole number of vec4 rows) that fit the
+ * device's workgroup size.
+ */
 function rowSlices(target: KernelTarget, dk: number, dv: number): number {
   let r = 8;
-  while (r > 1 && (dv * r > target.limits.maxComputeInvocationsPerWorkgroup || dk % r !== 0)) {
+  while (
+    r > 1 && (dv * r > target.limits.maxComputeInvocationsPerWorkgroup || dk % (4 * r) !== 0)
+  ) {
     r /= 2;
   }
   return r;
@@ -21,9 +26,9 @@ function rowSlices(target: KernelTarget, dk: number, dv: number): number {
 export const GATED_DELTA_NET: KernelFamily<{ readonly dk: number; readonly dv: number }> = {
   file: "gated_delta_net.wgsl",
   variant: (target, { dk, dv }) => {
-    if ((dv & (dv - 1)) !== 0 || dv > 256 || dk > 256 || dk < 1) {
+    if ((dv & (dv - 1)) !== 0 || dv > 256 || dk > 256 || dk < 4 || dk % 4 !== 0) {
       throw new RangeError(
-        `Cannot run DeltaNet heads of ${dk} x ${dv}: value heads must be a power of two ≤ 256, key heads ≤ 256`,
+        `Cannot run DeltaNet heads of ${dk} x ${dv}: value heads must be a power of two ≤ 256, key heads a multiple of 4 up to 256`,
       );
     }
     const r = rowSlices(target, dk, dv);
