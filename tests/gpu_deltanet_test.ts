@@ -234,10 +234,13 @@ gpuTest(
 gpuTest(
   "gatedDeltaNet() gives bit-identical outputs and state however the tokens are split into calls",
   async (ctx) => {
-    // The model's heads, and small heads on 64 threads, whose output norm takes 32 tokens a
-    // round: 70 tokens in one call take three rounds.
+    // Calls of one token run one workgroup a head, longer ones split each head's columns and
+    // normalise in a second dispatch. The model's heads; 64-wide heads, whose norm dispatch takes
+    // 64 tokens a workgroup (70 tokens: two); and 32-wide heads on 64 threads, never split, whose
+    // one workgroup normalises 32 tokens a round (70 tokens: three rounds).
     const cases = (["qwen3next", "qwen35moe"] as const).flatMap((arch) => [
       { arch, dims: [2, 4, 128, 128], gpu: ctx, calls: [Array<number>(13).fill(1), [6, 7]] },
+      { arch, dims: [2, 4, 64, 64], gpu: ctx, calls: [[33, 1, 36]] },
       { arch, dims: [2, 4, 48, 32], gpu: limited(ctx, 64), calls: [[33, 1, 36]] },
     ]);
     for (const { arch, dims, gpu, calls: splits } of cases) {

@@ -8,23 +8,28 @@
 //   t·z_stride_t + h·dv | 3 p: [dt_bias (nv) | ssm_a (nv) | norm weight (dv)] f32
 //   | 4 state (nv, dk, dv) f32, S_h[i][j] at (h·dk + i)·dv + j | 5 y (t·y_stride_t + h·dv + j)
 //   | 6 params.
-// Dispatch: (nv); WG = DV·R threads, thread (c, r) = (lid mod DV, lid / DV) owns rows r·RPT …
-//   r·RPT + RPT − 1 of column c. Variants: DK, DV (head dims), R (row slices; 4·R divides DK), GS.
+// Dispatch: (nv·DV/COLS); WG = COLS·R threads, thread (c, r) = (col0 + lid mod COLS, lid / COLS)
+//   owns rows r·RPT … r·RPT + RPT − 1 of column c of head h, the workgroup's columns col0 …
+//   col0 + COLS − 1. NORM_FUSED (COLS = DV: one workgroup a head, a decode step): the same
+//   workgroup then normalises. Otherwise a NORM_PASS dispatch follows: (nv, 1, ⌈T/NP⌉), WG = 256.
+// Variants: DK, DV (head dims), R (row slices; 4·R divides DK), GS, COLS, NORM_FUSED, NORM_PASS.
 //
 // Why split rows: one thread per column walked all DK rows per token from a DK-long register
 // array (indexed by a loop variable, so likely in local memory) on only nv workgroups. Here each
-// warp loads whole state rows and a thread's serial chain is RPT rows. A head is one workgroup on
-// one SM, and all its threads issue every token's work, so the token loop is kept lean: per row
-// and token four f32 operations (k·S from the old state, decay applied to the sum; the update as
-// one fma; q·S), q and k read as vec4s (every lane of a warp the same address), |q|² and |k|²
-// only by the column-0 threads. The row partials of k·S, |q|² and |k|², then of q·S, are summed
-// over the R slices through workgroup memory in slice order: two barriers a token. The output
-// norm needs every column of a token, so the token loop leaves each token's o in y and a pass
-// after it applies RMSNorm(o)·w·silu(z) to all the call's tokens at once: |o|² over the columns
-// in groups of GS, NP tokens a round (the norm had cost two more barriers a token). The next
+// warp loads whole state rows and a thread's serial chain is RPT rows. Columns are independent
+// but for the output norm, so a prefill run splits each head's columns over DV/COLS workgroups
+// (SMs): a head's every thread issues every token's work, and one SM per head was bound by that
+// issue. The token loop is kept lean: per row and token four f32 operations (k·S from the old
+// state, decay applied to the sum; the update as one fma; q·S), q and k read as vec4s (every
+// lane of a warp the same address), |q|² and |k|² only by the first column's threads. The row
+// partials of k·S, |q|² and |k|², then of q·S, are summed over the R slices through workgroup
+// memory in slice order: two barriers a token. The token loop leaves each token's o in y; the
+// gated norm RMSNorm(o)·w·silu(z) then takes NP tokens a round (|o|² over the columns in groups
+// of GS), in the same workgroup or in the NORM_PASS dispatch, with the same code. The next
 // token's inputs are fetched while this one computes and its q and k staged in the other half of
-// qs/ks. Every token runs the same code in the same order whatever the run length, so outputs
-// and state are bit-identical however tokens are split into calls.
+// qs/ks. Every token runs the same arithmetic in the same order whatever the run length or the
+// column split (explicit fma where a compiler could contract differently), so outputs and state
+// are bit-identical however tokens are split into calls.
 
 struct Params {
   nk: u32,
@@ -48,7 +53,11 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
 @group(0) @binding(6) var<uniform> params: Params;
 
-const WG = DV * R;
+#ifdef NORM_PASS
+const WG = 256u;
+#else
+const WG = COLS * R;
+#endif
 const RPT = DK / R;
 // vec4s of a thread's rows.
 const RQ = RPT / 4u;
@@ -104,11 +113,58 @@ fn store_qk(x: array<f32, QK_PER>, half: u32, lid: u32) {
   }
 }
 
+// One round of the gated output norm: y = o · (1/√(mean o² + eps)) · w · silu(z) for tokens tb …
+// tb + NP − 1 of head h, o being what the token loop left in y. The group sums go to part_kv, or
+// to part_o for odd rounds, so consecutive rounds need one barrier. Called by every invocation.
+fn norm_round(h: u32, tb: u32, lid: u32, odd: bool) {
+  let tokens = params.tokens;
+  let tl = lid / NG;
+  let g = lid % NG;
+  var sq = 0.0;
+  if (tb + tl < tokens) {
+    let yo = (tb + tl) * params.y_stride_t + h * DV + g * GS;
+    for (var i = 0u; i < GS; i++) {
+      let o = y[yo + i];
+      sq = fma(o, o, sq);
+    }
+  }
+  if (odd) {
+    part_o[lid] = sq;
+  } else {
+    part_kv[lid] = sq;
+  }
+  workgroupBarrier();
+  // NP tokens × DV columns: GS values a thread, each summing its token's NG groups in order.
+  for (var i = 0u; i < GS; i++) {
+    let e = lid + i * WG;
+    let t = tb + e / DV;
+    let col = e % DV;
+    if (t < tokens) {
+      var ss = 0.0;
+      for (var j = 0u; j < NG; j++) {
+        let at = (e / DV) * NG + j;
+        ss += select(part_kv[at], part_o[at], odd);
+      }
+      let yi = t * params.y_stride_t + h * DV + col;
+      let zv = z[params.z_offset + t * params.z_stride_t + h * DV + col];
+      let inv_rms = 1.0 / sqrt(ss / f32(DV) + params.eps);
+      y[yi] = y[yi] * inv_rms * p[2u * params.nv + col] * (zv / (1.0 + exp(-zv)));
+    }
+  }
+}
+
+#ifdef NORM_PASS
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
-  let h = wid.x;
-  let c = lid % DV;
-  let r = lid / DV;
+  norm_round(wid.x, wid.z * NP, lid, false);
+}
+#else
+@compute @workgroup_size(WG)
+fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  let h = wid.x / (DV / COLS);
+  let cl = lid % COLS;
+  let c = (wid.x % (DV / COLS)) * COLS + cl;
+  let r = lid / COLS;
   let nk = params.nk;
   let nv = params.nv;
   let tokens = params.tokens;
@@ -147,7 +203,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       pkv = fma(s[4u * j + 3u], k4.w, pkv);
     }
     part_kv[lid] = pkv;
-    if (c == 0u) {
+    if (cl == 0u) {
       var pqq = 0.0;
       var pkk = 0.0;
       for (var j = 0u; j < RQ; j++) {
@@ -168,7 +224,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     var kv = 0.0;
     var qk = vec2(0.0);
     for (var i = 0u; i < R; i++) {
-      kv += part_kv[i * DV + c];
+      kv += part_kv[i * COLS + cl];
       qk += part_qk[i];
     }
     // The other half was last read before the barrier above; the next token reads it after the
@@ -179,7 +235,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     let rq = 1.0 / max(sqrt(qk.x), params.eps);
     let rk = 1.0 / max(sqrt(qk.y), params.eps);
     // (decay·S)·(rk·k) = decay·rk·(S·k); S ← decay·S + (rk·k)·delta.
-    let delta = (cur.v - decay * kv * rk) * beta;
+    let delta = fma(-(decay * kv), rk, cur.v) * beta;
     let d = rk * delta;
     var po = 0.0;
     for (var j = 0u; j < RQ; j++) {
@@ -199,7 +255,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
     if (r == 0u) {
       var o = 0.0;
       for (var i = 0u; i < R; i++) {
-        o += part_o[i * DV + c];
+        o += part_o[i * COLS + cl];
       }
       y[t * params.y_stride_t + h * DV + c] = o * rq * out_scale;
     }
@@ -208,44 +264,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
   for (var m = 0u; m < RPT; m++) {
     state[(h * DK + r * RPT + m) * DV + c] = s[m];
   }
-  // The gated output norm of every token: y = o · (1/√(mean o² + eps)) · w · silu(z), the o that
-  // the loop left in y read back by other invocations. Rounds alternate between the two partial
-  // buffers, so one barrier a round orders them.
+#ifdef NORM_FUSED
+  // The o that the loop left in y is read back by other invocations.
   storageBarrier();
   for (var tb = 0u; tb < tokens; tb += NP) {
-    let tl = lid / NG;
-    let g = lid % NG;
-    var sq = 0.0;
-    if (tb + tl < tokens) {
-      let yo = (tb + tl) * params.y_stride_t + h * DV + g * GS;
-      for (var i = 0u; i < GS; i++) {
-        let o = y[yo + i];
-        sq = fma(o, o, sq);
-      }
-    }
-    let odd = (tb / NP) % 2u == 1u;
-    if (odd) {
-      part_o[lid] = sq;
-    } else {
-      part_kv[lid] = sq;
-    }
-    workgroupBarrier();
-    // NP tokens × DV columns: GS values a thread, each summing its token's NG groups in order.
-    for (var i = 0u; i < GS; i++) {
-      let e = lid + i * WG;
-      let t = tb + e / DV;
-      let col = e % DV;
-      if (t < tokens) {
-        var ss = 0.0;
-        for (var j = 0u; j < NG; j++) {
-          let at = (e / DV) * NG + j;
-          ss += select(part_kv[at], part_o[at], odd);
-        }
-        let yi = t * params.y_stride_t + h * DV + col;
-        let zv = z[params.z_offset + t * params.z_stride_t + h * DV + col];
-        let inv_rms = 1.0 / sqrt(ss / f32(DV) + params.eps);
-        y[yi] = y[yi] * inv_rms * p[2u * nv + col] * (zv / (1.0 + exp(-zv)));
-      }
-    }
+    norm_round(h, tb, lid, (tb / NP) % 2u == 1u);
   }
+#endif
 }
+#endif

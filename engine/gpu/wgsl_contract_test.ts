@@ -69,7 +69,12 @@ const KEYS = new Map<string, readonly unknown[]>([
   [GET_ROWS.file, MUL_MAT_TYPES],
   [ATTENTION.file, [64, 128, 256].map((dh) => ({ dh }))],
   [ATTENTION_COMBINE.file, [64, 256].map((dh) => ({ dh, block: 64 }))],
-  [GATED_DELTA_NET.file, [{ dk: 64, dv: 64 }, { dk: 128, dv: 128 }]],
+  [
+    GATED_DELTA_NET.file,
+    [{ dk: 64, dv: 64 }, { dk: 128, dv: 128 }].flatMap((shape) =>
+      (["fused", "split", "norm"] as const).map((pass) => ({ ...shape, pass }))
+    ),
+  ],
 ]);
 
 const families = new Map<string, KernelFamily<unknown>>();

@@ -22,20 +22,41 @@ function rowSlices(target: KernelTarget, dk: number, dv: number): number {
   return r;
 }
 
-/** A variant per head shape dk × dv (dv a power of two up to 256). */
-export const GATED_DELTA_NET: KernelFamily<{ readonly dk: number; readonly dv: number }> = {
+/**
+ * Columns of a head one workgroup of a prefill run takes (wgsl COLS): a head's columns spread over
+ * dv/32 SMs instead of one. A one-token step keeps the head in one workgroup, which also applies
+ * the output norm, so it stays one dispatch.
+ */
+const SPLIT_COLS = 32;
+/** Threads of the NORM_PASS workgroup (wgsl WG). */
+const NORM_WG = 256;
+
+/** What a dispatch runs: a whole step (one workgroup a head), a split recurrence, or the norm. */
+export type DeltaNetPass = "fused" | "split" | "norm";
+
+/** A variant per head shape dk × dv and pass. */
+export const GATED_DELTA_NET: KernelFamily<
+  { readonly dk: number; readonly dv: number; readonly pass?: DeltaNetPass }
+> = {
   file: "gated_delta_net.wgsl",
-  variant: (target, { dk, dv }) => {
+  variant: (target, { dk, dv, pass = "fused" }) => {
     if ((dv & (dv - 1)) !== 0 || dv > 256 || dk > 256 || dk < 4 || dk % 4 !== 0) {
       throw new RangeError(
         `Cannot run DeltaNet heads of ${dk} x ${dv}: value heads must be a power of two ≤ 256, key heads a multiple of 4 up to 256`,
       );
     }
+    // The fused and split recurrences sum a column's slices alike only with the same R.
     const r = rowSlices(target, dk, dv);
-    return {
-      name: `gated_delta_net_dk${dk}_dv${dv}_r${r}`,
-      defines: { DK: dk, DV: dv, R: r, GS: Math.min(16, dv) },
-    };
+    const base = { DK: dk, DV: dv, R: r, GS: Math.min(16, dv) };
+    const name = `gated_delta_net_dk${dk}_dv${dv}_r${r}`;
+    if (pass === "norm") {
+      return { name: `${name}_norm`, defines: { ...base, COLS: dv, NORM_PASS: true } };
+    }
+    if (pass === "split") {
+      const cols = Math.min(SPLIT_COLS, dv);
+      return { name: `${name}_c${cols}`, defines: { ...base, COLS: cols } };
+    }
+    return { name, defines: { ...base, COLS: dv, NORM_FUSED: true } };
   },
 };
 
@@ -56,7 +77,10 @@ export interface GatedDeltaNetOptions {
   readonly eps: number;
 }
 
-/** Records the recurrence over `tokens` tokens for every value head, updating the state. */
+/**
+ * Records the recurrence over `tokens` tokens for every value head, updating the state: one
+ * dispatch for one token, else the column-split recurrence and then the output norm.
+ */
 export function gatedDeltaNet(
   enc: StepEncoder,
   b: {
@@ -69,7 +93,7 @@ export function gatedDeltaNet(
   },
   o: GatedDeltaNetOptions,
 ): void {
-  enc.dispatch(GATED_DELTA_NET, { dk: o.dk, dv: o.dv }, b, {
+  const params = {
     nk: o.nk,
     nv: o.nv,
     tokens: o.tokens,
@@ -81,5 +105,19 @@ export function gatedDeltaNet(
     z_stride_t: o.zStrideT,
     y_stride_t: o.yStrideT,
     eps: o.eps,
-  }, { tiles: o.nv });
+  };
+  const shape = { dk: o.dk, dv: o.dv };
+  if (o.tokens === 1 || o.dv <= SPLIT_COLS) {
+    enc.dispatch(GATED_DELTA_NET, shape, b, params, { tiles: o.nv });
+    return;
+  }
+  enc.dispatch(GATED_DELTA_NET, { ...shape, pass: "split" }, b, params, {
+    tiles: o.nv * (o.dv / SPLIT_COLS),
+  });
+  // NP: the tokens of a norm workgroup, GS columns a thread of each.
+  const np = NORM_WG / (o.dv / Math.min(16, o.dv));
+  enc.dispatch(GATED_DELTA_NET, { ...shape, pass: "norm" }, b, params, {
+    tiles: o.nv,
+    z: Math.ceil(o.tokens / np),
+  });
 }
