@@ -1,15 +1,22 @@
-// attention: pass 1 of causal GQA attention (split-K): for one token, one KV head, up to GMAX of
-// its query heads and one block b of positions [b·B, (b+1)·B) ∩ [0, npos), the block partial
-// m = max s, l = Σ exp(s − m), acc = Σ exp(s − m)·V with s = q·K/√dh. Matches
-// engine/reference/gqa_attention.ts once wgsl/attention_combine.wgsl folds the blocks.
+// attention: pass 1 of causal GQA attention (split-K): for up to TQ consecutive tokens, one KV
+// head, up to GMAX of its query heads and one block b of positions [b·B, (b+1)·B) ∩ [0, npos),
+// each token's block partial m = max s, l = Σ exp(s − m), acc = Σ exp(s − m)·V with
+// s = q·K/√dh. Matches engine/reference/gqa_attention.ts once wgsl/attention_combine.wgsl folds
+// the blocks.
 // Bindings: 0 q: head h of token t at t·q_stride_t + h·q_stride_h, f32 | 1 kc, 2 vc: caches
 //   (pos, hkv, DH) f16 pairs in u32 | 3 part: slot s = (tl·hq + h)·nbs + b holds (m, l) at 2s
 //   and acc[DH] at 2·tokens·hq·nbs + s·DH | 4 params. Token t = t0 + tl sees 0 ..= pos0 + t.
-// Dispatch: tiles = tokens·hkv·groups·nbs, groups = ⌈(hq/hkv)/GMAX⌉; blocks past a token's
-//   position exit. Blocks are fixed runs of absolute positions and a partial reads only its
-//   token's q and the cache, so results do not depend on how tokens are grouped into calls.
-// WG = 256: thread (p, gs) scores position p for heads gs, gs + WG/B, ...; K/V staged coalesced.
-// Variants: DH (even, ≤ 512), B (positions per block: 32 or 64, fitting 16 KB of workgroup memory).
+// Dispatch: tiles = ⌈tokens/TQ⌉·hkv·groups·nbs, groups = ⌈(hq/hkv)/GMAX⌉; blocks past the last
+//   token's position exit, tokens of a tile that do not reach the block write nothing. Blocks
+//   are fixed runs of absolute positions and a token's partial is the same arithmetic over its
+//   own q and the cache whichever tokens share its workgroup (rows of the block past a token's
+//   position are masked out of its scores, then add exactly 0 to its sums), and a decode step
+//   runs the same code with one token, so results do not depend on how tokens are grouped.
+// WG = 256: thread (p, gs) scores position p for heads gs, gs + WG/B, ... of every token of the
+//   tile; K and V are staged once, coalesced, for all TQ tokens (prefill reads each block once
+//   per TQ tokens instead of per token).
+// Variants: DH (even, ≤ 512), B (positions per block: 32 or 64), TQ (tokens a workgroup: 4
+//   where the device gives ~25 KB of workgroup memory, else 1).
 
 struct Params {
   hq: u32,
@@ -44,11 +51,13 @@ const VR = min(B, B * KP / W);
 const JPT = (GMAX * W + WG - 1u) / WG;
 // Below every finite score; exp(NEG - m) is 0.
 const NEG = -3.0e38;
+// (token, head) pairs of a tile.
+const TG = TQ * GMAX;
 
 var<workgroup> ks: array<u32, B * KP>;
-var<workgroup> qs: array<f32, GMAX * QC>;
-var<workgroup> ps: array<f32, GMAX * B>;
-var<workgroup> ms: array<f32, GMAX>;
+var<workgroup> qs: array<f32, TG * QC>;
+var<workgroup> ps: array<f32, TG * B>;
+var<workgroup> ms: array<f32, TG>;
 
 @compute @workgroup_size(WG)
 fn main(
@@ -58,30 +67,33 @@ fn main(
 ) {
   let G = params.hq / params.hkv;
   let groups = (G + GMAX - 1u) / GMAX;
+  let tiles = (params.tokens + TQ - 1u) / TQ;
   let i = wid.x + wid.y * nwg.x;
-  if (i >= params.tokens * params.hkv * groups * params.nbs) {
+  if (i >= tiles * params.hkv * groups * params.nbs) {
     return;
   }
   let b = i % params.nbs;
   let hg = (i / params.nbs) % groups;
   let kvh = (i / (params.nbs * groups)) % params.hkv;
-  let tl = i / (params.nbs * groups * params.hkv);
-  let t = params.t0 + tl;
-  let npos = params.pos0 + t + 1u;
+  let tl0 = (i / (params.nbs * groups * params.hkv)) * TQ;
+  let live = min(TQ, params.tokens - tl0);
+  // Positions token tl0 + j sees: npos0 + j.
+  let npos0 = params.pos0 + params.t0 + tl0 + 1u;
   let p0 = b * B;
-  if (p0 >= npos) {
+  if (p0 >= npos0 + live - 1u) {
     return;
   }
-  let nr = min(B, npos - p0);
+  // Rows of the block the tile's last token sees.
+  let nr = min(B, npos0 + live - 1u - p0);
   let gq = min(GMAX, G - hg * GMAX);
   let h0 = kvh * G + hg * GMAX;
   let row = params.hkv * W;
   let kv0 = p0 * row + kvh * W;
-  let qt = t * params.q_stride_t;
 
   let p = lid % B;
   let gs = lid / B;
-  var s: array<f32, HPT>;
+  // s[j][hh]: token j, head gs + hh·(WG/B).
+  var s: array<array<f32, HPT>, TQ>;
   for (var c = 0u; c < W; c += KW) {
     for (var k = lid; k < B * KW; k += WG) {
       let r = k / KW;
@@ -92,34 +104,42 @@ fn main(
       }
       ks[r * KP + w] = x;
     }
-    for (var k = lid; k < GMAX * QC; k += WG) {
-      let g = k / QC;
+    for (var k = lid; k < TG * QC; k += WG) {
+      let j = k / (GMAX * QC);
+      let g = (k / QC) % GMAX;
       let d = 2u * c + k % QC;
       var x = 0.0;
-      if (g < gq && d < DH) {
-        x = q[qt + (h0 + g) * params.q_stride_h + d];
+      if (j < live && g < gq && d < DH) {
+        x = q[(params.t0 + tl0 + j) * params.q_stride_t + (h0 + g) * params.q_stride_h + d];
       }
       qs[k] = x;
     }
     workgroupBarrier();
+    // Each K word read once for the tile's tokens and heads; every score's chain runs in w order.
     let nw = min(KW, W - c);
-    for (var j = 0u; j < HPT; j++) {
-      let qg = (gs + j * (WG / B)) * QC;
-      var d = s[j];
-      for (var w = 0u; w < nw; w++) {
-        let k2 = unpack2x16float(ks[p * KP + w]);
-        d += qs[qg + 2u * w] * k2.x + qs[qg + 2u * w + 1u] * k2.y;
+    for (var w = 0u; w < nw; w++) {
+      let k2 = unpack2x16float(ks[p * KP + w]);
+      for (var j = 0u; j < TQ; j++) {
+        if (j < live) {
+          for (var hh = 0u; hh < HPT; hh++) {
+            let qg = (j * GMAX + gs + hh * (WG / B)) * QC + 2u * w;
+            s[j][hh] += qs[qg] * k2.x + qs[qg + 1u] * k2.y;
+          }
+        }
       }
-      s[j] = d;
     }
     workgroupBarrier();
   }
-  for (var j = 0u; j < HPT; j++) {
-    let g = gs + j * (WG / B);
-    ps[g * B + p] = select(NEG, s[j] * params.scale, p < nr && g < gq);
+  for (var j = 0u; j < TQ; j++) {
+    // Rows of the block token j sees (0: none, past its position).
+    let nj = min(B, max(npos0 + j, p0) - p0);
+    for (var hh = 0u; hh < HPT; hh++) {
+      let g = gs + hh * (WG / B);
+      ps[(j * GMAX + g) * B + p] = select(NEG, s[j][hh] * params.scale, p < nj && g < gq);
+    }
   }
   workgroupBarrier();
-  if (lid < GMAX) {
+  if (lid < TG) {
     var m = NEG;
     for (var r = 0u; r < B; r++) {
       m = max(m, ps[lid * B + r]);
@@ -127,13 +147,19 @@ fn main(
     ms[lid] = m;
   }
   workgroupBarrier();
-  for (var j = 0u; j < HPT; j++) {
-    let g = gs + j * (WG / B);
-    ps[g * B + p] = select(0.0, exp(s[j] * params.scale - ms[g]), p < nr && g < gq);
+  for (var j = 0u; j < TQ; j++) {
+    let nj = min(B, max(npos0 + j, p0) - p0);
+    for (var hh = 0u; hh < HPT; hh++) {
+      let g = gs + hh * (WG / B);
+      let pair = j * GMAX + g;
+      ps[pair * B + p] = select(0.0, exp(s[j][hh] * params.scale - ms[pair]), p < nj && g < gq);
+    }
   }
   workgroupBarrier();
 
-  var acc: array<vec2<f32>, JPT>;
+  // acc[j][jj]: token j, dims pair lid + jj·WG of the tile's heads. Rows a token does not see
+  // have weight 0 and add exactly 0.
+  var acc: array<array<vec2<f32>, JPT>, TQ>;
   for (var r0 = 0u; r0 < nr; r0 += VR) {
     let n = min(VR, nr - r0);
     for (var k = lid; k < VR * W; k += WG) {
@@ -145,37 +171,45 @@ fn main(
       ks[k] = x;
     }
     workgroupBarrier();
+    // Each V word read once for the tile's tokens; every sum runs in row order.
     for (var jj = 0u; jj < JPT; jj++) {
-      let j = lid + jj * WG;
-      let g = j / W;
+      let e = lid + jj * WG;
+      let g = e / W;
       if (g < gq) {
-        let w = j % W;
-        var a = acc[jj];
         for (var r = 0u; r < n; r++) {
-          a += ps[g * B + r0 + r] * unpack2x16float(ks[r * W + w]);
+          let v = unpack2x16float(ks[r * W + e % W]);
+          for (var j = 0u; j < TQ; j++) {
+            if (j < live) {
+              acc[j][jj] += ps[(j * GMAX + g) * B + r0 + r] * v;
+            }
+          }
         }
-        acc[jj] = a;
       }
     }
     workgroupBarrier();
   }
-  let slot = (tl * params.hq + h0) * params.nbs + b;
   let acc0 = 2u * params.tokens * params.hq * params.nbs;
-  for (var jj = 0u; jj < JPT; jj++) {
-    let j = lid + jj * WG;
-    let g = j / W;
-    if (g < gq) {
-      let o = acc0 + (slot + g * params.nbs) * DH + 2u * (j % W);
-      part[o] = acc[jj].x;
-      part[o + 1u] = acc[jj].y;
+  for (var j = 0u; j < TQ; j++) {
+    // A token whose positions end before the block has no partial here.
+    if (j < live && p0 < npos0 + j) {
+      let slot = ((tl0 + j) * params.hq + h0) * params.nbs + b;
+      for (var jj = 0u; jj < JPT; jj++) {
+        let e = lid + jj * WG;
+        let g = e / W;
+        if (g < gq) {
+          let o = acc0 + (slot + g * params.nbs) * DH + 2u * (e % W);
+          part[o] = acc[j][jj].x;
+          part[o + 1u] = acc[j][jj].y;
+        }
+      }
+      if (lid < gq) {
+        var l = 0.0;
+        for (var r = 0u; r < B; r++) {
+          l += ps[(j * GMAX + lid) * B + r];
+        }
+        part[2u * (slot + lid * params.nbs)] = ms[j * GMAX + lid];
+        part[2u * (slot + lid * params.nbs) + 1u] = l;
+      }
     }
-  }
-  if (lid < gq) {
-    var l = 0.0;
-    for (var r = 0u; r < B; r++) {
-      l += ps[lid * B + r];
-    }
-    part[2u * (slot + lid * params.nbs)] = ms[lid];
-    part[2u * (slot + lid * params.nbs) + 1u] = l;
   }
 }

@@ -4,14 +4,29 @@
 
 import type { BufferRef } from "../buffers.ts";
 import type { StepEncoder } from "../encoder.ts";
-import type { KernelFamily } from "../kernel.ts";
+import type { KernelFamily, KernelTarget } from "../kernel.ts";
 import { attentionCombine } from "./attention_combine.ts";
 
-/** Pass 1, a variant per head dim. */
+/**
+ * Pass 1, a variant per head dim; it takes TQ tokens a workgroup (sharing each staged block of K
+ * and V) where the device's workgroup memory holds their queries and weights, else one. One TQ
+ * per device: decode and prefill run the same code, a decode step as a tile of one token.
+ */
 export const ATTENTION: KernelFamily<{ readonly dh: number }> = {
   file: "attention.wgsl",
-  variant: (_, { dh }) => ({ name: `attention_dh${dh}`, defines: { DH: dh, B: ATTENTION_BLOCK } }),
+  variant: (target, { dh }) => {
+    const tq = tileTokens(target);
+    return { name: `attention_dh${dh}_q${tq}`, defines: { DH: dh, B: ATTENTION_BLOCK, TQ: tq } };
+  },
 };
+
+/** Tokens a pass-1 workgroup takes (wgsl TQ) on a device: 4 if their 25 KB fit, else 1. */
+function tileTokens(target: KernelTarget): number {
+  // Staged K rows (33 words each), then per (token, head) 64 query values, 64 weights and a max.
+  const bytes = (tq: number) =>
+    4 * (ATTENTION_BLOCK * 33 + tq * HEADS_PER_WORKGROUP * (64 + ATTENTION_BLOCK + 1));
+  return bytes(4) <= target.limits.maxComputeWorkgroupStorageSize ? 4 : 1;
+}
 
 /**
  * Positions per block: one workgroup of pass 1 per (token, KV head, block), so a decode step at
@@ -100,7 +115,7 @@ export function attention(
       q_stride_t: o.qStrideT,
       q_stride_h: o.qStrideH,
       scale: 1 / Math.sqrt(o.dh),
-    }, { tiles: tokens * o.hkv * groups * nbs });
+    }, { tiles: Math.ceil(tokens / tileTokens(enc.ctx)) * o.hkv * groups * nbs });
     attentionCombine(enc, { part: b.part, q: b.q, o: b.o }, {
       ...o,
       block: ATTENTION_BLOCK,
