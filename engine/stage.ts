@@ -13,8 +13,14 @@ export type StageInput =
 export const MAX_TOPK = 1024;
 /** Most u32 words of a LogitAdjust mask: vocabularies of up to 2^21 tokens. */
 export const MAX_MASK_WORDS = 65536;
-/** Most (id, bias) pairs one run may add to the logits. */
+/** Most LogitBias records one run may apply to the logits (16 bytes each on the wire). */
 export const MAX_BIAS_PAIRS = 16384;
+/** Largest |bias| and |subtract|: far beyond any logit, far below f32's range. */
+export const MAX_BIAS = 1e9;
+/** The bias that bans a token outright (llama.cpp's `false`, ignore_eos) short of the mask. */
+export const BAN = -MAX_BIAS;
+/** A LogitBias's repeat lies in [1 / MAX_REPEAT, MAX_REPEAT], so no logit leaves f32's range. */
+export const MAX_REPEAT = 1000;
 
 /** A candidate of the last position's logits (f32 values, as every stage returns them). */
 export interface TopEntry {
@@ -22,10 +28,43 @@ export interface TopEntry {
   readonly logit: number;
 }
 
-/** An additive change to one token's logit. */
+/**
+ * A change to one token's logit: x → rep(x + bias, repeat) − subtract, where rep(v, r) is v / r
+ * for v > 0 and v · r otherwise. That is llama.cpp's order: logit bias, then repetition penalty,
+ * then presence and frequency penalties; the head builds them per step (lib/sampling/penalties.ts)
+ * so that a penalised token outside the top-k moves exactly as the full logits say.
+ */
 export interface LogitBias {
   readonly id: number;
   readonly bias: number;
+  /** Positive; 1 (the default) leaves the logit's scale alone. */
+  readonly repeat?: number;
+  /** Default 0. */
+  readonly subtract?: number;
+}
+
+/** Bytes of one LogitBias record as the wire and the GPU kernel hold it. */
+export const BIAS_RECORD_BYTES = 16;
+
+/** Records as little-endian (u32 id, f32 bias, f32 repeat, f32 subtract), for the wire and GPU. */
+export function encodeBias(bias: readonly LogitBias[]): Uint8Array<ArrayBuffer> {
+  const bytes = new Uint8Array(bias.length * BIAS_RECORD_BYTES);
+  const v = new DataView(bytes.buffer);
+  bias.forEach((b, i) => {
+    const at = i * BIAS_RECORD_BYTES;
+    v.setUint32(at, b.id, true);
+    v.setFloat32(at + 4, b.bias, true);
+    v.setFloat32(at + 8, b.repeat ?? 1, true);
+    v.setFloat32(at + 12, b.subtract ?? 0, true);
+  });
+  return bytes;
+}
+
+/** One logit after its LogitBias (the reference engine's, and the GPU kernel's, formula). */
+export function biasLogit(x: number, b: LogitBias): number {
+  const v = x + b.bias;
+  const r = b.repeat ?? 1;
+  return (v > 0 ? v / r : v * r) - (b.subtract ?? 0);
 }
 
 /**
@@ -36,7 +75,7 @@ export interface LogitBias {
 export interface LogitAdjust {
   /** Bit (i & 31) of word i >> 5 allows token i; ids past the mask are not allowed. */
   readonly mask?: Uint32Array;
-  /** Added to the logits of these ids (each id at most once), before the mask. */
+  /** Applied to the logits of these ids (each id at most once), before the mask. */
   readonly bias?: readonly LogitBias[];
 }
 

@@ -3,8 +3,10 @@
 
 import {
   type LogitAdjust,
+  MAX_BIAS,
   MAX_BIAS_PAIRS,
   MAX_MASK_WORDS,
+  MAX_REPEAT,
   MAX_TOPK,
   type Stage,
   type StageInput,
@@ -93,9 +95,6 @@ export function checkRun(
   }
 }
 
-/** Largest |bias|: far beyond any logit, far below f32's range (a bias demotes, never masks). */
-const MAX_BIAS = 1e9;
-
 /** Checks a run's top-k count: 0..MAX_TOPK. */
 export function checkTopK(topk: number): void {
   if (!Number.isInteger(topk) || topk < 0 || topk > MAX_TOPK) {
@@ -105,7 +104,8 @@ export function checkTopK(topk: number): void {
 
 /**
  * Checks logit adjustments against a vocabulary of `vocab` tokens: the mask fits it and allows
- * at least one token, bias ids are in range and distinct, biases finite.
+ * at least one token, bias ids are in range and distinct, bias and subtract within ±MAX_BIAS (a
+ * bias demotes, never masks), repeat within MAX_REPEAT of 1.
  */
 export function checkAdjust(adjust: LogitAdjust | undefined, vocab: number): void {
   if (!adjust) return;
@@ -132,14 +132,24 @@ export function checkAdjust(adjust: LogitAdjust | undefined, vocab: number): voi
       );
     }
     const seen = new Set<number>();
-    for (const { id, bias: b } of bias) {
+    for (const { id, bias: b, repeat = 1, subtract = 0 } of bias) {
       if (!Number.isInteger(id) || id < 0 || id >= vocab || seen.has(id)) {
         throw new RangeError(
           `Cannot bias token ${id}: expected distinct ids in 0..${vocab - 1}`,
         );
       }
-      if (!(Math.abs(b) <= MAX_BIAS)) {
-        throw new RangeError(`Cannot bias token ${id} by ${b}: expected -${MAX_BIAS}..${MAX_BIAS}`);
+      if (!(Math.abs(b) <= MAX_BIAS) || !(Math.abs(subtract) <= MAX_BIAS)) {
+        throw new RangeError(
+          `Cannot bias token ${id} by ${b} and subtract ${subtract}: expected each in ` +
+            `-${MAX_BIAS}..${MAX_BIAS}`,
+        );
+      }
+      if (!(repeat >= 1 / MAX_REPEAT && repeat <= MAX_REPEAT)) {
+        throw new RangeError(
+          `Cannot penalise token ${id} by repeat ${repeat}: expected ${
+            1 / MAX_REPEAT
+          }..${MAX_REPEAT}`,
+        );
       }
       seen.add(id);
     }

@@ -12,7 +12,7 @@ import {
   logSumExp as refLogSumExp,
   maskLogits,
 } from "../engine/reference/logits.ts";
-import { type LogitAdjust, MAX_TOPK } from "../engine/stage.ts";
+import { BAN, encodeBias, type LogitAdjust, MAX_TOPK } from "../engine/stage.ts";
 import { gpuTest, randomF32, readU32, rng, submit, upload } from "./_gpu.ts";
 
 const f32 = (bits: number) => new Float32Array(new Uint32Array([bits]).buffer)[0];
@@ -53,6 +53,22 @@ const CASES: readonly Case[] = [
     k: 3,
     adjust: { mask: maskOf(47, (id) => id < 9), bias: [{ id: 2, bias: 40 }] },
   },
+  // Penalties: repeat divides a positive logit and multiplies a negative one, then subtract; a
+  // ban; the tied run straddling the k-th place is among them.
+  {
+    V: 1200,
+    rows: 2,
+    k: 16,
+    adjust: {
+      bias: [
+        { id: 10, bias: 0, repeat: 1.7, subtract: 0.4 },
+        { id: 11, bias: -9, repeat: 3, subtract: 0 },
+        { id: 44, bias: 0.5, repeat: 0.25, subtract: -1 },
+        { id: 97, bias: BAN },
+        { id: 700, bias: 0, repeat: 1.1, subtract: 2.5 },
+      ],
+    },
+  },
 ];
 
 gpuTest("argmax, logitAdjust, topK and the log-sum-exp equal the reference", async (ctx) => {
@@ -75,16 +91,16 @@ gpuTest("argmax, logitAdjust, topK and the log-sum-exp equal the reference", asy
     const argmaxScratch = createStorage(ctx, "argmax scratch", argmaxScratchWords(rows) * 4);
     const top = createStorage(ctx, "top", topKWords(k) * 4);
     const mask = adjust?.mask ? upload(ctx, adjust.mask) : undefined;
-    const pairs = new Uint32Array(2 * (adjust?.bias?.length ?? 0));
-    adjust?.bias?.forEach(({ id, bias }, i) => {
-      pairs[2 * i] = id;
-      new Float32Array(pairs.buffer)[2 * i + 1] = bias;
-    });
-    const bias = pairs.length ? upload(ctx, pairs) : undefined;
+    const records = encodeBias(adjust?.bias ?? []);
+    const bias = records.length ? upload(ctx, new Uint32Array(records.buffer)) : undefined;
     await submit(ctx, (enc) => {
       // As gpu_forward.ts encodes a head: biases, the normaliser, the mask, argmax, top-k.
       const row = { n: V, offset: last };
-      logitAdjust(enc, { logits: src, mask, bias }, { ...row, words: 0, pairs: pairs.length / 2 });
+      logitAdjust(enc, { logits: src, mask, bias }, {
+        ...row,
+        words: 0,
+        pairs: adjust?.bias?.length ?? 0,
+      });
       logSumExp(enc, { src, out: top }, { ...row, k });
       logitAdjust(enc, { logits: src, mask, bias }, {
         ...row,
@@ -109,8 +125,8 @@ gpuTest("argmax, logitAdjust, topK and the log-sum-exp equal the reference", asy
       .filter((e) => e.id !== 0xffffffff);
     const ref = argmaxTopK(lastRow, k);
     assert.equal(got.length, ref.top.length, `${where}: candidate count`);
-    // Biases are added in f32 on the GPU and in f64 by the reference: compare ids exactly, values
-    // to f32 rounding.
+    // Biases and penalties are applied in f32 on the GPU and in f64 by the reference: compare ids
+    // exactly, values to f32 rounding.
     assert.deepEqual(got.map((e) => e.id), ref.top.map((e) => e.id), `${where}: ids`);
     got.forEach((e, i) =>
       assert.ok(Math.abs(e.logit - ref.top[i].logit) <= 1e-5 * Math.abs(e.logit), `${where} #${i}`)

@@ -1,9 +1,11 @@
 // The scheduler on a whole-model GPU stage: greedy sequences decode several steps per readback
-// (decodeGreedy) and must end exactly where per-step decoding ends, on length and on stop text.
+// (decodeGreedy) and must end exactly where per-step decoding ends, on length and on stop text;
+// penalised sequences (logit changes on the last stage) match the reference stage's.
 
 import assert from "node:assert/strict";
 import { openGpuStage } from "../engine/gpu/gpu_stage.ts";
 import { openGguf } from "../engine/gguf/read.ts";
+import { openReferenceStage } from "../engine/reference/reference_stage.ts";
 import type { Stage } from "../engine/stage.ts";
 import { Scheduler } from "../lib/scheduler/scheduler.ts";
 import type { SequenceEvent, SequenceRequest } from "../lib/scheduler/sequence.ts";
@@ -96,6 +98,52 @@ gpuTest(
       assert.deepEqual(fusedStop, stepStop);
       assert.ok(fusedStop.ids.length < 13, "the stop ended the sequence early");
     } finally {
+      stage.close();
+      model.close();
+    }
+  },
+);
+
+gpuTest(
+  "penalties and logit bias on the GPU stage give the reference stage's sequence, never fused",
+  async (gpu) => {
+    const model = await openGguf(await tinyModel());
+    const stage = await openGpuStage(model, gpu, { first: 0, end: 4, slots: 1, ctx: 128 });
+    const reference = await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: 128 });
+    try {
+      const tokenizer = TextTokenizer.fromGguf(model.metadata);
+      const prompt = tokenizer.encode("Two machines serve one model");
+      const far = tokenizer.encode(" zebra").at(-1)!;
+      const penalised = (temperature: number): SequenceRequest => ({
+        prompt,
+        maxTokens: 10,
+        sampling: {
+          temperature,
+          topK: 40,
+          topP: 1,
+          seed: 7n,
+          penalties: {
+            // A token far from the top forced first, then kept out by its frequency penalty.
+            logitBias: new Map([[far, 100]]),
+            frequency: 150,
+            penaltyLastN: 64,
+            penaltyScope: "output",
+            repeat: 1.3,
+            repeatLastN: 16,
+          },
+        },
+      });
+      const counted = countingFused(stage);
+      const gpuRun = await run(counted.stage, tokenizer, penalised(0));
+      const refRun = await run(reference, tokenizer, penalised(0));
+      assert.deepEqual(gpuRun.ids, refRun.ids);
+      assert.equal(gpuRun.ids[0], far);
+      assert.ok(!gpuRun.ids.slice(1).includes(far), `${gpuRun.ids}`);
+      assert.equal(counted.calls(), 0, "a penalised sequence is never decoded fused");
+      const sampled = await run(stage, tokenizer, penalised(0.7));
+      assert.deepEqual(sampled.ids, (await run(reference, tokenizer, penalised(0.7))).ids);
+    } finally {
+      reference.close();
       stage.close();
       model.close();
     }

@@ -334,3 +334,59 @@ Deno.test("/completion: cache_prompt, return_tokens, and min_p 1 as greedy", asy
     await head.close();
   }
 });
+
+Deno.test("logit_bias and ignore_eos act on the full logits: bans, a far token forced, EOS", async () => {
+  const head = await startTestHead();
+  try {
+    const url = `${head.url}/completion`;
+    const req = { prompt: "Once upon a time", n_predict: 8, temperature: 0, return_tokens: true };
+    const greedy = await (await post(url, req)).json();
+    const first = greedy.tokens[0];
+    const banned = await (await post(url, { ...req, logit_bias: [[first, false]] })).json();
+    assert.notEqual(banned.tokens[0], first);
+    assert.ok(!banned.tokens.includes(first), "a banned token never comes");
+    // A token nowhere near the top of the logits wins every step once biased by +100.
+    const far = (await (await post(`${head.url}/tokenize`, { content: " zebra" })).json())
+      .tokens.at(-1);
+    assert.ok(!greedy.tokens.includes(far));
+    const forced = await (await post(url, { ...req, logit_bias: { [far]: 100 } })).json();
+    assert.deepEqual(forced.tokens, new Array(8).fill(far));
+    const chat = await (await post(`${head.url}/v1/chat/completions`, {
+      model: "m",
+      max_tokens: 3,
+      temperature: 0.9,
+      seed: 4,
+      logit_bias: { [far]: 100 },
+      messages: [{ role: "user", content: "Hi" }],
+    })).json();
+    assert.equal(
+      chat.choices[0].message.content,
+      (await (await post(`${head.url}/detokenize`, {
+        tokens: [far, far, far],
+      })).json()).content.trim(),
+    );
+
+    // <|im_end|> ends generation: boosted it comes first; with ignore_eos it never does.
+    const [eos] = (await (await post(`${head.url}/tokenize`, { content: "<|im_end|>" })).json())
+      .tokens;
+    const ended = await (await post(url, { ...req, logit_bias: [[eos, 100]] })).json();
+    assert.equal(ended.stop_type, "eos");
+    assert.equal(ended.tokens_predicted, 1);
+    const ignored = await (await post(url, { ...req, logit_bias: [[eos, 100]], ignore_eos: true }))
+      .json();
+    assert.equal(ignored.stop_type, "limit");
+    assert.equal(ignored.tokens_predicted, 8);
+    assert.equal(ignored.generation_settings.ignore_eos, true);
+
+    const tooMany = await post(url, {
+      ...req,
+      logit_bias: Array.from({ length: 1025 }, (_, i) => [i, 1]),
+    });
+    assert.equal(tooMany.status, 400);
+    assert.match((await tooMany.json()).error.message, /^logit_bias: 1025 entries were given/);
+    const wide = await post(url, { ...req, repeat_penalty: 1.1, repeat_last_n: 5000 });
+    assert.match((await wide.json()).error.message, /^repeat_last_n: a window of 5000 tokens/);
+  } finally {
+    await head.close();
+  }
+});

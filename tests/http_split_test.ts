@@ -110,6 +110,40 @@ Deno.test("split /v1/messages bodies equal unsplit ones byte for byte; streams a
     assert.deepEqual(x, y);
     assert.ok(x[0].logprobs.content.length > 0);
 
+    // Penalties and logit_bias act on the last stage (the worker here): split equals unsplit.
+    // A token far from the top, biased by +100, comes first; its frequency penalty then keeps it
+    // out, which only a last stage that adjusts the full logits can do.
+    const far = (await (await post(`${whole.url}/tokenize`, { content: " zebra" })).json())
+      .tokens.at(-1);
+    const plain = {
+      prompt: "Once upon a time",
+      n_predict: 12,
+      temperature: 0,
+      return_tokens: true,
+    };
+    const penalised = [
+      { ...plain, logit_bias: [[far, 100]], frequency_penalty: 150 },
+      { ...plain, temperature: 0.8, seed: 5, repeat_penalty: 1.3, logit_bias: [["the", -2]] },
+    ];
+    for (const req of penalised) {
+      const a = await (await post(`${split.url}/completion`, req)).json();
+      const b = await (await post(`${whole.url}/completion`, req)).json();
+      assert.deepEqual(a.tokens, b.tokens, JSON.stringify(req));
+    }
+    const once = (await (await post(`${split.url}/completion`, penalised[0])).json()).tokens;
+    assert.equal(once[0], far);
+    assert.ok(!once.slice(1).includes(far), `${once}`);
+    const penalisedChat = {
+      model: "m",
+      max_tokens: 12,
+      temperature: 0,
+      frequency_penalty: 1.5,
+      messages: [{ role: "user", content: "Count to ten" }],
+    };
+    const chatA = await (await post(`${split.url}/v1/chat/completions`, penalisedChat)).json();
+    const chatB = await (await post(`${whole.url}/v1/chat/completions`, penalisedChat)).json();
+    assert.equal(chatA.choices[0].message.content, chatB.choices[0].message.content);
+
     // Two concurrent sequences with different prompts each equal their solo reference.
     const prompts = [
       ask("Count to ten", { max_tokens: 24 }),

@@ -209,7 +209,7 @@ Deno.test("the worker refuses each malformed input with its code, then fuzzing l
         assert.equal(answer.code, ErrorCode.Version);
         assert.match(
           answer.message,
-          /greeting starts with 0x716b7033 \("3pkq"\), expected 0x334d4454 \("TDM3"\)/,
+          /greeting starts with 0x716b7033 \("3pkq"\), expected 0x344d4454 \("TDM4"\)/,
         );
       }
       old.close();

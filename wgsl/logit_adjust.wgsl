@@ -1,9 +1,10 @@
-// logit_adjust: a run's logit adjustments on one row, in place, before argmax and topk: mode 0 adds
-// the biases, mode 1 sets every token the mask does not allow to MASKED (topk then skips it).
-// Matches engine/reference/logits.ts adjustLogits (which writes -Infinity for MASKED).
+// logit_adjust: a run's logit adjustments on one row, in place, before argmax and topk: mode 0
+// applies the biases and penalties (x → rep(x + bias, repeat) − subtract, rep(v, r) = v / r for
+// v > 0, else v · r), mode 1 sets every token the mask does not allow to MASKED (topk then skips
+// it). Matches engine/reference/logits.ts adjustLogits (which writes -Infinity for MASKED).
 // Bindings: 0 logits: the row at offset + i, n values f32 | 1 mask: u32 words, bit (i & 31) of word
-//   i >> 5 allows token i, ids from 32·words on are not allowed | 2 bias: (id u32, bias f32 bits)
-//   pairs | 3 params.
+//   i >> 5 allows token i, ids from 32·words on are not allowed | 2 bias: `pairs` records of 4 words
+//   (id u32, bias, repeat, subtract as f32 bits; distinct ids) | 3 params.
 // Dispatch: (ceil(pairs / WG)) in mode 0, (ceil(n / WG)) in mode 1; one thread per pair or token.
 //   WG = 256. Variants: none.
 
@@ -31,9 +32,10 @@ fn main(
   let i = gid.x + gid.y * groups.x * WG;
   if (params.mode == 0u) {
     if (i < params.pairs) {
-      let id = bias[2u * i];
-      let at = params.offset + id;
-      logits[at] = logits[at] + bitcast<f32>(bias[2u * i + 1u]);
+      let at = params.offset + bias[4u * i];
+      let v = logits[at] + bitcast<f32>(bias[4u * i + 1u]);
+      let r = bitcast<f32>(bias[4u * i + 2u]);
+      logits[at] = select(v * r, v / r, v > 0.0) - bitcast<f32>(bias[4u * i + 3u]);
     }
     return;
   }

@@ -52,7 +52,7 @@ export interface Activations {
   readonly logits: GPUBuffer; // (L, V) one chunk of LM-head rows
   readonly greedy: GPUBuffer; // (T) u32 argmax per position
   readonly mask: GPUBuffer; // (MAX_MASK_WORDS) u32 allowed-token bits of the run's LogitAdjust
-  readonly bias: GPUBuffer; // (MAX_BIAS_PAIRS) (id u32, bias f32) pairs of the run's LogitAdjust
+  readonly bias: GPUBuffer; // (MAX_BIAS_PAIRS) (id, bias, repeat, subtract) of the run's LogitAdjust
   readonly argmaxScratch: GPUBuffer; // argmax candidates of the first pass
   readonly top: GPUBuffer; // (k) (f32 bits, id) pairs, then the log-sum-exp
 }

@@ -16,6 +16,8 @@ import { PREFILL_TT } from "./kernels/mul_mat.ts";
 import { topKWords } from "./kernels/topk.ts";
 import { type HParams, readHParams } from "../hparams.ts";
 import {
+  BIAS_RECORD_BYTES,
+  encodeBias,
   type LastOutput,
   type LogitAdjust,
   MAX_BIAS_PAIRS,
@@ -123,7 +125,7 @@ export function activationFloats(
     logits: ["logits", lmChunk * V],
     greedy: ["greedy ids", T],
     mask: ["token mask", Math.ceil(V / 32)],
-    bias: ["logit biases", 2 * MAX_BIAS_PAIRS],
+    bias: ["logit biases", BIAS_RECORD_BYTES / 4 * MAX_BIAS_PAIRS],
     argmaxScratch: ["argmax scratch", argmaxScratchWords(lmChunk)],
     top: ["top-k", topKWords(MAX_TOPK)],
   };
@@ -377,15 +379,7 @@ export class GpuStage implements Stage {
     const mask = adjust?.mask;
     if (mask) writeBytes(this.#gpu, act.mask, 0, mask);
     const bias = adjust?.bias ?? [];
-    if (bias.length) {
-      const pairs = new Uint32Array(2 * bias.length);
-      const values = new Float32Array(pairs.buffer);
-      bias.forEach(({ id, bias: b }, i) => {
-        pairs[2 * i] = id;
-        values[2 * i + 1] = b;
-      });
-      writeBytes(this.#gpu, act.bias, 0, pairs);
-    }
+    if (bias.length) writeBytes(this.#gpu, act.bias, 0, encodeBias(bias));
     return { words: mask?.length ?? 0, pairs: bias.length };
   }
 

@@ -1,14 +1,14 @@
 // Greedy id, top-k and log-sum-exp of one position's logits after the run's adjustments, for the
 // last reference stage (reference_stage.ts); the oracle of the GPU's argmax, logit_adjust and topk.
 
-import type { LogitBias, TopEntry } from "../stage.ts";
+import { biasLogit, type LogitBias, type TopEntry } from "../stage.ts";
 import type { Vec } from "./math.ts";
 
-/** `logits` with `bias` added. */
+/** `logits` with `bias` applied (biases and penalties: biasLogit). */
 export function biasLogits(logits: Vec, bias: readonly LogitBias[] | undefined): Vec {
   if (!bias?.length) return logits;
   const out = Float64Array.from(logits);
-  for (const { id, bias: b } of bias) out[id] += b;
+  for (const b of bias) out[b.id] = biasLogit(out[b.id], b);
   return out;
 }
 

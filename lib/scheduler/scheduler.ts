@@ -413,11 +413,14 @@ export class Scheduler {
   /**
    * The local stage's fused greedy decoding, when it may stand in for per-step runs: the head
    * holds the whole model and the sequence takes each step's argmax as it is (no sampling,
-   * grammar or per-token probabilities).
+   * grammar, per-token probabilities or logit changes).
    */
   #fusedGreedy(seq: Sequence): Stage["decodeGreedy"] {
     const { constraint, logprobs, sampling } = seq.request;
-    if (this.#link || constraint || logprobs !== undefined || sampling.temperature !== 0) {
+    if (
+      this.#link || constraint || logprobs !== undefined || sampling.temperature !== 0 ||
+      seq.adjusting
+    ) {
       return undefined;
     }
     return this.#local.decodeGreedy?.bind(this.#local);
@@ -439,7 +442,10 @@ export class Scheduler {
     });
   }
 
-  /** Runs positions [base, base+n) through every stage; the last stage's ids and top-k. */
+  /**
+   * Runs positions [base, base+n) through every stage; the last stage's ids and top-k, after it
+   * applied `options.adjust` to the last position's logits.
+   */
   async #forward(
     seq: Sequence,
     slot: number,

@@ -2,6 +2,7 @@
 // The scheduler feeds it the last stage's output per step; lib/server reads its events.
 
 import type { LastOutput, LogitAdjust } from "../../engine/stage.ts";
+import { LogitAdjuster, noPenalties, type PenaltyOptions } from "../sampling/penalties.ts";
 import { sampleToken, SplitMix64 } from "../sampling/sample.ts";
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
 
@@ -16,6 +17,8 @@ export interface SamplingOptions {
   /** The top-p and min-p cuts keep at least this many candidates. */
   readonly minKeep?: number;
   readonly seed: bigint;
+  /** Logit bias and repetition penalties, applied to the full logits on the last stage. */
+  readonly penalties?: PenaltyOptions;
 }
 
 /**
@@ -172,6 +175,7 @@ export class Sequence {
   readonly events: ReadableStream<SequenceEvent>;
   readonly #tokenizer: Pick<TextTokenizer, "tokenBytes">;
   readonly #rng: SplitMix64;
+  readonly #adjuster: LogitAdjuster | undefined;
   readonly #stop: StopMatcher;
   readonly #decoder = new TextDecoder("utf-8", { ignoreBOM: true });
   readonly #abort = new AbortController();
@@ -189,6 +193,10 @@ export class Sequence {
     this.request = request;
     this.#tokenizer = tokenizer;
     this.#rng = new SplitMix64(request.sampling.seed);
+    const penalties = request.sampling.penalties;
+    this.#adjuster = penalties && !noPenalties(penalties)
+      ? new LogitAdjuster(penalties, request.prompt)
+      : undefined;
     this.#stop = new StopMatcher(request.stop ?? []);
     this.events = new ReadableStream<SequenceEvent>({
       start: (controller) => {
@@ -254,6 +262,11 @@ export class Sequence {
     if (this.#abort.signal.aborted) throw this.#abort.signal.reason;
   }
 
+  /** Whether the last stage changes logits for this sequence (so no step may skip it). */
+  get adjusting(): boolean {
+    return this.#adjuster !== undefined;
+  }
+
   /** Candidates to ask the last stage for at each step. */
   topk(vocabSize: number, maxTopk: number): number {
     const { logprobs, sampling } = this.request;
@@ -265,13 +278,15 @@ export class Sequence {
 
   /**
    * The logit adjustments of the step whose token will sit at position `pos` of a context of
-   * `ctx`: the constraint's mask, sized for the tokens that may still follow.
+   * `ctx`: the penalties' records and the constraint's mask, sized for the tokens that may still
+   * follow.
    */
   adjust(pos: number, ctx: number): LogitAdjust | undefined {
     const { constraint, maxTokens } = this.request;
-    if (!constraint) return undefined;
+    const bias = this.#adjuster?.adjustments();
+    if (!constraint) return bias ? { bias } : undefined;
     const remaining = Math.min(maxTokens - this.#outputTokens, ctx - pos + 1);
-    return { mask: constraint.mask(remaining) };
+    return { mask: constraint.mask(remaining), ...(bias ? { bias } : {}) };
   }
 
   /**
@@ -307,6 +322,7 @@ export class Sequence {
     this.#outputTokens++;
     const { constraint, maxTokens, logprobs } = this.request;
     constraint?.accept(id);
+    this.#adjuster?.accept(id);
     const probs = logprobs === undefined ? undefined : this.#probs(id, out, logprobs);
     if (eog) {
       this.#emit({ type: "token", id, text: "", probs });

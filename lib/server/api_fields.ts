@@ -34,8 +34,6 @@ const refused = (note: string, neutral?: (value: Json) => boolean): FieldRule =>
 const is = (...values: Json[]) => (v: Json) => values.includes(v);
 const emptyList = (v: Json) => Array.isArray(v) && v.length === 0;
 
-const PENALTY_LATER = "not supported yet (penalties and logit_bias on the last stage, issue 12)";
-
 /** Anthropic POST /v1/messages. */
 const MESSAGES: FieldTable = {
   model: honoured("any id is accepted; replies name the loaded model"),
@@ -95,8 +93,14 @@ const COUNT_TOKENS: FieldTable = {
 const OPENAI_EXTENSIONS: FieldTable = {
   top_k: honoured("extension: candidates sampled from; omitted: the head's --top-k"),
   min_p: honoured("extension: drops candidates below min_p times the best one's probability"),
-  repeat_penalty: refused(PENALTY_LATER, is(1)),
-  repeat_last_n: ignored("used only with repeat_penalty"),
+  repeat_penalty: honoured(
+    "extension (llama.cpp): 0.001 to 1000, over the last repeat_last_n tokens of prompt " +
+      "and output, applied to the full logits on the last stage",
+  ),
+  repeat_last_n: honoured(
+    "extension (llama.cpp): the repeat_penalty window, default 64, at " +
+      "most 1024",
+  ),
 };
 
 /** Sampling fields OpenAI's chat and completions routes share. */
@@ -111,9 +115,18 @@ const OPENAI_SAMPLING: FieldTable = {
   "stream_options.include_usage": honoured("a last chunk with usage"),
   "stream_options.include_obfuscation": ignored("no obfuscation padding is sent"),
   n: honoured("1 only; other values are refused"),
-  presence_penalty: refused(PENALTY_LATER, is(0)),
-  frequency_penalty: refused(PENALTY_LATER, is(0)),
-  logit_bias: refused(PENALTY_LATER, (v) => isObject(v) && Object.keys(v).length === 0),
+  presence_penalty: honoured(
+    "-2 to 2, over the generated tokens (the last 1024), applied to " +
+      "the full logits on the last stage",
+  ),
+  frequency_penalty: honoured(
+    "-2 to 2, over the generated tokens (the last 1024), applied to " +
+      "the full logits on the last stage",
+  ),
+  logit_bias: honoured(
+    "token id to -100..100, added to its logit on the last stage; at most " +
+      "1024 entries",
+  ),
   user: ignored("metadata"),
   ...OPENAI_EXTENSIONS,
 };
@@ -183,15 +196,21 @@ const LLAMA_COMPLETION: FieldTable = {
   min_p: honoured("drops candidates below min_p times the best one's probability"),
   min_keep: honoured("top_p and min_p keep at least this many candidates"),
   seed: honoured("-1 or omitted: random; the same seed and request give the same reply"),
-  repeat_penalty: refused(PENALTY_LATER, is(1)),
-  repeat_last_n: ignored("used only with repeat_penalty"),
-  presence_penalty: refused(PENALTY_LATER, is(0)),
-  frequency_penalty: refused(PENALTY_LATER, is(0)),
-  logit_bias: refused(
-    PENALTY_LATER,
-    (v) => emptyList(v) || (isObject(v) && !Object.keys(v).length),
+  repeat_penalty: honoured(
+    "0.001 to 1000, over the last repeat_last_n tokens of prompt and output, applied " +
+      "to the full logits on the last stage",
   ),
-  ignore_eos: refused(PENALTY_LATER, is(false)),
+  repeat_last_n: honoured(
+    "the penalty window, default 64, at most 1024; -1: the context when " +
+      "it is at most 1024",
+  ),
+  presence_penalty: honoured("-1000 to 1000, over the same window as repeat_penalty"),
+  frequency_penalty: honoured("-1000 to 1000, over the same window as repeat_penalty"),
+  logit_bias: honoured(
+    "[[id or text, bias or false], ...] or {id or text: bias}, bias within ±1e9; false bans; " +
+      "text biases each of its tokens; at most 1024 entries and 1024 tokens",
+  ),
+  ignore_eos: honoured("end-of-generation tokens are banned"),
   n_probs: honoured("top candidates with log-probabilities per generated token"),
   cache_prompt: honoured(
     "true (default): the prompt minus its last token is cached for the " +

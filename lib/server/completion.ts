@@ -6,6 +6,7 @@ import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
 import { MAX_TOPK } from "../../engine/stage.ts";
 import { ApiError, errorResponse, toApiError } from "./api_error.ts";
 import { checkFields, fieldsOf } from "./api_fields.ts";
+import { readPenalties } from "./penalty_fields.ts";
 import { Field, type JsonObject, readSeed } from "./fields.ts";
 import { streamSignal } from "./admit.ts";
 import type { Head } from "./head_context.ts";
@@ -92,6 +93,7 @@ export async function createCompletion(
     minP: root.key("min_p").optNumber({ min: 0, max: 1 }),
     minKeep: root.key("min_keep").optNumber({ integer: true, min: 0 }),
     seed: readSeed(root.key("seed")),
+    penalties: readPenalties(root, "llama", head.tokenizer, head.scheduler.ctx),
   }, head.defaults);
   const cachePrompt = root.key("cache_prompt").optBoolean() ?? true;
   const returnTokens = root.key("return_tokens").optBoolean() ?? false;
@@ -117,6 +119,11 @@ export async function createCompletion(
     top_p: sampling.topP,
     min_p: sampling.minP,
     min_keep: sampling.minKeep,
+    repeat_penalty: sampling.penalties?.repeat ?? 1,
+    repeat_last_n: sampling.penalties?.repeatLastN,
+    presence_penalty: sampling.penalties?.presence ?? 0,
+    frequency_penalty: sampling.penalties?.frequency ?? 0,
+    ignore_eos: root.key("ignore_eos").optBoolean() ?? false,
     seed: seedJson(sampling.seed),
     n_probs: nProbs,
   };

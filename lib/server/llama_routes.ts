@@ -57,6 +57,7 @@ export function detokenize(head: Head, body: JsonObject, requestId: string): Res
 
 /** A generation's settings in llama.cpp's `params` shape. */
 function params(sampling: SamplingOptions, nPredict: number): Record<string, unknown> {
+  const p = sampling.penalties ?? {};
   return {
     n_predict: nPredict,
     seed: sampling.seed <= BigInt(Number.MAX_SAFE_INTEGER)
@@ -67,7 +68,11 @@ function params(sampling: SamplingOptions, nPredict: number): Record<string, unk
     top_p: sampling.topP,
     min_p: sampling.minP ?? 0,
     min_keep: sampling.minKeep ?? 0,
-    samplers: ["top_k", "top_p", "min_p", "temperature"],
+    repeat_penalty: p.repeat ?? 1,
+    repeat_last_n: p.repeatLastN ?? 64,
+    presence_penalty: p.presence ?? 0,
+    frequency_penalty: p.frequency ?? 0,
+    samplers: ["penalties", "top_k", "top_p", "min_p", "temperature"],
   };
 }
 

@@ -5,6 +5,7 @@ import type { Usage } from "../scheduler/sequence.ts";
 import type { ChatMessage, ChatToolCall } from "../tokenizer/chat_template.ts";
 import { errorResponse, toApiError } from "./api_error.ts";
 import { checkFields, fieldsOf } from "./api_fields.ts";
+import { readPenalties } from "./penalty_fields.ts";
 import { Field, type JsonObject, readSeed } from "./fields.ts";
 import { admitChat, streamSignal } from "./admit.ts";
 import type { Head } from "./head_context.ts";
@@ -135,7 +136,7 @@ function parseToolChoice(field: Field, tools: readonly ToolSpec[]): ToolChoice {
 }
 
 /** Reads the sampling, stop and stream fields OpenAI's two completion routes share. */
-export function readOpenAIOptions(root: Field): OpenAIOptions {
+export function readOpenAIOptions(root: Field, head: Head): OpenAIOptions {
   const n = root.key("n").optNumber({ integer: true, min: 1 });
   if (n !== undefined && n !== 1) root.key("n").fail(`only n = 1 is supported, got ${n}`);
   const streamOptions = root.key("stream_options");
@@ -148,6 +149,7 @@ export function readOpenAIOptions(root: Field): OpenAIOptions {
       topK: root.key("top_k").optNumber({ integer: true, min: 0 }),
       minP: root.key("min_p").optNumber({ min: 0, max: 1 }),
       seed: readSeed(root.key("seed")),
+      penalties: readPenalties(root, "openai", head.tokenizer, head.scheduler.ctx),
     },
     stream: root.key("stream").optBoolean() ?? false,
     includeUsage: streamOptions.key("include_usage").optBoolean() ?? false,
@@ -180,7 +182,7 @@ function parseLogprobs(root: Field): number | undefined {
   return on ? top ?? 0 : undefined;
 }
 
-export function parseCompletionsRequest(body: JsonObject): CompletionsRequest {
+export function parseCompletionsRequest(body: JsonObject, head: Head): CompletionsRequest {
   const root = Field.root(body);
   checkFields(root, fieldsOf("POST /v1/chat/completions"));
   const model = root.key("model").string();
@@ -200,7 +202,7 @@ export function parseCompletionsRequest(body: JsonObject): CompletionsRequest {
   const maxTokens = root.key("max_completion_tokens").optNumber({ integer: true, min: 1 }) ??
     root.key("max_tokens").optNumber({ integer: true, min: 1 });
   return {
-    ...readOpenAIOptions(root),
+    ...readOpenAIOptions(root, head),
     model,
     chat: {
       messages,
@@ -341,7 +343,7 @@ export async function createChatCompletion(
   requestId: string,
   request: Request,
 ): Promise<Response> {
-  const req = parseCompletionsRequest(body);
+  const req = parseCompletionsRequest(body, head);
   const prompt = await head.prompts.build(req.chat);
   const events = await admitChat(head, req.chat, prompt, {
     maxTokens: req.maxTokens ?? Number.MAX_SAFE_INTEGER,

@@ -1,6 +1,7 @@
 // The head's sampling defaults and how a request's own sampling fields resolve against them.
 // Used by the routes (lib/server/messages.ts, openai.ts, completion.ts) before admission.
 
+import type { PenaltyOptions } from "../sampling/penalties.ts";
 import type { SamplingOptions } from "../scheduler/sequence.ts";
 
 /** The temperature of a request that sets none, unless the head says otherwise: the APIs' 1. */
@@ -22,6 +23,7 @@ export interface SamplingRequest {
   readonly minP?: number;
   readonly minKeep?: number;
   readonly seed?: bigint;
+  readonly penalties?: PenaltyOptions;
 }
 
 /** Explicit values win (temperature clamped to the cap); a missing seed is drawn at random. */
@@ -34,5 +36,6 @@ export function resolveSampling(req: SamplingRequest, defaults: SamplingDefaults
     minP: req.minP ?? 0,
     minKeep: req.minKeep ?? 1,
     seed,
+    penalties: req.penalties,
   };
 }

@@ -89,7 +89,7 @@ export async function createTextCompletion(
   const parts = promptParts(root.key("prompt"), head.tokenizer.vocabSize);
   const prompt = await rawPromptIds(parts, head);
   if (prompt.tokens === 0) root.key("prompt").fail("the prompt has no tokens");
-  const options = readOpenAIOptions(root);
+  const options = readOpenAIOptions(root, head);
   const maxTokens = root.key("max_tokens").optNumber({ integer: true, min: 1 }) ??
     DEFAULT_MAX_TOKENS;
   const echo = root.key("echo").optBoolean() ?? false;

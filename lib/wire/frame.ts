@@ -10,7 +10,7 @@
 // |------|-----------|-----|------|--------------|---------------|-----------|----------------------------------|
 // | 1    | RUN       | →   | slot | rows, 1..max | first pos.    | pairs     | n·D f32 hidden rows [base,base+n)|
 // |      |           |     |      |              |               |           | then mask u32 words, then bias × |
-// |      |           |     |      |              |               |           | (u32 id, f32 bias)               |
+// |      |           |     |      |              |               |           | (u32 id, f32 bias, repeat, subtr)|
 // | 2    | CLOSE     | →   | 0    | 0            | 0             | 0         | none                             |
 // | 3    | SAVE      | →   | slot | 0            | snapshot idx  | 0         | none                             |
 // | 4    | RESTORE   | →   | slot | 0            | snapshot idx  | 0         | none                             |
@@ -31,7 +31,7 @@
 // | 0xFF | ERROR     | ←   | 0    | message bytes| 0             | 0         | u32 code, then n bytes UTF-8     |
 //
 // The last two header words, `mask` and `bias`, are used by RUN alone: the u32 words of its
-// allowed-token mask (0: every token) and its (id, bias) pair count, both applied to the last
+// allowed-token mask (0: every token) and its bias record count, both applied to the last
 // position's logits by the last stage (engine/stage.ts LogitAdjust).
 //
 // → client to worker, ← worker to client. D (n_embd) and the largest n are the worker's, learnt
@@ -41,6 +41,8 @@
 // no slot.
 
 import {
+  BIAS_RECORD_BYTES,
+  encodeBias,
   type LogitAdjust,
   type LogitBias,
   MAX_BIAS_PAIRS,
@@ -50,8 +52,8 @@ import {
   type TopEntry,
 } from "../../engine/stage.ts";
 
-/** Greeting magic: the bytes "TDM3" on the wire. Bump it on any change to this file's layout. */
-export const MAGIC = 0x334d4454;
+/** Greeting magic: the bytes "TDM4" on the wire. Bump it on any change to this file's layout. */
+export const MAGIC = 0x344d4454;
 export const HEADER_BYTES = 28;
 export const NONCE_BYTES = 32;
 export const GREETING_BYTES = 4 + NONCE_BYTES;
@@ -224,7 +226,7 @@ function requireZero(h: Header, fields: readonly (keyof Header)[]): void {
 function requireAdjust(h: Header): void {
   if (h.mask > MAX_MASK_WORDS || h.bias > MAX_BIAS_PAIRS) {
     throw new RangeError(
-      `Cannot decode ${opName(h.op)} frame: mask is ${h.mask} words and bias ${h.bias} pairs, ` +
+      `Cannot decode ${opName(h.op)} frame: mask is ${h.mask} words and bias ${h.bias} records, ` +
         `expected at most ${MAX_MASK_WORDS} and ${MAX_BIAS_PAIRS}`,
     );
   }
@@ -271,8 +273,8 @@ export function payloadLength(h: Header, limits: FrameLimits): number {
       requireAdjust(h);
       return requirePayload(
         h,
-        h.n * limits.nEmbd * 4 + h.mask * 4 + h.bias * 8,
-        `n ${h.n} × D ${limits.nEmbd} × 4 + mask ${h.mask} × 4 + bias ${h.bias} × 8`,
+        h.n * limits.nEmbd * 4 + h.mask * 4 + h.bias * BIAS_RECORD_BYTES,
+        `n ${h.n} × D ${limits.nEmbd} × 4 + mask ${h.mask} × 4 + bias ${h.bias} × ${BIAS_RECORD_BYTES}`,
       );
     case Op.Ids:
       requireCount(h, limits);
@@ -350,18 +352,29 @@ function decodeHello(v: DataView, bytes: Uint8Array): Frame {
   };
 }
 
-/** RUN's mask words and bias pairs after its rows; a bias must be finite. */
+/**
+ * RUN's mask words and bias records after its rows; their numbers must be finite (the last stage
+ * checks their ranges). A record's repeat 1 and subtract 0 are left out, as encodeBias reads them.
+ */
 function decodeAdjust(v: DataView, at: number, h: Header): LogitAdjust {
   const mask = new Uint32Array(h.mask);
   for (let i = 0; i < h.mask; i++) mask[i] = v.getUint32(at + 4 * i, true);
   const bias: LogitBias[] = [];
   for (let i = 0; i < h.bias; i++) {
-    const p = at + 4 * h.mask + 8 * i;
-    const b = v.getFloat32(p + 4, true);
-    if (!Number.isFinite(b)) {
-      throw new SyntaxError(`Cannot decode Run frame: bias ${i} is ${b}, expected a finite number`);
+    const p = at + 4 * h.mask + BIAS_RECORD_BYTES * i;
+    const [b, repeat, subtract] = [4, 8, 12].map((o) => v.getFloat32(p + o, true));
+    if (![b, repeat, subtract].every(Number.isFinite)) {
+      throw new SyntaxError(
+        `Cannot decode Run frame: bias record ${i} holds ${b}, ${repeat}, ${subtract}; ` +
+          `expected finite numbers`,
+      );
     }
-    bias.push({ id: v.getUint32(p, true), bias: b });
+    bias.push({
+      id: v.getUint32(p, true),
+      bias: b,
+      ...(repeat !== 1 ? { repeat } : {}),
+      ...(subtract !== 0 ? { subtract } : {}),
+    });
   }
   return { ...(h.mask ? { mask } : {}), ...(h.bias ? { bias } : {}) };
 }
@@ -526,10 +539,7 @@ export function encodeFrame(f: Frame, nEmbd = 0): Uint8Array {
       bytes.set(new Uint8Array(f.rows.buffer, f.rows.byteOffset, f.rows.byteLength), p);
       const at = p + f.rows.byteLength;
       f.adjust?.mask?.forEach((w, i) => v.setUint32(at + 4 * i, w, true));
-      f.adjust?.bias?.forEach(({ id, bias }, i) => {
-        v.setUint32(at + 4 * h.mask + 8 * i, id, true);
-        v.setFloat32(at + 4 * h.mask + 8 * i + 4, bias, true);
-      });
+      if (f.adjust?.bias) bytes.set(encodeBias(f.adjust.bias), at + 4 * h.mask);
       break;
     }
     case Op.Ids:
@@ -588,7 +598,7 @@ export function encodeHelloInfo(info: HelloInfo): Uint8Array {
   return bytes;
 }
 
-/** A magic word for messages: hex and its four bytes as text, e.g. `0x334d4454 ("TDM3")`. */
+/** A magic word for messages: hex and its four bytes as text, e.g. `0x344d4454 ("TDM4")`. */
 export function magicName(magic: number): string {
   const bytes = new Uint8Array(4);
   new DataView(bytes.buffer).setUint32(0, magic, true);

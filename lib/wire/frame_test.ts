@@ -43,7 +43,7 @@ const SAMPLES: Frame[] = [
     n: 1,
     topk: 0,
     rows: Float32Array.of(1, 2, 3),
-    adjust: { bias: [{ id: 1, bias: 100 }, { id: 0, bias: -100 }] },
+    adjust: { bias: [{ id: 1, bias: 100, subtract: 0.75 }, { id: 0, bias: -100, repeat: 2 }] },
   },
   { op: Op.Close },
   { op: Op.Save, slot: 3, idx: 9 },
@@ -84,9 +84,9 @@ const SAMPLES: Frame[] = [
 Deno.test("the greeting and a Run frame are laid out as the header table says", () => {
   assert.deepEqual(
     [...encodeGreeting(new Uint8Array(32).fill(9))],
-    [0x54, 0x44, 0x4d, 0x33, ...new Array(32).fill(9)],
+    [0x54, 0x44, 0x4d, 0x34, ...new Array(32).fill(9)],
   );
-  assert.equal(new TextDecoder().decode(encodeGreeting(new Uint8Array(32)).subarray(0, 4)), "TDM3");
+  assert.equal(new TextDecoder().decode(encodeGreeting(new Uint8Array(32)).subarray(0, 4)), "TDM4");
   const run = encodeFrame(
     { op: Op.Run, slot: 2, base: 5, n: 1, topk: 3, rows: Float32Array.of(1.5, -2) },
     2,
@@ -100,9 +100,13 @@ Deno.test("the greeting and a Run frame are laid out as the header table says", 
     n: 1,
     topk: 1,
     rows: Float32Array.of(0),
-    adjust: { mask: Uint32Array.of(6), bias: [{ id: 2, bias: -2 }] },
+    adjust: { mask: Uint32Array.of(6), bias: [{ id: 2, bias: -2, repeat: 1.5 }] },
   }, 1);
-  assert.deepEqual([...adjusted], [...bytes(1, 0, 1, 0, 1, 1, 1), ...bytes(0, 6, 2, 0xc0000000)]);
+  // A bias record is (id, bias, repeat, subtract): -2 = 0xc0000000, 1.5 = 0x3fc00000, 0 omitted.
+  assert.deepEqual(
+    [...adjusted],
+    [...bytes(1, 0, 1, 0, 1, 1, 1), ...bytes(0, 6, 2, 0xc0000000, 0x3fc00000, 0)],
+  );
   const ids = encodeFrame({
     op: Op.Ids,
     slot: 1,
@@ -184,7 +188,7 @@ Deno.test("counts above their caps are RangeErrors before any payload is read", 
   );
   assert.throws(
     () => decodeFrame(header(Op.Run, 1, 0, 0, MAX_BIAS_PAIRS + 1), LIMITS),
-    /bias 16385 pairs/,
+    /bias 16385 records/,
   );
   assert.throws(() => decodeFrame(header(Op.Error, 0xffff_fff0, 0), LIMITS), RangeError);
   const end = Uint8Array.from(bytes(Op.Run, 0, 2, 0xffff_fffe, 0, 0, 0));
@@ -193,7 +197,7 @@ Deno.test("counts above their caps are RangeErrors before any payload is read", 
   const wide = { nEmbd: 1 << 20, maxBatch: 0xffff_ffff };
   assert.throws(
     () => decodeFrame(header(Op.Run, 4096, 0), wide),
-    /\(n 4096 × D 1048576 × 4 \+ mask 0 × 4 \+ bias 0 × 8 = 17179869184 bytes\) is over the 268435456-byte frame limit/,
+    /\(n 4096 × D 1048576 × 4 \+ mask 0 × 4 \+ bias 0 × 16 = 17179869184 bytes\) is over the 268435456-byte frame limit/,
   );
   assert.throws(() => decodeFrame(header(Op.Ids, 0xffff_fff0, 0), wide), /frame limit/);
 });
@@ -221,7 +225,7 @@ Deno.test("non-finite hidden values and invalid UTF-8 messages are malformed", (
     rows: Float32Array.of(0, 0, 0),
     adjust: { bias: [{ id: 1, bias: NaN }] },
   }, D);
-  assert.throws(() => decodeFrame(biased, LIMITS), /bias 0 is NaN/);
+  assert.throws(() => decodeFrame(biased, LIMITS), /bias record 0 holds NaN, 1, 0/);
 });
 
 Deno.test("long error messages are cut to the cap at a character boundary", () => {

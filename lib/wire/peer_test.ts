@@ -46,10 +46,17 @@ async function assertSameAsWhole(scheduler: Scheduler, prompt: number[]): Promis
   }
 }
 
-/** Only odd ids, and token 3 raised: logit adjustments as a grammar and a sampler send them. */
+/**
+ * Only odd ids, token 3 raised, tokens 5 and 7 penalised: logit adjustments as a grammar and a
+ * sampler's bias and repetition penalties send them.
+ */
 const ADJUST: LogitAdjust = {
   mask: new Uint32Array(8).fill(0xaaaa_aaaa),
-  bias: [{ id: 3, bias: 9 }],
+  bias: [
+    { id: 3, bias: 9 },
+    { id: 5, bias: 0, repeat: 1.5, subtract: 0.25 },
+    { id: 7, bias: 0.5, repeat: 2, subtract: -1 },
+  ],
 };
 
 /** A forward pass of `stages` on `slot` with logit adjustments must equal the single stage's. */

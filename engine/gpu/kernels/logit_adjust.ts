@@ -1,5 +1,5 @@
 // A run's logit adjustments (engine/stage.ts LogitAdjust) on one logits row on the GPU
-// (wgsl/logit_adjust.wgsl): biases, then the grammar's mask, before argmax and topk in gpu_forward.ts.
+// (wgsl/logit_adjust.wgsl): biases and penalties, then the grammar's mask, before argmax and topk.
 
 import type { BufferRef } from "../buffers.ts";
 import type { StepEncoder } from "../encoder.ts";
@@ -15,8 +15,9 @@ export const LOGIT_ADJUST: KernelFamily<void> = {
 const WG = 256;
 
 /**
- * Records, on logits[offset .. offset+n): `pairs` (id u32, bias f32) pairs from `bias` added,
- * then, when `words` > 0, every token not allowed by the `words`-word mask set to the masked value.
+ * Records, on logits[offset .. offset+n): the `pairs` (id, bias, repeat, subtract) records of
+ * `bias` applied (engine/stage.ts biasLogit), then, when `words` > 0, every token not allowed by
+ * the `words`-word mask set to the masked value.
  */
 export function logitAdjust(
   enc: StepEncoder,
