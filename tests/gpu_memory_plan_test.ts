@@ -1,9 +1,10 @@
 // engine/gpu/memory_plan.ts against what a GPU stage really holds (GpuStage.memory, from the one
-// owner of its buffers): weights by kind, slot state, snapshots and activations, byte for byte.
+// owner of its buffers): weights by kind, slot state, snapshots and activations, byte for byte;
+// and the LM-head chunk both size the logits by.
 
 import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf/read.ts";
-import { openGpuStage } from "../engine/gpu/gpu_stage.ts";
+import { activationShape, openGpuStage } from "../engine/gpu/gpu_stage.ts";
 import { planStage } from "../engine/gpu/memory_plan.ts";
 import { readHParams } from "../engine/hparams.ts";
 import { gpuTest } from "./_gpu.ts";
@@ -45,5 +46,20 @@ gpuTest("the memory plan equals what each GPU stage allocates, by kind", async (
     } finally {
       model.close();
     }
+  }
+});
+
+Deno.test("LM-head chunks are whole 64-position tiles where the logits budget splits a run", async () => {
+  const model = await openGguf(await testModel(MODELS[0]));
+  try {
+    const hp = readHParams(model.metadata);
+    const span = { first: 0, end: hp.nLayer };
+    // A 248 320-token vocabulary: 67 positions fit the 64 MiB of logits; 64 are taken.
+    assert.equal(activationShape({ ...hp, V: 248320 }, span, 96, 512).lmChunk, 64);
+    // Below a tile, or when the whole run fits, the budget's own figure.
+    assert.equal(activationShape({ ...hp, V: 400000 }, span, 96, 512).lmChunk, 41);
+    assert.equal(activationShape(hp, span, 96, 100).lmChunk, 100);
+  } finally {
+    model.close();
   }
 });

@@ -12,7 +12,7 @@ import type { GgufModel } from "../gguf/gguf_model.ts";
 import { argmaxScratchWords } from "./kernels/argmax.ts";
 import { attentionPartialFloats } from "./kernels/attention.ts";
 import { gatherWords } from "./kernels/moe_gather.ts";
-import { PREFILL_TT } from "./kernels/mul_mat.ts";
+import { DENSE_TT, PREFILL_TT } from "./kernels/mul_mat.ts";
 import { topKWords } from "./kernels/topk.ts";
 import { type HParams, readHParams } from "../hparams.ts";
 import {
@@ -138,7 +138,10 @@ export function activationShape(
   ctx: number,
   maxBatch: number,
 ): { lmChunk: number; attnPartFloats: number } {
-  const lmChunk = Math.max(1, Math.min(maxBatch, Math.floor(LOGITS_BYTES / (4 * hp.V))));
+  // Where the logits budget splits a run, chunks of whole token tiles of the LM head's product:
+  // a chunk of 67 positions would run a second tile of 3 over every row of the vocabulary.
+  const fit = Math.max(1, Math.min(maxBatch, Math.floor(LOGITS_BYTES / (4 * hp.V))));
+  const lmChunk = fit < maxBatch && fit > DENSE_TT ? fit - (fit % DENSE_TT) : fit;
   const attention = hp.isDeltaNet.slice(span.first, span.end).some((d) => !d);
   const attnPartFloats = attention
     ? attentionPartialFloats({ hq: hp.Hq, dh: hp.Dh, ctx, maxBatch })

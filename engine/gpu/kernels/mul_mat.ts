@@ -38,7 +38,7 @@ const TILE_ROWS = 64;
 /** Token slots a tile of the gathered (MoE prefill) variant takes: moe_gather's `tt`. */
 export const PREFILL_TT = 32;
 /** Tokens a tile of the dense prefill variant takes (its 16 KB of workgroup memory: 64 rows + 64). */
-const DENSE_TT = 64;
+export const DENSE_TT = 64;
 /**
  * Plain products of at most this many tokens run the decode kernel, a grid layer (z) a token:
  * a tile walks all of k in 32-value steps, which costs more than re-reading W a few times.
