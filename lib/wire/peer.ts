@@ -176,10 +176,20 @@ export async function connectPeer(
   }
 }
 
+/** A request waiting for its reply; replies come in request order. */
+interface Waiter {
+  readonly resolve: (frame: Frame) => void;
+  readonly reject: (failure: StageUnavailableError) => void;
+  readonly timeoutMs: number;
+  timer?: ReturnType<typeof setTimeout>;
+}
+
 /**
  * One live connection. Requests may overlap: frames go out in call order and replies are
- * matched in the same order. Any failure (an ERROR frame included: the worker closes after it)
- * ends the connection, and every pending and later request rejects with the same error.
+ * matched in the same order. A read is always open, even while no reply is due, so a worker
+ * that dies or restarts while idle ends the connection at once (`ended`) instead of at the next
+ * request. Any failure (an ERROR frame included: the worker closes after it) ends the
+ * connection, and every pending and later request rejects with the same error.
  */
 export class Peer {
   readonly address: string;
@@ -188,8 +198,9 @@ export class Peer {
   readonly #reader: FrameReader;
   readonly #replyTimeoutMs: number;
   readonly #limits: FrameLimits;
+  readonly #waiting: Waiter[] = [];
+  readonly #ended = Promise.withResolvers<StageUnavailableError>();
   #writes: Promise<void> = Promise.resolve();
-  #reads: Promise<unknown> = Promise.resolve();
   #failure: StageUnavailableError | undefined;
 
   constructor(
@@ -205,11 +216,17 @@ export class Peer {
     this.#reader = reader;
     this.#replyTimeoutMs = replyTimeoutMs;
     this.#limits = { nEmbd: info.nEmbd, maxBatch: info.maxBatch };
+    this.#readReplies();
   }
 
   /** True once the connection has failed or been closed; a new Peer is needed then. */
   get closed(): boolean {
     return this.#failure !== undefined;
+  }
+
+  /** Settles, with the reason, when the connection ends: a failure or this side's close. */
+  get ended(): Promise<StageUnavailableError> {
+    return this.#ended.promise;
   }
 
   /**
@@ -258,20 +275,18 @@ export class Peer {
 
   /**
    * Checks that the chain behind this connection answers, without touching any slot. Replies
-   * come in request order, so a PING sent behind a long RUN waits for it.
+   * come in request order, so a PING sent behind a long RUN waits for it. No PONG within
+   * `timeoutMs` (default: the reply timeout) ends the connection.
    */
-  async ping(): Promise<void> {
-    const reply = await this.#exchange({ op: Op.Ping });
+  async ping(timeoutMs?: number): Promise<void> {
+    const reply = await this.#exchange({ op: Op.Ping }, timeoutMs);
     if (reply.op !== Op.Pong) throw this.#fail(`it answered Ping with op ${reply.op}`);
   }
 
   /** Sends CLOSE after the frames already queued (waiting at most 1 s) and closes the socket. */
   close(): void {
-    if (this.#failure) return;
-    this.#failure = new StageUnavailableError(
-      this.address,
-      "the connection was closed by this side",
-    );
+    const mine = new StageUnavailableError(this.address, "the connection was closed by this side");
+    if (!this.#end(mine)) return;
     const bytes = encodeFrame({ op: Op.Close });
     const sent = this.#writes.then(() => writeAll(this.#conn, bytes));
     deadline(sent, 1000, () => new Error("CLOSE not sent in time"))
@@ -279,40 +294,76 @@ export class Peer {
       .finally(() => this.#conn.close());
   }
 
-  #exchange(frame: Frame): Promise<Frame> {
+  #exchange(frame: Frame, timeoutMs = this.#replyTimeoutMs): Promise<Frame> {
     if (this.#failure) return Promise.reject(this.#failure);
     const bytes = encodeFrame(frame, this.info.nEmbd);
+    const reply = new Promise<Frame>((resolve, reject) => {
+      this.#waiting.push({ resolve, reject, timeoutMs });
+    });
+    if (this.#waiting.length === 1) this.#armFront();
     const sent = this.#writes.then(() => {
       if (this.#failure) throw this.#failure;
       return writeAll(this.#conn, bytes);
     });
-    this.#writes = sent.catch(() => undefined);
-    const reply = this.#reads.then(async () => {
-      await sent;
-      if (this.#failure) throw this.#failure;
-      return await deadline(
-        readReply(this.#reader, this.#limits, this.address),
-        this.#replyTimeoutMs,
-        () => new StageUnavailableError(this.address, `no reply within ${this.#replyTimeoutMs} ms`),
-      );
+    this.#writes = sent.catch((e) => {
+      this.#fail(e);
     });
-    this.#reads = reply.catch(() => undefined);
-    return reply.catch((e) => {
-      throw this.#fail(e);
-    });
+    return reply;
+  }
+
+  /**
+   * Reads replies for as long as the connection lives, handing each to the oldest waiting
+   * request. The end of the connection, or a frame nobody waits for, fails the connection.
+   */
+  async #readReplies(): Promise<void> {
+    try {
+      while (!this.#failure) {
+        const frame = await readReply(this.#reader, this.#limits, this.address);
+        const waiter = this.#waiting.shift();
+        if (!waiter) throw this.#fail(`it sent op ${frame.op} while no reply was due`);
+        clearTimeout(waiter.timer);
+        this.#armFront();
+        waiter.resolve(frame);
+      }
+    } catch (e) {
+      this.#fail(e);
+    }
+  }
+
+  /** The oldest waiting request's reply timeout runs from when it is next in line. */
+  #armFront(): void {
+    const front = this.#waiting[0];
+    if (!front || front.timer !== undefined) return;
+    front.timer = setTimeout(
+      () =>
+        this.#fail(
+          new StageUnavailableError(this.address, `no reply within ${front.timeoutMs} ms`),
+        ),
+      front.timeoutMs,
+    );
+  }
+
+  /** Records the connection's first end and rejects every waiting request; false if it had one. */
+  #end(failure: StageUnavailableError): boolean {
+    if (this.#failure) return false;
+    this.#failure = failure;
+    for (const waiter of this.#waiting.splice(0)) {
+      clearTimeout(waiter.timer);
+      waiter.reject(failure);
+    }
+    this.#ended.resolve(failure);
+    return true;
   }
 
   /** Ends the connection with its first failure and returns that failure. */
   #fail(cause: unknown): StageUnavailableError {
-    if (!this.#failure) {
-      this.#failure = cause instanceof StageUnavailableError ? cause : new StageUnavailableError(
-        this.address,
-        cause instanceof Error ? cause.message : String(cause),
-        undefined,
-        { cause },
-      );
-      this.#conn.close();
-    }
-    return this.#failure;
+    const failure = cause instanceof StageUnavailableError ? cause : new StageUnavailableError(
+      this.address,
+      cause instanceof Error ? cause.message : String(cause),
+      undefined,
+      { cause },
+    );
+    if (this.#end(failure)) this.#conn.close();
+    return this.#failure!;
   }
 }

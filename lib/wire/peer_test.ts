@@ -346,3 +346,32 @@ Deno.test("a client that stalls in the hello is refused with a timeout; the next
     await worker.stop();
   }
 });
+
+Deno.test("an idle connection sees the worker go at once; this side's own close is no loss", async () => {
+  const worker = await serveLocal(model, { first: 2, end: 4, slots: 1, ctx: CTX });
+  const head = await openReferenceStage(model, { first: 0, end: 2, slots: 1, ctx: CTX });
+  const remote = await connectRemoteStage(worker.address, { local: head, model });
+  const losses: StageUnavailableError[] = [];
+  remote.onLost((e) => losses.push(e));
+  try {
+    // This side disconnecting, and then closing, loses nothing.
+    remote.disconnect();
+    await remote.ping();
+    assert.equal(remote.epoch, 2);
+    await new Promise((r) => setTimeout(r, 50));
+    assert.equal(losses.length, 0);
+    // Nothing is pending, yet the worker's close is seen without a request.
+    const t0 = performance.now();
+    await worker.stop();
+    while (losses.length === 0 && performance.now() - t0 < 1000) {
+      await new Promise((r) => setTimeout(r, 5));
+    }
+    assert.equal(losses.length, 1, "the worker's close went unnoticed");
+    assert.equal(losses[0].reason, "it closed the connection");
+    await assert.rejects(remote.ping(), /cannot connect/);
+  } finally {
+    remote.close();
+    head.close();
+    await worker.stop();
+  }
+});

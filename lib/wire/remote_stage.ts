@@ -16,6 +16,14 @@ import { type ChainExpectation, modelFingerprint } from "./hello.ts";
 import { connectPeer, type Peer, type PeerOptions, StageUnavailableError } from "./peer.ts";
 
 /**
+ * A sequence or snapshot from an earlier connection: the worker has lost it (it keeps no state
+ * across connections), though the current connection is fine. Restart the sequence at base 0.
+ */
+export class LostStateError extends StageUnavailableError {
+  override name = "LostStateError";
+}
+
+/**
  * Connects lazily (on first use, and again after any failure). The worker keeps no state across
  * connections, so every connection is an epoch: a sequence started, or a snapshot saved, in an
  * earlier epoch is refused here with a StageUnavailableError instead of failing on the worker,
@@ -37,6 +45,7 @@ export class RemoteStage implements Stage {
   readonly #options: PeerOptions;
   readonly #slotEpoch: Int32Array;
   readonly #snapshotEpoch = new Map<number, number>();
+  readonly #lostListeners: ((failure: StageUnavailableError) => void)[] = [];
   #peer: Peer | undefined;
   #connecting: Promise<Peer> | undefined;
   #epoch = 0;
@@ -67,15 +76,28 @@ export class RemoteStage implements Stage {
     return (await this.#live()).info;
   }
 
-  /** Drops the live connection; the next call opens a new one (and a new epoch). */
-  disconnect(): void {
-    this.#peer?.close();
-    this.#peer = undefined;
+  /**
+   * Calls `listener` whenever the live connection ends by itself (the worker died, restarted,
+   * failed a request or stopped answering), at once, even while no request is pending; not when
+   * this side disconnects.
+   */
+  onLost(listener: (failure: StageUnavailableError) => void): void {
+    this.#lostListeners.push(listener);
   }
 
-  /** PING through the whole chain behind the worker, connecting if there is no connection. */
-  async ping(): Promise<void> {
-    await (await this.#live()).ping();
+  /** Drops the live connection; the next call opens a new one (and a new epoch). */
+  disconnect(): void {
+    const peer = this.#peer;
+    this.#peer = undefined;
+    peer?.close();
+  }
+
+  /**
+   * PING through the whole chain behind the worker, connecting if there is no connection. No
+   * PONG within `timeoutMs` (default: the reply timeout) ends the connection.
+   */
+  async ping(timeoutMs?: number): Promise<void> {
+    await (await this.#live()).ping(timeoutMs);
   }
 
   async run(
@@ -136,7 +158,7 @@ export class RemoteStage implements Stage {
 
   #requireCurrent(epoch: number, what: string): void {
     if (epoch !== this.#epoch) {
-      throw new StageUnavailableError(
+      throw new LostStateError(
         this.address,
         epoch < 0
           ? `${what} was never started on it; start the sequence at base 0`
@@ -158,6 +180,11 @@ export class RemoteStage implements Stage {
         }
         this.#peer = peer;
         this.#epoch++;
+        peer.ended.then((failure) => {
+          // After disconnect or close, #peer is no longer this one: nothing was lost.
+          if (this.#peer !== peer) return;
+          for (const listener of this.#lostListeners) listener(failure);
+        });
         return peer;
       })
       .finally(() => {
