@@ -1,9 +1,10 @@
-// The head's view of its next stage: liveness, last round trip, reconnect with backoff.
-// Wraps lib/wire/remote_stage.ts for the scheduler; /health reads its status.
+// The head's view of its next stage: liveness (an idle PING, the connection's end seen at once),
+// last round trip, reconnect with backoff. Wraps lib/wire/remote_stage.ts for the scheduler;
+// /health and /metrics read its status.
 
 import type { LastOutput, StageRunOptions } from "../../engine/stage.ts";
 import { StageUnavailableError } from "../wire/peer.ts";
-import type { RemoteStage } from "../wire/remote_stage.ts";
+import { LostStateError, type RemoteStage } from "../wire/remote_stage.ts";
 
 export interface LinkStatus {
   readonly address: string;
@@ -26,13 +27,40 @@ export interface LinkOptions {
   readonly minBackoffMs?: number;
   /** Default 2000. */
   readonly maxBackoffMs?: number;
-  /** A stage silent this long is probed before it is trusted again. Default 1000. */
+  /**
+   * A stage silent this long is probed with a PING: in the background, and before a request is
+   * admitted. Default 1000.
+   */
   readonly idleMs?: number;
+  /** An idle PING unanswered this long ends the connection. Default 1000. */
+  readonly pingTimeoutMs?: number;
+}
+
+/** How often the background check looks for an idle stage, ms. */
+const HEARTBEAT_MS = 250;
+
+/** Resolves after `ms`, or rejects with the signal's reason when it aborts first. */
+function sleep(ms: number, signal?: AbortSignal): Promise<void> {
+  return new Promise((resolve, reject) => {
+    if (signal?.aborted) return reject(signal.reason);
+    const onAbort = () => {
+      clearTimeout(timer);
+      reject(signal!.reason);
+    };
+    const timer = setTimeout(() => {
+      signal?.removeEventListener("abort", onAbort);
+      resolve();
+    }, ms);
+    signal?.addEventListener("abort", onAbort, { once: true });
+  });
 }
 
 /**
- * Every call that reaches the worker goes through here, so a failure anywhere marks the stage
- * down at once; a background loop then reconnects with backoff while requests fail fast.
+ * Every call that reaches the worker goes through here, and the connection reports its own end
+ * (a worker killed or restarted while idle included), so a failure anywhere marks the stage down
+ * at once; a background loop then reconnects with backoff while new requests fail fast. A stage
+ * silent for idleMs gets a PING, so one that hangs without closing is down within
+ * idleMs + pingTimeoutMs (2 s by default).
  */
 export class StageLink {
   readonly remote: RemoteStage;
@@ -40,6 +68,8 @@ export class StageLink {
   readonly #minBackoff: number;
   readonly #maxBackoff: number;
   readonly #idleMs: number;
+  readonly #pingTimeoutMs: number;
+  readonly #heartbeat: ReturnType<typeof setInterval>;
   #up: boolean | null = null;
   #lastAnswer: number | null = null;
   #lastRtt: number | null = null;
@@ -48,6 +78,8 @@ export class StageLink {
   #inFlight = 0;
   #attempting: { readonly since: number; readonly done: Promise<void> } | undefined;
   #retrying = false;
+  /** The idle PING in flight, which the heartbeat and ensureUp share. */
+  #probing: Promise<void> | undefined;
   #timer: ReturnType<typeof setTimeout> | undefined;
   #wake: (() => void) | undefined;
   #closed = false;
@@ -58,6 +90,11 @@ export class StageLink {
     this.#minBackoff = options.minBackoffMs ?? 100;
     this.#maxBackoff = options.maxBackoffMs ?? 2000;
     this.#idleMs = options.idleMs ?? 1000;
+    this.#pingTimeoutMs = options.pingTimeoutMs ?? 1000;
+    remote.onLost((failure) => {
+      if (!this.#closed) this.#down(failure);
+    });
+    this.#heartbeat = setInterval(() => this.#beat(), HEARTBEAT_MS);
   }
 
   get epoch(): number {
@@ -112,8 +149,9 @@ export class StageLink {
    * Makes sure the stage answers before a request is admitted: a stage known to be down gets a
    * reconnect attempt now (one that began before this call and failed is followed by a fresh
    * one, so a worker that just came back is found), and one silent for longer than idleMs is
-   * probed with a PING through the whole chain. Throws StageUnavailableError when it does not
-   * answer; a refused connection fails at once, an unreachable host after the connect timeout.
+   * probed with a PING through the whole chain (answered within pingTimeoutMs; one already in
+   * flight is joined). Throws StageUnavailableError when it does not answer; a refused
+   * connection fails at once, an unreachable host after the connect timeout.
    */
   async ensureUp(): Promise<void> {
     if (this.#up === false || this.#up === null) {
@@ -122,9 +160,9 @@ export class StageLink {
     }
     if (this.#lastAnswer !== null && performance.now() - this.#lastAnswer < this.#idleMs) return;
     // A request in flight reports a failure itself; a PING would only queue behind it.
-    if (this.#inFlight > 0) return;
+    if (this.#inFlight > 0 && !this.#probing) return;
     try {
-      await this.probe();
+      await this.#idleProbe();
     } catch (e) {
       if (!(e instanceof StageUnavailableError)) throw e;
       // The connection was dead (the worker may have restarted while idle): one fresh try.
@@ -137,15 +175,40 @@ export class StageLink {
     await this.#watch(this.remote.connect());
   }
 
-  /** A PING through the chain; its round trip becomes lastRttMs. */
-  async probe(): Promise<void> {
+  /**
+   * A PING through the chain; its round trip becomes lastRttMs. No PONG within `timeoutMs`
+   * (default: the connection's reply timeout) ends the connection.
+   */
+  async probe(timeoutMs?: number): Promise<void> {
     const t0 = performance.now();
-    await this.#watch(this.remote.ping());
+    await this.#watch(this.remote.ping(timeoutMs));
     this.#lastRtt = performance.now() - t0;
+  }
+
+  /**
+   * Waits for the stage to answer again after it failed a sequence: a connection attempt that
+   * starts now, then more with backoff, until one succeeds, `until` (a performance.now() time)
+   * passes (the last StageUnavailableError is thrown), or `signal` aborts (its reason is).
+   */
+  async reconnect(until: number, signal?: AbortSignal): Promise<void> {
+    let delay = this.#minBackoff;
+    while (true) {
+      signal?.throwIfAborted();
+      try {
+        await this.#freshConnect();
+        return;
+      } catch (e) {
+        const left = until - performance.now();
+        if (!(e instanceof StageUnavailableError) || left <= 0) throw e;
+        await sleep(Math.min(delay, left), signal);
+        delay = Math.min(delay * 2, this.#maxBackoff);
+      }
+    }
   }
 
   close(): void {
     this.#closed = true;
+    clearInterval(this.#heartbeat);
     clearTimeout(this.#timer);
     this.#wake?.();
     this.remote.close();
@@ -174,6 +237,24 @@ export class StageLink {
     }
   }
 
+  /** A PING within pingTimeoutMs; joins the one in flight. */
+  #idleProbe(): Promise<void> {
+    this.#probing ??= this.probe(this.#pingTimeoutMs).finally(() => this.#probing = undefined);
+    return this.#probing;
+  }
+
+  /** Probes a stage that has been silent for idleMs with nothing in flight. */
+  #beat(): void {
+    if (this.#up !== true || this.#inFlight > 0 || this.#closed) return;
+    if (this.#lastAnswer !== null && performance.now() - this.#lastAnswer < this.#idleMs) return;
+    this.#idleProbe().catch((e) => {
+      // A StageUnavailableError is recorded by #watch (and the connection's end).
+      if (!(e instanceof StageUnavailableError)) {
+        this.#log(`probing ${this.remote.address} failed: ${(e as Error).message}`);
+      }
+    });
+  }
+
   async #watch<T>(work: Promise<T>): Promise<T> {
     this.#inFlight++;
     try {
@@ -181,7 +262,8 @@ export class StageLink {
       this.#answered();
       return out;
     } catch (e) {
-      if (e instanceof StageUnavailableError) this.#down(e);
+      // Lost state is refused locally; the connection itself is fine.
+      if (e instanceof StageUnavailableError && !(e instanceof LostStateError)) this.#down(e);
       throw e;
     } finally {
       this.#inFlight--;
