@@ -74,6 +74,22 @@ export function parseSse(text: string): SseFrame[] {
   return frames;
 }
 
+/**
+ * A streamed body as comparable text: one line per frame, without what may differ between two
+ * runs of the same request (random ids, the creation second, keep-alive pings).
+ */
+export function comparableSse(body: string): string {
+  return parseSse(body)
+    .filter((f) => f.event !== "ping")
+    .map((f) =>
+      `${f.event}|${f.data}`
+        .replace(/"(msg|toolu)_[0-9A-Za-z]{24}"/g, '"$1_ID"')
+        .replace(/"chatcmpl-[0-9A-Za-z]{24}"/g, '"chatcmpl-ID"')
+        .replace(/"created":\d+/g, '"created":0')
+    )
+    .join("\n");
+}
+
 /** POSTs `body` as JSON. */
 export function post(
   url: string,

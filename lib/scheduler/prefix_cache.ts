@@ -58,7 +58,7 @@ export class PrefixCache {
    * `release`. Entries from another remote epoch are dropped first: their worker half is gone.
    */
   lookup(prompt: readonly number[], epoch: number): CacheEntry | undefined {
-    this.#dropEpochsOtherThan(epoch);
+    this.dropStale(epoch);
     let best: Slot | undefined;
     for (const slot of this.#held.values()) {
       const t = slot.entry.tokens;
@@ -125,7 +125,8 @@ export class PrefixCache {
     for (const [idx, slot] of this.#held) if (slot.pins === 0) this.#held.delete(idx);
   }
 
-  #dropEpochsOtherThan(epoch: number): void {
+  /** Drops the entries of remote epochs other than `epoch`: their worker half is gone. */
+  dropStale(epoch: number): void {
     for (const [idx, slot] of this.#held) {
       if (slot.entry.epoch !== epoch && slot.pins === 0) this.#held.delete(idx);
     }

@@ -5,7 +5,12 @@
 // layers (frames pipelined on the one connection) → sample → next step. While slot A's frame is
 // on the worker, slot B takes the lane for its local layers, so with two or more active slots
 // neither the head nor the worker waits for the other's round trip.
+//
+// A sequence that loses its next stage (the worker died, restarted, or the connection broke)
+// waits for the stage to answer again, replays its prompt and the tokens it generated so far on
+// every stage, and carries on with its sampler where it was: the client sees no difference.
 
+import { ErrorCode } from "../wire/frame.ts";
 import { StageUnavailableError } from "../wire/peer.ts";
 import { type LastOutput, MAX_TOPK, type Stage, type StageRunOptions } from "../../engine/stage.ts";
 import { checkChainLink, checkFirstStage } from "../../engine/stage_checks.ts";
@@ -27,6 +32,12 @@ export interface SchedulerOptions {
   readonly queue: number;
   /** Snapshot places the prefix cache may use on every stage; 0 turns the cache off. */
   readonly snapshots: number;
+  /**
+   * How long a sequence that lost its next stage waits for it to answer again before it ends
+   * with an error, ms (it then resumes where it was). 0 still tries one new connection at once.
+   * Default 30 000.
+   */
+  readonly restartGraceMs?: number;
   readonly log?: (line: string) => void;
   /** Sees every admitted sequence (the head's access log follows them to their end). */
   readonly onAdmit?: (sequence: Sequence) => void;
@@ -75,6 +86,27 @@ const STARVE_MS = 5;
  * tokens a stream emits in one burst, and how long other slots may wait for the lane.
  */
 export const FUSED_STEPS = 8;
+/**
+ * Times a sequence may resume after losing its next stage without generating a token in
+ * between; the next such loss ends it. A request that kills the worker each time it runs (or a
+ * worker that dies on every start) ends this way instead of looping for the whole grace.
+ */
+export const MAX_STALLED_RESUMES = 3;
+/** Wire refusals that a resumed sequence would meet again: none of them is about liveness. */
+const PERMANENT = new Set([
+  ErrorCode.Malformed,
+  ErrorCode.Version,
+  ErrorCode.Auth,
+  ErrorCode.Range,
+]);
+
+/** What a sequence has done so far: kept across the attempts of a sequence that resumes. */
+interface Progress {
+  /** Every token the sequence accepted, in order: a resumed attempt replays them. */
+  readonly generated: number[];
+  /** The start event went out (with the first attempt's cached tokens). */
+  begun: boolean;
+}
 
 /**
  * Runs jobs one at a time in call order. A CPU-bound stage resolves its promise at once, so an
@@ -136,6 +168,7 @@ export class Scheduler {
   readonly #link: StageLink | undefined;
   readonly #tokenizer: TextTokenizer;
   readonly #queueLimit: number;
+  readonly #graceMs: number;
   readonly #cache: PrefixCache;
   readonly #log: (line: string) => void;
   readonly #onAdmit: ((sequence: Sequence) => void) | undefined;
@@ -155,6 +188,7 @@ export class Scheduler {
     this.#link = link;
     this.#tokenizer = options.tokenizer;
     this.#queueLimit = options.queue;
+    this.#graceMs = options.restartGraceMs ?? 30_000;
     this.#log = options.log ?? (() => undefined);
     this.#onAdmit = options.onAdmit;
     checkFirstStage(local);
@@ -247,6 +281,8 @@ export class Scheduler {
         if (!(e instanceof StageUnavailableError)) throw e; // The status below records it.
       }
     }
+    // A restarted worker lost its snapshots: forget their entries now, not at the next lookup.
+    this.#cache.dropStale(this.#epoch());
     const [local, remote] = this.stats.stages;
     const stages: StageHealth[] = [{
       layers: local.layers,
@@ -340,29 +376,108 @@ export class Scheduler {
     }
   }
 
+  /** Runs `seq`, resuming it after each loss of the next stage (see #awaitStage). */
   async #generate(seq: Sequence, slot: number): Promise<void> {
+    const progress: Progress = { generated: [], begun: false };
+    let stalled = 0;
+    let resumedAt = -1;
+    while (true) {
+      try {
+        return await this.#attempt(seq, slot, progress);
+      } catch (e) {
+        if (!this.#resumable(e)) throw e;
+        stalled = progress.generated.length === resumedAt ? stalled + 1 : 0;
+        if (stalled === MAX_STALLED_RESUMES) {
+          throw new StageUnavailableError(
+            e.address,
+            `${e.reason}; the sequence lost this stage ${MAX_STALLED_RESUMES + 1} times in a ` +
+              `row without generating a token, so it ends here`,
+            e.code,
+            { cause: e },
+          );
+        }
+        await this.#awaitStage(seq, e, progress);
+        resumedAt = progress.generated.length;
+      }
+    }
+  }
+
+  /** A failure of the next stage that the sequence may wait out and resume after. */
+  #resumable(e: unknown): e is StageUnavailableError {
+    return this.#link !== undefined && e instanceof StageUnavailableError &&
+      (e.code === undefined || !PERMANENT.has(e.code));
+  }
+
+  /**
+   * After the next stage failed `seq` (it died or restarted, the connection broke, or a new
+   * connection no longer holds the sequence), waits up to the restart grace for the stage to
+   * answer again. The client's stream stays open meanwhile and its keep-alive pings go on; past
+   * the grace the sequence ends with a StageUnavailableError that says so.
+   */
+  async #awaitStage(
+    seq: Sequence,
+    lost: StageUnavailableError,
+    progress: Progress,
+  ): Promise<void> {
+    const n = progress.generated.length;
+    const grace = `${this.#graceMs / 1000} s`;
+    this.#log(
+      `${seq.id} lost the stage at ${lost.address} after ${n} tokens (${lost.reason}); ` +
+        `waiting up to ${grace} for it`,
+    );
+    const t0 = performance.now();
+    try {
+      await this.#link!.reconnect(t0 + this.#graceMs, seq.signal);
+    } catch (e) {
+      if (!(e instanceof StageUnavailableError)) throw e; // The client left (CancelledError).
+      throw new StageUnavailableError(
+        lost.address,
+        `it failed the sequence after ${n} generated tokens (${lost.reason}) and did not ` +
+          `answer again within ${grace} (--restart-grace-s): ${e.reason}`,
+        e.code,
+        { cause: e },
+      );
+    }
+    this.stats.resumes++;
+    this.#log(
+      `${seq.id} resumes after ${(performance.now() - t0).toFixed(0)} ms: replaying ` +
+        `${seq.request.prompt.length} prompt and ${n} generated tokens`,
+    );
+  }
+
+  /**
+   * Runs `seq` to its end from its prompt plus the tokens it has generated so far: none on the
+   * first attempt; after a lost stage, the replay puts every stage's slot back where the
+   * sequence was, and the sequence's sampler, grammar and stop state simply carry on.
+   */
+  async #attempt(seq: Sequence, slot: number, progress: Progress): Promise<void> {
     const { prompt, cacheBoundary } = seq.request;
+    const { generated } = progress;
+    const tokens = generated.length === 0 ? prompt : [...prompt, ...generated];
     const topk = seq.topk(this.#tokenizer.vocabSize, MAX_TOPK);
-    let pos = await this.#restorePrefix(seq, slot);
-    this.stats.promptTokens += prompt.length;
-    this.stats.cachedTokens += pos;
+    let pos = await this.#restorePrefix(seq, slot, tokens);
     const boundary = this.#cache.capacity > 0 && seq.request.cache !== false &&
         cacheBoundary !== undefined &&
         cacheBoundary > pos && cacheBoundary < prompt.length &&
         !this.#cache.has(prompt.slice(0, cacheBoundary), this.#epoch())
       ? cacheBoundary
       : undefined;
-    seq.begin(pos, boundary === undefined ? 0 : boundary - pos);
+    if (!progress.begun) {
+      progress.begun = true;
+      this.stats.promptTokens += prompt.length;
+      this.stats.cachedTokens += pos;
+      seq.begin(pos, boundary === undefined ? 0 : boundary - pos);
+    }
     const chunk = Math.min(this.#local.maxBatch, this.#link?.remote.maxBatch ?? Infinity);
     let out: LastOutput | undefined;
-    while (pos < prompt.length) {
-      let end = Math.min(pos + chunk, prompt.length);
+    while (pos < tokens.length) {
+      let end = Math.min(pos + chunk, tokens.length);
       if (boundary !== undefined && pos < boundary && end > boundary) end = boundary;
-      const last = end === prompt.length;
+      const last = end === tokens.length;
       out = await this.#forward(
         seq,
         slot,
-        Uint32Array.from(prompt.slice(pos, end)),
+        Uint32Array.from(tokens.slice(pos, end)),
         pos,
         last ? { topk, adjust: seq.adjust(end, this.ctx) } : {},
       );
@@ -370,10 +485,12 @@ export class Scheduler {
       if (pos === boundary) await this.#savePrefix(seq, slot, prompt.slice(0, pos));
     }
     if (!out) return;
-    const admitted = this.#admittedAt.get(seq)!;
-    this.stats.timeToFirstToken.observe((performance.now() - admitted) / 1000);
+    if (generated.length === 0) {
+      const admitted = this.#admittedAt.get(seq)!;
+      this.stats.timeToFirstToken.observe((performance.now() - admitted) / 1000);
+    }
     let id = seq.pick(out.ids[out.ids.length - 1], out.top);
-    if (!this.#accept(seq, id, out, pos)) return;
+    if (!this.#accept(seq, progress, id, out, pos)) return;
     const fused = this.#fusedGreedy(seq);
     while (true) {
       if (fused) {
@@ -387,7 +504,7 @@ export class Scheduler {
         );
         const ids = await this.#fusedSteps(seq, slot, fused, id, pos, steps);
         for (const [s, next] of ids.entries()) {
-          if (!this.#accept(seq, next, NO_TOP, pos + s + 1)) return;
+          if (!this.#accept(seq, progress, next, NO_TOP, pos + s + 1)) return;
         }
         pos += steps;
         id = ids[steps - 1];
@@ -399,13 +516,20 @@ export class Scheduler {
       });
       pos++;
       id = seq.pick(out.ids[out.ids.length - 1], out.top);
-      if (!this.#accept(seq, id, out, pos)) return;
+      if (!this.#accept(seq, progress, id, out, pos)) return;
     }
   }
 
   /** Hands a generated token (to be placed at `pos`) to its sequence; false when it has ended. */
-  #accept(seq: Sequence, id: number, out: Candidates, pos: number): boolean {
+  #accept(
+    seq: Sequence,
+    progress: Progress,
+    id: number,
+    out: Candidates,
+    pos: number,
+  ): boolean {
     this.stats.outputTokens++;
+    progress.generated.push(id);
     const stopIds = seq.request.stopIds ?? this.#tokenizer.eosIds;
     return seq.accept(id, out, stopIds.has(id), pos >= this.ctx);
   }
@@ -475,12 +599,12 @@ export class Scheduler {
     return this.#link?.epoch ?? 0;
   }
 
-  /** Restores the longest cached prefix on every stage; the position to continue from. */
-  async #restorePrefix(seq: Sequence, slot: number): Promise<number> {
+  /** Restores the longest cached prefix of `tokens` on every stage; the position to continue from. */
+  async #restorePrefix(seq: Sequence, slot: number, tokens: readonly number[]): Promise<number> {
     if (this.#cache.capacity === 0 || seq.request.cache === false) return 0;
     // A reconnect changes the epoch and so invalidates entries: settle the connection first.
     await this.#link?.connect();
-    const entry = this.#cache.lookup(seq.request.prompt, this.#epoch());
+    const entry = this.#cache.lookup(tokens, this.#epoch());
     if (!entry) return 0;
     try {
       const local = await this.#lane.run(() => {

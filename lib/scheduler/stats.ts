@@ -74,6 +74,8 @@ export class SchedulerStats {
   cachedTokens = 0;
   outputTokens = 0;
   sequences = { finished: 0, cancelled: 0, failed: 0 };
+  /** Sequences resumed after their next stage failed them (one per resumption). */
+  resumes = 0;
 
   constructor(stages: readonly StageTimes[]) {
     this.stages = stages;

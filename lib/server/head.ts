@@ -57,6 +57,8 @@ export interface HeadOptions {
   readonly sampling?: Partial<SamplingDefaults>;
   readonly modelId?: string;
   readonly pingMs?: number;
+  /** How long a sequence waits for a failed next stage to come back; default 30 s. */
+  readonly restartGraceMs?: number;
   readonly log?: (line: string) => void;
 }
 
@@ -179,6 +181,7 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
       slots,
       queue: options.queue ?? 16,
       snapshots,
+      restartGraceMs: options.restartGraceMs,
       log,
       onAdmit: access.onAdmit,
     });

@@ -77,6 +77,12 @@ export function renderMetrics(
     m.sample("tandem_sequences_total", n, { outcome });
   }
   m.family(
+    "tandem_sequence_resumes_total",
+    "counter",
+    "Sequences resumed after the next stage failed them (replayed once it answered again).",
+  );
+  m.sample("tandem_sequence_resumes_total", s.resumes);
+  m.family(
     "tandem_time_to_first_token_seconds",
     "histogram",
     "From admission to the first generated token (queue wait and prefill included).",
