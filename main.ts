@@ -64,6 +64,11 @@ export const HEAD = {
     "top-k": flag(whole(0), "used when a request sets none", 40),
     "top-p": flag(decimal(0, 1), "used when a request sets none", 1),
     "model-id": flag(text("NAME"), "the model id the APIs report (default the file's stem)"),
+    "restart-grace-s": flag(
+      decimal(0, 3600),
+      "seconds a stream waits for a failed worker to come back, then resumes or fails",
+      30,
+    ),
     ...ENGINE_FLAGS,
   },
 } satisfies Command<FlagTable>;
@@ -127,6 +132,7 @@ export async function serveHead(flags: FlagValues<typeof HEAD.flags>): Promise<v
       topP: flags["top-p"],
     },
     modelId: flags["model-id"],
+    restartGraceMs: flags["restart-grace-s"] * 1000,
   });
   const stop = Promise.withResolvers<void>();
   Deno.addSignalListener("SIGINT", () => stop.resolve());

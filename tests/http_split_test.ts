@@ -222,7 +222,7 @@ Deno.test("a worker dead past the grace: partial tokens, then an error event; th
     const body = JSON.parse(error.data);
     assert.equal(body.type, "error");
     assert.equal(body.error.type, "overloaded_error");
-    assert.match(body.error.message, /did not answer again within the restart grace of 0.4 s: /);
+    assert.match(body.error.message, /did not answer again within 0.4 s \(--restart-grace-s\): /);
     assert.ok(!frames.some((f) => f.event === "message_stop"));
 
     // Down: health says so and requests fail fast with 503 instead of hanging.

@@ -433,7 +433,7 @@ export class Scheduler {
       throw new StageUnavailableError(
         lost.address,
         `it failed the sequence after ${n} generated tokens (${lost.reason}) and did not ` +
-          `answer again within the restart grace of ${grace}: ${e.reason}`,
+          `answer again within ${grace} (--restart-grace-s): ${e.reason}`,
         e.code,
         { cause: e },
       );

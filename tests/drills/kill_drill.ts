@@ -57,7 +57,10 @@ const user = (content: string) => [{ role: "user", content }];
  * /completion prompts are short, so that the replays after each kill stay cheap.
  */
 const REQUESTS: readonly DrillRequest[] = [
-  { path: "/v1/messages", body: { model: "m", max_tokens: 16, messages: user("Hi") } },
+  {
+    path: "/v1/messages",
+    body: { model: "m", max_tokens: 16, temperature: 0, messages: user("Hi") },
+  },
   {
     path: "/v1/chat/completions",
     body: { model: "m", max_tokens: 16, temperature: 0.9, seed: 11, messages: user("A poem") },
