@@ -38,7 +38,12 @@ export interface DrillReport {
   readonly failures: readonly string[];
   /** Sequences the head resumed after losing the worker (its /metrics). */
   readonly resumes: number;
-  /** The head's resident memory after warm-up and at the end, bytes. */
+  /**
+   * The head's resident memory, bytes: the median of the samples taken after each kill of the
+   * second fifth (the first is warm-up: V8's heap still grows to its working size), and of the
+   * last fifth. Every sample is taken at the same point of the loop, and medians even out where
+   * the garbage collector happens to be.
+   */
   readonly rssStart: number;
   readonly rssEnd: number;
   /** The head process ran from start to end (it never died or restarted). */
@@ -138,6 +143,11 @@ function textOf(lines: readonly string[]): string {
   }).join("");
 }
 
+function median(values: readonly number[]): number {
+  const sorted = values.toSorted((a, b) => a - b);
+  return sorted[Math.floor(sorted.length / 2)];
+}
+
 /** Resident set size of process `pid`, bytes (Linux). */
 async function rssOf(pid: number): Promise<number> {
   const status = await Deno.readTextFile(`/proc/${pid}/status`);
@@ -232,6 +242,11 @@ async function exchange(
 
 /** Runs the drill: `kills` worker kills under `clients` streaming clients. */
 export async function runKillDrill(options: DrillOptions): Promise<DrillReport> {
+  if (!Number.isInteger(options.kills) || options.kills < 5) {
+    throw new RangeError(
+      `Cannot drill ${options.kills} kills: at least 5 are needed to compare memory`,
+    );
+  }
   const log = options.log ?? (() => undefined);
   const next = random(options.seed ?? 1);
   const model = await tinyModel();
@@ -258,7 +273,7 @@ export async function runKillDrill(options: DrillOptions): Promise<DrillReport> 
       const outcome = await exchange(url, request, references[i]);
       if (outcome !== "identical") throw new Error(`the warm-up run differs: ${outcome}`);
     }
-    const rssStart = await rssOf(head.child.pid);
+    const rss: number[] = [];
     let stopping = false;
     const frames = new FrameCount();
     const clients = Array.from({ length: options.clients ?? 3 }, async () => {
@@ -282,15 +297,18 @@ export async function runKillDrill(options: DrillOptions): Promise<DrillReport> 
       // Sometimes the worker stays down a while, so that new requests meet it down.
       if (next() < 0.3) await new Promise((r) => setTimeout(r, next() * 300));
       worker = await startOurWorker();
-      const rss = (await rssOf(head.child.pid)) / 2 ** 20;
+      rss.push(await rssOf(head.child.pid));
       log(
         `kill ${k + 1}/${options.kills}: ${outcomes.identical} identical, ${outcomes.refused} ` +
-          `refused, ${cut.length} cut, ${failures.length} failed; head rss ${rss.toFixed(1)} MiB`,
+          `refused, ${cut.length} cut, ${failures.length} failed; head rss ${
+            (rss.at(-1)! / 2 ** 20).toFixed(1)
+          } MiB`,
       );
     }
     stopping = true;
     await Promise.all(clients);
     const metrics = await (await fetch(`${url}/metrics`)).text();
+    const fifth = Math.ceil(rss.length / 5);
     const resumes = /^tandem_sequence_resumes_total (\d+)$/m.exec(metrics);
     return {
       kills: options.kills,
@@ -299,8 +317,8 @@ export async function runKillDrill(options: DrillOptions): Promise<DrillReport> 
       cut,
       failures,
       resumes: resumes ? Number(resumes[1]) : NaN,
-      rssStart,
-      rssEnd: await rssOf(head.child.pid),
+      rssStart: median(rss.slice(fifth, 2 * fifth)),
+      rssEnd: median(rss.slice(-fifth)),
       headAlive,
       seconds: (performance.now() - t0) / 1000,
     };
