@@ -20,6 +20,7 @@ import { ATTENTION_COMBINE } from "./kernels/attention_combine.ts";
 import { GATED_DELTA_NET } from "./kernels/gated_delta_net.ts";
 import { GET_ROWS } from "./kernels/get_rows.ts";
 import { MUL_MAT, MUL_MAT_TYPES } from "./kernels/mul_mat.ts";
+import { MUL_MAT_VEC } from "./kernels/mul_mat_vec.ts";
 import { RMS_NORM } from "./kernels/rms_norm.ts";
 
 const WGSL = new URL("../../wgsl/", import.meta.url);
@@ -63,6 +64,22 @@ const KEYS = new Map<string, readonly unknown[]>([
         { type, batched, swiglu: true, add: true },
         { type, batched, id: true },
         { type, batched, id: true, swiglu: true },
+      ])
+    ),
+  ],
+  [
+    MUL_MAT_VEC.file,
+    MUL_MAT_TYPES.flatMap((type) =>
+      [
+        { wg: 128, cu: 16, rpt: 1, xstage: true },
+        { wg: 256, cu: 32, rpt: 2, xstage: false },
+        { wg: 128, cu: 64, rpt: 4, xstage: true },
+      ].flatMap((layout) => [
+        { type, layout },
+        { type, layout, norm: true },
+        { type, layout, swiglu: true, add: true },
+        { type, layout, id: true, norm: true },
+        { type, layout, id: true, swiglu: true, sum: true },
       ])
     ),
   ],

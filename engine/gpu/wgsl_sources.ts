@@ -12,6 +12,7 @@ import moeGather from "../../wgsl/moe_gather.wgsl" with { type: "text" };
 import moeRoute from "../../wgsl/moe_route.wgsl" with { type: "text" };
 import moeSum from "../../wgsl/moe_sum.wgsl" with { type: "text" };
 import mulMat from "../../wgsl/mul_mat.wgsl" with { type: "text" };
+import mulMatVec from "../../wgsl/mul_mat_vec.wgsl" with { type: "text" };
 import qkNormRope from "../../wgsl/qk_norm_rope.wgsl" with { type: "text" };
 import rmsNorm from "../../wgsl/rms_norm.wgsl" with { type: "text" };
 import ssmConv from "../../wgsl/ssm_conv.wgsl" with { type: "text" };
@@ -32,6 +33,7 @@ export const WGSL_SOURCES: ReadonlyMap<string, string> = new Map([
   ["moe_route.wgsl", moeRoute],
   ["moe_sum.wgsl", moeSum],
   ["mul_mat.wgsl", mulMat],
+  ["mul_mat_vec.wgsl", mulMatVec],
   ["qk_norm_rope.wgsl", qkNormRope],
   ["rms_norm.wgsl", rmsNorm],
   ["ssm_conv.wgsl", ssmConv],

@@ -6,7 +6,8 @@
 // starting at byte `row_byte`, as 8 vec4 (element 32c+4v+j is component j of vec4 v).
 // Optional IQ4_TABLE_WORKGROUP (IQ4_NL, IQ4_XS): the lookups read the workgroup copy iq4_table,
 // which the includer fills (iq4_table[i] = KV_IQ4[i]) and fences with a barrier before the first
-// dequant32; a per-thread private table indexed by data is slow on some GPUs.
+// dequant32; a per-thread private table indexed by data is slow on some GPUs. Optional Q6K_WORDS
+// (Q6_K): the same values from fewer, branch-free loads.
 
 // Byte `b` of the weight buffer.
 fn wbyte(b: u32) -> u32 {
@@ -345,6 +346,41 @@ const BLOCK_ELEMS = 256u;
 const BLOCK_BYTES = 210u;
 // Chunk c: half n = c/4, quarter k = c%4: low 4 bits from ql[64n + 32(k%2) + l] (nibble k/2),
 // high 2 bits from qh[32n + l] bits 2k; int8 scales 8n+2k (l < 16) and 8n+2k+1 (l ≥ 16).
+#ifdef Q6K_WORDS
+// The 32 ql and 32 qh bytes each come from the 9 words covering them, shifted as Q8_0's quants
+// (blocks alternate between 4- and 2-byte alignment), and both scales from one halfword: 20
+// loads a chunk, no branch.
+fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+  var r: array<vec4<f32>, 8>;
+  let b = row_byte + (c >> 3u) * BLOCK_BYTES;
+  let sub = c & 7u;
+  let n = sub >> 2u;
+  let k = sub & 3u;
+  let d = whalf(b + 208u);
+  let la = (b + 64u * n + 32u * (k & 1u)) >> 2u;
+  let ha = (b + 128u + 32u * n) >> 2u;
+  let sh = (b & 3u) * 8u;
+  var ql: array<u32, 9>;
+  var qh: array<u32, 9>;
+  for (var j = 0u; j < 9u; j++) {
+    ql[j] = w[la + j];
+    qh[j] = w[ha + j];
+  }
+  let s2 = b + 192u + 8u * n + 2u * k;
+  let scw = bitcast<i32>(w[s2 >> 2u] >> ((s2 & 2u) * 8u));
+  let sc0 = f32((scw << 24u) >> 24u);
+  let sc1 = f32((scw << 16u) >> 24u);
+  for (var v = 0u; v < 8u; v++) {
+    let lw = (ql[v] >> sh) | ((ql[v + 1u] << 16u) << (16u - sh));
+    let hw = (qh[v] >> sh) | ((qh[v + 1u] << 16u) << (16u - sh));
+    let lo = (bytes4(lw) >> vec4<u32>(4u * (k >> 1u))) & vec4<u32>(15u);
+    let hi = (bytes4(hw) >> vec4<u32>(2u * k)) & vec4<u32>(3u);
+    let sc = select(sc1, sc0, v < 4u);
+    r[v] = d * sc * (vec4<f32>(lo | (hi << vec4<u32>(4u))) - 32.0);
+  }
+  return r;
+}
+#else
 fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
   var r: array<vec4<f32>, 8>;
   let b = row_byte + (c >> 3u) * BLOCK_BYTES;
@@ -360,6 +396,7 @@ fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
   }
   return r;
 }
+#endif
 #endif
 
 #ifdef TYPE_IQ4_XS

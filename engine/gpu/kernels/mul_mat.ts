@@ -9,6 +9,7 @@ import type { StepEncoder } from "../encoder.ts";
 import type { KernelFamily } from "../kernel.ts";
 import type { GpuTensor } from "../tensor.ts";
 import { GgmlType, typeName } from "../../quant/ggml_types.ts";
+import { decodeLayout, layoutRows, type MatVecLayout, MUL_MAT_VEC } from "./mul_mat_vec.ts";
 
 /** Weight types the kernel decodes (docs/model_arch.md §6). */
 export const MUL_MAT_TYPES: readonly GgmlType[] = [
@@ -155,6 +156,11 @@ export interface MulMatOptions {
    * [t][row]), in wgsl/moe_sum.wgsl's order and bits: the end of a decode step's MoE FFN.
    */
   readonly sum?: { readonly weights: BufferRef; readonly shared?: BufferRef };
+  /**
+   * The decode kernel's layout instead of the device's (bench/kernels/decode_matvec.ts);
+   * "staged8" is the earlier decode kernel of wgsl/mul_mat.wgsl.
+   */
+  readonly decode?: MatVecLayout | "staged8";
 }
 
 /** The RMSNorm a product folds into its input. */
@@ -210,10 +216,15 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
   const nw = o.norm?.w ?? dummyStorage(enc.ctx);
   const rw = o.sum?.weights ?? dummyStorage(enc.ctx);
   const sh = o.sum?.shared ?? dummyStorage(enc.ctx);
+  const layout = key.batched || o.decode === "staged8"
+    ? undefined
+    : (o.decode ?? decodeLayout(enc.ctx, w.type));
+  const tileRows = key.batched ? TILE_ROWS : layout ? layoutRows(layout) : DECODE_ROWS;
   for (const part of w.parts) {
     const partRows = id ? rows : part.rows;
-    const tiles = Math.ceil(partRows / (key.batched ? TILE_ROWS : DECODE_ROWS));
-    enc.dispatch(MUL_MAT, key, { w: part.buffer, x: b.x, ids, nw, rw, sh, y: b.y }, {
+    const tiles = Math.ceil(partRows / tileRows);
+    const buffers = { w: part.buffer, x: b.x, ids, nw, rw, sh, y: b.y };
+    const params = {
       ...base,
       rows: partRows,
       row_base: id ? 0 : part.firstRow,
@@ -222,7 +233,8 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
       row_tiles: tiles,
       sum_shared: o.sum?.shared ? 1 : 0,
       eps: o.norm?.eps ?? 0,
-    }, {
+    };
+    const grid = {
       tiles,
       z: gathered
         ? o.gatherTiles!
@@ -231,6 +243,8 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
         : id
         ? o.tokens * nUsed
         : Math.ceil(o.tokens / tokensPerWg(key)),
-    });
+    };
+    if (layout) enc.dispatch(MUL_MAT_VEC, { ...key, layout }, buffers, params, grid);
+    else enc.dispatch(MUL_MAT, key, buffers, params, grid);
   }
 }

@@ -1,0 +1,686 @@
+// Kernel bench of the decode matrix-vector products (engine/gpu/kernels/mul_mat_vec.ts): every
+// layout on the bench model's real shapes, each first checked against the CPU dequantizer and,
+// bit for bit, against the earlier kernel, then timed back to back on the GPU. Prints
+// shape | variant | µs | GB/s | % of a copy's bandwidth measured in the same run.
+//
+//   deno run -A bench/kernels/decode_matvec.ts --gpu dawn --shapes full [--out r.json]
+//   deno run -A bench/kernels/decode_matvec.ts --gpu builtin --shapes tiny --allow-software-gpu
+
+import { createStorage, GpuMemory, readBuffer } from "../../engine/gpu/buffers.ts";
+import { type GpuContext, openGpu } from "../../engine/gpu/device.ts";
+import { createStepTimer, ParamArena, StepEncoder } from "../../engine/gpu/encoder.ts";
+import { compileKernel } from "../../engine/gpu/kernel.ts";
+import { MUL_MAT, mulMat, type MulMatOptions } from "../../engine/gpu/kernels/mul_mat.ts";
+import { MOE_SUM, moeSum } from "../../engine/gpu/kernels/moe_sum.ts";
+import { moeRoute } from "../../engine/gpu/kernels/moe_route.ts";
+import {
+  layoutName,
+  type MatVecLayout,
+  MUL_MAT_VEC,
+  type MulMatVecKey,
+  workgroupBytes,
+} from "../../engine/gpu/kernels/mul_mat_vec.ts";
+import { PROVIDER_CHOICES } from "../../engine/gpu/provider.ts";
+import { type GpuTensor, uploadTensorBytes } from "../../engine/gpu/tensor.ts";
+import { dequantize } from "../../engine/quant/dequant.ts";
+import { GgmlType, rowBytes } from "../../engine/quant/ggml_types.ts";
+import {
+  type Command,
+  flag,
+  type FlagTable,
+  type FlagValues,
+  oneOf,
+  runCommand,
+  switchFlag,
+  text,
+  whole,
+} from "../../lib/cli.ts";
+import { PRESETS } from "../../tools/synth/presets.ts";
+import { randomBlocks } from "../../tools/synth/random_blocks.ts";
+
+/** One decode product of the model: W (rows × k, or `experts` of them) times one token. */
+export interface MatVecShape {
+  readonly name: string;
+  readonly type: GgmlType;
+  readonly rows: number;
+  readonly k: number;
+  /** An expert stack, `nUsed` experts a token. */
+  readonly experts?: number;
+  readonly nUsed?: number;
+  readonly norm?: boolean;
+  readonly add?: boolean;
+  readonly swiglu?: boolean;
+  /** The experts' products summed by routing weight with a shared expert (moeDownSum). */
+  readonly sum?: boolean;
+}
+
+/** The decode products of one qwen35moe-35b layer and its LM head (tools/synth/presets.ts). */
+function fullShapes(): MatVecShape[] {
+  const p = PRESETS["qwen35moe-35b"];
+  const C = 2 * p.Nk * p.Dk + p.Nv * p.Dv;
+  const vocab = p.vocab.padTo!;
+  return [
+    {
+      name: "deltanet qkvzba",
+      type: GgmlType.Q8_0,
+      rows: C + p.Nv * p.Dv + 2 * p.Nv,
+      k: p.D,
+      norm: true,
+    },
+    {
+      name: "attention qkv",
+      type: GgmlType.Q8_0,
+      rows: 2 * p.Hq * p.Dh + 2 * p.Hkv * p.Dh,
+      k: p.D,
+      norm: true,
+    },
+    { name: "out proj", type: GgmlType.Q8_0, rows: p.D, k: p.Nv * p.Dv, add: true },
+    { name: "router", type: GgmlType.F32, rows: p.E + 1, k: p.D, norm: true },
+    { name: "shared gate|up", type: GgmlType.Q8_0, rows: 2 * p.Fs, k: p.D, norm: true },
+    { name: "shared down", type: GgmlType.Q8_0, rows: p.D, k: p.Fs, swiglu: true },
+    {
+      name: "experts gate|up",
+      type: GgmlType.IQ4_XS,
+      rows: 2 * p.Fe,
+      k: p.D,
+      experts: p.E,
+      nUsed: p.Ku,
+      norm: true,
+    },
+    {
+      name: "experts down+sum",
+      type: GgmlType.IQ4_XS,
+      rows: p.D,
+      k: p.Fe,
+      experts: p.E,
+      nUsed: p.Ku,
+      swiglu: true,
+      sum: true,
+    },
+    { name: "LM head", type: GgmlType.Q6_K, rows: vocab, k: p.D, norm: true },
+  ];
+}
+
+/**
+ * CPU-adapter sizes with the same epilogues: k = 2560 takes two windows and leaves classes of
+ * unequal length; 70 rows end in a partial tile; k = 96 has fewer chunks than classes.
+ */
+function tinyShapes(): MatVecShape[] {
+  return [
+    { name: "q8 norm", type: GgmlType.Q8_0, rows: 70, k: 2560, norm: true },
+    { name: "q8 add", type: GgmlType.Q8_0, rows: 70, k: 2560, add: true },
+    { name: "f32 norm", type: GgmlType.F32, rows: 9, k: 256, norm: true },
+    { name: "q8 swiglu", type: GgmlType.Q8_0, rows: 37, k: 96, swiglu: true },
+    {
+      name: "iq4 experts",
+      type: GgmlType.IQ4_XS,
+      rows: 70,
+      k: 512,
+      experts: 4,
+      nUsed: 3,
+      norm: true,
+    },
+    {
+      name: "iq4 down+sum",
+      type: GgmlType.IQ4_XS,
+      rows: 70,
+      k: 256,
+      experts: 4,
+      nUsed: 3,
+      swiglu: true,
+      sum: true,
+    },
+    { name: "q6 head", type: GgmlType.Q6_K, rows: 300, k: 256, norm: true },
+  ];
+}
+
+/**
+ * The layouts tried, likelier winners first (a shape's share of the deadline may end its list):
+ * every combination, or a few that cover each code path.
+ */
+function layouts(set: "all" | "quick"): MatVecLayout[] {
+  const out: MatVecLayout[] = [];
+  for (const rpt of [1, 2, 4, 8] as const) {
+    for (const cu of [16, 32, 64] as const) {
+      for (const wg of [128, 256] as const) {
+        for (const xstage of [false, true]) {
+          if (rpt < 8 || !xstage) out.push({ wg, cu, rpt, xstage });
+        }
+      }
+    }
+  }
+  if (set === "all") return out;
+  return out.filter((l) =>
+    (l.wg === 128 && l.cu === 16 && l.rpt === 1) || (l.wg === 256 && l.cu === 32 && l.rpt === 2) ||
+    (l.wg === 128 && l.cu === 64 && l.rpt === 4)
+  );
+}
+
+/** Seeded uniforms in [0, 1) (mulberry32). */
+function seeded(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function randomF32(n: number, r: () => number, scale = 1): Float32Array<ArrayBuffer> {
+  return Float32Array.from({ length: n }, () => (2 * r() - 1) * scale);
+}
+
+/** `n` distinct experts below `e`, in random order. */
+function distinct(n: number, e: number, r: () => number): number[] {
+  const picked = new Set<number>();
+  while (picked.size < n) picked.add(Math.floor(r() * e));
+  return [...picked];
+}
+
+/** Everything one shape's dispatches bind, and what its output should be. */
+interface Setup {
+  readonly shape: MatVecShape;
+  /** Copies of W at distinct addresses, so back-to-back dispatches read memory, not the cache. */
+  readonly copies: readonly GpuTensor[];
+  /** Expert-id sets (one per dispatch in turn), each at its own 256-byte-aligned slice. */
+  readonly idSets: readonly { buffer: GPUBuffer; offset: number; size: number }[];
+  readonly x: GPUBuffer;
+  readonly y: GPUBuffer;
+  readonly yInit: Float32Array<ArrayBuffer>;
+  /** Per-rank products of the unfused expert sum. */
+  readonly scratch: GPUBuffer;
+  readonly options: Omit<MulMatOptions, "decode">;
+  /** Weight bytes one dispatch reads. */
+  readonly bytes: number;
+  /** Sampled outputs: index into y, float64 value and the size of its terms. */
+  readonly checks: readonly { index: number; want: number; scale: number }[];
+}
+
+/** Bytes of weights resident at once across the copies: several times any GPU's L2. */
+const ROTATE_BYTES = 256 * 2 ** 20;
+/** Rows checked against the CPU per shape. */
+const CHECKED_ROWS = 24;
+
+function silu(g: number): number {
+  return g / (1 + Math.exp(-g));
+}
+
+async function prepare(ctx: GpuContext, mem: GpuMemory, shape: MatVecShape): Promise<Setup> {
+  const r = seeded(shape.rows * 31 + shape.k);
+  const { type, rows, k } = shape;
+  const experts = shape.experts ?? 1;
+  const nUsed = shape.nUsed ?? 1;
+  const rb = rowBytes(type, k);
+  const bytes = randomBlocks(type, k * rows * experts, 0.05, r);
+  const first = await uploadTensorBytes(mem, {
+    name: shape.name,
+    type,
+    shape: experts > 1 ? [k, rows, experts] : [k, rows],
+  }, bytes);
+  const read = nUsed * rows * rb;
+  const nCopies = shape.experts ? 1 : Math.max(1, Math.ceil(ROTATE_BYTES / bytes.length));
+  const copies = [first];
+  const enc = ctx.device.createCommandEncoder();
+  for (let c = 1; c < nCopies; c++) {
+    copies.push({
+      ...first,
+      parts: first.parts.map((p) => {
+        const buffer = mem.storage(`${shape.name} copy ${c}`, p.buffer.size);
+        enc.copyBufferToBuffer(p.buffer, 0, buffer, 0, p.buffer.size);
+        return { ...p, buffer };
+      }),
+    });
+  }
+  ctx.device.queue.submit([enc.finish()]);
+  // Expert sets: enough distinct sets that the experts read in a row are not cached.
+  const nSets = shape.experts ? Math.max(1, Math.min(64, Math.ceil((4 * ROTATE_BYTES) / read))) : 1;
+  const sets = Array.from({ length: nSets }, () => distinct(nUsed, experts, r));
+  const idWords = new Uint32Array(64 * nSets);
+  sets.forEach((s, i) => idWords.set(s, 64 * i));
+  const idBuffer = mem.upload("ids", idWords);
+  const idSets = sets.map((_, i) => ({ buffer: idBuffer, offset: 256 * i, size: 256 }));
+
+  // Inputs: x rows (one per rank under SUM, [gate | up] under SwiGLU), norm weights, routing.
+  const width = shape.swiglu ? 2 * k : k;
+  const xRows = shape.sum ? nUsed : 1;
+  const xv = randomF32(xRows * width, r, shape.norm ? 3 : 1);
+  const nwv = randomF32(k, r);
+  const rwv = randomF32(nUsed + 1, r);
+  const shv = randomF32(rows, r);
+  const yRows = shape.experts && !shape.sum ? nUsed * rows : rows;
+  const yInit = shape.add || shape.sum ? randomF32(yRows, r) : new Float32Array(yRows);
+  const x = mem.upload("x", xv);
+  const y = createStorage(ctx, "y", yRows * 4);
+  const options: Omit<MulMatOptions, "decode"> = {
+    tokens: 1,
+    nUsed: shape.experts ? nUsed : undefined,
+    norm: shape.norm ? { w: mem.upload("nw", nwv), eps: 1e-6 } : undefined,
+    add: shape.add,
+    swiglu: shape.swiglu,
+    upOffset: shape.swiglu ? k : undefined,
+    xStrideI: shape.sum ? width : shape.experts ? 0 : undefined,
+    sum: shape.sum
+      ? { weights: mem.upload("routing", rwv), shared: mem.upload("shared", shv) }
+      : undefined,
+  };
+
+  // Float64 reference of sampled rows of the first expert set.
+  const input = (rank: number): Float64Array => {
+    const xo = shape.sum ? rank * width : 0;
+    const v = new Float64Array(k);
+    let ss = 0;
+    for (let i = 0; i < k; i++) ss += xv[xo + i] * xv[xo + i];
+    const scale = 1 / Math.sqrt(ss / k + 1e-6);
+    for (let i = 0; i < k; i++) {
+      v[i] = shape.swiglu
+        ? silu(xv[xo + i]) * xv[xo + k + i]
+        : shape.norm
+        ? xv[xo + i] * scale * nwv[i]
+        : xv[xo + i];
+    }
+    return v;
+  };
+  const inputs = Array.from({ length: xRows }, (_, i) => input(i));
+  const checks: { index: number; want: number; scale: number }[] = [];
+  const sampled = new Set([0, rows - 1]);
+  while (sampled.size < Math.min(rows, CHECKED_ROWS)) sampled.add(Math.floor(r() * rows));
+  const dot = (e: number, row: number, v: Float64Array) => {
+    const at = (e * rows + row) * rb;
+    const wr = dequantize(type, bytes.subarray(at, at + rb), k);
+    let s = 0;
+    let a = 0;
+    for (let i = 0; i < k; i++) {
+      s += wr[i] * v[i];
+      a += Math.abs(wr[i] * v[i]);
+    }
+    return { s, a };
+  };
+  for (const row of sampled) {
+    if (shape.sum) {
+      let want = yInit[row] + rwv[nUsed] * shv[row];
+      let scale = Math.abs(yInit[row]) + Math.abs(rwv[nUsed] * shv[row]);
+      sets[0].forEach((e, i) => {
+        const d = dot(e, row, inputs[i]);
+        want += rwv[i] * d.s;
+        scale += Math.abs(rwv[i]) * d.a;
+      });
+      checks.push({ index: row, want, scale });
+    } else if (shape.experts) {
+      sets[0].forEach((e, i) => {
+        const d = dot(e, row, inputs[0]);
+        checks.push({ index: i * rows + row, want: d.s, scale: d.a });
+      });
+    } else {
+      const d = dot(0, row, inputs[0]);
+      const y0 = yInit[row];
+      checks.push({ index: row, want: y0 + d.s, scale: d.a + Math.abs(y0) });
+    }
+  }
+  const scratch = createStorage(ctx, "scratch", nUsed * rows * 4);
+  return { shape, copies, idSets, x, y, yInit, scratch, options, bytes: read, checks };
+}
+
+/**
+ * A variant: the decode layout ("staged8": wgsl/mul_mat.wgsl's earlier kernel) and, for the
+ * expert sum, whether the products go to a scratch row per rank that moeSum then adds.
+ */
+interface Candidate {
+  readonly decode: MatVecLayout | "staged8";
+  readonly unfused?: boolean;
+}
+
+/** Records `n` dispatches of the variant, each on the next copy of W and set of experts. */
+function record(enc: StepEncoder, s: Setup, c: Candidate, n: number): void {
+  for (let i = 0; i < n; i++) {
+    const ids = s.shape.experts ? s.idSets[i % s.idSets.length] : undefined;
+    const w = s.copies[i % s.copies.length];
+    const sum = s.options.sum;
+    if (c.unfused && sum && ids) {
+      mulMat(enc, { w, x: s.x, y: s.scratch, ids }, {
+        ...s.options,
+        sum: undefined,
+        decode: c.decode,
+      });
+      moeSum(enc, { o: s.scratch, s: sum.shared!, weights: sum.weights, x: s.y }, {
+        d: s.shape.rows,
+        k: s.options.nUsed!,
+        tokens: 1,
+        sharedExpert: true,
+      });
+    } else {
+      mulMat(enc, { w, x: s.x, y: s.y, ids }, { ...s.options, decode: c.decode });
+    }
+  }
+}
+
+/** GPU (or, without timestamps, wall-clock) microseconds of `n` back-to-back dispatches. */
+async function timeDispatches(
+  ctx: GpuContext,
+  arena: ParamArena,
+  timer: ReturnType<typeof createStepTimer>,
+  recordAll: (enc: StepEncoder) => void,
+): Promise<number> {
+  const enc = new StepEncoder(ctx, arena);
+  recordAll(enc);
+  const start = performance.now();
+  enc.submit(timer);
+  await ctx.device.queue.onSubmittedWorkDone();
+  const wallUs = (performance.now() - start) * 1000;
+  if (!timer) return wallUs;
+  const ns = new BigUint64Array(await readBuffer(ctx, timer.resolve, 0, 16));
+  return Number(ns[1] - ns[0]) / 1000;
+}
+
+function median(v: number[]): number {
+  const s = [...v].sort((a, b) => a - b);
+  return s[Math.floor(s.length / 2)];
+}
+
+export interface VariantResult {
+  readonly shape: string;
+  readonly variant: string;
+  readonly us?: number;
+  readonly gbs?: number;
+  readonly pctCopy?: number;
+  /** "ok", or why the variant was not timed. */
+  readonly check: string;
+}
+
+/** Checks a variant's output: against the float64 samples, and bit for bit against `base`. */
+async function check(
+  ctx: GpuContext,
+  s: Setup,
+  arena: ParamArena,
+  c: Candidate,
+  base: Float32Array | undefined,
+): Promise<{ out: Float32Array; verdict: string }> {
+  ctx.device.queue.writeBuffer(s.y, 0, s.yInit);
+  const enc = new StepEncoder(ctx, arena);
+  record(enc, s, c, 1);
+  ctx.device.pushErrorScope("validation");
+  enc.submit();
+  const error = await ctx.device.popErrorScope();
+  if (error) return { out: new Float32Array(), verdict: `rejected: ${error.message}` };
+  const out = new Float32Array(await readBuffer(ctx, s.y, 0, s.yInit.length * 4));
+  // f32 sums in another order than float64 (and the GPU's exp under SwiGLU): 3e-5 of the terms.
+  for (const c of s.checks) {
+    const err = Math.abs(out[c.index] - c.want) / Math.max(c.scale, 1e-30);
+    if (!(err <= 3e-5)) {
+      return { out, verdict: `wrong: y[${c.index}] = ${out[c.index]}, expected ${c.want}` };
+    }
+  }
+  if (base) {
+    for (let i = 0; i < out.length; i++) {
+      if (!Object.is(out[i], base[i])) {
+        return { out, verdict: `bits differ from staged8 at y[${i}]: ${out[i]} vs ${base[i]}` };
+      }
+    }
+  }
+  return { out, verdict: "ok" };
+}
+
+/** GB/s of a device-to-device copy, bytes read plus bytes written (the bandwidth ceiling). */
+async function copyBandwidth(ctx: GpuContext, mem: GpuMemory, bytes: number): Promise<number> {
+  const a = mem.storage("copy from", bytes);
+  const b = mem.storage("copy to", bytes);
+  const times: number[] = [];
+  for (let run = 0; run < 4; run++) {
+    const enc = ctx.device.createCommandEncoder();
+    for (let i = 0; i < 4; i++) enc.copyBufferToBuffer(i % 2 ? b : a, 0, i % 2 ? a : b, 0, bytes);
+    const start = performance.now();
+    ctx.device.queue.submit([enc.finish()]);
+    await ctx.device.queue.onSubmittedWorkDone();
+    if (run > 0) times.push((performance.now() - start) / 1000);
+  }
+  mem.free(a);
+  mem.free(b);
+  return (2 * 4 * bytes) / median(times) / 1e9;
+}
+
+/**
+ * Builds the variant's pipeline and waits for it: "ok", or why it cannot run here (too much
+ * workgroup memory, or the compiler's message).
+ */
+async function compiles(
+  ctx: GpuContext,
+  flags: Omit<MulMatVecKey, "layout">,
+  decode: MatVecLayout | "staged8",
+): Promise<string> {
+  try {
+    if (decode === "staged8") {
+      await compileKernel(ctx, MUL_MAT, { ...flags, batched: false });
+      return "ok";
+    }
+    if (flags.id && !flags.sum) await compileKernel(ctx, MOE_SUM, undefined);
+    const key: MulMatVecKey = { ...flags, layout: decode };
+    if (workgroupBytes(key) > ctx.limits.maxComputeWorkgroupStorageSize) {
+      return "skipped: workgroup memory";
+    }
+    await compileKernel(ctx, MUL_MAT_VEC, key);
+    return "ok";
+  } catch (e) {
+    return `rejected: ${(e as Error).message}`;
+  }
+}
+
+/**
+ * Per-dispatch times of two tiny kernels back to back: a one-row product (the floor any
+ * dispatch pays: launch and the barrier after it) and the MoE router's softmax + top-k.
+ */
+async function smallKernels(
+  ctx: GpuContext,
+  arena: ParamArena,
+  timer: ReturnType<typeof createStepTimer>,
+): Promise<VariantResult[]> {
+  const mem = new GpuMemory(ctx);
+  const r = seeded(5);
+  const p = PRESETS["qwen35moe-35b"];
+  const one = await uploadTensorBytes(
+    mem,
+    { name: "one row", type: GgmlType.F32, shape: [32, 1] },
+    new Uint8Array(randomF32(32, r).buffer),
+  );
+  const x = mem.upload("x", randomF32(32, r));
+  const y = mem.storage("y", 16);
+  const logits = mem.upload("logits", randomF32(p.E + 1, r, 4));
+  const ids = mem.storage("ids", 4 * p.Ku);
+  const weights = mem.storage("weights", 4 * (p.Ku + 1));
+  const n = 500;
+  const jobs: [string, (enc: StepEncoder) => void][] = [
+    ["one-row product", (enc) => {
+      for (let i = 0; i < n; i++) mulMat(enc, { w: one, x, y }, { tokens: 1 });
+    }],
+    [`moe_route E=${p.E} k=${p.Ku}`, (enc) => {
+      for (let i = 0; i < n; i++) {
+        moeRoute(enc, { logits, ids, weights }, {
+          experts: p.E,
+          k: p.Ku,
+          tokens: 1,
+          logitsStride: p.E + 1,
+          sharedGate: true,
+        });
+      }
+    }],
+  ];
+  const out: VariantResult[] = [];
+  for (const [name, job] of jobs) {
+    const us: number[] = [];
+    for (let i = 0; i < 4; i++) us.push((await timeDispatches(ctx, arena, timer, job)) / n);
+    out.push({ shape: "small kernels", variant: name, us: median(us.slice(1)), check: "ok" });
+  }
+  mem.destroy();
+  return out;
+}
+
+const DECODE_MATVEC = {
+  name: "Decode matvec bench",
+  usage: "deno run -A bench/kernels/decode_matvec.ts",
+  about: "Checks then times every decode matrix-vector layout on the bench model's shapes.",
+  flags: {
+    gpu: flag(oneOf(PROVIDER_CHOICES), "the WebGPU provider", "auto"),
+    shapes: flag(
+      oneOf(["full", "tiny"] as const),
+      "the bench model's shapes, or CPU-sized ones",
+      "full",
+    ),
+    layouts: flag(oneOf(["all", "quick"] as const), "every layout, or one per code path", "all"),
+    only: flag(text("NAME,..."), "shapes whose name contains one of these"),
+    "top-from": flag(text("FILE"), "time only the best --top layouts per shape of this JSON"),
+    top: flag(whole(1), "layouts taken from --top-from", 6),
+    dispatches: flag(whole(1), "back-to-back dispatches a timed pass at most", 200),
+    "pass-us": flag(whole(1), "GPU microseconds a timed pass aims at (fewer dispatches)", 8000),
+    runs: flag(whole(1), "timed passes per variant (the median is kept)", 5),
+    "copy-mb": flag(whole(1), "size of the copy that measures bandwidth", 1024),
+    "deadline-s": flag(whole(1), "stop starting variants after this many seconds", 100000),
+    out: flag(text("FILE"), "write every result here as JSON"),
+    "allow-software-gpu": switchFlag("accept a software (CPU) adapter"),
+  },
+} satisfies Command<FlagTable>;
+
+async function main(values: FlagValues<typeof DECODE_MATVEC.flags>): Promise<void> {
+  const started = performance.now();
+  const ctx = await openGpu({
+    gpu: values.gpu,
+    allowSoftware: values["allow-software-gpu"],
+    log: (line) => console.log(line),
+  });
+  const mem = new GpuMemory(ctx);
+  const copyGbs = await copyBandwidth(ctx, mem, values["copy-mb"] * 2 ** 20);
+  console.log(`copy bandwidth (read + write): ${copyGbs.toFixed(0)} GB/s`);
+  const timer = createStepTimer(mem);
+  if (!timer) console.log("no timestamp-query: times are wall clock per pass");
+  const arena = new ParamArena(mem, 16);
+  const top = values["top-from"]
+    ? JSON.parse(await Deno.readTextFile(values["top-from"])) as { results: VariantResult[] }
+    : undefined;
+  const all = values.shapes === "full" ? fullShapes() : tinyShapes();
+  const only = values.only?.split(",");
+  const shapes = only ? all.filter((s) => only.some((o) => s.name.includes(o))) : all;
+  const results: VariantResult[] = await smallKernels(ctx, arena, timer);
+  for (const r of results) console.log(line(r));
+  const noSubgroups = { ...ctx, features: { ...ctx.features, subgroups: false } };
+  for (const [at, shape] of shapes.entries()) {
+    // Each shape gets an equal share of the time left before the deadline.
+    const elapsed = () => (performance.now() - started) / 1000;
+    const shapeEnd = elapsed() + (values["deadline-s"] - elapsed()) / (shapes.length - at);
+    const shapeMem = new GpuMemory(ctx);
+    const s = await prepare(ctx, shapeMem, shape);
+    // Fewer dispatches per pass for shapes that take long.
+    const probe = await timeDispatches(
+      ctx,
+      arena,
+      timer,
+      (enc) => record(enc, s, { decode: "staged8" }, 4),
+    );
+    const n = Math.max(
+      8,
+      Math.min(values.dispatches, Math.round(values["pass-us"] / (probe / 4))),
+    );
+    let decodes: (MatVecLayout | "staged8")[] = ["staged8", ...layouts(values.layouts)];
+    if (top) {
+      const ranked = top.results
+        .filter((r) => r.shape === shape.name && r.us !== undefined && r.variant !== "staged8")
+        .sort((a, b) => a.us! - b.us!)
+        .slice(0, values.top)
+        .map((r) => r.variant.split(" ")[0]);
+      decodes = decodes.filter((c) => c === "staged8" || ranked.includes(variantName(c)));
+    }
+    // With subgroups, the 16-lane layouts are timed with and without them; the expert sum also
+    // unfused (products per rank, then moeSum).
+    const runs: { c: Candidate; target: GpuContext; name: string }[] = [];
+    for (const decode of decodes) {
+      runs.push({ c: { decode }, target: ctx, name: variantName(decode) });
+      if (decode !== "staged8" && decode.cu === 16 && ctx.features.subgroups) {
+        runs.push({ c: { decode }, target: noSubgroups, name: `${variantName(decode)} nosg` });
+      }
+      if (shape.sum) {
+        runs.push({
+          c: { decode, unfused: true },
+          target: ctx,
+          name: `${variantName(decode)} +moe_sum`,
+        });
+      }
+    }
+    let base: Float32Array | undefined;
+    for (const run of runs) {
+      if (elapsed() > shapeEnd) {
+        results.push({ shape: shape.name, variant: run.name, check: "skipped: deadline" });
+        continue;
+      }
+      const runCtx = run.target;
+      const flags = {
+        type: shape.type,
+        id: shape.experts !== undefined,
+        swiglu: shape.swiglu,
+        add: shape.add,
+        norm: shape.norm,
+        sum: shape.sum && !run.c.unfused,
+      };
+      const verdict0 = await compiles(runCtx, flags, run.c.decode);
+      if (verdict0 !== "ok") {
+        const result = { shape: shape.name, variant: run.name, check: verdict0 };
+        results.push(result);
+        console.log(line(result));
+        continue;
+      }
+      const { out, verdict } = await check(runCtx, s, arena, run.c, base);
+      if (run.name === "staged8" && verdict === "ok") base = out;
+      let result: VariantResult = { shape: shape.name, variant: run.name, check: verdict };
+      if (verdict === "ok") {
+        const us: number[] = [];
+        const timed = (enc: StepEncoder) => record(enc, s, run.c, n);
+        await timeDispatches(runCtx, arena, timer, timed);
+        for (let i = 0; i < values.runs; i++) {
+          us.push((await timeDispatches(runCtx, arena, timer, timed)) / n);
+        }
+        const t = median(us);
+        const gbs = s.bytes / t / 1e3;
+        result = { ...result, us: t, gbs, pctCopy: (100 * gbs) / copyGbs };
+      }
+      results.push(result);
+      console.log(line(result));
+    }
+    shapeMem.destroy();
+  }
+  console.log(`\n${ctx.summary}; copy ${copyGbs.toFixed(0)} GB/s`);
+  console.log(table(results));
+  if (values.out) {
+    await Deno.writeTextFile(
+      values.out,
+      JSON.stringify({ device: ctx.summary, provider: ctx.provider, copyGbs, results }, null, 1),
+    );
+  }
+  mem.destroy();
+  ctx.device.destroy();
+}
+
+/** The name a variant is reported by: "staged8" or its layout's. */
+function variantName(c: MatVecLayout | "staged8"): string {
+  return c === "staged8" ? c : layoutName(c);
+}
+
+function line(r: VariantResult): string {
+  if (r.us === undefined) return `${r.shape} | ${r.variant} | ${r.check.slice(0, 300)}`;
+  if (r.gbs === undefined) return `${r.shape} | ${r.variant} | ${r.us.toFixed(2)} µs`;
+  return `${r.shape} | ${r.variant} | ${r.us.toFixed(2)} µs | ${r.gbs!.toPrecision(3)} GB/s | ${
+    r.pctCopy!.toFixed(1)
+  }%`;
+}
+
+/** Per shape: staged8, the best three layouts, and any that failed its check. */
+function table(results: VariantResult[]): string {
+  const rows = ["shape | variant | µs | GB/s | % of copy"];
+  for (const shape of new Set(results.map((r) => r.shape))) {
+    const mine = results.filter((r) => r.shape === shape);
+    const timed = mine.filter((r) => r.us !== undefined && r.variant !== "staged8");
+    timed.sort((a, b) => a.us! - b.us!);
+    const base = mine.filter((r) => r.variant === "staged8");
+    const failed = mine.filter((r) => !r.check.startsWith("ok") && !r.check.startsWith("skipped"));
+    for (const r of [...base, ...timed.slice(0, 3), ...failed]) rows.push(line(r));
+  }
+  return rows.join("\n");
+}
+
+await runCommand(DECODE_MATVEC, main);

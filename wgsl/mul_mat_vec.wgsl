@@ -1,0 +1,343 @@
+// mul_mat_vec: the decode product y[t,i][row] (= or +=) W_e[row] · x[t,i] for up to a few tokens,
+// every weight type; with ID, e = ids[t, i] picks an expert of a stacked tensor. The prefill
+// tiles are wgsl/mul_mat.wgsl; both sum each output in the one order written there, so a token
+// gets the same bits alone (here) as inside a batch (there). Matches engine/reference/math.ts
+// matVec over engine/quant/dequant.ts rows.
+// Bindings: as wgsl/mul_mat.wgsl: 0 w: weight bytes of one part | 1 x (f32) | 2 ids (u32 expert
+//   ids (T, ids_stride) under ID, a dummy otherwise) | 3 nw (k) f32 RMSNorm weight under NORM |
+//   4 rw routing weights (t·(n_used+1) + i; index n_used = the shared expert's gate) f32 and
+//   5 sh (t·rows + row) the shared expert's output f32 under SUM | 6 y (f32) | 7 params.
+// Dispatch: (row_tiles folded to 2-D, z): a workgroup takes ROWS = (WG / CU)·RPT rows of one
+//   token (z = T), one (token, rank) slot (ID: z = T·n_used), or one token's every rank (SUM).
+// Work: the products s_c of one chunk (32 values of k) are independent of one another, so the
+//   (row, chunk) pairs of a window of WIN chunks are spread freely: thread (cu = lid % CU,
+//   g = lid / CU) takes chunks cu, cu + CU, ... of the window for rows g, g + WG/CU, ... (RPT of
+//   them), reusing each chunk of x for its RPT rows, with every load of a chunk issued before its
+//   products. The window's s_c land in workgroup memory and are then folded into the class
+//   partials in order. With CU = 16 (REG_CLASSES) a thread's chunks are exactly one class, so
+//   its partials stay in registers and nothing is folded.
+// Variants: TYPE_<type>; WG (128 | 256), CU (16 | 32 | 64; 16 requires REG_CLASSES), RPT
+//   (1 | 2 | 4 | 8); XSTAGE (a window's x, normed, staged once in workgroup memory instead of
+//   each thread reading its chunks from x); ID, SUM (with ID: a workgroup sums all ranks of one
+//   token as wgsl/moe_sum.wgsl does and adds that into y), X_SWIGLU (x = silu(g)·u with u at
+//   g + up_offset), ADD (y += result), NORM (x is the raw residual row and the product uses
+//   RMSNorm(x)·nw, the scale from _include/rms.wgsl as wgsl/rms_norm.wgsl computes it),
+//   IQ4_TABLE_WORKGROUP (dequant.wgsl), SUBGROUPS (with REG_CLASSES: the class partials of a
+//   row combined by subgroup shuffles in class order).
+//
+// Summation order (wgsl/mul_mat.wgsl): s_c = one fma chain over chunk c's 32 products in element
+// order, from 0; class l < 16 sums its chunks c ≡ l (mod 16) in increasing c, from 0; the output
+// is ((0 + p_0) + p_1) + ... over the classes that have chunks.
+
+#ifdef SUBGROUPS
+enable subgroups;
+#endif
+
+#include "_include/dequant.wgsl"
+#ifdef NORM
+#include "_include/rms.wgsl"
+#endif
+
+struct Params {
+  k: u32,
+  rows: u32,
+  tokens: u32,
+  n_used: u32,
+  row_base: u32,
+  expert_first: u32,
+  expert_count: u32,
+  x_offset: u32,
+  x_stride_t: u32,
+  x_stride_i: u32,
+  up_offset: u32,
+  y_offset: u32,
+  y_stride_t: u32,
+  y_stride_i: u32,
+  ids_stride: u32,
+  row_tiles: u32,
+  sum_shared: u32,
+  eps: f32,
+}
+
+@group(0) @binding(0) var<storage, read> w: array<u32>;
+@group(0) @binding(1) var<storage, read> x: array<f32>;
+@group(0) @binding(2) var<storage, read> ids: array<u32>;
+@group(0) @binding(3) var<storage, read> nw: array<f32>;
+@group(0) @binding(4) var<storage, read> rw: array<f32>;
+@group(0) @binding(5) var<storage, read> sh: array<f32>;
+@group(0) @binding(6) var<storage, read_write> y: array<f32>;
+@group(0) @binding(7) var<uniform> params: Params;
+
+// Chunk classes (the order's partial sums per output).
+const CLASSES = 16u;
+const GROUPS = WG / CU;
+const ROWS = GROUPS * RPT;
+// Chunks a window covers (a multiple of CLASSES and of CU).
+const WIN = 64u;
+
+// Class partials of the workgroup's rows: pbuf[16·row + l].
+var<workgroup> pbuf: array<f32, ROWS * CLASSES>;
+#ifndef REG_CLASSES
+// A window's chunk products: sbuf[(WIN + 1)·row + chunk] (padded so a row's classes fall in
+// distinct banks when folded).
+var<workgroup> sbuf: array<f32, ROWS * (WIN + 1u)>;
+#endif
+#ifdef XSTAGE
+// A window's x, 9 vec4 a chunk (padded so neighbouring chunks fall in distinct banks).
+var<workgroup> xs: array<vec4<f32>, WIN * 9u>;
+#endif
+var<workgroup> chosen: u32;
+
+fn xval(i: u32) -> f32 {
+#ifdef X_SWIGLU
+  let g = x[i];
+  return g / (1.0 + exp(-g)) * x[i + params.up_offset];
+#else
+  return x[i];
+#endif
+}
+
+fn x4(i: u32) -> vec4<f32> {
+  return vec4<f32>(xval(i), xval(i + 1u), xval(i + 2u), xval(i + 3u));
+}
+
+// vec4 v of chunk c's input; under NORM, (x·scale)·nw as rms_norm writes it.
+fn input4(xo: u32, c: u32, v: u32, scale: f32) -> vec4<f32> {
+  let col = 32u * c + 4u * v;
+#ifdef NORM
+  let g = vec4<f32>(nw[col], nw[col + 1u], nw[col + 2u], nw[col + 3u]);
+  return (x4(xo + col) * scale) * g;
+#else
+  return x4(xo + col);
+#endif
+}
+
+fn put(i: u32, v: f32) {
+#ifdef ADD
+  y[i] += v;
+#else
+  y[i] = v;
+#endif
+}
+
+fn row_bytes() -> u32 {
+  return (params.k / BLOCK_ELEMS) * BLOCK_BYTES;
+}
+
+// s_c: the fma chain of one chunk's weights against its input, from 0.
+fn chunk_sum(wv: array<vec4<f32>, 8>, xv: array<vec4<f32>, 8>) -> f32 {
+  var s: f32;
+  s = 0.0;
+  for (var v = 0u; v < 8u; v++) {
+    s = fma(wv[v].x, xv[v].x, s);
+    s = fma(wv[v].y, xv[v].y, s);
+    s = fma(wv[v].z, xv[v].z, s);
+    s = fma(wv[v].w, xv[v].w, s);
+  }
+  return s;
+}
+
+// Chunk c0 + cc's input (cc within the window), from the staged window or from x.
+fn chunk_input(xo: u32, c0: u32, cc: u32, scale: f32) -> array<vec4<f32>, 8> {
+  var xv: array<vec4<f32>, 8>;
+  for (var v = 0u; v < 8u; v++) {
+#ifdef XSTAGE
+    xv[v] = xs[9u * cc + v];
+#else
+    xv[v] = input4(xo, c0 + cc, v, scale);
+#endif
+  }
+  return xv;
+}
+
+// The products of the workgroup's rows (part rows part_row0 + row0 + ...) with the input at xo:
+// rows row0 + g + GROUPS·r (r < RPT) to lane 0 of row group g. Called by every invocation.
+fn rows_product(part_row0: u32, row0: u32, xo: u32, lid: u32, sid: u32) -> array<f32, RPT> {
+  let cu = lid % CU;
+  let g = lid / CU;
+  let chunks = params.k / 32u;
+  let classes = min(chunks, CLASSES);
+  let rb = row_bytes();
+#ifdef NORM
+  let scale = rms_scale(xo, params.k, params.eps, lid);
+#else
+  let scale = 1.0;
+#endif
+  // The byte offset of each of this thread's rows; a row past the part reads the last row
+  // instead (its output is dropped), so the loads need no branch.
+  var at: array<u32, RPT>;
+  for (var r = 0u; r < RPT; r++) {
+    at[r] = (part_row0 + min(row0 + g + GROUPS * r, params.rows - 1u)) * rb;
+  }
+#ifdef REG_CLASSES
+  var p: array<f32, RPT>;
+  for (var r = 0u; r < RPT; r++) {
+    p[r] = 0.0;
+  }
+#else
+  for (var q = lid; q < ROWS * CLASSES; q += WG) {
+    pbuf[q] = 0.0;
+  }
+#endif
+  for (var c0 = 0u; c0 < chunks; c0 += WIN) {
+    let wn = min(WIN, chunks - c0);
+#ifdef XSTAGE
+    workgroupBarrier();
+    for (var q = lid; q < wn * 8u; q += WG) {
+      xs[9u * (q / 8u) + q % 8u] = input4(xo, c0 + q / 8u, q % 8u, scale);
+    }
+    workgroupBarrier();
+#endif
+    for (var cc = cu; cc < wn; cc += CU) {
+      let xv = chunk_input(xo, c0, cc, scale);
+      for (var r = 0u; r < RPT; r++) {
+        let s = chunk_sum(dequant32(at[r], c0 + cc), xv);
+#ifdef REG_CLASSES
+        p[r] = p[r] + s;
+#else
+        sbuf[(WIN + 1u) * (g + GROUPS * r) + cc] = s;
+#endif
+      }
+    }
+#ifndef REG_CLASSES
+    workgroupBarrier();
+    // Fold the window into the class partials: class l takes its chunks in increasing order.
+    for (var q = lid; q < ROWS * CLASSES; q += WG) {
+      let row = q / CLASSES;
+      var pl = pbuf[q];
+      for (var cc = q % CLASSES; cc < wn; cc += CLASSES) {
+        pl = pl + sbuf[(WIN + 1u) * row + cc];
+      }
+      pbuf[q] = pl;
+    }
+    workgroupBarrier();
+#endif
+  }
+  // Each row's output, in order over its classes; lane 0 of the row group gets it.
+  var total: array<f32, RPT>;
+#ifdef SUBGROUPS
+  // The 16 lanes of a row group sit in one subgroup, lane cu holding class cu (the device
+  // checked that lanes follow local_invocation_index in subgroups of ≥ 16).
+  let first = sid - cu;
+  for (var r = 0u; r < RPT; r++) {
+    var t = 0.0;
+    for (var l = 0u; l < CLASSES; l++) {
+      let pl = subgroupShuffle(p[r], first + l);
+      if (l < classes) {
+        t = t + pl;
+      }
+    }
+    total[r] = t;
+  }
+#else
+#ifdef REG_CLASSES
+  for (var r = 0u; r < RPT; r++) {
+    pbuf[CLASSES * (g + GROUPS * r) + cu] = p[r];
+  }
+  workgroupBarrier();
+#endif
+  if (cu == 0u) {
+    // A fixed trip count: Mesa's lavapipe (CI's adapter) leaks per dispatch when a loop of
+    // data-dependent length follows the last barrier. Same sum, same order.
+    for (var r = 0u; r < RPT; r++) {
+      var t = 0.0;
+      for (var l = 0u; l < CLASSES; l++) {
+        if (l < classes) {
+          t = t + pbuf[CLASSES * (g + GROUPS * r) + l];
+        }
+      }
+      total[r] = t;
+    }
+  }
+  // pbuf is reused by the next rank (SUM).
+  workgroupBarrier();
+#endif
+  return total;
+}
+
+@compute @workgroup_size(WG)
+fn main(
+  @builtin(workgroup_id) wid: vec3<u32>,
+  @builtin(num_workgroups) nwg: vec3<u32>,
+  @builtin(local_invocation_index) lid: u32,
+#ifdef SUBGROUPS
+  @builtin(subgroup_invocation_id) sid: u32,
+#endif
+) {
+#ifndef SUBGROUPS
+  let sid = 0u;
+#endif
+  let tile = wid.x + wid.y * nwg.x;
+  if (tile >= params.row_tiles) {
+    return;
+  }
+#ifdef IQ4_TABLE_WORKGROUP
+  if (lid < 16u) {
+    iq4_table[lid] = KV_IQ4[lid];
+  }
+  workgroupBarrier();
+#endif
+  let row0 = tile * ROWS;
+  // Lane 0 of row group g writes rows row0 + g + GROUPS·r.
+  let g = lid / CU;
+  let writer = lid % CU == 0u;
+#ifdef SUM
+  // One token (wid.z), every rank i: y += fma chain of w_i·(W_{e_i}·x_i) in rank order, from
+  // r_0·w_0, then the shared expert, as wgsl/moe_sum.wgsl adds them.
+  let t = wid.z;
+  let wo = t * (params.n_used + 1u);
+  var acc: array<f32, RPT>;
+  for (var i = 0u; i < params.n_used; i++) {
+    // Only addresses depend on e: no uniform load (and its barrier) needed.
+    let e = ids[t * params.ids_stride + i];
+    let xo = params.x_offset + t * params.x_stride_t + i * params.x_stride_i;
+    let total = rows_product((e - params.expert_first) * params.rows, row0, xo, lid, sid);
+    for (var r = 0u; r < RPT; r++) {
+      if (i == 0u) {
+        acc[r] = total[r] * rw[wo];
+      } else {
+        acc[r] = fma(total[r], rw[wo + i], acc[r]);
+      }
+    }
+  }
+  for (var r = 0u; r < RPT; r++) {
+    let row = row0 + g + GROUPS * r;
+    if (writer && row < params.rows) {
+      var a = acc[r];
+      if (params.sum_shared == 1u) {
+        a = fma(sh[t * params.rows + row], rw[wo + params.n_used], a);
+      }
+      let yo = params.y_offset + t * params.y_stride_t + row;
+      y[yo] = y[yo] + a;
+    }
+  }
+#else
+#ifdef ID
+  // Slot wid.z = (token t, expert rank i).
+  let t = wid.z / params.n_used;
+  let i = wid.z % params.n_used;
+  if (lid == 0u) {
+    chosen = ids[t * params.ids_stride + i];
+  }
+  let e = workgroupUniformLoad(&chosen);
+  // Only the part holding expert e computes it.
+  if (e < params.expert_first || e >= params.expert_first + params.expert_count) {
+    return;
+  }
+  let xo = params.x_offset + t * params.x_stride_t + i * params.x_stride_i;
+  let yo = params.y_offset + t * params.y_stride_t + i * params.y_stride_i;
+  let part_row0 = (e - params.expert_first) * params.rows;
+#else
+  let xo = params.x_offset + wid.z * params.x_stride_t;
+  let yo = params.y_offset + wid.z * params.y_stride_t + params.row_base;
+  let part_row0 = 0u;
+#endif
+  let total = rows_product(part_row0, row0, xo, lid, sid);
+  for (var r = 0u; r < RPT; r++) {
+    let row = row0 + g + GROUPS * r;
+    if (writer && row < params.rows) {
+      put(yo + row, total[r]);
+    }
+  }
+#endif
+}
