@@ -12,12 +12,11 @@
 // Work: the products s_c of one chunk (32 values of k) are independent of one another, so the
 //   (row, chunk) pairs of a window of WIN chunks are spread freely: thread (cu = lid % CU,
 //   g = lid / CU) takes chunks cu, cu + CU, ... of the window for rows g, g + WG/CU, ... (RPT of
-//   them), reusing each chunk of x for its RPT rows, with every load of a chunk issued before its
-//   products. The window's s_c land in workgroup memory and are then folded into the class
-//   partials in order. With CU = 16 (REG_CLASSES) a thread's chunks are exactly one class, so
+//   them), reusing each chunk of x for its RPT rows. The window's s_c land in workgroup memory
+//   and are then folded into the class partials in order. With CU = 16 (REG_CLASSES) a thread's chunks are exactly one class, so
 //   its partials stay in registers and nothing is folded.
 // Variants: TYPE_<type>; WG (128 | 256), CU (16 | 32 | 64; 16 requires REG_CLASSES), RPT
-//   (1 | 2 | 4 | 8); XSTAGE (a window's x, normed, staged once in workgroup memory instead of
+//   (1 | 2 | 4); XSTAGE (a window's x, normed, staged once in workgroup memory instead of
 //   each thread reading its chunks from x); ID, SUM (with ID: a workgroup sums all ranks of one
 //   token as wgsl/moe_sum.wgsl does and adds that into y), X_SWIGLU (x = silu(g)·u with u at
 //   g + up_offset), ADD (y += result), NORM (x is the raw residual row and the product uses
@@ -124,35 +123,62 @@ fn row_bytes() -> u32 {
   return (params.k / BLOCK_ELEMS) * BLOCK_BYTES;
 }
 
-// s_c: the fma chain of one chunk's weights against its input, from 0.
-fn chunk_sum(wv: array<vec4<f32>, 8>, xv: array<vec4<f32>, 8>) -> f32 {
-  var s: f32;
-  s = 0.0;
-  for (var v = 0u; v < 8u; v++) {
-    s = fma(wv[v].x, xv[v].x, s);
-    s = fma(wv[v].y, xv[v].y, s);
-    s = fma(wv[v].z, xv[v].z, s);
-    s = fma(wv[v].w, xv[v].w, s);
-  }
-  return s;
+// The 32 input values of a chunk, as named vec4s: no array indexed by a variable anywhere in
+// the loop (some SPIR-V compilers keep such arrays in local memory).
+struct Chunk {
+  v0: vec4<f32>,
+  v1: vec4<f32>,
+  v2: vec4<f32>,
+  v3: vec4<f32>,
+  v4: vec4<f32>,
+  v5: vec4<f32>,
+  v6: vec4<f32>,
+  v7: vec4<f32>,
 }
 
-// Chunk c0 + cc's input (cc within the window), from the staged window or from x.
-fn chunk_input(xo: u32, c0: u32, cc: u32, scale: f32) -> array<vec4<f32>, 8> {
-  var xv: array<vec4<f32>, 8>;
-  for (var v = 0u; v < 8u; v++) {
+// s = fma chain over the four products of a vec4, in component order.
+fn fma4(a: vec4<f32>, b: vec4<f32>, s: f32) -> f32 {
+  return fma(a.w, b.w, fma(a.z, b.z, fma(a.y, b.y, fma(a.x, b.x, s))));
+}
+
+// s_c: the fma chain of one chunk's weights against its input, from 0.
+fn chunk_sum(wv: array<vec4<f32>, 8>, x: Chunk) -> f32 {
+  var s = fma4(wv[0], x.v0, 0.0);
+  s = fma4(wv[1], x.v1, s);
+  s = fma4(wv[2], x.v2, s);
+  s = fma4(wv[3], x.v3, s);
+  s = fma4(wv[4], x.v4, s);
+  s = fma4(wv[5], x.v5, s);
+  s = fma4(wv[6], x.v6, s);
+  return fma4(wv[7], x.v7, s);
+}
+
+// vec4 v of chunk c0 + cc's input (cc within the window), staged or from x.
+fn in4(xo: u32, c0: u32, cc: u32, v: u32, scale: f32) -> vec4<f32> {
 #ifdef XSTAGE
-    xv[v] = xs[9u * cc + v];
+  return xs[9u * cc + v];
 #else
-    xv[v] = input4(xo, c0 + cc, v, scale);
+  return input4(xo, c0 + cc, v, scale);
 #endif
-  }
-  return xv;
+}
+
+fn chunk_input(xo: u32, c0: u32, cc: u32, scale: f32) -> Chunk {
+  return Chunk(
+    in4(xo, c0, cc, 0u, scale),
+    in4(xo, c0, cc, 1u, scale),
+    in4(xo, c0, cc, 2u, scale),
+    in4(xo, c0, cc, 3u, scale),
+    in4(xo, c0, cc, 4u, scale),
+    in4(xo, c0, cc, 5u, scale),
+    in4(xo, c0, cc, 6u, scale),
+    in4(xo, c0, cc, 7u, scale),
+  );
 }
 
 // The products of the workgroup's rows (part rows part_row0 + row0 + ...) with the input at xo:
-// rows row0 + g + GROUPS·r (r < RPT) to lane 0 of row group g. Called by every invocation.
-fn rows_product(part_row0: u32, row0: u32, xo: u32, lid: u32, sid: u32) -> array<f32, RPT> {
+// rows row0 + g + GROUPS·r (r < RPT ≤ 4, a vector's components) to lane 0 of row group g.
+// Called by every invocation (barriers).
+fn rows_product(part_row0: u32, row0: u32, xo: u32, lid: u32, sid: u32) -> vec4<f32> {
   let cu = lid % CU;
   let g = lid / CU;
   let chunks = params.k / 32u;
@@ -165,15 +191,12 @@ fn rows_product(part_row0: u32, row0: u32, xo: u32, lid: u32, sid: u32) -> array
 #endif
   // The byte offset of each of this thread's rows; a row past the part reads the last row
   // instead (its output is dropped), so the loads need no branch.
-  var at: array<u32, RPT>;
+  var at: vec4<u32>;
   for (var r = 0u; r < RPT; r++) {
     at[r] = (part_row0 + min(row0 + g + GROUPS * r, params.rows - 1u)) * rb;
   }
 #ifdef REG_CLASSES
-  var p: array<f32, RPT>;
-  for (var r = 0u; r < RPT; r++) {
-    p[r] = 0.0;
-  }
+  var p = vec4<f32>(0.0);
 #else
   for (var q = lid; q < ROWS * CLASSES; q += WG) {
     pbuf[q] = 0.0;
@@ -214,20 +237,16 @@ fn rows_product(part_row0: u32, row0: u32, xo: u32, lid: u32, sid: u32) -> array
 #endif
   }
   // Each row's output, in order over its classes; lane 0 of the row group gets it.
-  var total: array<f32, RPT>;
+  var total = vec4<f32>(0.0);
 #ifdef SUBGROUPS
   // The 16 lanes of a row group sit in one subgroup, lane cu holding class cu (the device
   // checked that lanes follow local_invocation_index in subgroups of ≥ 16).
   let first = sid - cu;
-  for (var r = 0u; r < RPT; r++) {
-    var t = 0.0;
-    for (var l = 0u; l < CLASSES; l++) {
-      let pl = subgroupShuffle(p[r], first + l);
-      if (l < classes) {
-        t = t + pl;
-      }
+  for (var l = 0u; l < CLASSES; l++) {
+    let pl = subgroupShuffle(p, first + l);
+    if (l < classes) {
+      total = total + pl;
     }
-    total[r] = t;
   }
 #else
 #ifdef REG_CLASSES
@@ -286,18 +305,16 @@ fn main(
   // r_0·w_0, then the shared expert, as wgsl/moe_sum.wgsl adds them.
   let t = wid.z;
   let wo = t * (params.n_used + 1u);
-  var acc: array<f32, RPT>;
+  var acc = vec4<f32>(0.0);
   for (var i = 0u; i < params.n_used; i++) {
     // Only addresses depend on e: no uniform load (and its barrier) needed.
     let e = ids[t * params.ids_stride + i];
     let xo = params.x_offset + t * params.x_stride_t + i * params.x_stride_i;
     let total = rows_product((e - params.expert_first) * params.rows, row0, xo, lid, sid);
-    for (var r = 0u; r < RPT; r++) {
-      if (i == 0u) {
-        acc[r] = total[r] * rw[wo];
-      } else {
-        acc[r] = fma(total[r], rw[wo + i], acc[r]);
-      }
+    if (i == 0u) {
+      acc = total * rw[wo];
+    } else {
+      acc = fma(total, vec4<f32>(rw[wo + i]), acc);
     }
   }
   for (var r = 0u; r < RPT; r++) {

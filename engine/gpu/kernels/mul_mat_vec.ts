@@ -13,7 +13,7 @@ import { GgmlType, typeName } from "../../quant/ggml_types.ts";
 export interface MatVecLayout {
   readonly wg: 128 | 256;
   readonly cu: 16 | 32 | 64;
-  readonly rpt: 1 | 2 | 4 | 8;
+  readonly rpt: 1 | 2 | 4;
   readonly xstage: boolean;
 }
 
@@ -86,7 +86,7 @@ export const MUL_MAT_VEC: KernelFamily<MulMatVecKey> = {
     if (v.type === GgmlType.IQ4_NL || v.type === GgmlType.IQ4_XS) {
       defines.IQ4_TABLE_WORKGROUP = true;
     }
-    if (v.type === GgmlType.Q6_K) defines.Q6K_WORDS = true;
+    defines.DEQUANT_UNROLLED = true;
     if (v.id) defines.ID = true;
     if (v.swiglu) defines.X_SWIGLU = true;
     if (v.add) defines.ADD = true;
