@@ -18,7 +18,8 @@ import { compileKernel } from "../engine/gpu/kernel.ts";
 import { ATTENTION, ATTENTION_BLOCK } from "../engine/gpu/kernels/attention.ts";
 import { ATTENTION_COMBINE } from "../engine/gpu/kernels/attention_combine.ts";
 import { GATED_DELTA_NET } from "../engine/gpu/kernels/gated_delta_net.ts";
-import { MUL_MAT, MUL_MAT_TYPES, type MulMatKey } from "../engine/gpu/kernels/mul_mat.ts";
+import { MUL_MAT, MUL_MAT_TYPES } from "../engine/gpu/kernels/mul_mat.ts";
+import { decodeLayout, MUL_MAT_VEC } from "../engine/gpu/kernels/mul_mat_vec.ts";
 import { typeName } from "../engine/quant/ggml_types.ts";
 
 const COMPILE_TIMES = {
@@ -40,17 +41,15 @@ async function main(values: FlagValues<typeof COMPILE_TIMES.flags>): Promise<voi
 
   const jobs: [string, () => Promise<unknown>][] = [];
   for (const type of MUL_MAT_TYPES) {
-    const shapes: Omit<MulMatKey, "type">[] = [
-      { batched: false },
-      { batched: true },
-      { batched: false, id: true },
-      { batched: true, id: true },
-    ];
-    for (const shape of shapes) {
-      const v = { type, ...shape };
+    for (const id of [false, true]) {
       jobs.push([
-        `mul_mat ${typeName(type)} ${JSON.stringify(shape)}`,
-        () => compileKernel(ctx, MUL_MAT, v),
+        `mul_mat ${typeName(type)} tile${id ? " id" : ""}`,
+        () => compileKernel(ctx, MUL_MAT, { type, id }),
+      ]);
+      const layout = decodeLayout(id ? 1024 : 2048, id);
+      jobs.push([
+        `mul_mat_vec ${typeName(type)}${id ? " id" : ""}`,
+        () => compileKernel(ctx, MUL_MAT_VEC, { type, layout, id }),
       ]);
     }
   }

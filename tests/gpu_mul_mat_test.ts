@@ -6,6 +6,7 @@ import { createStorage } from "../engine/gpu/buffers.ts";
 import type { GpuContext } from "../engine/gpu/device.ts";
 import { gatherTiles, gatherWords, moeGather } from "../engine/gpu/kernels/moe_gather.ts";
 import { MUL_MAT_TYPES, mulMat, PREFILL_TT } from "../engine/gpu/kernels/mul_mat.ts";
+import type { MatVecLayout } from "../engine/gpu/kernels/mul_mat_vec.ts";
 import { rmsNorm } from "../engine/gpu/kernels/rms_norm.ts";
 import { dequantize } from "../engine/quant/dequant.ts";
 import { randomBlocks } from "../tools/synth/quantize.ts";
@@ -279,6 +280,51 @@ gpuTest(
     }
   },
 );
+
+gpuTest("every decode layout gives each token the bits of the prefill tile", async (ctx) => {
+  // K = 2304: 72 chunks, two windows (64 + 8), classes 0..7 of five chunks and 8..15 of four;
+  // M = 70 rows: a partial last tile in every layout; 5 tokens: the batch runs as a tile.
+  const [K, M, T] = [2304, 70, 5];
+  const layouts: MatVecLayout[] = [
+    { wg: 128, cu: 16, rpt: 1, xstage: true },
+    { wg: 256, cu: 16, rpt: 4, xstage: false },
+    { wg: 128, cu: 64, rpt: 2, xstage: true },
+    { wg: 256, cu: 32, rpt: 2, xstage: false },
+  ];
+  for (const type of [GgmlType.F32, GgmlType.Q8_0, GgmlType.Q6_K, GgmlType.IQ4_XS]) {
+    const r = rng(77 + type);
+    const w = await uploadWeights(
+      ctx,
+      { name: "w", type, shape: [K, M] },
+      randomBlocks(type, K * M, 0.5, r),
+    );
+    const x = upload(ctx, randomF32(T * K, r));
+    const tiled = createStorage(ctx, "tiled", T * M * 4);
+    const alone = layouts.map(() => createStorage(ctx, "alone", T * M * 4));
+    await submit(ctx, (enc) => {
+      mulMat(enc, { w, x, y: tiled }, { tokens: T });
+      layouts.forEach((decode, j) => {
+        for (let t = 0; t < T; t++) {
+          mulMat(enc, { w, x, y: alone[j] }, { tokens: 1, xOffset: t * K, yOffset: t * M, decode });
+        }
+      });
+    });
+    const want = await readF32(ctx, tiled, T * M);
+    assert.ok(want.some((v) => v !== 0), "the products are not all zero");
+    for (const [j, decode] of layouts.entries()) {
+      const got = await readF32(ctx, alone[j], T * M);
+      for (let i = 0; i < want.length; i++) {
+        if (!Object.is(got[i], want[i])) {
+          throw new Error(
+            `${typeName(type)} ${JSON.stringify(decode)}: output ${i} is ${got[i]} alone, ${
+              want[i]
+            } in the tile`,
+          );
+        }
+      }
+    }
+  }
+});
 
 gpuTest(
   "mulMat() with a folded RMSNorm gives the bits of rmsNorm() then the product",

@@ -1,40 +1,26 @@
-// mul_mat: y[t,i][row] (= or +=) W_e[row] · x[t,i] for every weight type; decode (one token slot
-// per workgroup) and prefill (TILED: a tile of BM rows × TT token slots); with ID, e = ids[t, i]
-// picks an expert of a stacked tensor, and with GATHERED a tile takes up to TT slots routed to one
-// expert (prefill MoE). Matches engine/reference/math.ts matVec over engine/quant/dequant.ts rows.
+// mul_mat: y[t,i][row] (= or +=) W_e[row] · x[t,i] for every weight type over a tile of BM rows ×
+// TT token slots (prefill); with ID, e picks an expert of a stacked tensor, and a tile takes up to
+// TT slots routed to one expert (GATHERED, prefill MoE). Decode products of a few tokens are
+// wgsl/mul_mat_vec.wgsl, in the same summation order. Matches engine/reference/math.ts matVec
+// over engine/quant/dequant.ts rows.
 // Bindings: 0 w: weight bytes of one part (rows of `k` values, quantized) | 1 x (f32)
-//   | 2 ids (u32: expert ids (T, ids_stride) under ID, the gather table under GATHERED, a dummy
-//   otherwise) | 3 nw (k) f32 RMSNorm weight under NORM | 4 rw routing weights (t·(n_used+1) + i;
-//   index n_used = the shared expert's gate) f32 and 5 sh (t·rows + row) the shared expert's
-//   output f32 under SUM | 6 y (f32) | 7 params. Bindings a variant does not use get dummies.
-// Dispatch: (row_tiles folded to 2-D, z). Decode: WG = 128 threads = 8 rows of LANES threads,
-//   z = T·n_used slots under ID, else T tokens. TILED: WG = 2·TT threads, BM = 64 rows a tile,
-//   z = token tiles, or the gather table's most tiles under GATHERED (workgroups past its tile
-//   count exit).
-// Variants: TYPE_<type> (one), TILED with TT (slots a tile), ID, GATHERED (with TILED and ID),
-//   X_SWIGLU (x = silu(g)·u with u at g + up_offset), ADD (y += result), SUBGROUPS (decode row sums
-//   by subgroup shuffles), IQ4_TABLE_WORKGROUP (dequant.wgsl; not with the 16 KB dense TILED),
-//   NORM (decode only: x is the raw residual row and the product uses RMSNorm(x)·nw, the norm
-//   computed per workgroup by _include/rms.wgsl exactly as wgsl/rms_norm.wgsl computes it),
-//   SUM (decode with ID, one part holding every expert: a workgroup per row of one token sums
-//   all its ranks' products as wgsl/moe_sum.wgsl does and adds them into y; grid (rows, 1, T)).
+//   | 2 ids (u32: the gather table under GATHERED, a dummy otherwise) | 3 y (f32) | 4 params.
+// Dispatch: (row_tiles folded to 2-D, z). WG = 2·TT threads, BM = 64 rows a tile, z = token
+//   tiles, or the gather table's most tiles under GATHERED (workgroups past its tile count exit).
+// Variants: TYPE_<type> (one), TT (slots a tile), ID with GATHERED, X_SWIGLU (x = silu(g)·u with
+//   u at g + up_offset), ADD (y += result), IQ4_TABLE_WORKGROUP (dequant.wgsl; not with the 16 KB
+//   dense tile).
 //
 // Batch invariance: every variant sums an output in one order, so a token's result does not
 // depend on how tokens are grouped into calls. Chunk c (values 32c..32c+31) contributes
 // s_c = one fma chain over its 32 products in element order, from 0. Class l < LANES sums its
 // chunks c ≡ l (mod LANES) in increasing c, from 0: p_l = ((0 + s_l) + s_{l+16}) + ...; the output
-// is ((0 + p_0) + p_1) + ... over the classes that have chunks. Decode gives class l to lane l;
-// TILED walks the classes one after another, each thread holding whole outputs. Explicit fma
-// leaves the compiler no multiply-add to contract differently in the two shapes.
-
-#ifdef SUBGROUPS
-enable subgroups;
-#endif
+// is ((0 + p_0) + p_1) + ... over the classes that have chunks. Here each thread walks the classes
+// one after another holding whole outputs; wgsl/mul_mat_vec.wgsl spreads the chunks over threads
+// and folds them in this order. Explicit fma leaves the compiler no multiply-add to contract
+// differently in the two.
 
 #include "_include/dequant.wgsl"
-#ifdef NORM
-#include "_include/rms.wgsl"
-#endif
 
 struct Params {
   k: u32,
@@ -53,18 +39,13 @@ struct Params {
   y_stride_i: u32,
   ids_stride: u32,
   row_tiles: u32,
-  sum_shared: u32,
-  eps: f32,
 }
 
 @group(0) @binding(0) var<storage, read> w: array<u32>;
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> ids: array<u32>;
-@group(0) @binding(3) var<storage, read> nw: array<f32>;
-@group(0) @binding(4) var<storage, read> rw: array<f32>;
-@group(0) @binding(5) var<storage, read> sh: array<f32>;
-@group(0) @binding(6) var<storage, read_write> y: array<f32>;
-@group(0) @binding(7) var<uniform> params: Params;
+@group(0) @binding(3) var<storage, read_write> y: array<f32>;
+@group(0) @binding(4) var<uniform> params: Params;
 
 // Partial sums (chunk classes) per output.
 const LANES = 16u;
@@ -80,10 +61,6 @@ fn xval(i: u32) -> f32 {
 #else
   return x[i];
 #endif
-}
-
-fn x4(i: u32) -> vec4<f32> {
-  return vec4<f32>(xval(i), xval(i + 1u), xval(i + 2u), xval(i + 3u));
 }
 
 // Fills the workgroup's IQ4 table (dequant.wgsl) before any dequant32; uniform control flow only.
@@ -114,7 +91,6 @@ fn row_tile(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
   return wid.x + wid.y * nwg.x;
 }
 
-#ifdef TILED
 // A tile: BM rows × TT slots, WG = 2·TT threads. One chunk (32 values of k) at a time is staged
 // in workgroup memory k-major, as vec4s of 4 consecutive rows or slots: ws[k][row] (each weight
 // dequantized once per tile, 8 KB) and xs[k][slot] (128·TT bytes). Thread (rg, tg) = (lid % 8,
@@ -277,190 +253,3 @@ fn main(
     }
   }
 }
-#else
-// Decode: ROWS rows of LANES lanes; lane l takes class l, two of its chunks a round of ROUND
-// chunks. Each round stages the x of its chunks in workgroup memory once for all rows (each
-// chunk padded to 9 vec4 so the lanes' reads fall in distinct banks); a round's weights and x
-// are fetched before its barriers. SUM loops this over the ranks of one token's experts for the
-// same rows.
-const WG = 128u;
-const ROWS = WG / LANES;
-const ROUND = 2u * LANES;
-
-var<workgroup> xr: array<vec4<f32>, ROUND * 9u>;
-#ifndef SUBGROUPS
-var<workgroup> partial: array<f32, WG>;
-#endif
-
-// s_c of weights wv against the staged x of round chunk `rc`.
-fn chunk_sum(wv: array<vec4<f32>, 8>, rc: u32) -> f32 {
-  var s: f32;
-  s = 0.0;
-  for (var v = 0u; v < 8u; v++) {
-    let xa = xr[9u * rc + v];
-    s = fma(wv[v].x, xa.x, s);
-    s = fma(wv[v].y, xa.y, s);
-    s = fma(wv[v].z, xa.z, s);
-    s = fma(wv[v].w, xa.w, s);
-  }
-  return s;
-}
-
-// A row's output from its lanes' class partials: ((0 + p_0) + p_1) + ... in class order. Called
-// by every invocation (the tree without subgroups needs a barrier).
-fn class_total(p: f32, lid: u32, sid: u32, classes: u32) -> f32 {
-  let lane = lid % LANES;
-  var total = 0.0;
-#ifdef SUBGROUPS
-  // The row's lanes sit in one subgroup (the device checked that lanes follow
-  // local_invocation_index and subgroups have ≥ LANES lanes).
-  let first = sid - lane;
-  for (var l = 0u; l < classes; l++) {
-    total = total + subgroupShuffle(p, first + l);
-  }
-#else
-  workgroupBarrier();
-  partial[lid] = p;
-  workgroupBarrier();
-  // A fixed trip count: Mesa's lavapipe (CI's adapter) leaks ~0.6 MB a dispatch when a loop of
-  // data-dependent length follows the last barrier. Same sum, same order.
-  for (var l = 0u; l < LANES; l++) {
-    if (l < classes) {
-      total = total + partial[lid - lane + l];
-    }
-  }
-#endif
-  return total;
-}
-
-// The staged vec4 v of chunk c, zero past the row; under NORM, (x·scale)·nw as rms_norm writes it.
-fn stage_x(xo: u32, chunks: u32, c: u32, v: u32, scale: f32) -> vec4<f32> {
-  if (c < chunks) {
-    let col = 32u * c + 4u * v;
-#ifdef NORM
-    let g = vec4<f32>(nw[col], nw[col + 1u], nw[col + 2u], nw[col + 3u]);
-    return (x4(xo + col) * scale) * g;
-#else
-    return x4(xo + col);
-#endif
-  }
-  return vec4<f32>(0.0);
-}
-
-// The product of this thread's row (row_byte; `live` if it exists) with x from xo, returned to
-// every lane of the row. Called by every invocation: its rounds have barriers.
-fn row_product(row_byte: u32, live: bool, xo: u32, lid: u32, sid: u32) -> f32 {
-  let lane = lid % LANES;
-  let chunks = params.k / 32u;
-  let classes = min(chunks, LANES);
-  // This thread stages vec4 lid % 8 of round chunks lid / 8 and lid / 8 + LANES.
-  let xc = lid / 8u;
-  let xv = lid % 8u;
-#ifdef NORM
-  let scale = rms_scale(xo, params.k, params.eps, lid);
-#else
-  let scale = 1.0;
-#endif
-  var p = 0.0;
-  for (var c0 = 0u; c0 < chunks; c0 += ROUND) {
-    let ca = c0 + lane;
-    let cb = ca + LANES;
-    var wa: array<vec4<f32>, 8>;
-    var wb: array<vec4<f32>, 8>;
-    if (live && ca < chunks) {
-      wa = dequant32(row_byte, ca);
-    }
-    if (live && cb < chunks) {
-      wb = dequant32(row_byte, cb);
-    }
-    let xa = stage_x(xo, chunks, c0 + xc, xv, scale);
-    let xb = stage_x(xo, chunks, c0 + xc + LANES, xv, scale);
-    workgroupBarrier();
-    xr[9u * xc + xv] = xa;
-    xr[9u * (xc + LANES) + xv] = xb;
-    workgroupBarrier();
-    if (live && ca < chunks) {
-      p = p + chunk_sum(wa, lane);
-    }
-    if (live && cb < chunks) {
-      p = p + chunk_sum(wb, lane + LANES);
-    }
-  }
-  return class_total(p, lid, sid, classes);
-}
-
-@compute @workgroup_size(WG)
-fn main(
-  @builtin(workgroup_id) wid: vec3<u32>,
-  @builtin(num_workgroups) nwg: vec3<u32>,
-  @builtin(local_invocation_index) lid: u32,
-#ifdef SUBGROUPS
-  @builtin(subgroup_invocation_id) sid: u32,
-#endif
-) {
-#ifndef SUBGROUPS
-  let sid = 0u;
-#endif
-  let tile = row_tile(wid, nwg);
-  if (tile >= params.row_tiles) {
-    return;
-  }
-  let lane = lid % LANES;
-  let r = tile * ROWS + lid / LANES;
-  let live = r < params.rows;
-  fill_tables(lid);
-#ifdef SUM
-  // One token (wid.z), every rank i: y += fma chain of w_i·(W_{e_i}·x_i) in rank order, from
-  // r_0·w_0, then the shared expert, as wgsl/moe_sum.wgsl adds them.
-  let t = wid.z;
-  let wo = t * (params.n_used + 1u);
-  var acc = 0.0;
-  for (var i = 0u; i < params.n_used; i++) {
-    if (lid == 0u) {
-      chosen = ids[t * params.ids_stride + i];
-    }
-    let e = workgroupUniformLoad(&chosen);
-    let xo = params.x_offset + t * params.x_stride_t + i * params.x_stride_i;
-    let row_byte = ((e - params.expert_first) * params.rows + r) * row_bytes();
-    let total = row_product(row_byte, live, xo, lid, sid);
-    if (i == 0u) {
-      acc = total * rw[wo];
-    } else {
-      acc = fma(total, rw[wo + i], acc);
-    }
-  }
-  if (params.sum_shared == 1u) {
-    acc = fma(sh[t * params.rows + r], rw[wo + params.n_used], acc);
-  }
-  if (lane == 0u && live) {
-    let yo = params.y_offset + t * params.y_stride_t + r;
-    y[yo] = y[yo] + acc;
-  }
-#else
-#ifdef ID
-  // Slot wid.z = (token t, expert rank i).
-  let t = wid.z / params.n_used;
-  let i = wid.z % params.n_used;
-  if (lid == 0u) {
-    chosen = ids[t * params.ids_stride + i];
-  }
-  let e = workgroupUniformLoad(&chosen);
-  // Only the part holding expert e computes it.
-  if (e < params.expert_first || e >= params.expert_first + params.expert_count) {
-    return;
-  }
-  let xo = params.x_offset + t * params.x_stride_t + i * params.x_stride_i;
-  let yo = params.y_offset + t * params.y_stride_t + i * params.y_stride_i + r;
-  let row_in_part = (e - params.expert_first) * params.rows + r;
-#else
-  let xo = params.x_offset + wid.z * params.x_stride_t;
-  let yo = params.y_offset + wid.z * params.y_stride_t + params.row_base + r;
-  let row_in_part = r;
-#endif
-  let total = row_product(row_in_part * row_bytes(), live, xo, lid, sid);
-  if (lane == 0u && live) {
-    put(yo, total);
-  }
-#endif
-}
-#endif

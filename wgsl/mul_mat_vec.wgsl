@@ -1,28 +1,28 @@
-// mul_mat_vec: the decode product y[t,i][row] (= or +=) W_e[row] · x[t,i] for up to a few tokens,
-// every weight type; with ID, e = ids[t, i] picks an expert of a stacked tensor. The prefill
-// tiles are wgsl/mul_mat.wgsl; both sum each output in the one order written there, so a token
-// gets the same bits alone (here) as inside a batch (there). Matches engine/reference/math.ts
-// matVec over engine/quant/dequant.ts rows.
-// Bindings: as wgsl/mul_mat.wgsl: 0 w: weight bytes of one part | 1 x (f32) | 2 ids (u32 expert
-//   ids (T, ids_stride) under ID, a dummy otherwise) | 3 nw (k) f32 RMSNorm weight under NORM |
-//   4 rw routing weights (t·(n_used+1) + i; index n_used = the shared expert's gate) f32 and
-//   5 sh (t·rows + row) the shared expert's output f32 under SUM | 6 y (f32) | 7 params.
+// mul_mat_vec: the decode product y[t,i][row] (= or +=) W_e[row] · x[t,i] for a few tokens, every
+// weight type; with ID, e = ids[t, i] picks an expert of a stacked tensor. The prefill tiles are
+// wgsl/mul_mat.wgsl; both sum each output in the one order written there, so a token gets the same
+// bits alone (here) as inside a batch (there). Matches engine/reference/math.ts matVec over
+// engine/quant/dequant.ts rows.
+// Bindings: 0 w: weight bytes of one part | 1 x (f32) | 2 ids (u32 expert ids (T, ids_stride)
+//   under ID, a dummy otherwise) | 3 nw (k) f32 RMSNorm weight under NORM, a dummy otherwise
+//   | 4 y (f32) | 5 params.
 // Dispatch: (row_tiles folded to 2-D, z): a workgroup takes ROWS = (WG / CU)·RPT rows of one
-//   token (z = T), one (token, rank) slot (ID: z = T·n_used), or one token's every rank (SUM).
+//   token (z = T) or of one (token, rank) slot (ID: z = T·n_used).
 // Work: the products s_c of one chunk (32 values of k) are independent of one another, so the
 //   (row, chunk) pairs of a window of WIN chunks are spread freely: thread (cu = lid % CU,
 //   g = lid / CU) takes chunks cu, cu + CU, ... of the window for rows g, g + WG/CU, ... (RPT of
 //   them), reusing each chunk of x for its RPT rows. The window's s_c land in workgroup memory
-//   and are then folded into the class partials in order. With CU = 16 (REG_CLASSES) a thread's chunks are exactly one class, so
-//   its partials stay in registers and nothing is folded.
+//   and are then folded into the class partials in order. With CU = 16 (REG_CLASSES) a thread's
+//   chunks are exactly one class, so its partials stay in registers and nothing is folded.
+//   Nothing in the loop is an array indexed by a variable (docs/PERFORMANCE.md: such arrays cost
+//   the H200 several times the products' time).
 // Variants: TYPE_<type>; WG (128 | 256), CU (16 | 32 | 64; 16 requires REG_CLASSES), RPT
-//   (1 | 2 | 4); XSTAGE (a window's x, normed, staged once in workgroup memory instead of
-//   each thread reading its chunks from x); ID, SUM (with ID: a workgroup sums all ranks of one
-//   token as wgsl/moe_sum.wgsl does and adds that into y), X_SWIGLU (x = silu(g)·u with u at
-//   g + up_offset), ADD (y += result), NORM (x is the raw residual row and the product uses
-//   RMSNorm(x)·nw, the scale from _include/rms.wgsl as wgsl/rms_norm.wgsl computes it),
-//   IQ4_TABLE_WORKGROUP (dequant.wgsl), SUBGROUPS (with REG_CLASSES: the class partials of a
-//   row combined by subgroup shuffles in class order).
+//   (1 | 2 | 4); XSTAGE (a window's x, normed, staged once in workgroup memory instead of each
+//   thread reading its chunks from x); ID, X_SWIGLU (x = silu(g)·u with u at g + up_offset), ADD
+//   (y += result), NORM (x is the raw residual row and the product uses RMSNorm(x)·nw, the scale
+//   from _include/rms.wgsl as wgsl/rms_norm.wgsl computes it), IQ4_TABLE_WORKGROUP
+//   (dequant.wgsl), SUBGROUPS (with REG_CLASSES: a row's class partials combined by subgroup
+//   shuffles in class order).
 //
 // Summation order (wgsl/mul_mat.wgsl): s_c = one fma chain over chunk c's 32 products in element
 // order, from 0; class l < 16 sums its chunks c ≡ l (mod 16) in increasing c, from 0; the output
@@ -54,7 +54,6 @@ struct Params {
   y_stride_i: u32,
   ids_stride: u32,
   row_tiles: u32,
-  sum_shared: u32,
   eps: f32,
 }
 
@@ -62,10 +61,8 @@ struct Params {
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> ids: array<u32>;
 @group(0) @binding(3) var<storage, read> nw: array<f32>;
-@group(0) @binding(4) var<storage, read> rw: array<f32>;
-@group(0) @binding(5) var<storage, read> sh: array<f32>;
-@group(0) @binding(6) var<storage, read_write> y: array<f32>;
-@group(0) @binding(7) var<uniform> params: Params;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(5) var<uniform> params: Params;
 
 // Chunk classes (the order's partial sums per output).
 const CLASSES = 16u;
@@ -85,7 +82,9 @@ var<workgroup> sbuf: array<f32, ROWS * (WIN + 1u)>;
 // A window's x, 9 vec4 a chunk (padded so neighbouring chunks fall in distinct banks).
 var<workgroup> xs: array<vec4<f32>, WIN * 9u>;
 #endif
+#ifdef ID
 var<workgroup> chosen: u32;
+#endif
 
 fn xval(i: u32) -> f32 {
 #ifdef X_SWIGLU
@@ -268,8 +267,6 @@ fn rows_product(part_row0: u32, row0: u32, xo: u32, lid: u32, sid: u32) -> vec4<
       total[r] = t;
     }
   }
-  // pbuf is reused by the next rank (SUM).
-  workgroupBarrier();
 #endif
   return total;
 }
@@ -300,35 +297,6 @@ fn main(
   // Lane 0 of row group g writes rows row0 + g + GROUPS·r.
   let g = lid / CU;
   let writer = lid % CU == 0u;
-#ifdef SUM
-  // One token (wid.z), every rank i: y += fma chain of w_i·(W_{e_i}·x_i) in rank order, from
-  // r_0·w_0, then the shared expert, as wgsl/moe_sum.wgsl adds them.
-  let t = wid.z;
-  let wo = t * (params.n_used + 1u);
-  var acc = vec4<f32>(0.0);
-  for (var i = 0u; i < params.n_used; i++) {
-    // Only addresses depend on e: no uniform load (and its barrier) needed.
-    let e = ids[t * params.ids_stride + i];
-    let xo = params.x_offset + t * params.x_stride_t + i * params.x_stride_i;
-    let total = rows_product((e - params.expert_first) * params.rows, row0, xo, lid, sid);
-    if (i == 0u) {
-      acc = total * rw[wo];
-    } else {
-      acc = fma(total, vec4<f32>(rw[wo + i]), acc);
-    }
-  }
-  for (var r = 0u; r < RPT; r++) {
-    let row = row0 + g + GROUPS * r;
-    if (writer && row < params.rows) {
-      var a = acc[r];
-      if (params.sum_shared == 1u) {
-        a = fma(sh[t * params.rows + row], rw[wo + params.n_used], a);
-      }
-      let yo = params.y_offset + t * params.y_stride_t + row;
-      y[yo] = y[yo] + a;
-    }
-  }
-#else
 #ifdef ID
   // Slot wid.z = (token t, expert rank i).
   let t = wid.z / params.n_used;
@@ -356,5 +324,4 @@ fn main(
       put(yo + row, total[r]);
     }
   }
-#endif
 }

@@ -1,7 +1,7 @@
 // Kernel bench of the decode matrix-vector products (engine/gpu/kernels/mul_mat_vec.ts): every
 // layout on the bench model's real shapes, each first checked against the CPU dequantizer and,
-// bit for bit, against the earlier kernel, then timed back to back on the GPU. Prints
-// shape | variant | µs | GB/s | % of a copy's bandwidth measured in the same run.
+// bit for bit, against the default layout, then timed back to back on the GPU. Prints
+// shape | variant | µs | GB/s | % of a copy's bandwidth measured in the same run (or --peak-gbs).
 //
 //   deno run -A bench/kernels/decode_matvec.ts --gpu dawn --shapes full [--out r.json]
 //   deno run -A bench/kernels/decode_matvec.ts --gpu builtin --shapes tiny --allow-software-gpu
@@ -10,10 +10,11 @@ import { createStorage, GpuMemory, readBuffer } from "../../engine/gpu/buffers.t
 import { type GpuContext, openGpu } from "../../engine/gpu/device.ts";
 import { createStepTimer, ParamArena, StepEncoder } from "../../engine/gpu/encoder.ts";
 import { compileKernel } from "../../engine/gpu/kernel.ts";
-import { MUL_MAT, mulMat, type MulMatOptions } from "../../engine/gpu/kernels/mul_mat.ts";
-import { MOE_SUM, moeSum } from "../../engine/gpu/kernels/moe_sum.ts";
+import { mulMat, type MulMatOptions } from "../../engine/gpu/kernels/mul_mat.ts";
+import { MOE_SUM, moeDownSum } from "../../engine/gpu/kernels/moe_sum.ts";
 import { moeRoute } from "../../engine/gpu/kernels/moe_route.ts";
 import {
+  decodeLayout,
   layoutName,
   type MatVecLayout,
   MUL_MAT_VEC,
@@ -187,8 +188,10 @@ interface Setup {
   readonly x: GPUBuffer;
   readonly y: GPUBuffer;
   readonly yInit: Float32Array<ArrayBuffer>;
-  /** Per-rank products of the unfused expert sum. */
+  /** Per-rank products of the expert sum, its routing weights and shared expert's output. */
   readonly scratch: GPUBuffer;
+  readonly routing: GPUBuffer;
+  readonly shared: GPUBuffer;
   readonly options: Omit<MulMatOptions, "decode">;
   /** Weight bytes one dispatch reads. */
   readonly bytes: number;
@@ -240,7 +243,7 @@ async function prepare(ctx: GpuContext, mem: GpuMemory, shape: MatVecShape): Pro
   const idBuffer = mem.upload("ids", idWords);
   const idSets = sets.map((_, i) => ({ buffer: idBuffer, offset: 256 * i, size: 256 }));
 
-  // Inputs: x rows (one per rank under SUM, [gate | up] under SwiGLU), norm weights, routing.
+  // Inputs: x rows (one per rank of the sum, [gate | up] under SwiGLU), norm weights, routing.
   const width = shape.swiglu ? 2 * k : k;
   const xRows = shape.sum ? nUsed : 1;
   const xv = randomF32(xRows * width, r, shape.norm ? 3 : 1);
@@ -259,9 +262,6 @@ async function prepare(ctx: GpuContext, mem: GpuMemory, shape: MatVecShape): Pro
     swiglu: shape.swiglu,
     upOffset: shape.swiglu ? k : undefined,
     xStrideI: shape.sum ? width : shape.experts ? 0 : undefined,
-    sum: shape.sum
-      ? { weights: mem.upload("routing", rwv), shared: mem.upload("shared", shv) }
-      : undefined,
   };
 
   // Float64 reference of sampled rows of the first expert set.
@@ -316,39 +316,39 @@ async function prepare(ctx: GpuContext, mem: GpuMemory, shape: MatVecShape): Pro
       checks.push({ index: row, want: y0 + d.s, scale: d.a + Math.abs(y0) });
     }
   }
-  const scratch = createStorage(ctx, "scratch", nUsed * rows * 4);
-  return { shape, copies, idSets, x, y, yInit, scratch, options, bytes: read, checks };
+  return {
+    shape,
+    copies,
+    idSets,
+    x,
+    y,
+    yInit,
+    scratch: createStorage(ctx, "scratch", nUsed * rows * 4),
+    routing: mem.upload("routing", rwv),
+    shared: mem.upload("shared", shv),
+    options,
+    bytes: read,
+    checks,
+  };
 }
 
-/**
- * A variant: the decode layout ("staged8": wgsl/mul_mat.wgsl's earlier kernel) and, for the
- * expert sum, whether the products go to a scratch row per rank that moeSum then adds.
- */
-interface Candidate {
-  readonly decode: MatVecLayout | "staged8";
-  readonly unfused?: boolean;
-}
-
-/** Records `n` dispatches of the variant, each on the next copy of W and set of experts. */
-function record(enc: StepEncoder, s: Setup, c: Candidate, n: number): void {
+/** Records `n` dispatches of the layout, each on the next copy of W and set of experts. */
+function record(enc: StepEncoder, s: Setup, decode: MatVecLayout, n: number): void {
   for (let i = 0; i < n; i++) {
     const ids = s.shape.experts ? s.idSets[i % s.idSets.length] : undefined;
     const w = s.copies[i % s.copies.length];
-    const sum = s.options.sum;
-    if (c.unfused && sum && ids) {
-      mulMat(enc, { w, x: s.x, y: s.scratch, ids }, {
-        ...s.options,
-        sum: undefined,
-        decode: c.decode,
-      });
-      moeSum(enc, { o: s.scratch, s: sum.shared!, weights: sum.weights, x: s.y }, {
-        d: s.shape.rows,
-        k: s.options.nUsed!,
-        tokens: 1,
-        sharedExpert: true,
-      });
+    if (s.shape.sum && ids) {
+      moeDownSum(enc, {
+        w,
+        x: s.x,
+        ids,
+        weights: s.routing,
+        shared: s.shared,
+        o: s.scratch,
+        y: s.y,
+      }, { ...s.options, decode });
     } else {
-      mulMat(enc, { w, x: s.x, y: s.y, ids }, { ...s.options, decode: c.decode });
+      mulMat(enc, { w, x: s.x, y: s.y, ids }, { ...s.options, decode });
     }
   }
 }
@@ -381,22 +381,26 @@ export interface VariantResult {
   readonly variant: string;
   readonly us?: number;
   readonly gbs?: number;
-  readonly pctCopy?: number;
+  /** GB/s as a percentage of --peak-gbs (or of the copy bandwidth measured). */
+  readonly pctPeak?: number;
   /** "ok", or why the variant was not timed. */
   readonly check: string;
 }
 
-/** Checks a variant's output: against the float64 samples, and bit for bit against `base`. */
+/**
+ * Checks a layout's output: against the float64 samples, and bit for bit against `base` (the
+ * default layout's).
+ */
 async function check(
   ctx: GpuContext,
   s: Setup,
   arena: ParamArena,
-  c: Candidate,
+  decode: MatVecLayout,
   base: Float32Array | undefined,
 ): Promise<{ out: Float32Array; verdict: string }> {
   ctx.device.queue.writeBuffer(s.y, 0, s.yInit);
   const enc = new StepEncoder(ctx, arena);
-  record(enc, s, c, 1);
+  record(enc, s, decode, 1);
   ctx.device.pushErrorScope("validation");
   enc.submit();
   const error = await ctx.device.popErrorScope();
@@ -412,7 +416,7 @@ async function check(
   if (base) {
     for (let i = 0; i < out.length; i++) {
       if (!Object.is(out[i], base[i])) {
-        return { out, verdict: `bits differ from staged8 at y[${i}]: ${out[i]} vs ${base[i]}` };
+        return { out, verdict: `bits differ from the default at y[${i}]: ${out[i]} vs ${base[i]}` };
       }
     }
   }
@@ -449,25 +453,16 @@ async function copyBandwidth(ctx: GpuContext, mem: GpuMemory, bytes: number): Pr
 }
 
 /**
- * Builds the variant's pipeline and waits for it: "ok", or why it cannot run here (too much
+ * Builds the layout's pipeline and waits for it: "ok", or why it cannot run here (too much
  * workgroup memory, or the compiler's message).
  */
-async function compiles(
-  ctx: GpuContext,
-  flags: Omit<MulMatVecKey, "layout">,
-  decode: MatVecLayout | "staged8",
-): Promise<string> {
+async function compiles(ctx: GpuContext, key: MulMatVecKey, sum: boolean): Promise<string> {
   try {
-    if (decode === "staged8") {
-      await compileKernel(ctx, MUL_MAT, { ...flags, batched: false });
-      return "ok";
-    }
-    if (flags.id && !flags.sum) await compileKernel(ctx, MOE_SUM, undefined);
-    const key: MulMatVecKey = { ...flags, layout: decode };
     if (workgroupBytes(key) > ctx.limits.maxComputeWorkgroupStorageSize) {
       return "skipped: workgroup memory";
     }
     await compileKernel(ctx, MUL_MAT_VEC, key);
+    if (sum) await compileKernel(ctx, MOE_SUM, undefined);
     return "ok";
   } catch (e) {
     return `rejected: ${(e as Error).message}`;
@@ -548,6 +543,11 @@ const DECODE_MATVEC = {
     "pass-us": flag(whole(1), "GPU microseconds a timed pass aims at (fewer dispatches)", 8000),
     runs: flag(whole(1), "timed passes per variant (the median is kept)", 5),
     "copy-mb": flag(whole(1), "size of the copy that measures bandwidth", 1024),
+    "peak-gbs": flag(
+      whole(1),
+      "the bandwidth the % column is of (default: the copy measured here, which WebGPU's " +
+        "copies may understate)",
+    ),
     "deadline-s": flag(whole(1), "stop starting variants after this many seconds", 100000),
     out: flag(text("FILE"), "write every result here as JSON"),
     "allow-software-gpu": switchFlag("accept a software (CPU) adapter"),
@@ -564,6 +564,7 @@ async function main(values: FlagValues<typeof DECODE_MATVEC.flags>): Promise<voi
   const mem = new GpuMemory(ctx);
   const copyGbs = await copyBandwidth(ctx, mem, values["copy-mb"] * 2 ** 20);
   console.log(`copy bandwidth (read + write): ${copyGbs.toFixed(0)} GB/s`);
+  const peakGbs = values["peak-gbs"] ?? copyGbs;
   const timer = createStepTimer(mem);
   if (!timer) console.log("no timestamp-query: times are wall clock per pass");
   const arena = new ParamArena(mem, 16);
@@ -583,39 +584,30 @@ async function main(values: FlagValues<typeof DECODE_MATVEC.flags>): Promise<voi
     const shapeMem = new GpuMemory(ctx);
     const s = await prepare(ctx, shapeMem, shape);
     // Fewer dispatches per pass for shapes that take long.
-    const probe = await timeDispatches(
-      ctx,
-      arena,
-      timer,
-      (enc) => record(enc, s, { decode: "staged8" }, 4),
-    );
+    const id = shape.experts !== undefined;
+    const chosen = decodeLayout(shape.rows, id);
+    const probe = await timeDispatches(ctx, arena, timer, (enc) => record(enc, s, chosen, 4));
     const n = Math.max(
       8,
       Math.min(values.dispatches, Math.round(values["pass-us"] / (probe / 4))),
     );
-    let decodes: (MatVecLayout | "staged8")[] = ["staged8", ...layouts(values.layouts)];
+    // The default layout first: the others are checked bit for bit against it.
+    let decodes = [chosen, ...layouts(values.layouts).filter((l) => !sameLayout(l, chosen))];
     if (top) {
       const ranked = top.results
-        .filter((r) => r.shape === shape.name && r.us !== undefined && r.variant !== "staged8")
+        .filter((r) => r.shape === shape.name && r.us !== undefined)
         .sort((a, b) => a.us! - b.us!)
         .slice(0, values.top)
         .map((r) => r.variant.split(" ")[0]);
-      decodes = decodes.filter((c) => c === "staged8" || ranked.includes(variantName(c)));
+      decodes = decodes.filter((l) => l === chosen || ranked.includes(layoutName(l)));
     }
-    // With subgroups, the 16-lane layouts are timed with and without them; the expert sum also
-    // unfused (products per rank, then moeSum).
-    const runs: { c: Candidate; target: GpuContext; name: string }[] = [];
+    // With subgroups, the 16-lane layouts are timed with and without them.
+    const runs: { decode: MatVecLayout; target: GpuContext; name: string }[] = [];
     for (const decode of decodes) {
-      runs.push({ c: { decode }, target: ctx, name: variantName(decode) });
-      if (decode !== "staged8" && decode.cu === 16 && ctx.features.subgroups) {
-        runs.push({ c: { decode }, target: noSubgroups, name: `${variantName(decode)} nosg` });
-      }
-      if (shape.sum) {
-        runs.push({
-          c: { decode, unfused: true },
-          target: ctx,
-          name: `${variantName(decode)} +moe_sum`,
-        });
+      const name = `${layoutName(decode)}${decode === chosen ? " (default)" : ""}`;
+      runs.push({ decode, target: ctx, name });
+      if (decode.cu === 16 && ctx.features.subgroups) {
+        runs.push({ decode, target: noSubgroups, name: `${layoutName(decode)} nosg` });
       }
     }
     let base: Float32Array | undefined;
@@ -625,73 +617,76 @@ async function main(values: FlagValues<typeof DECODE_MATVEC.flags>): Promise<voi
         continue;
       }
       const runCtx = run.target;
-      const flags = {
+      const key: MulMatVecKey = {
         type: shape.type,
-        id: shape.experts !== undefined,
+        layout: run.decode,
+        id,
         swiglu: shape.swiglu,
         add: shape.add,
         norm: shape.norm,
-        sum: shape.sum && !run.c.unfused,
       };
-      const verdict0 = await compiles(runCtx, flags, run.c.decode);
+      const verdict0 = await compiles(runCtx, key, shape.sum === true);
       if (verdict0 !== "ok") {
         const result = { shape: shape.name, variant: run.name, check: verdict0 };
         results.push(result);
         console.log(line(result));
         continue;
       }
-      const { out, verdict } = await check(runCtx, s, arena, run.c, base);
-      if (run.name === "staged8" && verdict === "ok") base = out;
+      const { out, verdict } = await check(runCtx, s, arena, run.decode, base);
+      if (run.decode === chosen && verdict === "ok") base ??= out;
       let result: VariantResult = { shape: shape.name, variant: run.name, check: verdict };
       if (verdict === "ok") {
         const us: number[] = [];
-        const timed = (enc: StepEncoder) => record(enc, s, run.c, n);
+        const timed = (enc: StepEncoder) => record(enc, s, run.decode, n);
         await timeDispatches(runCtx, arena, timer, timed);
         for (let i = 0; i < values.runs; i++) {
           us.push((await timeDispatches(runCtx, arena, timer, timed)) / n);
         }
         const t = median(us);
         const gbs = s.bytes / t / 1e3;
-        result = { ...result, us: t, gbs, pctCopy: (100 * gbs) / copyGbs };
+        result = { ...result, us: t, gbs, pctPeak: (100 * gbs) / peakGbs };
       }
       results.push(result);
       console.log(line(result));
     }
     shapeMem.destroy();
   }
-  console.log(`\n${ctx.summary}; copy ${copyGbs.toFixed(0)} GB/s`);
+  console.log(`\n${ctx.summary}; copy ${copyGbs.toFixed(0)} GB/s, % of ${peakGbs.toFixed(0)} GB/s`);
   console.log(table(results));
   if (values.out) {
     await Deno.writeTextFile(
       values.out,
-      JSON.stringify({ device: ctx.summary, provider: ctx.provider, copyGbs, results }, null, 1),
+      JSON.stringify(
+        { device: ctx.summary, provider: ctx.provider, copyGbs, peakGbs, results },
+        null,
+        1,
+      ),
     );
   }
   mem.destroy();
   ctx.device.destroy();
 }
 
-/** The name a variant is reported by: "staged8" or its layout's. */
-function variantName(c: MatVecLayout | "staged8"): string {
-  return c === "staged8" ? c : layoutName(c);
+function sameLayout(a: MatVecLayout, b: MatVecLayout): boolean {
+  return a.wg === b.wg && a.cu === b.cu && a.rpt === b.rpt && a.xstage === b.xstage;
 }
 
 function line(r: VariantResult): string {
   if (r.us === undefined) return `${r.shape} | ${r.variant} | ${r.check.slice(0, 300)}`;
   if (r.gbs === undefined) return `${r.shape} | ${r.variant} | ${r.us.toFixed(2)} µs`;
   return `${r.shape} | ${r.variant} | ${r.us.toFixed(2)} µs | ${r.gbs!.toPrecision(3)} GB/s | ${
-    r.pctCopy!.toFixed(1)
+    r.pctPeak!.toFixed(1)
   }%`;
 }
 
-/** Per shape: staged8, the best three layouts, and any that failed its check. */
+/** Per shape: the default layout, the best three, and any that failed its check. */
 function table(results: VariantResult[]): string {
-  const rows = ["shape | variant | µs | GB/s | % of copy"];
+  const rows = ["shape | variant | µs | GB/s | % of peak"];
   for (const shape of new Set(results.map((r) => r.shape))) {
     const mine = results.filter((r) => r.shape === shape);
-    const timed = mine.filter((r) => r.us !== undefined && r.variant !== "staged8");
+    const timed = mine.filter((r) => r.us !== undefined && !r.variant.endsWith("(default)"));
     timed.sort((a, b) => a.us! - b.us!);
-    const base = mine.filter((r) => r.variant === "staged8");
+    const base = mine.filter((r) => r.variant.endsWith("(default)"));
     const failed = mine.filter((r) => !r.check.startsWith("ok") && !r.check.startsWith("skipped"));
     for (const r of [...base, ...timed.slice(0, 3), ...failed]) rows.push(line(r));
   }

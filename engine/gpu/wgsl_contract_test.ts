@@ -57,15 +57,13 @@ const TARGETS = [true, false].map((subgroups): KernelTarget => ({
 const KEYS = new Map<string, readonly unknown[]>([
   [
     MUL_MAT.file,
-    MUL_MAT_TYPES.flatMap((type) =>
-      [false, true].flatMap((batched) => [
-        { type, batched },
-        { type, batched, add: true },
-        { type, batched, swiglu: true, add: true },
-        { type, batched, id: true },
-        { type, batched, id: true, swiglu: true },
-      ])
-    ),
+    MUL_MAT_TYPES.flatMap((type) => [
+      { type },
+      { type, add: true },
+      { type, swiglu: true, add: true },
+      { type, id: true },
+      { type, id: true, swiglu: true },
+    ]),
   ],
   [
     MUL_MAT_VEC.file,
@@ -79,7 +77,7 @@ const KEYS = new Map<string, readonly unknown[]>([
         { type, layout, norm: true },
         { type, layout, swiglu: true, add: true },
         { type, layout, id: true, norm: true },
-        { type, layout, id: true, swiglu: true, sum: true },
+        { type, layout, id: true, swiglu: true },
       ])
     ),
   ],

@@ -6,9 +6,10 @@
 // starting at byte `row_byte`, as 8 vec4 (element 32c+4v+j is component j of vec4 v).
 // Optional IQ4_TABLE_WORKGROUP (IQ4_NL, IQ4_XS): the lookups read the workgroup copy iq4_table,
 // which the includer fills (iq4_table[i] = KV_IQ4[i]) and fences with a barrier before the first
-// dequant32; a per-thread private table indexed by data is slow on some GPUs. Optional
-// DEQUANT_UNROLLED (F32, Q8_0, Q6_K, IQ4_XS): the same values built with no array indexed by a
-// variable (which some SPIR-V compilers keep in local memory), Q6_K from fewer, branch-free loads.
+// dequant32; a per-thread private table indexed by data is slow on some GPUs.
+// F32, Q8_0, Q6_K and IQ4_XS (the bench model's types) build their result with no array indexed
+// by a variable: the SPIR-V compilers behind both providers kept such arrays in local memory on
+// an H200, which cost the decode products several times their time (docs/PERFORMANCE.md).
 
 // Byte `b` of the weight buffer.
 fn wbyte(b: u32) -> u32 {
@@ -95,7 +96,6 @@ fn scale_min_k4(s: u32, j: u32) -> vec2<f32> {
 #ifdef TYPE_F32
 const BLOCK_ELEMS = 1u;
 const BLOCK_BYTES = 4u;
-#ifdef DEQUANT_UNROLLED
 fn f32x4(i: u32) -> vec4<f32> {
   return bitcast<vec4<f32>>(vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]));
 }
@@ -107,17 +107,6 @@ fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     f32x4(i + 16u), f32x4(i + 20u), f32x4(i + 24u), f32x4(i + 28u),
   );
 }
-#else
-fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
-  var r: array<vec4<f32>, 8>;
-  let base = (row_byte >> 2u) + c * 32u;
-  for (var v = 0u; v < 8u; v++) {
-    let i = base + 4u * v;
-    r[v] = bitcast<vec4<f32>>(vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]));
-  }
-  return r;
-}
-#endif
 #endif
 
 #ifdef TYPE_F16
@@ -154,8 +143,7 @@ const BLOCK_BYTES = 34u;
 // Blocks alternate between 4- and 2-byte alignment, so neighbouring lanes would take different
 // branches of wword: the 32 quants are instead shifted out of the 9 words that cover them
 // (sh = 0 or 16; the double shift keeps every shift below 32), without a branch.
-#ifdef DEQUANT_UNROLLED
-// Quants 4v..4v+3 of the block whose quants start at word i, shifted by sh.
+// q8x4: quants 4v..4v+3 of the block whose quants start at word i, shifted by sh.
 fn q8x4(i: u32, v: u32, sh: u32, d: f32) -> vec4<f32> {
   return i8x4((w[i + v] >> sh) | ((w[i + v + 1u] << 16u) << (16u - sh))) * d;
 }
@@ -170,23 +158,6 @@ fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     q8x4(i, 4u, sh, d), q8x4(i, 5u, sh, d), q8x4(i, 6u, sh, d), q8x4(i, 7u, sh, d),
   );
 }
-#else
-fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
-  var r: array<vec4<f32>, 8>;
-  let b = row_byte + c * BLOCK_BYTES;
-  let d = whalf(b);
-  let i = (b + 2u) >> 2u;
-  let sh = ((b + 2u) & 3u) * 8u;
-  var q: array<u32, 9>;
-  for (var j = 0u; j < 9u; j++) {
-    q[j] = w[i + j];
-  }
-  for (var v = 0u; v < 8u; v++) {
-    r[v] = i8x4((q[v] >> sh) | ((q[v + 1u] << 16u) << (16u - sh))) * d;
-  }
-  return r;
-}
-#endif
 #endif
 
 #ifdef TYPE_Q4_0
@@ -379,7 +350,6 @@ const BLOCK_ELEMS = 256u;
 const BLOCK_BYTES = 210u;
 // Chunk c: half n = c/4, quarter k = c%4: low 4 bits from ql[64n + 32(k%2) + l] (nibble k/2),
 // high 2 bits from qh[32n + l] bits 2k; int8 scales 8n+2k (l < 16) and 8n+2k+1 (l ≥ 16).
-#ifdef DEQUANT_UNROLLED
 // Values 4v..4v+3: low nibbles from the ql words at la, high bit pairs from the qh words at ha,
 // each shifted out of the two words covering them as Q8_0's quants (blocks alternate between
 // 4- and 2-byte alignment), times the scale d·sc.
@@ -388,7 +358,7 @@ fn q6kx4(la: u32, ha: u32, v: u32, sh: u32, k: u32, d: f32, sc: f32) -> vec4<f32
   let hw = (w[ha + v] >> sh) | ((w[ha + v + 1u] << 16u) << (16u - sh));
   let ql = (bytes4(lw) >> vec4<u32>(4u * (k >> 1u))) & vec4<u32>(15u);
   let qh = (bytes4(hw) >> vec4<u32>(2u * k)) & vec4<u32>(3u);
-  return d * sc * (vec4<f32>(ql | (qh << vec4<u32>(4u))) - 32.0);
+  return d * sc * (exact_f32(ql | (qh << vec4<u32>(4u))) - 32.0);
 }
 
 fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
@@ -412,30 +382,12 @@ fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     q6kx4(la, ha, 6u, sh, k, d, s1), q6kx4(la, ha, 7u, sh, k, d, s1),
   );
 }
-#else
-fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
-  var r: array<vec4<f32>, 8>;
-  let b = row_byte + (c >> 3u) * BLOCK_BYTES;
-  let sub = c & 7u;
-  let n = sub >> 2u;
-  let k = sub & 3u;
-  let d = whalf(b + 208u);
-  for (var v = 0u; v < 8u; v++) {
-    let sc = f32((i32(wbyte(b + 192u + 8u * n + 2u * k + v / 4u)) << 24u) >> 24u);
-    let ql = (bytes4(wword(b + 64u * n + 32u * (k & 1u) + 4u * v)) >> vec4<u32>(4u * (k >> 1u))) & vec4<u32>(15u);
-    let qh = (bytes4(wword(b + 128u + 32u * n + 4u * v)) >> vec4<u32>(2u * k)) & vec4<u32>(3u);
-    r[v] = d * sc * (exact_f32(ql | (qh << vec4<u32>(4u))) - 32.0);
-  }
-  return r;
-}
-#endif
 #endif
 
 #ifdef TYPE_IQ4_XS
 const BLOCK_ELEMS = 256u;
 const BLOCK_BYTES = 136u;
 // Chunk c = sub-block ib: 6-bit scale from scales_l nibble and 2 bits of scales_h, offset −32.
-#ifdef DEQUANT_UNROLLED
 fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
   let b = row_byte + (c >> 3u) * BLOCK_BYTES;
   let ib = c & 7u;
@@ -448,24 +400,8 @@ fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
   let q2 = wword(q + 8u);
   let q3 = wword(q + 12u);
   return array<vec4<f32>, 8>(
-    iq4(lo4(q0)) * dl, iq4(lo4(q1)) * dl, iq4(lo4(q2)) * dl, iq4(lo4(q3)) * dl,
-    iq4(hi4(q0)) * dl, iq4(hi4(q1)) * dl, iq4(hi4(q2)) * dl, iq4(hi4(q3)) * dl,
+    iq4(lo4u(q0)) * dl, iq4(lo4u(q1)) * dl, iq4(lo4u(q2)) * dl, iq4(lo4u(q3)) * dl,
+    iq4(hi4u(q0)) * dl, iq4(hi4u(q1)) * dl, iq4(hi4u(q2)) * dl, iq4(hi4u(q3)) * dl,
   );
 }
-#else
-fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
-  var r: array<vec4<f32>, 8>;
-  let b = row_byte + (c >> 3u) * BLOCK_BYTES;
-  let ib = c & 7u;
-  let scales_h = wword(b) >> 16u;
-  let ls = ((wbyte(b + 4u + ib / 2u) >> (4u * (ib % 2u))) & 15u) | (((scales_h >> (2u * ib)) & 3u) << 4u);
-  let dl = whalf(b) * f32(i32(ls) - 32);
-  for (var v = 0u; v < 4u; v++) {
-    let q = wword(b + 8u + 16u * ib + 4u * v);
-    r[v] = iq4(lo4u(q)) * dl;
-    r[v + 4u] = iq4(hi4u(q)) * dl;
-  }
-  return r;
-}
-#endif
 #endif

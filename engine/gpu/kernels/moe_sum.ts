@@ -40,9 +40,9 @@ export function moeSum(
 
 /**
  * The end of a MoE FFN: every token's expert products y_i = W_{ids[t,i]}·x[t][i] (mulMat with
- * ids), summed into x[t] by routing weight with the gated shared expert, as moeSum adds them. A
- * one-token step over a stack in one part runs as one dispatch (mul_mat's SUM variant, the same
- * bits); otherwise the products go to `o`, then moeSum.
+ * ids) into `o`, then summed into x[t] by routing weight with the gated shared expert (moeSum).
+ * Two dispatches also for one token: the products then run every rank at once, which beat one
+ * dispatch looping over the ranks on both providers (docs/PERFORMANCE.md).
  */
 export function moeDownSum(
   enc: StepEncoder,
@@ -52,27 +52,17 @@ export function moeDownSum(
     readonly ids: BufferRef;
     readonly weights: BufferRef;
     readonly shared?: BufferRef;
-    /** (T, nUsed, d) scratch for the products when they are not folded. */
+    /** (T, nUsed, d) scratch for the products. */
     readonly o: BufferRef;
     /** The residual stream (T, d). */
     readonly y: BufferRef;
   },
-  o: Omit<MulMatOptions, "yOffset" | "yStrideT" | "yStrideI" | "add" | "norm" | "sum">,
+  o: Omit<MulMatOptions, "yOffset" | "yStrideT" | "yStrideI" | "add" | "norm">,
 ): void {
-  const d = b.w.matrixRows;
-  const k = o.nUsed ?? 1;
-  if (o.tokens === 1 && o.gatherTiles === undefined && b.w.parts.length === 1) {
-    mulMat(enc, { w: b.w, x: b.x, ids: b.ids, y: b.y }, {
-      ...o,
-      yStrideT: d,
-      sum: { weights: b.weights, shared: b.shared },
-    });
-    return;
-  }
   mulMat(enc, { w: b.w, x: b.x, ids: b.ids, y: b.o }, o);
   moeSum(enc, { o: b.o, s: b.shared ?? dummyStorage(enc.ctx), weights: b.weights, x: b.y }, {
-    d,
-    k,
+    d: b.w.matrixRows,
+    k: o.nUsed ?? 1,
     tokens: o.tokens,
     sharedExpert: b.shared !== undefined,
   });

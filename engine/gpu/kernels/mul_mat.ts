@@ -1,5 +1,7 @@
-// Matrix-vector and matrix-matrix products over quantized weights (wgsl/mul_mat.wgsl), plain or
-// indexed by per-token expert ids. Used for every projection of engine/gpu/gpu_forward.ts and the LM head.
+// Matrix-vector and matrix-matrix products over quantized weights, plain or indexed by per-token
+// expert ids: prefill tiles here (wgsl/mul_mat.wgsl), decode products of a few tokens through
+// engine/gpu/kernels/mul_mat_vec.ts. Used for every projection of engine/gpu/gpu_forward.ts and the
+// LM head.
 //
 // Dimensions: T tokens, K input values per row (tensor cols), M output rows, Ku experts per token.
 
@@ -11,7 +13,7 @@ import type { GpuTensor } from "../tensor.ts";
 import { GgmlType, typeName } from "../../quant/ggml_types.ts";
 import { decodeLayout, layoutRows, type MatVecLayout, MUL_MAT_VEC } from "./mul_mat_vec.ts";
 
-/** Weight types the kernel decodes (docs/model_arch.md §6). */
+/** Weight types the kernels decode (docs/model_arch.md §6). */
 export const MUL_MAT_TYPES: readonly GgmlType[] = [
   GgmlType.F32,
   GgmlType.F16,
@@ -30,11 +32,7 @@ export const MUL_MAT_TYPES: readonly GgmlType[] = [
   GgmlType.IQ4_XS,
 ];
 
-/**
- * Rows per workgroup of the decode kernel (wgsl WG / LANES; LANES equals SUBGROUP_MIN_LANES so a
- * row's lanes share a subgroup) and of a prefill tile (BM).
- */
-const DECODE_ROWS = 8;
+/** Rows of a prefill tile (wgsl BM). */
 const TILE_ROWS = 64;
 /** Token slots a tile of the gathered (MoE prefill) variant takes: moe_gather's `tt`. */
 export const PREFILL_TT = 32;
@@ -46,71 +44,51 @@ export const DENSE_TT = 64;
  */
 const DECODE_MAX_TOKENS = 4;
 
+/** A prefill tile variant. */
 export interface MulMatKey {
   readonly type: GgmlType;
   /**
-   * More than one token per call (prefill tiles). Plain calls of up to DECODE_MAX_TOKENS tokens
-   * use the unbatched variant.
-   */
-  readonly batched: boolean;
-  /**
-   * Weights are an expert stack indexed by `ids`; batched, by a gather table of token tiles
-   * per expert (engine/gpu/kernels/moe_gather.ts).
+   * Weights are an expert stack and a tile takes the slots a gather table of token tiles per
+   * expert gives it (engine/gpu/kernels/moe_gather.ts).
    */
   readonly id?: boolean;
   /** The input is [gate | up] halves and the product uses silu(gate)·up. */
   readonly swiglu?: boolean;
   /** Accumulate into y (residual add). */
   readonly add?: boolean;
-  /** x is a raw residual row and the product uses RMSNorm(x)·w (unbatched only). */
-  readonly norm?: boolean;
-  /** One token's experts summed by routing weight into y (unbatched, with id). */
-  readonly sum?: boolean;
 }
 
-function tokensPerWg(v: MulMatKey): number {
-  return v.batched ? (v.id ? PREFILL_TT : DENSE_TT) : 1;
+/** Refuses a weight type no kernel decodes. */
+function checkType(type: GgmlType): void {
+  if (!MUL_MAT_TYPES.includes(type)) {
+    throw new TypeError(
+      `Cannot multiply by ${typeName(type)} weights: no GPU kernel for this type; supported: ${
+        MUL_MAT_TYPES.map(typeName).join(", ")
+      }`,
+    );
+  }
 }
 
-/** A variant per weight type, shape (decode, dense tiles, gathered tiles) and epilogue. */
+/** A variant per weight type, tile shape (dense or gathered) and epilogue. */
 export const MUL_MAT: KernelFamily<MulMatKey> = {
   file: "mul_mat.wgsl",
-  variant: (target, v) => {
-    if (!MUL_MAT_TYPES.includes(v.type)) {
-      throw new TypeError(
-        `Cannot multiply by ${typeName(v.type)} weights: no GPU kernel for this type; supported: ${
-          MUL_MAT_TYPES.map(typeName).join(", ")
-        }`,
-      );
-    }
-    const subgroups = target.features.subgroups;
-    const defines: Record<string, number | true> = { [`TYPE_${typeName(v.type)}`]: true };
-    if (v.batched) {
-      defines.TILED = true;
-      defines.TT = tokensPerWg(v);
-    }
-    // The IQ4 lookup table in workgroup memory; the dense prefill tile has no 64 bytes to spare.
-    if ((v.type === GgmlType.IQ4_NL || v.type === GgmlType.IQ4_XS) && !(v.batched && !v.id)) {
+  variant: (_target, v) => {
+    checkType(v.type);
+    const tt = v.id ? PREFILL_TT : DENSE_TT;
+    const defines: Record<string, number | true> = { [`TYPE_${typeName(v.type)}`]: true, TT: tt };
+    // The IQ4 lookup table in workgroup memory; the dense tile has no 64 bytes to spare.
+    if ((v.type === GgmlType.IQ4_NL || v.type === GgmlType.IQ4_XS) && v.id) {
       defines.IQ4_TABLE_WORKGROUP = true;
     }
-    if (v.id) defines.ID = true;
-    if (v.id && v.batched) defines.GATHERED = true;
+    if (v.id) {
+      defines.ID = true;
+      defines.GATHERED = true;
+    }
     if (v.swiglu) defines.X_SWIGLU = true;
     if (v.add) defines.ADD = true;
-    if (v.norm) {
-      if (v.batched || v.swiglu) {
-        throw new RangeError("Cannot fold RMSNorm into a prefill tile or a SwiGLU input");
-      }
-      defines.NORM = true;
-    }
-    if (v.sum) {
-      if (v.batched || !v.id) throw new RangeError("Cannot sum experts outside a decode product");
-      defines.SUM = true;
-    }
-    if (subgroups) defines.SUBGROUPS = true;
-    const name = `mul_mat_${typeName(v.type)}_t${tokensPerWg(v)}${v.id ? "_id" : ""}${
+    const name = `mul_mat_${typeName(v.type)}_t${tt}${v.id ? "_id" : ""}${
       v.swiglu ? "_swiglu" : ""
-    }${v.add ? "_add" : ""}${v.norm ? "_norm" : ""}${v.sum ? "_sum" : ""}${subgroups ? "_sg" : ""}`;
+    }${v.add ? "_add" : ""}`;
     return { name, defines };
   },
 };
@@ -147,20 +125,11 @@ export interface MulMatOptions {
   readonly add?: boolean;
   /**
    * x holds raw residual rows and each product reads RMSNorm(x)·w instead (engine/gpu/kernels/
-   * rms_norm.ts, the same bits): decode variants only, not gathered experts or prefill tiles.
+   * rms_norm.ts, the same bits): decode products only, not gathered experts or prefill tiles.
    */
   readonly norm?: RmsNormInput;
-  /**
-   * One token's expert products (with ids, unbatched, one part holding every expert) added
-   * into y as y[t][row] += Σ_i weights[t,i]·(W_{ids[t,i]}·x[t][i]) (+ weights[t,nUsed]·shared
-   * [t][row]), in wgsl/moe_sum.wgsl's order and bits: the end of a decode step's MoE FFN.
-   */
-  readonly sum?: { readonly weights: BufferRef; readonly shared?: BufferRef };
-  /**
-   * The decode kernel's layout instead of the device's (bench/kernels/decode_matvec.ts);
-   * "staged8" is the earlier decode kernel of wgsl/mul_mat.wgsl.
-   */
-  readonly decode?: MatVecLayout | "staged8";
+  /** The decode layout instead of decodeLayout's (bench/kernels/decode_matvec.ts). */
+  readonly decode?: MatVecLayout;
 }
 
 /** The RMSNorm a product folds into its input. */
@@ -175,25 +144,19 @@ export interface RmsNormInput {
  */
 export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): void {
   const { w } = b;
+  checkType(w.type);
   const id = b.ids !== undefined;
-  const gatherTiles = id ? o.gatherTiles : undefined;
-  const gathered = gatherTiles !== undefined;
-  const key: MulMatKey = {
-    type: w.type,
-    batched: id ? gathered : o.tokens > DECODE_MAX_TOKENS,
-    id,
-    swiglu: o.swiglu,
-    add: o.add,
-    norm: o.norm !== undefined,
-    sum: o.sum !== undefined,
-  };
-  if (o.sum && w.parts.length !== 1) {
+  const gathered = id && o.gatherTiles !== undefined;
+  const decode = id ? !gathered : o.tokens <= DECODE_MAX_TOKENS;
+  if (o.norm && (!decode || o.swiglu)) {
+    throw new RangeError("Cannot fold RMSNorm into a prefill tile or a SwiGLU input");
+  }
+  if (w.cols % 32 !== 0) {
     throw new RangeError(
-      `Cannot sum the experts of "${w.name}" in one product: they span ${w.parts.length} parts`,
+      `Cannot multiply by tensor "${w.name}": rows of ${w.cols} values are not a multiple of 32`,
     );
   }
   const nUsed = id ? (o.nUsed ?? 1) : 1;
-  const rows = id ? w.matrixRows : 0;
   const base = {
     k: w.cols,
     tokens: o.tokens,
@@ -205,46 +168,38 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
     y_offset: o.yOffset ?? 0,
     y_stride_t: o.yStrideT ?? (id ? nUsed * w.matrixRows : w.matrixRows * w.experts),
     y_stride_i: o.yStrideI ?? w.matrixRows,
-    ids_stride: gatherTiles ?? o.idsStride ?? nUsed,
+    ids_stride: gathered ? o.gatherTiles! : o.idsStride ?? nUsed,
   };
-  if (w.cols % 32 !== 0) {
-    throw new RangeError(
-      `Cannot multiply by tensor "${w.name}": rows of ${w.cols} values are not a multiple of 32`,
-    );
-  }
   const ids = b.ids ?? dummyStorage(enc.ctx);
-  const nw = o.norm?.w ?? dummyStorage(enc.ctx);
-  const rw = o.sum?.weights ?? dummyStorage(enc.ctx);
-  const sh = o.sum?.shared ?? dummyStorage(enc.ctx);
-  const layout = key.batched || o.decode === "staged8"
-    ? undefined
-    : (o.decode ?? decodeLayout(enc.ctx, w.type));
-  const tileRows = key.batched ? TILE_ROWS : layout ? layoutRows(layout) : DECODE_ROWS;
   for (const part of w.parts) {
-    const partRows = id ? rows : part.rows;
-    const tiles = Math.ceil(partRows / tileRows);
-    const buffers = { w: part.buffer, x: b.x, ids, nw, rw, sh, y: b.y };
-    const params = {
-      ...base,
-      rows: partRows,
+    const rows = id ? w.matrixRows : part.rows;
+    const at = {
+      rows,
       row_base: id ? 0 : part.firstRow,
       expert_first: id ? part.firstRow / w.matrixRows : 0,
       expert_count: id ? part.rows / w.matrixRows : 0,
-      row_tiles: tiles,
-      sum_shared: o.sum?.shared ? 1 : 0,
-      eps: o.norm?.eps ?? 0,
     };
-    const grid = {
-      tiles,
-      z: gathered
-        ? o.gatherTiles!
-        : o.sum
-        ? o.tokens
-        : id
-        ? o.tokens * nUsed
-        : Math.ceil(o.tokens / tokensPerWg(key)),
-    };
-    if (layout) enc.dispatch(MUL_MAT_VEC, { ...key, layout }, buffers, params, grid);
-    else enc.dispatch(MUL_MAT, key, buffers, params, grid);
+    if (decode) {
+      // A grid layer per token, or per (token, rank) slot of an expert stack.
+      const z = id ? o.tokens * nUsed : o.tokens;
+      const layout = o.decode ?? decodeLayout(rows, id);
+      const tiles = Math.ceil(rows / layoutRows(layout));
+      const key = { type: w.type, layout, id, swiglu: o.swiglu, add: o.add, norm: !!o.norm };
+      const nw = o.norm?.w ?? dummyStorage(enc.ctx);
+      enc.dispatch(MUL_MAT_VEC, key, { w: part.buffer, x: b.x, ids, nw, y: b.y }, {
+        ...base,
+        ...at,
+        row_tiles: tiles,
+        eps: o.norm?.eps ?? 0,
+      }, { tiles, z });
+    } else {
+      const tiles = Math.ceil(rows / TILE_ROWS);
+      const key = { type: w.type, id, swiglu: o.swiglu, add: o.add };
+      enc.dispatch(MUL_MAT, key, { w: part.buffer, x: b.x, ids, y: b.y }, {
+        ...base,
+        ...at,
+        row_tiles: tiles,
+      }, { tiles, z: gathered ? o.gatherTiles! : Math.ceil(o.tokens / DENSE_TT) });
+    }
   }
 }

@@ -1,8 +1,8 @@
 // The decode matrix-vector product (wgsl/mul_mat_vec.wgsl): its variants, the workgroup layouts
-// it can run with, and the layout a device and weight type get. engine/gpu/kernels/mul_mat.ts
-// sends every call of up to a few tokens here; bench/kernels/decode_matvec.ts times the layouts.
+// it can run with, and the layout a product gets. engine/gpu/kernels/mul_mat.ts sends every call
+// of up to a few tokens here; bench/kernels/decode_matvec.ts checks and times the layouts.
 
-import type { KernelFamily, KernelTarget } from "../kernel.ts";
+import type { KernelFamily } from "../kernel.ts";
 import { GgmlType, typeName } from "../../quant/ggml_types.ts";
 
 /**
@@ -28,8 +28,6 @@ export interface MulMatVecKey {
   readonly add?: boolean;
   /** x is a raw residual row and the product uses RMSNorm(x)·w. */
   readonly norm?: boolean;
-  /** One token's experts summed by routing weight into y (with id). */
-  readonly sum?: boolean;
 }
 
 /** Rows one workgroup of a layout computes. */
@@ -56,9 +54,23 @@ export function layoutName(l: MatVecLayout): string {
   return `w${l.wg}c${l.cu}r${l.rpt}${l.xstage ? "x" : ""}`;
 }
 
-/** The layout decode products run with on `target` for weights of `type`. */
-export function decodeLayout(_target: KernelTarget, _type: GgmlType): MatVecLayout {
-  return { wg: 128, cu: 16, rpt: 1, xstage: true };
+/**
+ * The layout a decode product of `rows` rows a grid layer runs with: the fastest on both
+ * providers for the bench model's shapes on an H200 (docs/PERFORMANCE.md, "Decode
+ * matrix-vector products"), by how many rows there are to spread. Every layout gives the same
+ * bits.
+ */
+export function decodeLayout(rows: number, id: boolean): MatVecLayout {
+  // Expert slots (8 × 1024 or 2048 rows): two rows a thread.
+  if (id) return { wg: 128, cu: 16, rpt: 2, xstage: true };
+  // The LM head.
+  if (rows >= 65536) return { wg: 256, cu: 16, rpt: 4, xstage: true };
+  // Joined projections (qkvz|ba, q|gate|k|v).
+  if (rows >= 4096) return { wg: 256, cu: 16, rpt: 2, xstage: true };
+  // Output projections, the shared expert's down.
+  if (rows >= 2048) return { wg: 128, cu: 16, rpt: 1, xstage: true };
+  // Few rows (router, shared expert's gate|up): 64 threads across each row's chunks.
+  return { wg: 128, cu: 64, rpt: 2, xstage: true };
 }
 
 /** A variant per weight type, layout and epilogue. */
@@ -86,7 +98,6 @@ export const MUL_MAT_VEC: KernelFamily<MulMatVecKey> = {
     if (v.type === GgmlType.IQ4_NL || v.type === GgmlType.IQ4_XS) {
       defines.IQ4_TABLE_WORKGROUP = true;
     }
-    defines.DEQUANT_UNROLLED = true;
     if (v.id) defines.ID = true;
     if (v.swiglu) defines.X_SWIGLU = true;
     if (v.add) defines.ADD = true;
@@ -94,14 +105,10 @@ export const MUL_MAT_VEC: KernelFamily<MulMatVecKey> = {
       if (v.swiglu) throw new RangeError("Cannot fold RMSNorm into a SwiGLU input");
       defines.NORM = true;
     }
-    if (v.sum) {
-      if (!v.id || v.add) throw new RangeError("Cannot sum experts outside an expert product");
-      defines.SUM = true;
-    }
     if (subgroups) defines.SUBGROUPS = true;
     const name = `mul_mat_vec_${typeName(v.type)}_${layoutName(layout)}${v.id ? "_id" : ""}${
       v.swiglu ? "_swiglu" : ""
-    }${v.add ? "_add" : ""}${v.norm ? "_norm" : ""}${v.sum ? "_sum" : ""}${subgroups ? "_sg" : ""}`;
+    }${v.add ? "_add" : ""}${v.norm ? "_norm" : ""}${subgroups ? "_sg" : ""}`;
     return { name, defines };
   },
 };
