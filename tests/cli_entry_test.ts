@@ -1,27 +1,30 @@
-// The entry points as processes: --help on every task exits 0 and lists its flags, and the head
-// and the worker bind their address before the model loads, naming a busy port in the error.
+// The entry points as processes: --help on every task exits 0 and lists its flags, every task reads
+// TANDEM_*, and the head and the worker bind their address before the model loads, naming a busy
+// port in the error.
 
 import assert from "node:assert/strict";
 import { LAUNCHER_FLAGS } from "../lib/launch/grants.ts";
+import { testModel } from "./_models.ts";
 import { PROJECT_ROOT } from "./_workers.ts";
 
+/** The roles, as their tasks' launcher runs them, and the benches docs/PERFORMANCE.md runs. */
 const ENTRIES = [
   "main.ts",
   "worker.ts",
-  "tools/generate.ts",
-  "tools/make_model.ts",
-  "tools/demo.ts",
-  "bench/decode.ts",
   "bench/profile.ts",
   "bench/stage_bench.ts",
   "bench/compile_times.ts",
 ];
 
-/** Runs an entry point; the head and the worker with the grant their tasks give them. */
-async function run(args: string[], env: Record<string, string> = {}) {
-  const role = args[0] === "main.ts" || args[0] === "worker.ts";
+/** Every task of deno.json that runs one of ours (not deno's own test, fmt or lint). */
+const TASKS: [string, string][] = Object.entries(
+  JSON.parse(await Deno.readTextFile(`${PROJECT_ROOT}/deno.json`)).tasks as Record<string, string>,
+).filter(([, command]) => command.startsWith("deno run "));
+
+/** What `deno ARGS` prints and exits with, run in the project's root. */
+async function deno(args: string[], env: Record<string, string> = {}) {
   const out = await new Deno.Command(Deno.execPath(), {
-    args: ["run", ...(role ? LAUNCHER_FLAGS : ["-A"]), ...args],
+    args,
     cwd: PROJECT_ROOT,
     env,
     stdout: "piped",
@@ -29,6 +32,17 @@ async function run(args: string[], env: Record<string, string> = {}) {
   }).output();
   const decoder = new TextDecoder();
   return { code: out.code, stdout: decoder.decode(out.stdout), stderr: decoder.decode(out.stderr) };
+}
+
+/** Runs an entry point; the head and the worker with the grant their tasks give them. */
+function run(args: string[], env: Record<string, string> = {}) {
+  const role = args[0] === "main.ts" || args[0] === "worker.ts";
+  return deno(["run", ...(role ? LAUNCHER_FLAGS : ["-A"]), ...args], env);
+}
+
+/** Runs a task as a user starts it: deno task NAME ARGS. */
+function task(name: string, args: string[], env: Record<string, string> = {}) {
+  return deno(["task", "-q", name, ...args], env);
 }
 
 Deno.test("--help on every entry point prints its flags with defaults and exits 0", async () => {
@@ -41,6 +55,58 @@ Deno.test("--help on every entry point prints its flags with defaults and exits 
   }
   assert.match(helps[0].stdout, /--port N +the HTTP port; 0 picks a free one \(default 8080\)/);
   assert.match(helps[1].stdout, /--layers a:b +required: /);
+});
+
+Deno.test("--help on every task of deno.json: its flags, each with a meaning, and exit 0", async () => {
+  assert.deepEqual(
+    ["head", "worker", "generate", "make-model", "bench", "demo", "shard", "plan", "probe"]
+      .concat(["compile", "loadtest", "drill"])
+      .filter((t) => !TASKS.some(([name]) => name === t)),
+    [],
+  );
+  const helps = await Promise.all(TASKS.map(([name]) => task(name, ["--help"])));
+  for (const [i, help] of helps.entries()) {
+    const [name] = TASKS[i];
+    assert.equal(help.code, 0, `deno task ${name} --help: ${help.stderr}`);
+    assert.match(help.stdout, new RegExp(`^Usage: deno task ${name} \\[flags\\]\n\\S`), name);
+    const flags = help.stdout.split("\n").filter((l) => /^ {2}-/.test(l));
+    assert.ok(flags.length >= 2, `${name}: ${help.stdout}`);
+    // Each flag line has its meaning beside it, or on the next line when the flag is long.
+    const lines = help.stdout.split("\n");
+    for (const line of flags) {
+      const meaning = /^ {2}-\S*(?: \S+)? {2,}\S/.test(line) ||
+        /^ {4,}\S/.test(lines[lines.indexOf(line) + 1] ?? "");
+      assert.ok(meaning, `${name}: ${line}`);
+    }
+  }
+});
+
+Deno.test("every task may read TANDEM_* and does: plan and probe take their flags from it", async () => {
+  for (const [name, command] of TASKS) {
+    const words = command.split(" ").map((w) => w.replaceAll("'", ""));
+    assert.ok(
+      words.some((w) =>
+        w === "-A" || w === "--allow-all" || w === "--allow-env" ||
+        /^--allow-env=(.*,)?TANDEM_\*(,|$)/.test(w)
+      ),
+      `deno task ${name} cannot read TANDEM_* variables: ${command}`,
+    );
+  }
+  const model = await testModel({ arch: "qwen35moe" });
+  const plan = await task("plan", [], {
+    TANDEM_MODEL: model,
+    TANDEM_STAGES: "0:2,2:4",
+    TANDEM_CTX: "64",
+    TANDEM_SLOTS: "1",
+  });
+  assert.equal(plan.code, 0, plan.stderr);
+  assert.match(plan.stdout, /^stage 0:2\n[^]*\nstage 2:4\n[^]*\nall stages +\d/);
+  const closed = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const port = closed.addr.port;
+  closed.close();
+  const probe = await task("probe", [], { TANDEM_WORKER: `127.0.0.1:${port}` });
+  assert.equal(probe.code, 1);
+  assert.match(probe.stderr, new RegExp(`^Probe stopped: .*127\\.0\\.0\\.1:${port}`));
 });
 
 Deno.test("head and worker name a busy port before loading the model, and read TANDEM_*", async () => {

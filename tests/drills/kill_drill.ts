@@ -6,6 +6,7 @@
 // process must live through it all with its memory within 10% of where it was after warm-up.
 
 import { comparableSse, post, tinyModel } from "../_head.ts";
+import { type Command, flag, type FlagTable, runCommand, whole } from "../../lib/cli.ts";
 import { LAUNCHER_FLAGS } from "../../lib/launch/grants.ts";
 import {
   freePort,
@@ -345,11 +346,26 @@ export function drillProblems(report: DrillReport): string[] {
   return problems;
 }
 
+export const DRILL = {
+  name: "Drill",
+  usage: "deno task drill",
+  about: "SIGKILLs a worker again and again while streaming clients use the head in front of it " +
+    "(the tiny test model, split after layer 2), and prints a JSON report. Exits 1 when a request " +
+    "was neither byte-identical to its reference nor ended with a typed error, the head died or " +
+    "its memory grew more than 10%.",
+  flags: {
+    kills: flag(whole(5), "worker kills (5 at least: memory is compared across them)", 100),
+    clients: flag(whole(1, 64), "clients streaming at once", 3),
+    seed: flag(whole(0), "seeds the choice of requests and the time between kills", 1),
+  },
+} satisfies Command<FlagTable>;
+
 if (import.meta.main) {
-  const kills = Number(Deno.args[0] ?? 100);
-  const report = await runKillDrill({ kills, log: (line) => console.error(line) });
-  console.log(JSON.stringify(report, null, 2));
-  const problems = drillProblems(report);
-  for (const p of problems) console.error(`drill: ${p}`);
-  Deno.exit(problems.length === 0 ? 0 : 1);
+  await runCommand(DRILL, async (flags) => {
+    const report = await runKillDrill({ ...flags, log: (line) => console.error(line) });
+    console.log(JSON.stringify(report, null, 2));
+    const problems = drillProblems(report);
+    for (const p of problems) console.error(`drill: ${p}`);
+    if (problems.length > 0) Deno.exit(1);
+  });
 }
