@@ -11,6 +11,7 @@ import {
   type Command,
   flag,
   type FlagTable,
+  type FlagValues,
   layerRange,
   listOf,
   MODEL_FLAG,
@@ -18,6 +19,7 @@ import {
   runCommand,
   whole,
 } from "../lib/cli.ts";
+import { defaultSnapshots } from "../lib/scheduler/prefix_cache.ts";
 import { checkStages } from "./shard.ts";
 
 export const PLAN = {
@@ -30,7 +32,10 @@ export const PLAN = {
     stages: requiredFlag(listOf(layerRange), "the stages' layers, e.g. 0:20,20:40"),
     ctx: requiredFlag(whole(1), "positions per slot, as the stages' --ctx"),
     slots: requiredFlag(whole(1), "slots, as the stages' --slots"),
-    snapshots: flag(whole(0), "snapshot places, as the stages' --snapshots", 0),
+    snapshots: flag(
+      whole(0),
+      "snapshot places, as the stages' --snapshots (default sized as theirs from --ctx and --slots)",
+    ),
     "max-batch": flag(whole(1), "positions per run, as --max-batch (default the engine's)"),
   },
 } satisfies Command<FlagTable>;
@@ -57,25 +62,26 @@ export function formatPlan(p: StagePlan, slots: number, snapshots: number, ctx: 
   ];
 }
 
+/** What `deno task plan` prints: each stage's lines, then the total of all stages. */
+export async function planReport(flags: FlagValues<typeof PLAN.flags>): Promise<string[]> {
+  const model = await openGguf(flags.model);
+  try {
+    const hp = readHParams(model.metadata);
+    checkStages(flags.stages, hp.nLayer);
+    const { ctx, slots } = flags;
+    // Omitted, the stages' own default: the plan must describe the processes as they will run.
+    const snapshots = flags.snapshots ?? defaultSnapshots(ctx, slots);
+    const options = { ctx, slots, snapshots, maxBatch: flags["max-batch"] };
+    const plans = flags.stages.map((span) => planStage(model, hp, span, options));
+    return [
+      ...plans.flatMap((p) => formatPlan(p, slots, snapshots, ctx)),
+      `all stages     ${size(plans.reduce((s, p) => s + p.total, 0))}`,
+    ];
+  } finally {
+    model.close();
+  }
+}
+
 if (import.meta.main) {
-  await runCommand(PLAN, async (flags) => {
-    const model = await openGguf(flags.model);
-    try {
-      const hp = readHParams(model.metadata);
-      checkStages(flags.stages, hp.nLayer);
-      const options = {
-        ctx: flags.ctx,
-        slots: flags.slots,
-        snapshots: flags.snapshots,
-        maxBatch: flags["max-batch"],
-      };
-      const plans = flags.stages.map((span) => planStage(model, hp, span, options));
-      for (const p of plans) {
-        console.log(formatPlan(p, flags.slots, flags.snapshots, flags.ctx).join("\n"));
-      }
-      console.log(`all stages     ${size(plans.reduce((s, p) => s + p.total, 0))}`);
-    } finally {
-      model.close();
-    }
-  });
+  await runCommand(PLAN, async (flags) => console.log((await planReport(flags)).join("\n")));
 }

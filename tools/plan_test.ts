@@ -1,0 +1,40 @@
+// Tests of `deno task plan` (plan.ts) as its flags are read: one block per stage and the total,
+// snapshots defaulting as the head's and the worker's do. tests/gpu_memory_plan_test.ts holds the
+// numbers themselves equal to what a GPU stage allocates.
+
+import assert from "node:assert/strict";
+import { readFlags } from "../lib/cli.ts";
+import { defaultSnapshots } from "../lib/scheduler/prefix_cache.ts";
+import { testModel } from "../tests/_models.ts";
+import { PLAN, planReport } from "./plan.ts";
+
+const model = await testModel({ arch: "qwen35moe" });
+
+/** The report for these command-line arguments, read as the task reads them. */
+function report(args: string[]): Promise<string[]> {
+  return planReport(readFlags(PLAN, ["--model", model, ...args], () => undefined)!);
+}
+
+Deno.test("plan: one block per stage, then all stages; snapshots default as the stages' do", async () => {
+  for (const [ctx, slots] of [[4096, 1], [40000, 2]]) {
+    const common = ["--stages", "0:2,2:4", "--ctx", `${ctx}`, "--slots", `${slots}`];
+    const lines = await report(common);
+    assert.deepEqual(
+      lines.filter((l) => /^\S/.test(l)).map((l) => l.split(/\s{2,}/)[0]),
+      ["stage 0:2", "stage 2:4", "all stages"],
+    );
+    const places = (ls: string[]) =>
+      ls.filter((l) => l.startsWith("  snapshots")).map((l) => Number(/(\d+) ×/.exec(l)![1]));
+    const expected = defaultSnapshots(ctx, slots);
+    assert.ok(expected > 0);
+    assert.deepEqual(places(lines), [expected, expected]);
+    const none = await report([...common, "--snapshots", "0"]);
+    assert.deepEqual(places(none), [0, 0]);
+    // The worker's snapshots hold KV: planning none must come out smaller.
+    assert.notEqual(none.at(-1), lines.at(-1));
+  }
+  await assert.rejects(
+    report(["--stages", "0:2,3:4", "--ctx", "64", "--slots", "1"]),
+    /contiguous/,
+  );
+});
