@@ -13,11 +13,23 @@ import {
   text,
 } from "../lib/cli.ts";
 import { hex, loadKeyFile } from "../lib/wire/hello.ts";
-import { connectPeer } from "../lib/wire/peer.ts";
+import { ErrorCode } from "../lib/wire/frame.ts";
+import { connectPeer, StageUnavailableError } from "../lib/wire/peer.ts";
 
-/** One line describing the worker at `address`; throws StageUnavailableError with the reason. */
+/**
+ * One line describing the worker at `address`; throws StageUnavailableError with the reason. A
+ * worker serves one client at a time, so one that serves its head answers Busy after checking the
+ * key: it is up, and the head's GET /health is what checks the chain behind it.
+ */
 export async function probeWorker(address: string, key?: CryptoKey): Promise<string> {
-  const peer = await connectPeer(address, undefined, { key, connectTimeoutMs: 5000 });
+  let peer;
+  try {
+    peer = await connectPeer(address, undefined, { key, connectTimeoutMs: 5000 });
+  } catch (e) {
+    if (!(e instanceof StageUnavailableError) || e.code !== ErrorCode.Busy) throw e;
+    return `${address}: up, serving another client (${e.reason}); ask that head's GET /health ` +
+      `for the chain behind it`;
+  }
   try {
     const started = performance.now();
     await peer.ping();
@@ -35,7 +47,8 @@ export const PROBE = {
   name: "Probe",
   usage: "deno task probe",
   about: "Says whether a worker (and the chain behind it) serves: the hello it gives a head, " +
-    "then one PING round trip. Exits 1 with the reason when it does not.",
+    "then one PING round trip; a worker busy with its head says so after checking the key. " +
+    "Exits 1 with the reason when it does not serve.",
   flags: {
     worker: requiredFlag(address, "the worker to ask"),
     "key-file": flag(text("PATH"), "the wire's shared key, when the worker checks one"),
