@@ -280,7 +280,10 @@ Deno.test("/completion: seeded sampling replays, n_probs, stream equals buffered
       ),
     );
     assert.ok(others.some((c) => c !== a.content), "three other seeds all replayed seed 42");
-    assert.ok(head.lines.some((l) => l.includes("[sample]") && l.includes("seed=42")));
+    // The access line of a sampled reply carries its seed.
+    assert.ok(
+      head.lines.some((l) => / POST \/completion 200 .* temperature=0\.9 seed=42$/.test(l)),
+    );
 
     const probs = await (await post(`${head.url}/completion`, {
       prompt: "Once upon a time",

@@ -2,7 +2,7 @@
 // OpenAI /v1/completions (buffered, streamed, echo), llama.cpp /tokenize, /detokenize, /props, /slots.
 
 import assert from "node:assert/strict";
-import { parseSse, post, startTestHead, waitFor } from "./_head.ts";
+import { parseSse, post, startTestHead, type TestHead, waitFor } from "./_head.ts";
 
 Deno.test("/v1/completions: text_completion, streamed equal to buffered, echo, default 16 tokens", async () => {
   const head = await startTestHead();
@@ -199,17 +199,20 @@ Deno.test("defaults: an omitted temperature samples at 1; the prefix cache is on
       ...extra,
     });
     await (await post(`${head.url}/v1/messages`, ask({}))).json();
-    assert.ok(head.lines.some((l) => /\[sample\] .* temperature=1 /.test(l)), "sampled at 1");
+    // Each access line says how its reply was sampled.
+    const replies = (h: TestHead) => h.lines.filter((l) => / 200 in=/.test(l));
+    await waitFor(() => replies(head).length === 1);
+    assert.match(replies(head)[0], / temperature=1 seed=\d+$/, "sampled at 1");
     // The operator's --temperature and --temperature-cap rule the omitted and the asked-for.
     await (await post(`${capped.url}/v1/chat/completions`, ask({}))).json();
     await (await post(`${capped.url}/v1/chat/completions`, ask({ temperature: 2 }))).json();
-    const sampled = capped.lines.filter((l) => l.startsWith("[sample]"));
-    assert.match(sampled[0], / temperature=0\.3 /);
-    assert.match(sampled[1], / temperature=0\.5 /);
-    // Temperature 0 stays greedy: no sampling line.
-    const before = head.lines.length;
+    await waitFor(() => replies(capped).length === 2);
+    assert.match(replies(capped)[0], / temperature=0\.3 seed=\d+$/);
+    assert.match(replies(capped)[1], / temperature=0\.5 seed=\d+$/);
+    // Temperature 0 stays greedy: no seed.
     await (await post(`${head.url}/v1/messages`, ask({ temperature: 0 }))).json();
-    assert.ok(!head.lines.slice(before).some((l) => l.startsWith("[sample]")));
+    await waitFor(() => replies(head).length === 2);
+    assert.doesNotMatch(replies(head)[1], /seed=/);
 
     // Without --snapshots the second turn reads the first one's history from the cache.
     const first = ask({ temperature: 0, system: "Be brief." });

@@ -251,12 +251,6 @@ export class Scheduler {
     const seq = new Sequence(`seq${task}`, request, this.#tokenizer);
     this.#tasks.set(seq, task);
     this.#admittedAt.set(seq, performance.now());
-    const { temperature, topK, topP, seed } = request.sampling;
-    if (temperature > 0) {
-      this.#log(
-        `[sample] ${seq.id} temperature=${temperature} top_k=${topK} top_p=${topP} seed=${seed}`,
-      );
-    }
     this.#onAdmit?.(seq);
     this.#queue.push(seq);
     seq.signal.addEventListener("abort", () => this.#dequeue(seq), { once: true });

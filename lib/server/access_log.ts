@@ -1,5 +1,6 @@
 // One access-log line per HTTP request of the head: time, route, status, and for generations the
-// tokens in/out, prefix-cache tokens and time to first token. Wraps lib/server/handler.ts's handle.
+// tokens in/out, prefix-cache tokens, time to first token and a sampled reply's seed. Wraps
+// lib/server/handler.ts's handle.
 
 import { AsyncLocalStorage } from "node:async_hooks";
 import type { Sequence } from "../scheduler/sequence.ts";
@@ -14,8 +15,9 @@ export interface AccessLog {
 }
 
 /**
- * `2026-12-01T15:04:05.678Z POST /v1/messages 200 in=12 cached=8 out=32 ttft=41ms 903ms end_turn`;
- * a request that generated nothing has no token fields.
+ * `2026-12-01T15:04:05.678Z POST /v1/messages 200 in=12 cached=8 out=32 ttft=41ms 903ms end_turn`,
+ * then `temperature=0.7 seed=…` when the reply was sampled; a request that generated nothing has
+ * no token fields.
  */
 export function formatAccessLine(
   at: Date,
@@ -39,6 +41,10 @@ export function formatAccessLine(
   parts.push(`${ms.toFixed(0)}ms`);
   const outcomes = [...new Set(sequences.map((s) => s.outcome ?? "running"))];
   if (outcomes.length) parts.push(outcomes.join(","));
+  // A sampled reply is replayed by its seed (random unless the request set one).
+  for (const { temperature, seed } of sequences.map((s) => s.request.sampling)) {
+    if (temperature > 0) parts.push(`temperature=${temperature}`, `seed=${seed}`);
+  }
   return parts.join(" ");
 }
 
