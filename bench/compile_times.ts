@@ -55,7 +55,8 @@ async function main(values: FlagValues<typeof COMPILE_TIMES.flags>): Promise<voi
   }
   for (const dh of [64, 128, 256]) {
     jobs.push([`attention dh ${dh}`, async () => {
-      await compileKernel(ctx, ATTENTION, { dh });
+      await compileKernel(ctx, ATTENTION, { dh, tq: 1 });
+      await compileKernel(ctx, ATTENTION, { dh, tq: 4 });
       await compileKernel(ctx, ATTENTION_COMBINE, { dh, block: ATTENTION_BLOCK });
     }]);
   }

@@ -4,19 +4,27 @@
 // s = q·K/√dh. Matches engine/reference/gqa_attention.ts once wgsl/attention_combine.wgsl folds
 // the blocks.
 // Bindings: 0 q: head h of token t at t·q_stride_t + h·q_stride_h, f32 | 1 kc, 2 vc: caches
-//   (pos, hkv, DH) f16 pairs in u32 | 3 part: slot s = (tl·hq + h)·nbs + b holds (m, l) at 2s
-//   and acc[DH] at 2·tokens·hq·nbs + s·DH | 4 params. Token t = t0 + tl sees 0 ..= pos0 + t.
-// Dispatch: tiles = ⌈tokens/TQ⌉·hkv·groups·nbs, groups = ⌈(hq/hkv)/GMAX⌉; blocks past the last
-//   token's position exit, tokens of a tile that do not reach the block write nothing. Blocks
-//   are fixed runs of absolute positions and a token's partial is the same arithmetic over its
-//   own q and the cache whichever tokens share its workgroup (rows of the block past a token's
-//   position are masked out of its scores, then add exactly 0 to its sums), and a decode step
-//   runs the same code with one token, so results do not depend on how tokens are grouped.
-// WG = 256: thread (p, gs) scores position p for heads gs, gs + WG/B, ... of every token of the
-//   tile; K and V are staged once, coalesced, for all TQ tokens (prefill reads each block once
-//   per TQ tokens instead of per token).
-// Variants: DH (even, ≤ 512), B (positions per block: 32 or 64), TQ (tokens a workgroup: 4
-//   where the device gives ~25 KB of workgroup memory, else 1).
+//   (pos, hkv, DH) f16 pairs in u32, read as vec4s | 3 part: slot s = (tl·hq + h)·nbs + b holds
+//   (m, l) at 2s and acc[DH] at 2·tokens·hq·nbs + s·DH | 4 params. Token t = t0 + tl sees
+//   0 ..= pos0 + t.
+// Dispatch: tiles = ⌈tokens/TQ⌉·hkv·groups·nbs, groups = ⌈(hq/hkv)/GMAX⌉; blocks past the
+//   last token's position exit, tokens of a tile that do not reach the block write nothing.
+// Batch invariance: blocks are fixed runs of absolute positions, and a token's partial is the
+//   same arithmetic over its own q and the cache whichever tokens share its workgroup and
+//   whichever TQ runs it: every sum is an explicit fma chain (or plain adds) in a fixed order
+//   (dims for a score, rows for l and acc), rows of the block past a token's position are masked
+//   out of its scores and add exactly 0, and the max is exact. So a decode step (TQ = 1) and any
+//   grouping of tokens into prefill calls give a token the same bits.
+// WG = 256. Scores: thread (p, gs) scores position p for heads gs and gs + 4 of every token of
+//   the tile, from K and the queries staged KW words at a time (the next chunk fetched into
+//   registers while one is scored, the first V rows with the first chunk); weights: a thread
+//   per (token, head) finds the max and the sum over the block; V: thread (dp, hq4) sums dims
+//   pair dp of heads 4·hq4 .. 4·hq4 + 3 over VR staged rows a round, the next round fetched
+//   meanwhile. Nothing is an array indexed by a variable (such arrays live in local
+//   memory on the H200's compiler, docs/PERFORMANCE.md).
+// Variants: DH (a multiple of 8, ≤ 256), B (64), TQ (tokens a workgroup: 1 for single-token
+//   calls, else 4 where the device gives ~25 KB of workgroup memory), VR (V rows a round: a
+//   power of two, VR·DH/2 ≤ 2048).
 
 struct Params {
   hq: u32,
@@ -31,33 +39,166 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;
-@group(0) @binding(1) var<storage, read> kc: array<u32>;
-@group(0) @binding(2) var<storage, read> vc: array<u32>;
+@group(0) @binding(1) var<storage, read> kc: array<vec4<u32>>;
+@group(0) @binding(2) var<storage, read> vc: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> part: array<f32>;
 @group(0) @binding(4) var<uniform> params: Params;
 
 const WG = 256u;
 const GMAX = 8u;
-// Heads each scoring thread serves.
-const HPT = GMAX * B / WG;
+// Words (f16 pairs) of a head's row, and vec4s of them.
 const W = DH / 2u;
+const W4 = W / 4u;
 // K is staged KW words (2·KW dims) of every block row at a time; rows padded to KP words so the
-// threads of a warp, one position each, read distinct banks.
+// threads of a warp, one position each, read distinct banks. Queries go with it, 2·KW dims of
+// each (token, head) pair as QV vec4s.
 const KW = 32u;
+const KW4 = KW / 4u;
 const KP = KW + 1u;
-const QC = 2u * KW;
-// V rows staged at once in the same workgroup array.
-const VR = min(B, B * KP / W);
-const JPT = (GMAX * W + WG - 1u) / WG;
+const QV = KW / 2u;
+const KCHUNKS = (W + KW - 1u) / KW;
 // Below every finite score; exp(NEG - m) is 0.
 const NEG = -3.0e38;
 // (token, head) pairs of a tile.
 const TG = TQ * GMAX;
+// A token's weights, [row][head], padded so that the max and sum threads (one a pair) read
+// distinct banks.
+const PJ = (B + 1u) * GMAX;
 
 var<workgroup> ks: array<u32, B * KP>;
-var<workgroup> qs: array<f32, TG * QC>;
-var<workgroup> ps: array<f32, TG * B>;
+var<workgroup> qs: array<vec4<f32>, TG * QV>;
+var<workgroup> ps: array<vec4<f32>, TQ * PJ / 4u>;
 var<workgroup> ms: array<f32, TG>;
+
+// What a workgroup works on: the tile's first token, its live tokens, the block and its heads.
+struct Tile {
+  tl0: u32,
+  live: u32,
+  // Positions token tl0 + j sees: npos0 + j.
+  npos0: u32,
+  p0: u32,
+  // Rows of the block the tile's last token sees.
+  nr: u32,
+  gq: u32,
+  h0: u32,
+  // vec4 index of the block's first row of the KV head, and of a row's length.
+  kv4: u32,
+  row4: u32,
+}
+
+// vec4 k (of B·KW4) of K chunk c: row k / KW4; zeros past the rows seen and past DH.
+fn k_fetch(t: Tile, k: u32, c: u32) -> vec4<u32> {
+  let r = k / KW4;
+  let w4 = c * KW4 + k % KW4;
+  if (r < t.nr && w4 < W4) {
+    return kc[t.kv4 + r * t.row4 + w4];
+  }
+  return vec4(0u);
+}
+
+// vec4 k (of TG·QV) of the queries' chunk c: pair k / QV; zeros for idle pairs and past DH.
+fn q_fetch(t: Tile, k: u32, c: u32) -> vec4<f32> {
+  let pair = k / QV;
+  let j = pair / GMAX;
+  let g = pair % GMAX;
+  let d = 2u * c * KW + 4u * (k % QV);
+  if (k < TG * QV && j < t.live && g < t.gq && d < DH) {
+    let a = (params.t0 + t.tl0 + j) * params.q_stride_t + (t.h0 + g) * params.q_stride_h + d;
+    return vec4(q[a], q[a + 1u], q[a + 2u], q[a + 3u]);
+  }
+  return vec4(0.0);
+}
+
+// vec4 k (of VR·W4) of the V rows r0 .. r0 + VR: zeros past the rows seen.
+fn v_fetch(t: Tile, k: u32, r0: u32) -> vec4<u32> {
+  let r = r0 + k / W4;
+  if (k < VR * W4 && r < t.nr) {
+    return vc[t.kv4 + r * t.row4 + k % W4];
+  }
+  return vec4(0u);
+}
+
+fn k_stage(k: u32, x: vec4<u32>) {
+  let at = (k / KW4) * KP + 4u * (k % KW4);
+  ks[at] = x.x;
+  ks[at + 1u] = x.y;
+  ks[at + 2u] = x.z;
+  ks[at + 3u] = x.w;
+}
+
+fn v_stage(k: u32, x: vec4<u32>) {
+  if (k < VR * W4) {
+    ks[4u * k] = x.x;
+    ks[4u * k + 1u] = x.y;
+    ks[4u * k + 2u] = x.z;
+    ks[4u * k + 3u] = x.w;
+  }
+}
+
+// Scores of pair `pair` (heads gs and gs + 4 of a token) after words 2·w2 and 2·w2 + 1 of the
+// chunk: each score's chain runs in word order.
+fn score(s: vec2<f32>, pair: u32, w2: u32, ka: vec2<f32>, kb: vec2<f32>) -> vec2<f32> {
+  let qa = qs[pair * QV + w2];
+  let qb = qs[(pair + 4u) * QV + w2];
+  var r = s;
+  r.x = fma(qa.x, ka.x, r.x);
+  r.x = fma(qa.y, ka.y, r.x);
+  r.x = fma(qa.z, kb.x, r.x);
+  r.x = fma(qa.w, kb.y, r.x);
+  r.y = fma(qb.x, ka.x, r.y);
+  r.y = fma(qb.y, ka.y, r.y);
+  r.y = fma(qb.z, kb.x, r.y);
+  r.y = fma(qb.w, kb.y, r.y);
+  return r;
+}
+
+fn ps_set(i: u32, x: f32) {
+  ps[i / 4u][i % 4u] = x;
+}
+
+fn ps_get(i: u32) -> f32 {
+  return ps[i / 4u][i % 4u];
+}
+
+// Token j's scores at position p (heads gs, gs + 4) into ps: masked to NEG past its position.
+fn scores_out(t: Tile, j: u32, p: u32, gs: u32, s: vec2<f32>) {
+  let nj = min(B, max(t.npos0 + j, t.p0) - t.p0);
+  ps_set(j * PJ + p * GMAX + gs, select(NEG, s.x * params.scale, p < nj && gs < t.gq));
+  ps_set(j * PJ + p * GMAX + gs + 4u, select(NEG, s.y * params.scale, p < nj && gs + 4u < t.gq));
+}
+
+// Token j's weights exp(s − m) at position p into ps: 0 past its position.
+fn weights_out(t: Tile, j: u32, p: u32, gs: u32, s: vec2<f32>) {
+  let nj = min(B, max(t.npos0 + j, t.p0) - t.p0);
+  let ma = ms[j * GMAX + gs];
+  let mb = ms[j * GMAX + gs + 4u];
+  ps_set(
+    j * PJ + p * GMAX + gs,
+    select(0.0, exp(fma(s.x, params.scale, -ma)), p < nj && gs < t.gq),
+  );
+  ps_set(
+    j * PJ + p * GMAX + gs + 4u,
+    select(0.0, exp(fma(s.y, params.scale, -mb)), p < nj && gs + 4u < t.gq),
+  );
+}
+
+// Token j's partial sums of dims pair dp of heads 4·hq4 .. 4·hq4 + 3 (x and y halves) into part.
+fn acc_out(t: Tile, j: u32, b: u32, dp: u32, hq4: u32, ax: vec4<f32>, ay: vec4<f32>) {
+  // A token whose positions end before the block has no partial here.
+  if (j >= t.live || t.p0 >= t.npos0 + j) {
+    return;
+  }
+  let slot = ((t.tl0 + j) * params.hq + t.h0) * params.nbs + b;
+  let acc0 = 2u * params.tokens * params.hq * params.nbs;
+  for (var h = 0u; h < 4u; h++) {
+    let g = 4u * hq4 + h;
+    if (g < t.gq) {
+      let o = acc0 + (slot + g * params.nbs) * DH + 2u * dp;
+      part[o] = ax[h];
+      part[o + 1u] = ay[h];
+    }
+  }
+}
 
 @compute @workgroup_size(WG)
 fn main(
@@ -75,141 +216,159 @@ fn main(
   let b = i % params.nbs;
   let hg = (i / params.nbs) % groups;
   let kvh = (i / (params.nbs * groups)) % params.hkv;
-  let tl0 = (i / (params.nbs * groups * params.hkv)) * TQ;
-  let live = min(TQ, params.tokens - tl0);
-  // Positions token tl0 + j sees: npos0 + j.
-  let npos0 = params.pos0 + params.t0 + tl0 + 1u;
-  let p0 = b * B;
-  if (p0 >= npos0 + live - 1u) {
+  var t: Tile;
+  t.tl0 = (i / (params.nbs * groups * params.hkv)) * TQ;
+  t.live = min(TQ, params.tokens - t.tl0);
+  t.npos0 = params.pos0 + params.t0 + t.tl0 + 1u;
+  t.p0 = b * B;
+  if (t.p0 >= t.npos0 + t.live - 1u) {
     return;
   }
-  // Rows of the block the tile's last token sees.
-  let nr = min(B, npos0 + live - 1u - p0);
-  let gq = min(GMAX, G - hg * GMAX);
-  let h0 = kvh * G + hg * GMAX;
-  let row = params.hkv * W;
-  let kv0 = p0 * row + kvh * W;
+  t.nr = min(B, t.npos0 + t.live - 1u - t.p0);
+  t.gq = min(GMAX, G - hg * GMAX);
+  t.h0 = kvh * G + hg * GMAX;
+  t.row4 = params.hkv * W4;
+  t.kv4 = t.p0 * t.row4 + kvh * W4;
+
+  // Chunk c of K and of the queries is fetched into registers while chunk c − 1 is scored, and
+  // the first V rows while the scores are computed.
+  var ka = k_fetch(t, lid, 0u);
+  var kb = k_fetch(t, lid + WG, 0u);
+  var qa = q_fetch(t, lid, 0u);
+  var qb = q_fetch(t, lid + WG, 0u);
+  var va = v_fetch(t, lid, 0u);
+  var vb = v_fetch(t, lid + WG, 0u);
 
   let p = lid % B;
   let gs = lid / B;
-  // s[j][hh]: token j, head gs + hh·(WG/B).
-  var s: array<array<f32, HPT>, TQ>;
-  for (var c = 0u; c < W; c += KW) {
-    for (var k = lid; k < B * KW; k += WG) {
-      let r = k / KW;
-      let w = k % KW;
-      var x = 0u;
-      if (r < nr && c + w < W) {
-        x = kc[kv0 + r * row + c + w];
-      }
-      ks[r * KP + w] = x;
+  // Scores of tokens 0..3 of the tile, heads gs and gs + 4.
+  var s0 = vec2(0.0);
+  var s1 = vec2(0.0);
+  var s2 = vec2(0.0);
+  var s3 = vec2(0.0);
+  for (var c = 0u; c < KCHUNKS; c++) {
+    k_stage(lid, ka);
+    k_stage(lid + WG, kb);
+    if (lid < TG * QV) {
+      qs[lid] = qa;
     }
-    for (var k = lid; k < TG * QC; k += WG) {
-      let j = k / (GMAX * QC);
-      let g = (k / QC) % GMAX;
-      let d = 2u * c + k % QC;
-      var x = 0.0;
-      if (j < live && g < gq && d < DH) {
-        x = q[(params.t0 + tl0 + j) * params.q_stride_t + (h0 + g) * params.q_stride_h + d];
-      }
-      qs[k] = x;
+    if (lid + WG < TG * QV) {
+      qs[lid + WG] = qb;
     }
     workgroupBarrier();
-    // Each K word read once for the tile's tokens and heads; every score's chain runs in w order.
-    let nw = min(KW, W - c);
-    for (var w = 0u; w < nw; w++) {
-      let k2 = unpack2x16float(ks[p * KP + w]);
-      for (var j = 0u; j < TQ; j++) {
-        if (j < live) {
-          for (var hh = 0u; hh < HPT; hh++) {
-            let qg = (j * GMAX + gs + hh * (WG / B)) * QC + 2u * w;
-            s[j][hh] += qs[qg] * k2.x + qs[qg + 1u] * k2.y;
-          }
-        }
+    ka = k_fetch(t, lid, c + 1u);
+    kb = k_fetch(t, lid + WG, c + 1u);
+    qa = q_fetch(t, lid, c + 1u);
+    qb = q_fetch(t, lid + WG, c + 1u);
+    // Each K word read once for the tile's tokens and heads (words past DH are zeros on both
+    // sides and add exactly 0).
+    for (var w2 = 0u; w2 < KW / 2u; w2++) {
+      let k0 = unpack2x16float(ks[p * KP + 2u * w2]);
+      let k1 = unpack2x16float(ks[p * KP + 2u * w2 + 1u]);
+      s0 = score(s0, gs, w2, k0, k1);
+      if (TQ > 1u && t.live > 1u) {
+        s1 = score(s1, GMAX + gs, w2, k0, k1);
+      }
+      if (TQ > 2u && t.live > 2u) {
+        s2 = score(s2, 2u * GMAX + gs, w2, k0, k1);
+      }
+      if (TQ > 3u && t.live > 3u) {
+        s3 = score(s3, 3u * GMAX + gs, w2, k0, k1);
       }
     }
     workgroupBarrier();
   }
-  for (var j = 0u; j < TQ; j++) {
-    // Rows of the block token j sees (0: none, past its position).
-    let nj = min(B, max(npos0 + j, p0) - p0);
-    for (var hh = 0u; hh < HPT; hh++) {
-      let g = gs + hh * (WG / B);
-      ps[(j * GMAX + g) * B + p] = select(NEG, s[j][hh] * params.scale, p < nj && g < gq);
-    }
+
+  scores_out(t, 0u, p, gs, s0);
+  if (TQ > 1u) {
+    scores_out(t, 1u, p, gs, s1);
+    scores_out(t, 2u, p, gs, s2);
+    scores_out(t, 3u, p, gs, s3);
   }
   workgroupBarrier();
   if (lid < TG) {
     var m = NEG;
     for (var r = 0u; r < B; r++) {
-      m = max(m, ps[lid * B + r]);
+      m = max(m, ps_get((lid / GMAX) * PJ + r * GMAX + lid % GMAX));
     }
     ms[lid] = m;
   }
   workgroupBarrier();
-  for (var j = 0u; j < TQ; j++) {
-    let nj = min(B, max(npos0 + j, p0) - p0);
-    for (var hh = 0u; hh < HPT; hh++) {
-      let g = gs + hh * (WG / B);
-      let pair = j * GMAX + g;
-      ps[pair * B + p] = select(0.0, exp(s[j][hh] * params.scale - ms[pair]), p < nj && g < gq);
-    }
+  weights_out(t, 0u, p, gs, s0);
+  if (TQ > 1u) {
+    weights_out(t, 1u, p, gs, s1);
+    weights_out(t, 2u, p, gs, s2);
+    weights_out(t, 3u, p, gs, s3);
   }
   workgroupBarrier();
-
-  // acc[j][jj]: token j, dims pair lid + jj·WG of the tile's heads. Rows a token does not see
-  // have weight 0 and add exactly 0.
-  var acc: array<array<vec2<f32>, JPT>, TQ>;
-  for (var r0 = 0u; r0 < nr; r0 += VR) {
-    let n = min(VR, nr - r0);
-    for (var k = lid; k < VR * W; k += WG) {
-      let r = k / W;
-      var x = 0u;
-      if (r < n) {
-        x = vc[kv0 + (r0 + r) * row + k % W];
-      }
-      ks[k] = x;
+  // l of pair lid: its weights summed in row order.
+  var l = 0.0;
+  if (lid < TG) {
+    for (var r = 0u; r < B; r++) {
+      l += ps_get((lid / GMAX) * PJ + r * GMAX + lid % GMAX);
     }
+  }
+
+  // Thread (dp, hq4) sums dims pair dp of heads 4·hq4 .. 4·hq4 + 3 over the rows, in row order,
+  // for every token: a{j}x/y hold the pair's x and y halves of the 4 heads. Rows a token does not
+  // see have weight 0 (rows past the last seen one are zeros) and add exactly 0.
+  let dp = lid % W;
+  let hq4 = lid / W;
+  let vact = hq4 < 2u;
+  var a0x = vec4(0.0);
+  var a0y = vec4(0.0);
+  var a1x = vec4(0.0);
+  var a1y = vec4(0.0);
+  var a2x = vec4(0.0);
+  var a2y = vec4(0.0);
+  var a3x = vec4(0.0);
+  var a3y = vec4(0.0);
+  for (var r0 = 0u; r0 < t.nr; r0 += VR) {
+    v_stage(lid, va);
+    v_stage(lid + WG, vb);
     workgroupBarrier();
-    // Each V word read once for the tile's tokens; every sum runs in row order.
-    for (var jj = 0u; jj < JPT; jj++) {
-      let e = lid + jj * WG;
-      let g = e / W;
-      if (g < gq) {
-        for (var r = 0u; r < n; r++) {
-          let v = unpack2x16float(ks[r * W + e % W]);
-          for (var j = 0u; j < TQ; j++) {
-            if (j < live) {
-              acc[j][jj] += ps[(j * GMAX + g) * B + r0 + r] * v;
-            }
-          }
+    va = v_fetch(t, lid, r0 + VR);
+    vb = v_fetch(t, lid + WG, r0 + VR);
+    if (vact) {
+      for (var r = 0u; r < VR; r++) {
+        let v = unpack2x16float(ks[r * W + dp]);
+        // Weights of the 4 heads at row r0 + r: vec4 (row·GMAX + 4·hq4) / 4 of a token's.
+        let at = 2u * (r0 + r) + hq4;
+        let w0 = ps[at];
+        a0x = fma(w0, vec4(v.x), a0x);
+        a0y = fma(w0, vec4(v.y), a0y);
+        if (TQ > 1u && t.live > 1u) {
+          let w1 = ps[PJ / 4u + at];
+          a1x = fma(w1, vec4(v.x), a1x);
+          a1y = fma(w1, vec4(v.y), a1y);
+        }
+        if (TQ > 2u && t.live > 2u) {
+          let w2 = ps[2u * PJ / 4u + at];
+          a2x = fma(w2, vec4(v.x), a2x);
+          a2y = fma(w2, vec4(v.y), a2y);
+        }
+        if (TQ > 3u && t.live > 3u) {
+          let w3 = ps[3u * PJ / 4u + at];
+          a3x = fma(w3, vec4(v.x), a3x);
+          a3y = fma(w3, vec4(v.y), a3y);
         }
       }
     }
     workgroupBarrier();
   }
-  let acc0 = 2u * params.tokens * params.hq * params.nbs;
-  for (var j = 0u; j < TQ; j++) {
-    // A token whose positions end before the block has no partial here.
-    if (j < live && p0 < npos0 + j) {
-      let slot = ((tl0 + j) * params.hq + h0) * params.nbs + b;
-      for (var jj = 0u; jj < JPT; jj++) {
-        let e = lid + jj * WG;
-        let g = e / W;
-        if (g < gq) {
-          let o = acc0 + (slot + g * params.nbs) * DH + 2u * (e % W);
-          part[o] = acc[j][jj].x;
-          part[o + 1u] = acc[j][jj].y;
-        }
-      }
-      if (lid < gq) {
-        var l = 0.0;
-        for (var r = 0u; r < B; r++) {
-          l += ps[(j * GMAX + lid) * B + r];
-        }
-        part[2u * (slot + lid * params.nbs)] = ms[j * GMAX + lid];
-        part[2u * (slot + lid * params.nbs) + 1u] = l;
-      }
+  if (vact) {
+    acc_out(t, 0u, b, dp, hq4, a0x, a0y);
+    if (TQ > 1u) {
+      acc_out(t, 1u, b, dp, hq4, a1x, a1y);
+      acc_out(t, 2u, b, dp, hq4, a2x, a2y);
+      acc_out(t, 3u, b, dp, hq4, a3x, a3y);
     }
+  }
+  let j = lid / GMAX;
+  let g = lid % GMAX;
+  if (lid < TG && j < t.live && t.p0 < t.npos0 + j && g < t.gq) {
+    let at = 2u * (((t.tl0 + j) * params.hq + t.h0 + g) * params.nbs + b);
+    part[at] = ms[lid];
+    part[at + 1u] = l;
   }
 }

@@ -82,7 +82,7 @@ const KEYS = new Map<string, readonly unknown[]>([
     ),
   ],
   [GET_ROWS.file, MUL_MAT_TYPES],
-  [ATTENTION.file, [64, 128, 256].map((dh) => ({ dh }))],
+  [ATTENTION.file, [64, 128, 256].flatMap((dh) => [{ dh, tq: 1 }, { dh, tq: 4 }])],
   [ATTENTION_COMBINE.file, [64, 256].map((dh) => ({ dh, block: 64 }))],
   [
     GATED_DELTA_NET.file,

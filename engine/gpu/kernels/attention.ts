@@ -8,24 +8,34 @@ import type { KernelFamily, KernelTarget } from "../kernel.ts";
 import { attentionCombine } from "./attention_combine.ts";
 
 /**
- * Pass 1, a variant per head dim; it takes TQ tokens a workgroup (sharing each staged block of K
- * and V) where the device's workgroup memory holds their queries and weights, else one. One TQ
- * per device: decode and prefill run the same code, a decode step as a tile of one token.
+ * Pass 1, a variant per head dim and tokens a workgroup (TQ): 4 for calls of several tokens where
+ * the device's workgroup memory holds their queries and weights (they share each staged block of
+ * K and V), else 1, and 1 for a decode step. Every variant gives a token the same bits
+ * (wgsl/attention.wgsl: explicit fma chains in fixed orders).
  */
-export const ATTENTION: KernelFamily<{ readonly dh: number }> = {
+export const ATTENTION: KernelFamily<{ readonly dh: number; readonly tq: number }> = {
   file: "attention.wgsl",
-  variant: (target, { dh }) => {
-    const tq = tileTokens(target);
-    return { name: `attention_dh${dh}_q${tq}`, defines: { DH: dh, B: ATTENTION_BLOCK, TQ: tq } };
-  },
+  variant: (_, { dh, tq }) => ({
+    name: `attention_dh${dh}_q${tq}`,
+    defines: { DH: dh, B: ATTENTION_BLOCK, TQ: tq, VR: vRows(dh) },
+  }),
 };
 
-/** Tokens a pass-1 workgroup takes (wgsl TQ) on a device: 4 if their 25 KB fit, else 1. */
-function tileTokens(target: KernelTarget): number {
-  // Staged K rows (33 words each), then per (token, head) 64 query values, 64 weights and a max.
-  const bytes = (tq: number) =>
-    4 * (ATTENTION_BLOCK * 33 + tq * HEADS_PER_WORKGROUP * (64 + ATTENTION_BLOCK + 1));
-  return bytes(4) <= target.limits.maxComputeWorkgroupStorageSize ? 4 : 1;
+/** Tokens a pass-1 workgroup takes (wgsl TQ) in a call of `tokens`. */
+function tileTokens(target: KernelTarget, tokens: number): number {
+  // Staged K rows (33 words each), then per (token, head) 64 query values, 65 weights (a row of
+  // padding) and a max.
+  const bytes = 4 * (ATTENTION_BLOCK * 33 + 4 * HEADS_PER_WORKGROUP * (64 + ATTENTION_BLOCK + 2));
+  return tokens > 1 && bytes <= target.limits.maxComputeWorkgroupStorageSize ? 4 : 1;
+}
+
+/**
+ * V rows pass 1 stages at once (wgsl VR) in the array that held K's 33-word rows: the most whose
+ * words are at most two vec4s a thread, a power of two so that whole rounds tile the block.
+ */
+function vRows(dh: number): number {
+  const fit = Math.min(ATTENTION_BLOCK, Math.floor((ATTENTION_BLOCK * 32) / (dh / 2)));
+  return 2 ** Math.floor(Math.log2(fit));
 }
 
 /**
@@ -40,9 +50,9 @@ const PARTIALS_BUDGET_BYTES = 48 * 1024 * 1024;
 const HEADS_PER_WORKGROUP = 8;
 
 function checkShape(hq: number, hkv: number, dh: number): void {
-  if (dh > 512 || dh % 2 !== 0 || dh < 2 || hq % hkv !== 0) {
+  if (dh > 256 || dh % 8 !== 0 || dh < 8 || hq % hkv !== 0) {
     throw new RangeError(
-      `Cannot attend with ${hq} query heads, ${hkv} KV heads of ${dh}: need even dh ≤ 512 and Hq a multiple of Hkv`,
+      `Cannot attend with ${hq} query heads, ${hkv} KV heads of ${dh}: need dh a multiple of 8 up to 256 and Hq a multiple of Hkv`,
     );
   }
 }
@@ -105,7 +115,8 @@ export function attention(
   for (let t0 = 0; t0 < o.tokens; t0 += chunk) {
     const tokens = Math.min(chunk, o.tokens - t0);
     const nbs = blocksOf(t0 + tokens);
-    enc.dispatch(ATTENTION, { dh: o.dh }, { q: b.q, kc: b.kc, vc: b.vc, part: b.part }, {
+    const tq = tileTokens(enc.ctx, tokens);
+    enc.dispatch(ATTENTION, { dh: o.dh, tq }, { q: b.q, kc: b.kc, vc: b.vc, part: b.part }, {
       hq: o.hq,
       hkv: o.hkv,
       tokens,
@@ -115,7 +126,7 @@ export function attention(
       q_stride_t: o.qStrideT,
       q_stride_h: o.qStrideH,
       scale: 1 / Math.sqrt(o.dh),
-    }, { tiles: Math.ceil(tokens / tileTokens(enc.ctx)) * o.hkv * groups * nbs });
+    }, { tiles: Math.ceil(tokens / tq) * o.hkv * groups * nbs });
     attentionCombine(enc, { part: b.part, q: b.q, o: b.o }, {
       ...o,
       block: ATTENTION_BLOCK,
