@@ -259,23 +259,34 @@ Deno.test("a worker dead past the grace: partial tokens, then an error event; th
     await w.stop();
     w = await worker(port, 2048, 1);
 
-    // An OpenAI stream cut the same way ends with an error chunk and no [DONE].
-    const chat = await post(`${head.url}/v1/chat/completions`, {
-      model: "m",
-      max_tokens: 1500,
-      stream: true,
-      messages: [{ role: "user", content: "Go on" }],
-    });
-    const chunks = chat.body!.pipeThrough(new TextDecoderStream()).getReader();
-    let sse = "";
-    while ((sse.match(/"content"/g) ?? []).length < 3) sse += (await chunks.read()).value;
-    w.child.kill("SIGKILL");
-    for (let r = await chunks.read(); !r.done; r = await chunks.read()) sse += r.value;
-    const last = JSON.parse(parseSse(sse).at(-1)!.data);
-    assert.equal(last.error.type, "server_error");
-    assert.ok(!sse.includes("[DONE]"));
-    await w.stop();
-    w = await worker(port, 2048, 1);
+    // OpenAI streams cut the same way (chat and legacy completions) end with an error chunk,
+    // then the closing [DONE] of every OpenAI stream.
+    const openaiStreams: [string, Record<string, unknown>][] = [
+      ["/v1/chat/completions", { messages: [{ role: "user", content: "Go on" }] }],
+      ["/v1/completions", { prompt: "Go on" }],
+    ];
+    for (const [path, body] of openaiStreams) {
+      const cut = await post(`${head.url}${path}`, {
+        model: "m",
+        max_tokens: 1500,
+        stream: true,
+        ...body,
+      });
+      assert.equal(cut.status, 200);
+      const chunks = cut.body!.pipeThrough(new TextDecoderStream()).getReader();
+      let sse = "";
+      while (parseSse(sse).length < 4) sse += (await chunks.read()).value;
+      w.child.kill("SIGKILL");
+      for (let r = await chunks.read(); !r.done; r = await chunks.read()) sse += r.value;
+      const frames = parseSse(sse);
+      assert.equal(frames.at(-1)!.data, "[DONE]", `${path}: ${sse.slice(-400)}`);
+      const error = JSON.parse(frames.at(-2)!.data);
+      assert.equal(error.error.type, "server_error", path);
+      assert.match(error.error.message, /--restart-grace-s/);
+      assert.equal(frames.filter((f) => f.data === "[DONE]").length, 1, path);
+      await w.stop();
+      w = await worker(port, 2048, 1);
+    }
     assert.equal((await post(`${head.url}/v1/messages`, turn)).status, 200);
     assert.equal((await fetch(`${head.url}/health`)).status, 200);
     // A stage going down is expected: the head logs it in lines, never with a stack trace.

@@ -256,7 +256,8 @@ interface ChunkInfo {
 
 /**
  * Reply events → chat.completion.chunk frames (no `event:` names), then `[DONE]`; an error ends
- * the stream with an error chunk instead. Token log-probabilities ride on the next chunk.
+ * the stream with an error chunk, then `[DONE]` as well, so that a client reading to the closing
+ * frame sees the end of every stream. Token log-probabilities ride on the next chunk.
  */
 export class OpenAIChunkStream extends TransformStream<ReplyEvent, SseMessage> {
   constructor(info: ChunkInfo) {
@@ -330,6 +331,7 @@ export class OpenAIChunkStream extends TransformStream<ReplyEvent, SseMessage> {
             return;
           case "error":
             controller.enqueue({ data: JSON.stringify(e.error.body("openai", info.requestId)) });
+            controller.enqueue({ data: "[DONE]" });
         }
       },
     });

@@ -175,7 +175,9 @@ export async function createTextCompletion(
             controller.enqueue({ data: "[DONE]" });
             return;
           case "error":
+            // The error chunk, then the closing frame of every OpenAI stream.
             send(toApiError(e.error).body("openai", requestId));
+            controller.enqueue({ data: "[DONE]" });
         }
       },
     }),
