@@ -11,8 +11,9 @@ const CTX = 256;
 
 /**
  * The most CPU the head's thread may spend without turning its event loop. Each step on a hostile
- * body is bounded under 100 ms (one 1 MiB slice, or one JSON.parse of at most 32 MiB: ~30 ms on an
- * idle core); the margin covers the 10 ms clock ticks of the measure and a busy CI box's caches.
+ * body is bounded under 100 ms (one 1 MiB slice; the join, the JSON.parse or the copy to the
+ * tokenizer thread of at most 32 MiB: 30-60 ms each on an idle core); the margin covers the 10 ms
+ * clock ticks of the measure, steps of two bodies run in one turn, and a busy CI box's caches.
  * CPU time, not wall time, so a machine loaded by other work cannot fail the test; before these
  * bounds a 30 MB prompt held the loop for tens of seconds of CPU.
  */
@@ -25,8 +26,18 @@ function threadCpuMs(): number {
 }
 
 /**
+ * Bounds on /health's wall time while hostile requests run. Half the polls must be answered within
+ * 100 ms: before the fixes every poll waited for the hostile bodies (26 s for one 30 MB prompt).
+ * The slowest poll is bounded loosely: on a loaded 2-core machine the OS alone delays single polls
+ * (up to 840 ms seen with CPU holds of at most 110 ms), but a synchronous wait of seconds, which
+ * costs no CPU and so escapes HOLD_CPU_MS, still shows.
+ */
+const HEALTH_MEDIAN_MS = 100;
+const HEALTH_SLOWEST_MS = 3000;
+
+/**
  * Runs `work` while measuring the longest hold of this thread's event loop (in CPU ms between two
- * turns of a 5 ms timer) and polling the in-process head's /health (wall ms).
+ * turns of a 5 ms timer) and polling the in-process head's /health (wall ms of each poll).
  */
 async function measured(head: TestHead, work: () => Promise<void>) {
   let lastCpu = threadCpuMs();
@@ -37,14 +48,14 @@ async function measured(head: TestHead, work: () => Promise<void>) {
     lastCpu = cpu;
   }, 5);
   let polling = true;
-  let slowestHealth = 0;
+  const health: number[] = [];
   const poll = (async () => {
     while (polling) {
       const t0 = performance.now();
       const res = await fetch(`${head.url}/health`);
       assert.equal(res.status, 200);
       await res.body?.cancel();
-      slowestHealth = Math.max(slowestHealth, performance.now() - t0);
+      health.push(performance.now() - t0);
       await new Promise((r) => setTimeout(r, 20));
     }
   })();
@@ -55,7 +66,20 @@ async function measured(head: TestHead, work: () => Promise<void>) {
     await poll;
     clearInterval(ticker);
   }
-  return { hold: Math.max(hold, threadCpuMs() - lastCpu), slowestHealth };
+  return { hold: Math.max(hold, threadCpuMs() - lastCpu), health };
+}
+
+/** Asserts the HEALTH_* bounds on the poll times `health` (ms). */
+function assertHealthAnswered(health: readonly number[]): void {
+  const sorted = health.toSorted((a, b) => a - b);
+  const median = sorted[Math.floor(sorted.length / 2)];
+  const slowest = sorted.at(-1)!;
+  const seen = `${health.length} polls, median ${median.toFixed(0)} ms, slowest ${
+    slowest.toFixed(0)
+  } ms`;
+  assert.ok(health.length >= 5, `/health was polled too rarely: ${seen}`);
+  assert.ok(median < HEALTH_MEDIAN_MS, `/health answered slowly: ${seen}`);
+  assert.ok(slowest < HEALTH_SLOWEST_MS, `/health answered slowly: ${seen}`);
 }
 
 /** Sends `cases` from a Worker thread; their answers in order. */
@@ -92,18 +116,11 @@ Deno.test({
         [{ path: "/completion", body: "values" }, /more than 1000000 JSON values/],
       ];
       let answers: HostileAnswer[] = [];
-      const t0 = performance.now();
-      const { hold, slowestHealth } = await measured(head, async () => {
+      const { hold, health } = await measured(head, async () => {
         answers = await sendHostile(head.url, cases.map(([c]) => c));
       });
-      const elapsed = performance.now() - t0;
       assert.ok(hold <= HOLD_CPU_MS, `the event loop was held for ${hold} ms of CPU`);
-      // Wall time depends on the machine's load; answered in a fraction of the run, /health was
-      // never queued behind a hostile body (it used to wait for all of them).
-      assert.ok(
-        slowestHealth < elapsed / 4,
-        `/health took ${slowestHealth.toFixed(0)} ms of a ${elapsed.toFixed(0)} ms run`,
-      );
+      assertHealthAnswered(health);
       answers.forEach((a, i) => {
         assert.equal(a.status, 400, a.text.slice(0, 300));
         assert.match(a.text, cases[i][1]);
@@ -121,7 +138,9 @@ Deno.test({
   name: "hostile schema patterns generate without holding the event loop; huge ones are 400s",
   ignore: Deno.build.os !== "linux",
   fn: async () => {
-    const head = await startTestHead({ slots: 2, ctx: 512 });
+    // The reference engine computes on this thread, a forward call at a time: prefill slices of
+    // 8 tokens keep its own holds (~5 ms a token here) out of what is measured, the server's.
+    const head = await startTestHead({ slots: 2, ctx: 512, maxBatch: 8 });
     const complete = (schema: unknown, n_predict: number) =>
       post(`${head.url}/completion`, { prompt: "Name:", n_predict, json_schema: schema });
     try {
@@ -130,18 +149,42 @@ Deno.test({
       await (await complete({ type: "string", pattern: "^[a-z]+$", maxLength: 4 }, 8)).body
         ?.cancel();
       const hostile = { type: "string", pattern: EXPONENTIAL, minLength: 40 };
-      let answers: Response[] = [];
-      const { hold, slowestHealth } = await measured(head, async () => {
-        answers = await Promise.all([1, 2, 3].map(() => complete(hostile, 60)));
+      // Issue 11's request: a forced tool whose string property has the pattern.
+      const forcedTool = () =>
+        post(`${head.url}/v1/messages`, {
+          model: "m",
+          max_tokens: 120,
+          temperature: 0,
+          messages: [{ role: "user", content: "Name it" }],
+          tools: [{
+            name: "t",
+            input_schema: { type: "object", properties: { s: hostile }, required: ["s"] },
+          }],
+          tool_choice: { type: "tool", name: "t" },
+        });
+      let completions: Response[] = [];
+      let tool: Response | undefined;
+      const { hold, health } = await measured(head, async () => {
+        [tool, ...completions] = await Promise.all([
+          forcedTool(),
+          complete(hostile, 60),
+          complete(hostile, 60),
+        ]);
       });
-      for (const res of answers) {
+      // Each value matches the pattern: 40 characters or more, the last one U+0000.
+      const matches = (value: string) => [...value].length >= 40 && value.endsWith("\u0000");
+      for (const res of completions) {
         assert.equal(res.status, 200);
         const value: string = JSON.parse((await res.json()).content);
-        // The value matches the pattern: 40 characters or more, the last one U+0000.
-        assert.ok([...value].length >= 40 && value.endsWith("\u0000"), JSON.stringify(value));
+        assert.ok(matches(value), JSON.stringify(value));
       }
+      assert.equal(tool!.status, 200);
+      const reply = await tool!.json();
+      assert.equal(reply.stop_reason, "tool_use", JSON.stringify(reply));
+      const call = reply.content.find((b: { type: string }) => b.type === "tool_use");
+      assert.ok(matches(call.input.s), JSON.stringify(call.input));
       assert.ok(hold < 100, `the event loop was held for ${hold} ms of CPU`);
-      assert.ok(slowestHealth < 1000, `/health took ${slowestHealth.toFixed(0)} ms`);
+      assertHealthAnswered(health);
 
       // Patterns that expand past the automaton's bound are refused before anything runs.
       const huge = await complete({ type: "string", pattern: "((a{100}){100}){100}" }, 8);
