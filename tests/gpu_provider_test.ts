@@ -1,5 +1,5 @@
 // GPU providers and device opening (engine/gpu/{provider,device,builtin}.ts): software-adapter
-// detection and refusal, provider choice, the start-up log line, and wgpu kept off EGL on Linux.
+// detection and refusal, provider choice, the start-up log line, and both kept off EGL on Linux.
 
 import assert from "node:assert/strict";
 import { openGpu } from "../engine/gpu/device.ts";
@@ -86,23 +86,32 @@ Deno.test({
 });
 
 Deno.test({
-  name: "the builtin provider keeps wgpu to Vulkan on Linux: libEGL is never loaded",
+  name: "the GPU providers keep off EGL on Linux: wgpu asks Vulkan only, Dawn never loads libEGL",
   ignore: ignore || Deno.build.os !== "linux",
   fn: async () => {
-    // A fresh process without DENO_WEBGPU_BACKEND: the provider sets it before wgpu reads it.
+    // A fresh process without DENO_WEBGPU_BACKEND: the builtin provider sets it before wgpu reads
+    // it. Dawn (TANDEM_GPU=dawn, --gpu dawn) shares the process in the same way at exit, so its
+    // adapter search must not load libEGL either (it asks no GL backend unless told to).
     const code = `
+      const egl = async () => (await Deno.readTextFile("/proc/self/maps")).includes("libEGL");
       const { builtinProvider } = await import(${
       JSON.stringify(import.meta.resolve("../engine/gpu/builtin.ts"))
     });
+      const { dawnProvider } = await import(${
+      JSON.stringify(import.meta.resolve("../engine/gpu/dawn.ts"))
+    });
       const adapter = await builtinProvider().gpu.requestAdapter();
-      const maps = await Deno.readTextFile("/proc/self/maps");
+      const builtinEgl = await egl();
+      await (await dawnProvider()).gpu.requestAdapter();
       console.log(JSON.stringify({
         adapter: adapter !== null,
         backend: Deno.env.get("DENO_WEBGPU_BACKEND"),
-        egl: maps.includes("libEGL"),
+        builtinEgl,
+        dawnEgl: await egl(),
       }));`;
     const env = { ...Deno.env.toObject() };
     delete env.DENO_WEBGPU_BACKEND;
+    delete env.TANDEM_DAWN_OPTIONS;
     const out = await new Deno.Command(Deno.execPath(), {
       args: ["eval", code],
       env,
@@ -113,6 +122,6 @@ Deno.test({
     const stderr = new TextDecoder().decode(out.stderr);
     assert.equal(out.code, 0, stderr);
     const seen = JSON.parse(new TextDecoder().decode(out.stdout));
-    assert.deepEqual(seen, { adapter: true, backend: "vulkan", egl: false });
+    assert.deepEqual(seen, { adapter: true, backend: "vulkan", builtinEgl: false, dawnEgl: false });
   },
 });

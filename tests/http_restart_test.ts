@@ -1,5 +1,5 @@
 // A worker restarted under a live head: streams resume byte-identical to an uninterrupted run, a
-// quick restart is invisible to the next request, and /metrics sees an idle death within 2 s.
+// quick restart is invisible to the next request, /metrics and /health see an idle death in 2 s.
 
 import assert from "node:assert/strict";
 import { comparableSse, post, startTestHead, type TestHead, tinyModel, waitFor } from "./_head.ts";
@@ -76,6 +76,8 @@ Deno.test("a worker killed mid-stream and restarted: both streams resume byte fo
       max_tokens: 4,
       messages: [{ role: "user", content: "Hello there" }],
     };
+    // The references are the unsplit head's: an uninterrupted split run gives the same bytes
+    // (tests/http_split_test.ts), so the resumed streams must equal both.
     const wantTurn = await (await post(`${whole.url}/v1/messages`, turn)).json();
     const wantStory = await (await post(`${whole.url}/v1/messages`, story)).text();
     const wantPoem = await (await post(`${whole.url}/v1/chat/completions`, sampled)).text();
@@ -132,14 +134,17 @@ Deno.test("a worker restarted right after answering is invisible; an idle death 
       assert.equal(comparableSse(await res.text()), comparableSse(want));
     }
 
-    // Killed while idle: /metrics (which sends nothing to the stage) shows it within 2 s; back
-    // within 2 s of the restart, still without a request.
+    // Killed while idle: /metrics (which sends nothing to the stage) shows it within 2 s, and
+    // /health says so too; back within 2 s of the restart, still without a request.
     assert.equal(await stageUp(), 1);
     w.child.kill("SIGKILL");
     await w.stop();
     let t0 = performance.now();
     await waitFor(async () => await stageUp() === 0, 2000);
     assert.ok(performance.now() - t0 < 2000);
+    const down = await fetch(`${head.url}/health`);
+    assert.equal(down.status, 503);
+    assert.equal((await down.json()).stages[1].up, false);
     w = await worker(port);
     await waitFor(async () => await stageUp() === 1, 2500);
 
