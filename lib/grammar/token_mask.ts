@@ -144,6 +144,40 @@ const UNCHECKED_BUDGET = 4096;
 const UNCHECKED_REACH = UNCHECKED_BUDGET + 1;
 
 /**
+ * How long a walk may hold the event loop before it lets it turn (ms). Inside a pattern-constrained
+ * string every token is walked: 100-300 ms a walk on a 150,000-token vocabulary, on the head's
+ * thread, which every other request would wait for without slices.
+ */
+const SLICE_MS = 20;
+/** Tokens walked between two looks at the clock (a power of two). */
+const CLOCK_EVERY = 512;
+
+/** A walk's time on the event loop: due once it has held it for a slice. */
+class Slices {
+  readonly #ms: number;
+  #since = performance.now();
+
+  constructor(ms: number) {
+    this.#ms = ms;
+  }
+
+  get due(): boolean {
+    return performance.now() - this.#since >= this.#ms;
+  }
+
+  /** Lets timers and I/O run (a macrotask), then starts the next slice. */
+  async pause(): Promise<void> {
+    await new Promise((resolve) => setTimeout(resolve, 0));
+    this.#since = performance.now();
+  }
+}
+
+export interface ConstraintOptions {
+  /** How long a walk holds the event loop before it lets it turn (ms); default SLICE_MS. */
+  readonly sliceMs?: number;
+}
+
+/**
  * Generation under a grammar: mask() says which tokens keep the text a prefix of a sentence
  * that can still end within the tokens left; accept() advances by the chosen token.
  */
@@ -151,13 +185,15 @@ export class GrammarConstraint implements TokenConstraint {
   readonly #grammar: Grammar;
   readonly #vocab: VocabIndex;
   readonly #masks = new Map<string, CachedMask>();
+  readonly #sliceMs: number;
   #state: ParseState;
   #text = "";
   readonly #decoder = new TextDecoder();
 
-  constructor(grammar: Grammar, vocab: VocabIndex) {
+  constructor(grammar: Grammar, vocab: VocabIndex, options: ConstraintOptions = {}) {
     this.#grammar = grammar;
     this.#vocab = vocab;
+    this.#sliceMs = options.sliceMs ?? SLICE_MS;
     this.#state = grammar.start();
   }
 
@@ -173,15 +209,16 @@ export class GrammarConstraint implements TokenConstraint {
   /**
    * The tokens allowed next; `remaining` tokens may still be generated, this one included, so a
    * token is allowed only when the grammar can still end within the rest (one byte per token).
+   * A walk over the vocabulary lets the event loop turn every SLICE_MS.
    */
-  mask(remaining: number): Uint32Array {
+  async mask(remaining: number): Promise<Uint32Array> {
     const key = this.#state.key;
     const cached = this.#masks.get(key);
     if (cached && cached.reach < remaining) return cached.mask;
-    let out = this.#walk(remaining - 1 > UNCHECKED_BUDGET ? Infinity : remaining - 1);
+    let out = await this.#walk(remaining - 1 > UNCHECKED_BUDGET ? Infinity : remaining - 1);
     if (out.reach === -1) {
       // Too few tokens left to finish: keep to the grammar; the reply ends at its limit.
-      out = this.#walk(Infinity);
+      out = await this.#walk(Infinity);
       if (out.reach === -1) {
         throw new GrammarError(
           `no token can continue the constrained text after ${
@@ -225,11 +262,14 @@ export class GrammarConstraint implements TokenConstraint {
   }
 
   /** Every token the grammar reads from here with at most `budget` bytes left after it. */
-  #walk(budget: number): CachedMask {
+  async #walk(budget: number): Promise<CachedMask> {
     const v = this.#vocab;
     const mask = new Uint32Array(Math.ceil(v.vocabSize / 32));
     const cursor = this.#grammar.leafCursor(this.#state);
-    let reach = cursor ? this.#leafWalk(cursor, budget, mask) : this.#treeWalk(v.all, budget, mask);
+    const slices = new Slices(this.#sliceMs);
+    let reach = cursor
+      ? await this.#leafWalk(cursor, budget, mask, slices)
+      : await this.#treeWalk(v.all, budget, mask, slices);
     if (this.#state.accepting && this.#state.partial === null) {
       for (const id of v.eos) {
         mask[id >>> 5] |= 1 << (id & 31);
@@ -247,12 +287,18 @@ export class GrammarConstraint implements TokenConstraint {
   }
 
   /** The generic walk: every token of `tokens` fed byte by byte through the grammar. */
-  #treeWalk(tokens: SortedTokens, budget: number, mask: Uint32Array): number {
+  async #treeWalk(
+    tokens: SortedTokens,
+    budget: number,
+    mask: Uint32Array,
+    slices: Slices,
+  ): Promise<number> {
     const g = this.#grammar;
     const states: (ParseState | null)[] = [this.#state];
     let reach = -1;
     let dead = Infinity;
     for (let i = 0; i < tokens.ids.length; i++) {
+      if ((i & (CLOCK_EVERY - 1)) === 0 && slices.due) await slices.pause();
       const from = tokens.shared[i];
       if (from >= dead) continue; // Shares a prefix the grammar already refused.
       dead = Infinity;
@@ -278,7 +324,12 @@ export class GrammarConstraint implements TokenConstraint {
    * until it ends, and only then the grammar. In a free string, plain text tokens are allowed in
    * one go and only the others are walked.
    */
-  #leafWalk(cursor: LeafCursor, budget: number, mask: Uint32Array): number {
+  async #leafWalk(
+    cursor: LeafCursor,
+    budget: number,
+    mask: Uint32Array,
+    slices: Slices,
+  ): Promise<number> {
     const v = this.#vocab;
     const g = this.#grammar;
     const { leaf, after } = cursor;
@@ -307,6 +358,7 @@ export class GrammarConstraint implements TokenConstraint {
     const ended = new Map<unknown, ParseState>();
     let dead = Infinity;
     for (let i = 0; i < tokens.ids.length; i++) {
+      if ((i & (CLOCK_EVERY - 1)) === 0 && slices.due) await slices.pause();
       const from = tokens.shared[i];
       if (from >= dead) continue;
       dead = Infinity;

@@ -32,16 +32,16 @@ function ranking(rng: SplitMix64): number[] {
 }
 
 /** Greedy decoding of a random model under `grammar`: the best-ranked allowed token each step. */
-function generate(
+async function generate(
   grammar: Grammar,
   seed: bigint,
   maxTokens: number,
-): { text: string; ended: boolean } {
+): Promise<{ text: string; ended: boolean }> {
   const rng = new SplitMix64(seed);
   const c = new GrammarConstraint(grammar, vocab);
   const ids: number[] = [];
   while (ids.length < maxTokens && !c.done) {
-    const mask = c.mask(maxTokens - ids.length);
+    const mask = await c.mask(maxTokens - ids.length);
     const id = ranking(rng).find((i) => allowed(mask, i));
     assert.ok(id !== undefined, "some token is always allowed");
     c.accept(id);
@@ -79,14 +79,14 @@ const PYDANTIC_LIKE: Json = {
   additionalProperties: false,
 };
 
-Deno.test("any logit order yields a value the schema validates, within the token budget", () => {
+Deno.test("any logit order yields a value the schema validates, within the token budget", async () => {
   const ajv = new Ajv({ strict: false });
   ajv.addFormat("date", /^\d{4}-\d{2}-\d{2}$/);
   const validate = ajv.compile(PYDANTIC_LIKE as object);
   const g = grammarOf(PYDANTIC_LIKE);
   for (let seed = 1n; seed <= 4n; seed++) {
     for (const budget of [400, 60]) {
-      const { text, ended } = generate(g, seed, budget);
+      const { text, ended } = await generate(g, seed, budget);
       assert.ok(ended, `seed ${seed}: no end within ${budget} tokens: ${text}`);
       const value = JSON.parse(text);
       assert.ok(validate(value), `seed ${seed}: ${text}: ${JSON.stringify(validate.errors)}`);
@@ -94,7 +94,7 @@ Deno.test("any logit order yields a value the schema validates, within the token
   }
 });
 
-Deno.test("the mask allows exactly the tokens whose text keeps a valid prefix", () => {
+Deno.test("the mask allows exactly the tokens whose text keeps a valid prefix", async () => {
   const g = grammarOf({
     type: "object",
     properties: { a: { type: "string", maxLength: 6 }, b: { enum: [true, 12] } },
@@ -103,7 +103,7 @@ Deno.test("the mask allows exactly the tokens whose text keeps a valid prefix", 
   const fatal = new TextDecoder("utf-8", { fatal: true });
   const rng = new SplitMix64(9n);
   for (let step = 0; step < 8 && !c.done; step++) {
-    const mask = c.mask(1000);
+    const mask = await c.mask(1000);
     for (let id = 0; id < tokenizer.vocabSize; id++) {
       const bytes = tokenizer.tokenBytes(id, { specials: false });
       if (tokenizer.eosIds.has(id)) {
@@ -137,4 +137,30 @@ Deno.test("a token the grammar does not allow is refused by accept", () => {
   assert.throws(() => c.accept(x), /token \d+ \("x"\) does not fit the grammar/);
   const eos = [...tokenizer.eosIds][0];
   assert.throws(() => c.accept(eos), /does not allow the text to end/);
+});
+
+Deno.test("a walk over the vocabulary lets the event loop turn; its masks are the same", async () => {
+  // A pattern-constrained string, walked token by token. With 0 ms slices a walk turns the loop
+  // at every clock check: timers run while it works, and the masks equal unsliced ones.
+  const g = grammarOf({ type: "string", pattern: "^[a-z ]+x$", minLength: 12 });
+  const sliced = new GrammarConstraint(g, vocab, { sliceMs: 0 });
+  const whole = new GrammarConstraint(g, vocab, { sliceMs: Infinity });
+  const rng = new SplitMix64(3n);
+  let ticks = 0;
+  const timer = setInterval(() => ticks++, 0);
+  try {
+    for (let step = 0; step < 6 && !sliced.done; step++) {
+      const before = ticks;
+      const mask = await sliced.mask(1000);
+      assert.ok(ticks > before, `step ${step}: no timer ran during the walk`);
+      const held = ticks;
+      assert.deepEqual(mask, await whole.mask(1000));
+      assert.equal(ticks, held, "an unsliced walk never lets a timer run");
+      const id = ranking(rng).find((i) => allowed(mask, i) && !tokenizer.eosIds.has(i))!;
+      sliced.accept(id);
+      whole.accept(id);
+    }
+  } finally {
+    clearInterval(timer);
+  }
 });

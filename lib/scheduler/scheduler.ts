@@ -473,7 +473,7 @@ export class Scheduler {
         slot,
         Uint32Array.from(tokens.slice(pos, end)),
         pos,
-        last ? { topk, adjust: seq.adjust(end, this.ctx) } : {},
+        last ? { topk, adjust: await seq.adjust(end, this.ctx) } : {},
       );
       pos = end;
       if (pos === boundary) await this.#savePrefix(seq, slot, prompt.slice(0, pos));
@@ -506,7 +506,7 @@ export class Scheduler {
       }
       out = await this.#forward(seq, slot, Uint32Array.of(id), pos, {
         topk,
-        adjust: seq.adjust(pos + 1, this.ctx),
+        adjust: await seq.adjust(pos + 1, this.ctx),
       });
       pos++;
       id = seq.pick(out.ids[out.ids.length - 1], out.top);

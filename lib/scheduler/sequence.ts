@@ -28,9 +28,10 @@ export interface SamplingOptions {
 export interface TokenConstraint {
   /**
    * The tokens allowed next (bit i & 31 of word i >> 5) when `remaining` tokens may still be
-   * generated, this one included.
+   * generated, this one included. Asynchronous: working it out may take long enough that it lets
+   * the event loop turn meanwhile.
    */
-  mask(remaining: number): Uint32Array;
+  mask(remaining: number): Promise<Uint32Array>;
   accept(id: number): void;
   /** The grammar is complete: generation ends here. */
   readonly done: boolean;
@@ -281,12 +282,12 @@ export class Sequence {
    * `ctx`: the penalties' records and the constraint's mask, sized for the tokens that may still
    * follow.
    */
-  adjust(pos: number, ctx: number): LogitAdjust | undefined {
+  async adjust(pos: number, ctx: number): Promise<LogitAdjust | undefined> {
     const { constraint, maxTokens } = this.request;
     const bias = this.#adjuster?.adjustments();
     if (!constraint) return bias ? { bias } : undefined;
     const remaining = Math.min(maxTokens - this.#outputTokens, ctx - pos + 1);
-    return { mask: constraint.mask(remaining), ...(bias ? { bias } : {}) };
+    return { mask: await constraint.mask(remaining), ...(bias ? { bias } : {}) };
   }
 
   /**
