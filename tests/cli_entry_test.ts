@@ -7,13 +7,18 @@ import { LAUNCHER_FLAGS } from "../lib/launch/grants.ts";
 import { testModel } from "./_models.ts";
 import { PROJECT_ROOT } from "./_workers.ts";
 
-/** The roles, as their tasks' launcher runs them, and the benches docs/PERFORMANCE.md runs. */
+/**
+ * The roles, as their tasks' launcher runs them, and the scripts run by hand: the benches
+ * docs/PERFORMANCE.md runs, the GGUF dump and the fixtures' recorder.
+ */
 const ENTRIES = [
   "main.ts",
   "worker.ts",
   "bench/profile.ts",
   "bench/stage_bench.ts",
   "bench/compile_times.ts",
+  "tools/gguf/gguf_dump.ts",
+  "tools/fixtures/record.ts",
 ];
 
 /** Every task of deno.json that runs one of ours (not deno's own test, fmt or lint). */

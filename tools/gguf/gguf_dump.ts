@@ -1,11 +1,31 @@
 // gguf_dump: prints a GGUF model's metadata (long arrays abbreviated) and its tensor table.
 // A debugging tool beside the weight path: opens the file with engine/gguf/read.ts, reads no data.
 //
-//   deno run --allow-read tools/gguf/gguf_dump.ts MODEL.gguf [--items=N]
+//   deno run --allow-read tools/gguf/gguf_dump.ts --model MODEL.gguf [--items N]
 
 import { typeName } from "../../engine/quant/ggml_types.ts";
 import { openGguf } from "../../engine/gguf/read.ts";
 import type { GgufModel, GgufValue } from "../../engine/gguf/gguf_model.ts";
+import {
+  type Command,
+  flag,
+  type FlagTable,
+  type FlagValues,
+  MODEL_FLAG,
+  runCommand,
+  whole,
+} from "../../lib/cli.ts";
+
+const GGUF_DUMP = {
+  name: "GGUF dump",
+  usage: "deno run --allow-read tools/gguf/gguf_dump.ts",
+  about: "Prints a GGUF model's metadata (long arrays cut short) and its tensor table: name, " +
+    "type, shape, bytes, shard and offset. Reads no tensor data.",
+  flags: {
+    model: MODEL_FLAG,
+    items: flag(whole(0), "entries of an array value shown before its length", 8),
+  },
+} satisfies Command<FlagTable>;
 
 /** One value on one line; arrays show their first `items` entries and their length. */
 export function formatValue(v: GgufValue, items: number): string {
@@ -40,20 +60,13 @@ export function formatModel(model: GgufModel, items: number): string {
   return lines.join("\n");
 }
 
-async function main(args: readonly string[]): Promise<void> {
-  const path = args.find((a) => !a.startsWith("--"));
-  const itemsFlag = args.find((a) => a.startsWith("--items="));
-  const items = itemsFlag ? Number(itemsFlag.slice("--items=".length)) : 8;
-  if (!path || !Number.isInteger(items) || items < 0) {
-    console.error("Usage: deno run --allow-read tools/gguf/gguf_dump.ts MODEL.gguf [--items=N]");
-    Deno.exit(2);
-  }
-  const model = await openGguf(path);
+async function main(values: FlagValues<typeof GGUF_DUMP.flags>): Promise<void> {
+  const model = await openGguf(values.model);
   try {
-    console.log(formatModel(model, items));
+    console.log(formatModel(model, values.items));
   } finally {
     model.close();
   }
 }
 
-if (import.meta.main) await main(Deno.args);
+if (import.meta.main) await runCommand(GGUF_DUMP, main);
