@@ -6,6 +6,7 @@ import {
   type Command,
   decimal,
   ENGINE_FLAGS,
+  engineChoice,
   flag,
   type FlagTable,
   type FlagValues,
@@ -122,9 +123,7 @@ export async function serveHead(flags: FlagValues<typeof HEAD.flags>): Promise<v
     internalPort: flags["internal-port"],
     corsOrigins: flags["cors-origin"],
     wireKey: flags["key-file"] ? await loadKeyFile(flags["key-file"]) : undefined,
-    backend: flags.backend,
-    gpu: flags.gpu,
-    allowSoftwareGpu: flags["allow-software-gpu"],
+    engine: engineChoice(flags),
     sampling: {
       temperature: flags.temperature,
       temperatureCap: flags["temperature-cap"],

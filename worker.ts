@@ -6,6 +6,7 @@ import {
   address,
   type Command,
   ENGINE_FLAGS,
+  engineChoice,
   flag,
   type FlagTable,
   type FlagValues,
@@ -78,9 +79,7 @@ export async function serveWorker(flags: FlagValues<typeof WORKER.flags>): Promi
     snapshots: flags.snapshots ?? defaultSnapshots(flags.ctx, flags.slots),
     next: flags.next,
     key,
-    backend: flags.backend,
-    gpu: flags.gpu,
-    allowSoftwareGpu: flags["allow-software-gpu"],
+    engine: engineChoice(flags),
     log,
   });
   Deno.addSignalListener("SIGINT", worker.close);

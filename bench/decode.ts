@@ -12,6 +12,7 @@ import {
   QUANTS,
 } from "../tools/synth/generate_model.ts";
 import { ARCHS, readHParams } from "../engine/hparams.ts";
+import { BACKENDS } from "../engine/open_stage.ts";
 import { type PresetName, PRESETS } from "../tools/synth/presets.ts";
 import { Deadline, DEFAULT_RUNS } from "./measure.ts";
 import type { PeerReport } from "./peers/llama.ts";
@@ -47,7 +48,7 @@ const BENCH = {
       "where it is made; an existing one is reused",
       "/tmp/tandem-bench",
     ),
-    backend: flag(oneOf(["gpu", "reference"] as const), "our engine", "gpu"),
+    backend: flag(oneOf(BACKENDS), "our engine", "gpu"),
     gpu: flag(listOf(oneOf(["builtin", "dawn"])), "GPU providers, one child each", [
       "dawn",
       "builtin",

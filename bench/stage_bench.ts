@@ -5,7 +5,7 @@
 import { openGguf } from "../engine/gguf/read.ts";
 import type { GgufModel } from "../engine/gguf/gguf_model.ts";
 import { readHParams } from "../engine/hparams.ts";
-import { type Backend, openLocalStage } from "../engine/open_stage.ts";
+import { type Backend, BACKENDS, openLocalStage } from "../engine/open_stage.ts";
 import type { ProviderName } from "../engine/gpu/provider.ts";
 import {
   type Command,
@@ -102,8 +102,7 @@ async function openTimed(
 ): Promise<{ stage: Stage; seconds: number }> {
   const start = performance.now();
   const stage = await openLocalStage(model, {
-    backend: options.backend,
-    gpu: options.gpu,
+    engine: { backend: options.backend, gpu: options.gpu },
     first,
     end,
     slots,
@@ -287,7 +286,7 @@ const STAGE_BENCH = {
   about: "One engine's bench figures as JSON on stdout (started by bench/decode.ts).",
   flags: {
     model: requiredFlag(text("PATH"), "the GGUF file"),
-    backend: flag(oneOf(["gpu", "reference"] as const), "the engine", "gpu"),
+    backend: flag(oneOf(BACKENDS), "the engine", "gpu"),
     gpu: flag(oneOf<ProviderName>(["builtin", "dawn"]), "the WebGPU provider", "builtin"),
     pp: flag(listOf(whole(1)), "prefill lengths", [512, 2048]),
     tg: flag(whole(1), "decode steps", 128),

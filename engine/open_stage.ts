@@ -4,26 +4,27 @@
 import type { GgufModel } from "./gguf/gguf_model.ts";
 import { missingLayers } from "./gguf/stage_shard.ts";
 import type { ProviderChoice } from "./gpu/provider.ts";
-import { type HParams, readHParams } from "./hparams.ts";
+import { readHParams } from "./hparams.ts";
 import { openReferenceStage } from "./reference/reference_stage.ts";
-import type { Stage } from "./stage.ts";
+import type { Stage, StageOpenOptions } from "./stage.ts";
+import { checkOpenOptions } from "./stage_checks.ts";
 
-export type Backend = "reference" | "gpu";
+/** The engines a stage can run on, as --backend names them. */
+export const BACKENDS = ["gpu", "reference"] as const;
+export type Backend = typeof BACKENDS[number];
 
-export interface LocalStageOptions {
+/** The engine a stage runs on: what --backend, --gpu and --allow-software-gpu say (lib/cli.ts). */
+export interface EngineChoice {
   readonly backend: Backend;
   /** GPU provider (GPU backend only); default auto. */
   readonly gpu?: ProviderChoice;
   readonly allowSoftwareGpu?: boolean;
-  readonly first: number;
+}
+
+export interface LocalStageOptions extends Omit<StageOpenOptions, "end"> {
+  readonly engine: EngineChoice;
   /** Defaults to the model's layer count. */
   readonly end?: number;
-  readonly slots: number;
-  readonly ctx: number;
-  readonly maxBatch?: number;
-  readonly snapshots?: number;
-  /** The model's hyperparameters, when the caller has read them (else read from the model). */
-  readonly hp?: HParams;
 }
 
 /**
@@ -42,24 +43,17 @@ function quietWayland(): void {
 export async function openLocalStage(model: GgufModel, options: LocalStageOptions): Promise<Stage> {
   // Read once here (or by the caller) and handed to the stage.
   const hp = options.hp ?? readHParams(model.metadata);
-  const end = options.end ?? hp.nLayer;
-  if (end > hp.nLayer) {
-    throw new RangeError(
-      `Cannot open layers ${options.first}:${end}: the model has ${hp.nLayer} layers; check --layers`,
-    );
-  }
-  const missing = missingLayers(model, hp.nLayer, { first: options.first, end });
+  const opening = { ...options, hp, end: options.end ?? hp.nLayer };
+  // Checked before the shard's tensors, so a range past the model is named as such.
+  const { first, end } = checkOpenOptions(opening, hp.nLayer);
+  const missing = missingLayers(model, hp.nLayer, { first, end });
   if (missing) throw new RangeError(missing);
-  if (options.backend === "reference") {
-    return await openReferenceStage(model, { ...options, hp, end });
-  }
+  const { backend, gpu, allowSoftwareGpu } = options.engine;
+  if (backend === "reference") return await openReferenceStage(model, opening);
   quietWayland();
   // Imported on demand: a reference-backend worker never loads the GPU providers (Dawn needs FFI).
   const { openGpu } = await import("./gpu/device.ts");
   const { openGpuStage } = await import("./gpu/gpu_stage.ts");
-  const gpu = await openGpu({
-    gpu: options.gpu ?? "auto",
-    allowSoftware: options.allowSoftwareGpu,
-  });
-  return await openGpuStage(model, gpu, { ...options, hp, end });
+  const context = await openGpu({ gpu: gpu ?? "auto", allowSoftware: allowSoftwareGpu });
+  return await openGpuStage(model, context, opening);
 }

@@ -1,6 +1,8 @@
 // The stage contract: a stage owns layers [first, end) of one model and per-slot sequence state.
 // Implemented by the CPU reference engine and the WebGPU engine; driven by generate, worker and head.
 
+import type { HParams } from "./hparams.ts";
+
 /** Input rows for positions [base, base+n): token ids on the first stage, hidden rows after it. */
 export type StageInput =
   | { readonly kind: "ids"; readonly ids: Uint32Array }
@@ -118,6 +120,25 @@ export interface StageShape {
   readonly maxBatch: number;
   /** Snapshot places `0..snapshots-1` that save and restore accept. */
   readonly snapshots: number;
+}
+
+/** What either engine opens a stage with (engine/open_stage.ts); checked by checkOpenOptions. */
+export interface StageOpenOptions {
+  readonly first: number;
+  readonly end: number;
+  readonly slots: number;
+  readonly ctx: number;
+  /** Largest n of one run; default defaultMaxBatch(ctx). */
+  readonly maxBatch?: number;
+  /** Numbered snapshot places for save/restore; default 0. */
+  readonly snapshots?: number;
+  /** The model's hyperparameters, when the caller has read them (else read from the model). */
+  readonly hp?: HParams;
+}
+
+/** Positions per run when the caller sets none. */
+export function defaultMaxBatch(ctx: number): number {
+  return Math.min(ctx, 512);
 }
 
 export interface Stage extends StageShape {

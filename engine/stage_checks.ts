@@ -2,6 +2,7 @@
 // so the GPU, reference and remote stages (engine/gpu, engine/reference, lib/wire) refuse alike.
 
 import {
+  defaultMaxBatch,
   type LogitAdjust,
   MAX_BIAS,
   MAX_BIAS_PAIRS,
@@ -10,7 +11,43 @@ import {
   MAX_TOPK,
   type Stage,
   type StageInput,
+  type StageOpenOptions,
+  type StageShape,
 } from "./stage.ts";
+
+function wholeAtLeast(name: string, value: number, min: number): void {
+  if (!Number.isInteger(value) || value < min) {
+    throw new RangeError(
+      `Cannot open a stage with ${name} ${value}: expected a whole number ≥ ${min}`,
+    );
+  }
+}
+
+/**
+ * The sizes a stage opens with, defaults filled in, after the checks both engines make before
+ * they load anything: layers within the model's `nLayer`, whole sizes.
+ */
+export function checkOpenOptions(
+  options: StageOpenOptions,
+  nLayer: number,
+): Omit<StageShape, "nLayer" | "nEmbd"> {
+  const { first, end, slots, ctx } = options;
+  if (!Number.isInteger(first) || !Number.isInteger(end) || first < 0 || first >= end) {
+    throw new RangeError(`Cannot open layers ${first}..${end}: expected whole numbers first < end`);
+  }
+  if (end > nLayer) {
+    throw new RangeError(
+      `Cannot open layers ${first}..${end}: the model has ${nLayer} layers; check --layers`,
+    );
+  }
+  const maxBatch = options.maxBatch ?? defaultMaxBatch(ctx);
+  const snapshots = options.snapshots ?? 0;
+  wholeAtLeast("slots", slots, 1);
+  wholeAtLeast("ctx", ctx, 1);
+  wholeAtLeast("maxBatch", maxBatch, 1);
+  wholeAtLeast("snapshots", snapshots, 0);
+  return { first, end, slots, ctx, maxBatch, snapshots };
+}
 
 /** Throws once the stage is closed. */
 export function checkOpen(stage: Pick<Stage, "first" | "end">, closed: boolean): void {

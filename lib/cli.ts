@@ -8,6 +8,7 @@
 
 import { parseArgs } from "node:util";
 import { PROVIDER_CHOICES } from "../engine/gpu/provider.ts";
+import { BACKENDS, type EngineChoice } from "../engine/open_stage.ts";
 import { parseAddress } from "./wire/peer.ts";
 
 /** How a flag's text becomes its value; `parse` throws an Error whose message says what fits. */
@@ -171,10 +172,19 @@ export const MODEL_FLAG = requiredFlag(
 
 /** The engine flags of every command that opens a stage (engine/open_stage.ts). */
 export const ENGINE_FLAGS = {
-  backend: flag(oneOf(["gpu", "reference"] as const), "the engine", "gpu"),
+  backend: flag(oneOf(BACKENDS), "the engine", "gpu"),
   gpu: flag(oneOf(PROVIDER_CHOICES), "the WebGPU provider", "auto"),
   "allow-software-gpu": switchFlag("run on a software (CPU) WebGPU adapter"),
 };
+
+/** The engine ENGINE_FLAGS' values choose, as engine/open_stage.ts opens stages on it. */
+export function engineChoice(values: FlagValues<typeof ENGINE_FLAGS>): EngineChoice {
+  return {
+    backend: values.backend,
+    gpu: values.gpu,
+    allowSoftwareGpu: values["allow-software-gpu"],
+  };
+}
 
 /** The environment variable a flag also reads: --max-batch → TANDEM_MAX_BATCH. */
 export function envName(flagName: string): string {

@@ -21,7 +21,7 @@ export async function startTestHead(config: Partial<HeadOptions> = {}): Promise<
   const lines: string[] = [];
   const running = await startHead({
     model: config.model ?? await tinyModel(),
-    backend: "reference",
+    engine: { backend: "reference" },
     port: 0,
     ctx: 256,
     log: (line) => lines.push(line),
@@ -41,15 +41,17 @@ export function backendTest(
   name: string,
   fn: (options: Partial<HeadOptions>) => Promise<void>,
 ): void {
-  Deno.test(name, () => fn({ backend: "reference" }));
+  Deno.test(name, () => fn({ engine: { backend: "reference" } }));
   Deno.test({
     name: `${name} (GPU engine)`,
     ignore: noGpu,
     fn: () =>
       fn({
-        backend: "gpu",
-        gpu: (Deno.env.get("TANDEM_GPU") ?? "builtin") as ProviderChoice,
-        allowSoftwareGpu: true,
+        engine: {
+          backend: "gpu",
+          gpu: (Deno.env.get("TANDEM_GPU") ?? "builtin") as ProviderChoice,
+          allowSoftwareGpu: true,
+        },
       }),
   });
 }

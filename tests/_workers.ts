@@ -3,11 +3,8 @@
 
 import { LAUNCHER_FLAGS } from "../lib/launch/grants.ts";
 import type { GgufModel } from "../engine/gguf/gguf_model.ts";
-import {
-  openReferenceStage,
-  type ReferenceStageOptions,
-} from "../engine/reference/reference_stage.ts";
-import type { Stage } from "../engine/stage.ts";
+import { openReferenceStage } from "../engine/reference/reference_stage.ts";
+import type { Stage, StageOpenOptions } from "../engine/stage.ts";
 import { encodeFrame, encodeGreeting, type Frame, MAGIC, Op } from "../lib/wire/frame.ts";
 import { FrameReader, writeAll } from "../lib/wire/frame_stream.ts";
 import { freshNonce, modelFingerprint, NO_PROOF } from "../lib/wire/hello.ts";
@@ -178,7 +175,7 @@ export interface LocalServer {
 /** A stage server in this process on a free loopback port, over a reference stage. */
 export async function serveLocal(
   model: GgufModel,
-  stageOptions: ReferenceStageOptions,
+  stageOptions: StageOpenOptions,
   options: { key?: CryptoKey; next?: RemoteStage; handshakeTimeoutMs?: number } = {},
 ): Promise<LocalServer> {
   const stage = await openReferenceStage(model, stageOptions);

@@ -30,7 +30,7 @@ backendTest(
     const head = await startTestHead(engine);
     const want = await referenceLogprobs(PROMPT);
     // The GPU computes in f32; the reference in f64 rounded to f32.
-    const tol = engine.backend === "gpu" ? 2e-3 : 1e-5;
+    const tol = engine.engine?.backend === "gpu" ? 2e-3 : 1e-5;
     try {
       const body = await (await post(`${head.url}/completion`, {
         prompt: PROMPT,

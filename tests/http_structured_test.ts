@@ -69,7 +69,7 @@ backendTest(
       assertValid(done.choices[0].message.content, validate, "buffered");
       // Streaming is the same path on both engines (the SDK tool tests stream on the GPU): the
       // GPU run, slow on a CPU adapter, stops here.
-      if (engine.backend === "gpu") return;
+      if (engine.engine?.backend === "gpu") return;
       const frames = parseSse(
         await (await post(`${head.url}/v1/chat/completions`, { ...body, stream: true })).text(),
       );

@@ -3,7 +3,7 @@
 
 import { LAUNCHER_FLAGS } from "../lib/launch/grants.ts";
 import { generateModel, modelFileStem, type ModelSpec } from "./synth/generate_model.ts";
-import type { Backend } from "../engine/open_stage.ts";
+import { type Backend, BACKENDS } from "../engine/open_stage.ts";
 import { type RunningHead, startHead } from "../lib/server/head.ts";
 import {
   type Command,
@@ -25,7 +25,7 @@ const DEMO = {
   flags: {
     port: flag(whole(0, 65535), "the head's HTTP port; 0 picks a free one", 8080),
     backend: flag(
-      oneOf(["gpu", "reference"] as const),
+      oneOf(BACKENDS),
       "the engine (default gpu, falling back to reference when no GPU works)",
     ),
     model: flag(text("PATH"), "a 4-layer GGUF to serve instead of the tiny test model"),
@@ -184,8 +184,7 @@ async function main(values: FlagValues<typeof DEMO.flags>): Promise<void> {
       slots: 2,
       ctx: 4096,
       snapshots: 8,
-      backend,
-      allowSoftwareGpu: true,
+      engine: { backend, allowSoftwareGpu: true },
     });
     console.log(
       `\nTwo stages on loopback (${backend}): head layers 0:2 → worker ${worker.address} layers 2:4`,

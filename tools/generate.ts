@@ -8,6 +8,7 @@ import {
   address,
   type Command,
   ENGINE_FLAGS,
+  engineChoice,
   flag,
   type FlagTable,
   type FlagValues,
@@ -72,9 +73,7 @@ async function main(values: FlagValues<typeof GENERATE.flags>): Promise<void> {
   let next: RemoteStage | undefined;
   try {
     local = await openLocalStage(model, {
-      backend: values.backend,
-      gpu: values.gpu,
-      allowSoftwareGpu: values["allow-software-gpu"],
+      engine: engineChoice(values),
       first: values.layers?.first ?? 0,
       end: values.layers?.end,
       slots: 1,

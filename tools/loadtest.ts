@@ -4,6 +4,7 @@
 import {
   type Command,
   ENGINE_FLAGS,
+  engineChoice,
   flag,
   type FlagTable,
   runCommand,
@@ -198,9 +199,7 @@ if (import.meta.main) {
         slots: flags.slots,
         ctx: flags.ctx,
         queue: flags.clients,
-        backend: flags.backend,
-        gpu: flags.gpu,
-        allowSoftwareGpu: flags["allow-software-gpu"],
+        engine: engineChoice(flags),
         log: () => {},
       })
       : undefined;

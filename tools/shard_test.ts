@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf/read.ts";
 import type { GgufModel } from "../engine/gguf/gguf_model.ts";
 import { stageTensorNames } from "../engine/gguf/stage_shard.ts";
-import { openLocalStage } from "../engine/open_stage.ts";
+import { type EngineChoice, openLocalStage } from "../engine/open_stage.ts";
 import { modelFingerprint } from "../lib/wire/hello.ts";
 import { testModel } from "../tests/_models.ts";
 import { layerRange, listOf } from "../lib/cli.ts";
@@ -13,6 +13,7 @@ import { writeStageShards } from "./shard.ts";
 
 /** `--stages` as the shard command parses it. */
 const STAGES = listOf(layerRange);
+const REFERENCE: EngineChoice = { backend: "reference" };
 
 const ADDED = ["tandem.shard.first", "tandem.shard.end", "tandem.fingerprint"];
 
@@ -96,12 +97,12 @@ Deno.test("a stage refuses a shard without its layers; bad --stages and shard in
     const [head, tail] = await writeStageShards(path, STAGES.parse("0:2,2:4"), out);
     await withModels([tail], async ([model]) => {
       await assert.rejects(
-        openLocalStage(model, { backend: "reference", first: 1, end: 4, slots: 1, ctx: 8 }),
+        openLocalStage(model, { engine: REFERENCE, first: 1, end: 4, slots: 1, ctx: 8 }),
         (e: Error) =>
           e instanceof RangeError && /layers 1:4 .*holding layers 2:4 only/.test(e.message),
       );
       const stage = await openLocalStage(model, {
-        backend: "reference",
+        engine: REFERENCE,
         first: 3,
         end: 4,
         slots: 1,

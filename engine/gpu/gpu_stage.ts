@@ -24,6 +24,7 @@ import {
   MAX_TOPK,
   type Stage,
   type StageInput,
+  type StageOpenOptions,
   type StageOutput,
   type StageRunOptions,
   type TopEntry,
@@ -31,6 +32,7 @@ import {
 import {
   checkAdjust,
   checkOpen,
+  checkOpenOptions,
   checkRun,
   checkSlot,
   checkSnapshot,
@@ -45,17 +47,7 @@ import {
   type GpuLayerState,
 } from "./gpu_forward.ts";
 
-export interface GpuStageOptions {
-  readonly first: number;
-  readonly end: number;
-  readonly slots: number;
-  readonly ctx: number;
-  /** Largest n of one run; default min(ctx, 512). */
-  readonly maxBatch?: number;
-  /** Numbered snapshot places for save/restore; default 0. */
-  readonly snapshots?: number;
-  /** The model's hyperparameters, when the caller has read them (else read from the model). */
-  readonly hp?: HParams;
+export interface GpuStageOptions extends StageOpenOptions {
   /** Largest weight part in bytes (default: the device's binding limit); tests force splits. */
   readonly maxPartBytes?: number;
   /** Start-up report lines (weights, memory); default stderr. */
@@ -87,11 +79,6 @@ export interface StageMemory {
   readonly snapshots: number;
   readonly activations: number;
   readonly total: number;
-}
-
-/** Positions per run when the caller sets none. */
-export function defaultMaxBatch(ctx: number): number {
-  return Math.min(ctx, 512);
 }
 
 /** Bytes of logits one LM-head chunk may take. */
@@ -524,29 +511,7 @@ export async function openGpuStage(
   options: GpuStageOptions,
 ): Promise<GpuStage> {
   const hp = options.hp ?? readHParams(model.metadata);
-  const { first, end, slots, ctx } = options;
-  if (
-    !Number.isInteger(first) || !Number.isInteger(end) || first < 0 || end > hp.nLayer ||
-    first >= end
-  ) {
-    throw new RangeError(
-      `Cannot open layers ${first}..${end}: the model has ${hp.nLayer} layers; check --layers`,
-    );
-  }
-  if (!Number.isInteger(slots) || slots < 1 || !Number.isInteger(ctx) || ctx < 1) {
-    throw new RangeError(
-      `Cannot open a stage with ${slots} slots of ${ctx} positions: both must be ≥ 1`,
-    );
-  }
-  const maxBatch = options.maxBatch ?? defaultMaxBatch(ctx);
-  const snapshots = options.snapshots ?? 0;
-  if (
-    !Number.isInteger(maxBatch) || maxBatch < 1 || !Number.isInteger(snapshots) || snapshots < 0
-  ) {
-    throw new RangeError(
-      `Cannot open a stage with maxBatch ${maxBatch} and ${snapshots} snapshots: expected maxBatch ≥ 1, snapshots ≥ 0`,
-    );
-  }
+  const { first, end, slots, ctx, maxBatch, snapshots } = checkOpenOptions(options, hp.nLayer);
   const log = options.log ?? ((line: string) => console.error(line));
   const mem = new GpuMemory(gpu);
   try {

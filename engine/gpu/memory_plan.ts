@@ -9,11 +9,11 @@
 import type { GgufModel } from "../gguf/gguf_model.ts";
 import type { LayerSpan } from "../gguf/stage_shard.ts";
 import type { HParams } from "../hparams.ts";
+import { defaultMaxBatch } from "../stage.ts";
 import { paddedSize } from "./buffers.ts";
 import {
   activationFloats,
   activationShape,
-  defaultMaxBatch,
   layerStateBytes,
   type StageMemory,
 } from "./gpu_stage.ts";

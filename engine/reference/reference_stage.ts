@@ -3,10 +3,18 @@
 
 import type { GgufModel } from "../gguf/gguf_model.ts";
 import { type HParams, readHParams } from "../hparams.ts";
-import type { Stage, StageInput, StageOutput, StageRunOptions, TopEntry } from "../stage.ts";
+import type {
+  Stage,
+  StageInput,
+  StageOpenOptions,
+  StageOutput,
+  StageRunOptions,
+  TopEntry,
+} from "../stage.ts";
 import {
   checkAdjust,
   checkOpen,
+  checkOpenOptions,
   checkRun,
   checkSlot,
   checkSnapshot,
@@ -22,19 +30,6 @@ import {
   loadHead,
   loadLayer,
 } from "./reference_weights.ts";
-
-export interface ReferenceStageOptions {
-  readonly first: number;
-  readonly end: number;
-  readonly slots: number;
-  readonly ctx: number;
-  /** Default min(ctx, 512). */
-  readonly maxBatch?: number;
-  /** Numbered snapshot places for save/restore; default 0. */
-  readonly snapshots?: number;
-  /** The model's hyperparameters, when the caller has read them (else read from the model). */
-  readonly hp?: HParams;
-}
 
 /** One sequence's state: its position and one LayerState per owned layer. */
 interface SlotState {
@@ -258,38 +253,16 @@ export class ReferenceStage implements Stage {
   }
 }
 
-function wholeAtLeast(name: string, value: number, min: number): void {
-  if (!Number.isInteger(value) || value < min) {
-    throw new RangeError(
-      `Cannot open a stage with ${name} ${value}: expected a whole number ≥ ${min}`,
-    );
-  }
-}
-
 /**
  * Opens layers [first, end) of `model` on the CPU, plus token_embd when first is 0 and the LM
  * head when end is the layer count. The caller keeps ownership of `model` (close it after).
  */
 export async function openReferenceStage(
   model: GgufModel,
-  options: ReferenceStageOptions,
+  options: StageOpenOptions,
 ): Promise<ReferenceStage> {
   const hp = options.hp ?? readHParams(model.metadata);
-  const { first, end, slots, ctx } = options;
-  const maxBatch = options.maxBatch ?? Math.min(ctx, 512);
-  const snapshots = options.snapshots ?? 0;
-  if (!Number.isInteger(first) || !Number.isInteger(end) || first < 0 || first >= end) {
-    throw new RangeError(`Cannot open layers ${first}..${end}: expected whole numbers first < end`);
-  }
-  if (end > hp.nLayer) {
-    throw new RangeError(
-      `Cannot open layers ${first}..${end}: "${model.path}" has ${hp.nLayer} layers; check --layers`,
-    );
-  }
-  wholeAtLeast("slots", slots, 1);
-  wholeAtLeast("ctx", ctx, 1);
-  wholeAtLeast("maxBatch", maxBatch, 1);
-  wholeAtLeast("snapshots", snapshots, 0);
+  const { first, end, slots, ctx, maxBatch, snapshots } = checkOpenOptions(options, hp.nLayer);
   const layers = [];
   for (let il = first; il < end; il++) layers.push(await loadLayer(model, hp, il));
   return new ReferenceStage(hp, first, end, slots, ctx, maxBatch, snapshots, {

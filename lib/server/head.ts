@@ -4,7 +4,7 @@
 import { modelStem } from "../../engine/gguf/stage_shard.ts";
 import { openGguf } from "../../engine/gguf/read.ts";
 import { readHParams } from "../../engine/hparams.ts";
-import { type Backend, openLocalStage } from "../../engine/open_stage.ts";
+import { type EngineChoice, openLocalStage } from "../../engine/open_stage.ts";
 import { StageLink } from "../scheduler/link.ts";
 import { defaultSnapshots } from "../scheduler/prefix_cache.ts";
 import { Scheduler } from "../scheduler/scheduler.ts";
@@ -14,7 +14,6 @@ import { VocabIndex } from "../grammar/token_mask.ts";
 import { modelFingerprint } from "../wire/hello.ts";
 import { remoteStageAfter } from "../wire/remote_stage.ts";
 import { checkChainLink, checkFirstStage } from "../../engine/stage_checks.ts";
-import type { ProviderChoice } from "../../engine/gpu/provider.ts";
 import { DEFAULT_TEMPERATURE, type SamplingDefaults } from "./sampling_defaults.ts";
 import { accessLog } from "./access_log.ts";
 import { ApiError, errorResponse } from "./api_error.ts";
@@ -51,9 +50,8 @@ export interface HeadOptions {
   readonly internalPort?: number;
   /** The wire's shared key (the worker's --key-file). */
   readonly wireKey?: CryptoKey;
-  readonly backend?: Backend;
-  readonly gpu?: ProviderChoice;
-  readonly allowSoftwareGpu?: boolean;
+  /** The engine of the local stage; default the GPU engine on the auto provider. */
+  readonly engine?: EngineChoice;
   readonly sampling?: Partial<SamplingDefaults>;
   readonly modelId?: string;
   readonly pingMs?: number;
@@ -150,9 +148,7 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
     const snapshots = options.snapshots ?? defaultSnapshots(ctx, slots);
     const local = await openLocalStage(model, {
       hp,
-      backend: options.backend ?? "gpu",
-      gpu: options.gpu,
-      allowSoftwareGpu: options.allowSoftwareGpu,
+      engine: options.engine ?? { backend: "gpu" },
       first: 0,
       end: layers.end,
       slots,

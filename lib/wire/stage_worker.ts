@@ -2,8 +2,7 @@
 // (engine/open_stage.ts), the next hop if any, and serves them with lib/wire/stage_server.ts.
 
 import { openGguf } from "../../engine/gguf/read.ts";
-import { type Backend, openLocalStage } from "../../engine/open_stage.ts";
-import type { ProviderChoice } from "../../engine/gpu/provider.ts";
+import { type EngineChoice, openLocalStage } from "../../engine/open_stage.ts";
 import type { Stage } from "../../engine/stage.ts";
 import { listenError } from "../cli.ts";
 import type { HelloInfo } from "./frame.ts";
@@ -25,9 +24,7 @@ export interface WorkerOptions {
   readonly next?: string;
   /** The wire's shared key: clients must prove they hold it, and so must `next`. */
   readonly key?: CryptoKey;
-  readonly backend: Backend;
-  readonly gpu?: ProviderChoice;
-  readonly allowSoftwareGpu?: boolean;
+  readonly engine: EngineChoice;
   readonly log: (line: string) => void;
 }
 
@@ -62,11 +59,8 @@ export async function startWorker(options: WorkerOptions): Promise<RunningWorker
   let next: RemoteStage | undefined;
   try {
     stage = await openLocalStage(model, {
-      backend: options.backend,
-      gpu: options.gpu,
-      allowSoftwareGpu: options.allowSoftwareGpu,
-      first: options.layers.first,
-      end: options.layers.end,
+      engine: options.engine,
+      ...options.layers,
       slots: options.slots,
       ctx: options.ctx,
       maxBatch: options.maxBatch,
