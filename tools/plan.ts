@@ -5,6 +5,7 @@
 //   deno task plan --model M.gguf --stages 0:20,20:40 --ctx 8192 --slots 2 [--snapshots N]
 
 import { openGguf } from "../engine/gguf/read.ts";
+import { formatBytes } from "../engine/gpu/buffers.ts";
 import { planStage, type StagePlan } from "../engine/gpu/memory_plan.ts";
 import { readHParams } from "../engine/hparams.ts";
 import {
@@ -40,25 +41,21 @@ export const PLAN = {
   },
 } satisfies Command<FlagTable>;
 
-function size(bytes: number): string {
-  return bytes >= 2 ** 30
-    ? `${(bytes / 2 ** 30).toFixed(2)} GiB`
-    : `${(bytes / 2 ** 20).toFixed(1)} MiB`;
-}
-
 /** The lines printed for one stage. */
 export function formatPlan(p: StagePlan, slots: number, snapshots: number, ctx: number): string[] {
   const weights = [...p.weights.values()].reduce((s, n) => s + n, 0);
-  const kinds = [...p.weights].map(([kind, n]) => `${kind} ${size(n)}`).join(", ");
+  const kinds = [...p.weights].map(([kind, n]) => `${kind} ${formatBytes(n)}`).join(", ");
   const slot = p.perSlot.kv + p.perSlot.recurrent;
   return [
     `stage ${p.span.first}:${p.span.end}`,
-    `  weights      ${size(weights)} (${kinds})`,
-    `  per slot     ${size(slot)} (KV ${size(p.perSlot.kv)} for ${ctx} positions, recurrent ` +
-    `${size(p.perSlot.recurrent)}) × ${slots} slots = ${size(p.slotState)}`,
-    `  snapshots    ${snapshots} × ${size(slot)} = ${size(p.snapshots)}`,
-    `  activations  ${size(p.activations)} (${p.maxBatch} positions per run)`,
-    `  total        ${size(p.total)}`,
+    `  weights      ${formatBytes(weights)} (${kinds})`,
+    `  per slot     ${formatBytes(slot)} (KV ${
+      formatBytes(p.perSlot.kv)
+    } for ${ctx} positions, recurrent ` +
+    `${formatBytes(p.perSlot.recurrent)}) × ${slots} slots = ${formatBytes(p.slotState)}`,
+    `  snapshots    ${snapshots} × ${formatBytes(slot)} = ${formatBytes(p.snapshots)}`,
+    `  activations  ${formatBytes(p.activations)} (${p.maxBatch} positions per run)`,
+    `  total        ${formatBytes(p.total)}`,
   ];
 }
 
@@ -75,7 +72,7 @@ export async function planReport(flags: FlagValues<typeof PLAN.flags>): Promise<
     const plans = flags.stages.map((span) => planStage(model, hp, span, options));
     return [
       ...plans.flatMap((p) => formatPlan(p, slots, snapshots, ctx)),
-      `all stages     ${size(plans.reduce((s, p) => s + p.total, 0))}`,
+      `all stages     ${formatBytes(plans.reduce((s, p) => s + p.total, 0))}`,
     ];
   } finally {
     model.close();

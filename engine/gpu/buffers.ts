@@ -24,6 +24,11 @@ export function paddedSize(bytes: number): number {
   return Math.max(16, Math.ceil(bytes / 4) * 4);
 }
 
+/** GPU memory as the start-up log and `deno task plan` print it: GiB from 1 GiB, else MiB. */
+export function formatBytes(n: number): string {
+  return n >= 2 ** 30 ? `${(n / 2 ** 30).toFixed(2)} GiB` : `${(n / 2 ** 20).toFixed(1)} MiB`;
+}
+
 /** paddedSize(bytes), refused when the device cannot hold a buffer that large. */
 function checkedSize(ctx: GpuContext, label: string, bytes: number): number {
   const size = paddedSize(bytes);

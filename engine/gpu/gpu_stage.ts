@@ -3,7 +3,7 @@
 // Implements engine/stage.ts like engine/reference/reference_stage.ts; gpu_forward.ts records
 // each step. One GpuMemory owns everything the stage allocates; close() frees it in one place.
 
-import { GpuMemory, mapRead, writeBytes } from "./buffers.ts";
+import { formatBytes, GpuMemory, mapRead, writeBytes } from "./buffers.ts";
 import type { GpuContext } from "./device.ts";
 import { createStepTimer, ParamArena, StepEncoder, type StepTimer } from "./encoder.ts";
 import { settleKernels } from "./kernel.ts";
@@ -188,10 +188,6 @@ function allocState(
 
 function stateBuffers(s: GpuLayerState): GPUBuffer[] {
   return s.kind === "attention" ? [s.kc, s.vc] : [s.conv, s.ssm];
-}
-
-function formatBytes(n: number): string {
-  return n >= 2 ** 30 ? `${(n / 2 ** 30).toFixed(2)} GiB` : `${(n / 2 ** 20).toFixed(1)} MiB`;
 }
 
 /** A Stage on the GPU, plus greedy multi-token decoding where it owns the whole model. */

@@ -13,7 +13,7 @@ import type { GgufModel, GgufTensorInfo } from "../gguf/gguf_model.ts";
 import { stageTensorNames } from "../gguf/stage_shard.ts";
 import type { HParams } from "../hparams.ts";
 import { dequantize } from "../quant/dequant.ts";
-import { FillStaging, type GpuMemory } from "./buffers.ts";
+import { FillStaging, formatBytes, type GpuMemory } from "./buffers.ts";
 import { type GpuTensor, uploadConcat, type UploadOptions, uploadTensor } from "./tensor.ts";
 
 /** A matrix whose output rows land at `offset` of a wider activation row. */
@@ -346,10 +346,6 @@ async function dense(l: Loader, il: number): Promise<DenseWeights> {
     ]),
     down: await l.matrix("dense ffn", `${p}.ffn_down.weight`, [F, D]),
   };
-}
-
-function formatBytes(n: number): string {
-  return n >= 2 ** 30 ? `${(n / 2 ** 30).toFixed(2)} GiB` : `${(n / 2 ** 20).toFixed(1)} MiB`;
 }
 
 /**
