@@ -1,35 +1,17 @@
 // Model shapes the generator can write: tiny/small test models and the exact published shapes.
 // Read by tools/synth/generate_model.ts (and through it tools/make_model.ts, tests/_models.ts).
 
+import type { HParams } from "../../engine/hparams.ts";
 import type { Synthesis } from "./weight_synth.ts";
 
 /**
- * Dimension legend as in engine/hparams.ts: D d_model, Hq/Hkv query/KV heads, Dh head dim,
- * nRot rotated dims, Kc conv taps, Nk/Nv DeltaNet key/value heads, Dk/Dv their head dims,
- * E experts, Ku experts used, Fe/Fs routed/shared expert width, F dense FFN width (qwen35).
+ * A model's shape: engine/hparams.ts's dimensions (legend there) but those a file derives (conv
+ * channels, vocabulary, layer kinds) or that depend on the arch, plus what only a file holds.
  */
-export interface Preset {
+export interface Preset extends Omit<HParams, "arch" | "ropeSections" | "C" | "V" | "isDeltaNet"> {
   readonly name: PresetName;
-  readonly nLayer: number;
-  readonly D: number;
-  readonly Hq: number;
-  readonly Hkv: number;
-  readonly Dh: number;
-  readonly nRot: number;
-  readonly ropeBase: number;
   /** IMROPE sections written for qwen35/qwen35moe (qwen3next has none). */
   readonly ropeSections: readonly [number, number, number, number];
-  readonly eps: number;
-  readonly Kc: number;
-  readonly Nk: number;
-  readonly Nv: number;
-  readonly Dk: number;
-  readonly Dv: number;
-  readonly E: number;
-  readonly Ku: number;
-  readonly Fe: number;
-  readonly Fs: number;
-  readonly F: number;
   /** Every `fullAttentionInterval`-th block is full attention, the others DeltaNet. */
   readonly fullAttentionInterval: number;
   readonly contextLength: number;
