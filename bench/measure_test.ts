@@ -1,14 +1,12 @@
-// The bench's workloads on the CPU reference (and a GPU stage for fused decoding): what they feed,
-// that slots, fused steps and the split over a worker decode the same tokens, deadlines, and the
-// closing table (bench/measure.ts, split.ts).
+// The bench's workloads on the CPU reference: what they feed, that slots and chunked prefill decode
+// the same tokens, deadlines, and the closing table (bench/measure.ts, report.ts). A worker process
+// and the GPU: tests/bench_measure_test.ts.
 
 import assert from "node:assert/strict";
-import { openGguf } from "../engine/gguf/read.ts";
-import type { GgufModel } from "../engine/gguf/gguf_model.ts";
 import { readHParams } from "../engine/hparams.ts";
 import { openReferenceStage } from "../engine/reference/reference_stage.ts";
-import { connectRemoteStage } from "../lib/wire/remote_stage.ts";
-import { testModel } from "../tests/_models.ts";
+import type { TestModelSpec } from "../tests/_models.ts";
+import { withModel } from "../tests/_stage_gates.ts";
 import {
   BENCH_SAMPLING,
   Deadline,
@@ -19,28 +17,16 @@ import {
   seededIds,
   timeConcurrentDecode,
   timeDecode,
-  timeFusedDecode,
   timePrefill,
   timeSampledDecode,
   timingOf,
 } from "./measure.ts";
 import { sampleToken, SplitMix64 } from "../lib/sampling/sample.ts";
 import { formatTable } from "./report.ts";
-import { openGpuStage } from "../engine/gpu/gpu_stage.ts";
-import { gpuTest } from "../tests/_gpu.ts";
-import { startWorker } from "./split.ts";
 
 const CTX = 48;
 
-async function withModel(body: (model: GgufModel, path: string) => Promise<void>) {
-  const path = await testModel({ arch: "qwen35moe" });
-  const model = await openGguf(path);
-  try {
-    await body(model, path);
-  } finally {
-    model.close();
-  }
-}
+const TINY: TestModelSpec = { arch: "qwen35moe" };
 
 Deno.test("median: middle value, mean of the middle two, and no values refused", () => {
   assert.equal(median([5, 1, 3]), 3);
@@ -62,7 +48,7 @@ Deno.test("seededIds: in the vocabulary, the same for a seed, different across s
 });
 
 Deno.test("timeDecode feeds back the greedy tokens of stepping the stage by hand", async () => {
-  await withModel(async (model) => {
+  await withModel(TINY, async (model) => {
     const stage = await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: CTX });
     try {
       const first = seededIds(1, readHParams(model.metadata).V, 3)[0];
@@ -81,7 +67,7 @@ Deno.test("timeDecode feeds back the greedy tokens of stepping the stage by hand
 });
 
 Deno.test("timeSampledDecode draws each step's id from its top-k with the seeded stream", async () => {
-  await withModel(async (model) => {
+  await withModel(TINY, async (model) => {
     const stage = await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: CTX });
     try {
       const first = seededIds(1, readHParams(model.metadata).V, 3)[0];
@@ -111,7 +97,7 @@ Deno.test("timeSampledDecode draws each step's id from its top-k with the seeded
 });
 
 Deno.test("timePrefill chunks by maxBatch and leaves the slot at the prompt's end", async () => {
-  await withModel(async (model) => {
+  await withModel(TINY, async (model) => {
     const ids = seededIds(20, readHParams(model.metadata).V, 5);
     const next = Uint32Array.of(ids[0]);
     const after: number[] = [];
@@ -138,7 +124,7 @@ Deno.test("timePrefill chunks by maxBatch and leaves the slot at the prompt's en
 });
 
 Deno.test("timeConcurrentDecode: each slot decodes as it would alone", async () => {
-  await withModel(async (model) => {
+  await withModel(TINY, async (model) => {
     const stage = await openReferenceStage(model, { first: 0, end: 4, slots: 2, ctx: CTX });
     try {
       const firsts = Array.from(seededIds(2, readHParams(model.metadata).V, 9));
@@ -151,53 +137,6 @@ Deno.test("timeConcurrentDecode: each slot decodes as it would alone", async () 
       stage.close();
     }
   });
-});
-
-/** A reference-backend worker of layers [2, end) of `path`, quiet, two slots. */
-function startReferenceWorker(path: string, end: number) {
-  return startWorker({
-    model: path,
-    first: 2,
-    end,
-    backend: "reference",
-    gpu: "builtin",
-    slots: 2,
-    ctx: CTX,
-    startTimeoutS: 60,
-    log: () => {},
-  });
-}
-
-Deno.test("split: layers 0:2 here and 2:4 in a worker decode the tokens of one stage, one slot or two at once", async () => {
-  await withModel(async (model, path) => {
-    const firsts = Array.from(seededIds(2, readHParams(model.metadata).V, 11));
-    const whole = await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: CTX });
-    const alone = [];
-    for (const first of firsts) alone.push((await timeDecode([whole], first, 5)).fed);
-    whole.close();
-    const worker = await startReferenceWorker(path, 4);
-    const local = await openReferenceStage(model, { first: 0, end: 2, slots: 2, ctx: CTX });
-    try {
-      const remote = await connectRemoteStage(worker.address, { local, model });
-      try {
-        assert.deepEqual((await timeDecode([local, remote], firsts[0], 5)).fed, alone[0]);
-        assert.deepEqual((await timeConcurrentDecode([local, remote], firsts, 5)).fed, alone);
-      } finally {
-        remote.close();
-      }
-    } finally {
-      local.close();
-      await worker.stop();
-    }
-  });
-});
-
-Deno.test("startWorker reports the worker's own error when it cannot start", async () => {
-  const path = await testModel({ arch: "qwen35moe" });
-  await assert.rejects(
-    () => startReferenceWorker(path, 9),
-    /exited with code 1.*\n.*the model has 4 layers/s,
-  );
 });
 
 Deno.test("repeat: warm-up excluded, runs cut to the deadline, none without time", async () => {
@@ -230,28 +169,6 @@ Deno.test("measure keeps a failure as the figure's error instead of throwing", a
   assert.equal(ok.timing?.median, 0.5);
   assert.match(lines[0], /^pp8: .*device lost/s);
 });
-
-gpuTest(
-  "timeFusedDecode feeds the same tokens as timeDecode, several steps per readback",
-  async (gpu) => {
-    await withModel(async (model) => {
-      const stage = await openGpuStage(model, gpu, { first: 0, end: 4, slots: 1, ctx: CTX });
-      const reference = await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: CTX });
-      try {
-        const first = seededIds(1, readHParams(model.metadata).V, 5)[0];
-        const stepwise = await timeDecode([stage], first, 11);
-        // 11 tokens in steps of 4: whole bursts and a short last one.
-        const fused = await timeFusedDecode(stage, first, 11, 4);
-        assert.ok(fused.seconds > 0);
-        assert.deepEqual(fused.fed, stepwise.fed);
-        await assert.rejects(timeFusedDecode(reference, first, 4, 2), TypeError);
-      } finally {
-        stage.close();
-        reference.close();
-      }
-    });
-  },
-);
 
 Deno.test("formatTable: median (best–worst, ×slowest/median), load, server rows, notes", () => {
   const t = (...seconds: number[]) => timingOf(seconds);

@@ -1,5 +1,5 @@
 // What the Stage gate tests share: a tiny model opened per test, seeded prompts, greedy sessions.
-// Used by tests/gpu_stage_test.ts and engine/reference/reference_stage_test.ts, through engine/pipeline.ts.
+// Used by tests/gpu_stage_test.ts, engine/reference/reference_stage_test.ts and the bench's tests.
 
 import { openGguf } from "../engine/gguf/read.ts";
 import type { GgufModel } from "../engine/gguf/gguf_model.ts";

@@ -1,16 +1,16 @@
 // Seeded fuzzing of what a head reads from a GGUF before any weight (engine/gguf header, hparams,
-// tokenizer): hostile values, flipped bytes and cuts give a model or a "Cannot …" error, never an
-// internal failure. CI runs a few hundred mutants; `deno task fuzz` 10,000.
+// lib/tokenizer): hostile values, flipped bytes and cuts give a model or a "Cannot …" error, never
+// an internal failure. CI runs a few hundred mutants; `deno task fuzz` 10,000.
 
 import assert from "node:assert/strict";
-import { GgmlType } from "../quant/ggml_types.ts";
-import { readHParams } from "../hparams.ts";
-import { TextTokenizer } from "../../lib/tokenizer/tokenizer.ts";
-import { type GgufMetaEntry, writeGguf } from "../../tools/gguf/gguf_write.ts";
-import { planModel } from "../../tools/synth/generate_model.ts";
-import { fuzzRuns, fuzzSeed, Random } from "../../tests/_fuzz.ts";
-import { openGguf } from "./read.ts";
-import { withTempDir } from "./_gguf_bytes.ts";
+import { GgmlType } from "../engine/quant/ggml_types.ts";
+import { readHParams } from "../engine/hparams.ts";
+import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
+import { type GgufMetaEntry, writeGguf } from "../tools/gguf/gguf_write.ts";
+import { planModel } from "../tools/synth/generate_model.ts";
+import { fuzzRuns, fuzzSeed, Random } from "./_fuzz.ts";
+import { openGguf } from "../engine/gguf/read.ts";
+import { withTempDir } from "../engine/gguf/_gguf_bytes.ts";
 
 /** Values that have broken readers: zero, signs, powers of two, huge counts, non-finite floats. */
 const HOSTILE: Readonly<Record<string, readonly (number | bigint)[]>> = {
