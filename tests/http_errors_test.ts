@@ -1,7 +1,9 @@
 // Every way a request can be wrong gets the right 4xx in its API's error shape, naming the field;
-// API keys, model listing, probes, /health and /metrics on an unsplit head.
+// API keys, model listing, probes, /health and /metrics on an unsplit head, 503 while it loads.
 
 import assert from "node:assert/strict";
+import { freeLoopbackPort } from "../lib/launch/launch.ts";
+import { startHead } from "../lib/server/head.ts";
 import { post, startTestHead, type TestHead } from "./_head.ts";
 
 const good = {
@@ -280,4 +282,36 @@ Deno.test("any model name is served by the loaded model; /v1/models, probes, /me
     assert.equal(value("tandem_queue_depth "), 0);
     assert.equal(value('tandem_stage_errors_total{stage="0:4"} '), 0);
   });
+});
+
+Deno.test("until the model has loaded every route is 503 with retry-after; a failed load frees the port", async () => {
+  const dir = await Deno.makeTempDir({ prefix: "tandem_loading_" });
+  // A FIFO as the model: opening it waits for a writer, so the head stays bound and loading.
+  const model = `${dir}/model.gguf`;
+  assert.equal((await new Deno.Command("mkfifo", { args: [model] }).output()).code, 0);
+  const port = freeLoopbackPort();
+  const starting = startHead({ model, port, engine: { backend: "reference" }, log: () => {} });
+  const failed = assert.rejects(starting, /Cannot read ".*" as GGUF/);
+  try {
+    const url = `http://127.0.0.1:${port}`;
+    for (
+      const res of await Promise.all([
+        fetch(`${url}/health`),
+        fetch(`${url}/v1/models`),
+        post(`${url}/v1/messages`, good),
+      ])
+    ) {
+      assert.equal(res.status, 503);
+      assert.equal(res.headers.get("retry-after"), "5");
+      const body = await res.json();
+      assert.equal(body.error.type, "overloaded_error");
+      assert.match(body.error.message, /still loading/);
+    }
+  } finally {
+    // An empty write end: the head reads no GGUF header and stops.
+    (await Deno.open(model, { write: true })).close();
+    await failed;
+    await Deno.remove(dir, { recursive: true });
+  }
+  Deno.listen({ hostname: "127.0.0.1", port }).close();
 });
