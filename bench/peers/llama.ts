@@ -5,7 +5,18 @@
 // .gpu/peers.tar.xz on the GPU box) and is imported by a computed URL, so that `deno check` and
 // CI never resolve it. Only the few calls used below are typed.
 
-import { parseArgs } from "node:util";
+import {
+  type Command,
+  flag,
+  type FlagTable,
+  type FlagValues,
+  type Kind,
+  listOf,
+  requiredFlag,
+  runCommand,
+  text,
+  whole,
+} from "../../lib/cli.ts";
 import { Deadline, DEFAULT_RUNS, type Figure, measure, seededIds } from "../measure.ts";
 
 interface Sequence {
@@ -39,7 +50,9 @@ interface Llama {
   readonly buildType: string;
   readonly llamaCppRelease: { readonly repo: string; readonly release: string };
   getGpuDeviceNames(): Promise<string[]>;
-  loadModel(options: { modelPath: string; gpuLayers: "max" | number }): Promise<Model>;
+  loadModel(
+    options: { modelPath: string; gpuLayers: "max" | number },
+  ): Promise<Model>;
   dispose(): Promise<void>;
 }
 
@@ -75,7 +88,8 @@ const PACKAGE = new URL("./node_modules/node-llama-cpp/", import.meta.url);
 async function load(): Promise<{ nlc: NodeLlamaCpp; version: string }> {
   let version: string;
   try {
-    version = JSON.parse(await Deno.readTextFile(new URL("package.json", PACKAGE))).version;
+    version = JSON.parse(await Deno.readTextFile(new URL("package.json", PACKAGE)))
+      .version;
   } catch (e) {
     throw new Error(
       `Cannot find node-llama-cpp in ${PACKAGE.pathname} (${(e as Error).message}): run ` +
@@ -86,33 +100,42 @@ async function load(): Promise<{ nlc: NodeLlamaCpp; version: string }> {
   return { nlc: await import(entry) as NodeLlamaCpp, version };
 }
 
-function list(text: string): number[] {
-  return text.split(",").map(Number);
-}
+/** Layers llama.cpp offloads: all of them, or a count. */
+const offload: Kind<"max" | number> = {
+  value: "max|N",
+  parse: (t) => t === "max" ? "max" : whole(0).parse(t),
+};
 
-async function main(): Promise<void> {
-  const { values } = parseArgs({
-    args: Deno.args,
-    options: {
-      model: { type: "string" },
-      vocab: { type: "string" },
-      pp: { type: "string", default: "512,2048" },
-      tg: { type: "string", default: "128" },
-      runs: { type: "string", default: String(DEFAULT_RUNS) },
-      seed: { type: "string", default: "1" },
-      batch: { type: "string", default: "512" },
-      "deadline-s": { type: "string", default: "600" },
-      "gpu-layers": { type: "string", default: "max" },
-    },
-  });
-  if (!values.model || !values.vocab) throw new Error("Missing --model or --vocab");
-  const vocab = Number(values.vocab);
-  const pps = list(values.pp);
-  const tg = Number(values.tg);
-  const runs = Number(values.runs);
-  const seed = Number(values.seed);
-  const deadline = new Deadline(Number(values["deadline-s"]));
-  const gpuLayers = values["gpu-layers"] === "max" ? "max" : Number(values["gpu-layers"]);
+const PEER = {
+  name: "llama.cpp peer",
+  usage: "deno run -A --node-modules-dir=manual bench/peers/llama.ts",
+  about: "The bench's pp/tg figures of llama.cpp (node-llama-cpp's Vulkan build) on one GGUF, " +
+    "as JSON on stdout (started by bench/decode.ts).",
+  flags: {
+    model: requiredFlag(text("PATH"), "the GGUF file"),
+    vocab: requiredFlag(
+      whole(1),
+      "the model's vocabulary size, for the seeded prompt ids",
+    ),
+    pp: flag(listOf(whole(1)), "prefill lengths", [512, 2048]),
+    tg: flag(whole(1), "decode steps", 128),
+    runs: flag(whole(1), "timed runs per figure", DEFAULT_RUNS),
+    seed: flag(whole(0), "seed of the prompt ids", 1),
+    batch: flag(whole(1), "positions per llama_decode", 512),
+    "deadline-s": flag(
+      whole(1),
+      "stop starting measurements after S seconds",
+      600,
+    ),
+    "gpu-layers": flag(offload, "layers offloaded to the GPU", "max"),
+  },
+} satisfies Command<FlagTable>;
+
+async function main(values: FlagValues<typeof PEER.flags>): Promise<void> {
+  const { vocab, tg, runs, seed } = values;
+  const pps = values.pp;
+  const deadline = new Deadline(values["deadline-s"]);
+  const gpuLayers = values["gpu-layers"];
   const { nlc, version } = await load();
   const llama = await nlc.getLlama({
     gpu: "vulkan",
@@ -127,14 +150,18 @@ async function main(): Promise<void> {
   // llama-bench's default n_ubatch: pp2048 is four of them.
   const context = await model.createContext({
     contextSize: Math.max(...pps, tg),
-    batchSize: Number(values.batch),
+    batchSize: values.batch,
     sequences: 1,
     flashAttention: "auto",
   });
   const sequence = context.getSequence();
   const figures: Record<string, Figure> = {};
   const log = (line: string) => console.error(`[llama.cpp] ${line}`);
-  async function figure(name: string, tokens: number, once: () => Promise<number>) {
+  async function figure(
+    name: string,
+    tokens: number,
+    once: () => Promise<number>,
+  ) {
     figures[name] = await measure(name, tokens, runs, once, deadline, log);
   }
   for (const n of pps) {
@@ -169,7 +196,9 @@ async function main(): Promise<void> {
   await figure(`tg${tg}-nologits`, tg, async () => {
     await sequence.clearHistory();
     const start = performance.now();
-    for (const token of fed) await sequence.evaluateWithoutGeneratingNewTokens([token]);
+    for (const token of fed) {
+      await sequence.evaluateWithoutGeneratingNewTokens([token]);
+    }
     return (performance.now() - start) / 1000;
   });
   const report: PeerReport = {
@@ -193,11 +222,4 @@ async function main(): Promise<void> {
   console.log(JSON.stringify(report));
 }
 
-if (import.meta.main) {
-  try {
-    await main();
-  } catch (e) {
-    console.error(`llama.cpp peer stopped: ${(e as Error).stack ?? e}`);
-    Deno.exit(1);
-  }
-}
+if (import.meta.main) await runCommand(PEER, main);
