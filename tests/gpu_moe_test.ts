@@ -14,7 +14,7 @@ import { assertClose, gpuTest, randomF32, readF32, readU32, rng, submit, upload 
 gpuTest(
   "moeRoute() picks the reference's experts and weights, and the shared gate",
   async (ctx) => {
-    for (const [E, k, T] of [[8, 2, 5], [100, 10, 3]]) {
+    for (const [E, k, T] of [[8, 2, 5], [100, 10, 3], [600, 8, 2]]) {
       const stride = E + 1;
       const logits = randomF32(T * stride, rng(E), 3);
       // A tie in the top two of token 0: the lower id goes first.

@@ -4,7 +4,9 @@
 // Matches engine/reference/ffn.ts moeRoute and docs/model_arch.md §4.7 step 7's gate.
 // Bindings: 0 logits: token t's E (+1) logits at t·logits_stride, f32 | 1 ids (t·k + i) u32
 //   | 2 weights (t·(k+1) + i; index k = shared gate) f32 | 3 params.
-// Dispatch: (tokens); one workgroup per token, a thread ranking experts lid, lid + WG, ...
+// Dispatch: (tokens); one workgroup per token, thread lid holding experts lid + WG·j (j < 4) in
+//   registers: one read of the logits, then every expert ranked at once against the
+//   probabilities in workgroup memory, four a read.
 // WG = 256; E ≤ 1024. Variants: none.
 
 #include "_include/reduce.wgsl"
@@ -24,63 +26,85 @@ struct Params {
 
 const WG = 256u;
 const MAX_E = 1024u;
+// Below every probability: what the slots past E hold, so they never outrank an expert.
+const NONE = -1.0;
 
-var<workgroup> probs: array<f32, MAX_E>;
+// Expert e's probability is probs[e / 4][e % 4].
+var<workgroup> probs: array<vec4<f32>, MAX_E / 4u>;
 var<workgroup> picked: array<f32, 64>;
+
+fn logit(lo: u32, e: u32) -> f32 {
+  if (e < params.e) {
+    return logits[lo + e];
+  }
+  return -3.0e38;
+}
+
+// How many experts come before probability p of expert e: higher, or equal with a lower id.
+fn rank(p: f32, e: u32) -> u32 {
+  var n = vec4<u32>(0u);
+  let pv = vec4<f32>(p);
+  let ev = vec4<u32>(e);
+  let quads = (params.e + 3u) / 4u;
+  for (var q = 0u; q < quads; q++) {
+    let o = probs[q];
+    let id = vec4<u32>(4u * q) + vec4<u32>(0u, 1u, 2u, 3u);
+    n += select(vec4<u32>(0u), vec4<u32>(1u), (o > pv) | ((o == pv) & (id < ev)));
+  }
+  return n.x + n.y + n.z + n.w;
+}
+
+// Expert e (probability p) into its slot if it ranks among the k.
+fn pick(t: u32, p: f32, e: u32) {
+  if (e < params.e) {
+    let r = rank(p, e);
+    if (r < params.k) {
+      ids[t * params.k + r] = e;
+      picked[r] = p;
+    }
+  }
+}
 
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
   let t = wid.x;
   let E = params.e;
   let lo = t * params.logits_stride;
-  var m = -3.0e38;
-  for (var e = lid; e < E; e += WG) {
-    m = max(m, logits[lo + e]);
-  }
-  m = wg_max(m, lid);
-  var sum = 0.0;
-  for (var e = lid; e < E; e += WG) {
-    let x = exp(logits[lo + e] - m);
-    probs[e] = x;
-    sum += x;
-  }
-  sum = wg_sum(sum, lid);
-  for (var e = lid; e < E; e += WG) {
-    probs[e] = probs[e] / sum;
-  }
+  let e = vec4<u32>(lid) + vec4<u32>(0u, WG, 2u * WG, 3u * WG);
+  let l = vec4<f32>(logit(lo, e.x), logit(lo, e.y), logit(lo, e.z), logit(lo, e.w));
+  let m = wg_max(max(max(l.x, l.y), max(l.z, l.w)), lid);
+  let inside = e < vec4<u32>(E);
+  let x = select(vec4<f32>(0.0), exp(l - m), inside);
+  // Summed in increasing e per thread, then the tree: the order the serial loop had.
+  let sum = wg_sum(((x.x + x.y) + x.z) + x.w, lid);
+  let p = select(vec4<f32>(NONE), x / sum, inside);
+  // Slot lid + WG·j of probs is vec4 (lid + WG·j) / 4, component lid % 4.
+  let c = lid % 4u;
+  probs[e.x / 4u][c] = p.x;
+  probs[e.y / 4u][c] = p.y;
+  probs[e.z / 4u][c] = p.z;
+  probs[e.w / 4u][c] = p.w;
   workgroupBarrier();
-  // Expert e's rank: how many come before it (higher probability, or equal and a lower id). The
-  // k of rank < k are the experts a serial pick of the largest (lower id on ties) would take,
-  // in that order; every thread ranks its experts at once.
-  for (var e = lid; e < E; e += WG) {
-    let pe = probs[e];
-    var rank = 0u;
-    for (var j = 0u; j < E; j++) {
-      let pj = probs[j];
-      if (pj > pe || (pj == pe && j < e)) {
-        rank++;
-      }
-    }
-    if (rank < params.k) {
-      ids[t * params.k + rank] = e;
-      picked[rank] = pe;
-    }
-  }
+  pick(t, p.x, e.x);
+  pick(t, p.y, e.y);
+  pick(t, p.z, e.z);
+  pick(t, p.w, e.w);
   workgroupBarrier();
-  if (lid == 0u) {
+  // Thread r < k writes rank r's weight, thread k the shared gate; each sums the k in rank order.
+  if (lid <= params.k) {
     var total = 0.0;
     for (var r = 0u; r < params.k; r++) {
       total += picked[r];
     }
-    let norm = max(total, 6.103515625e-5);
     let wo = t * (params.k + 1u);
-    for (var r = 0u; r < params.k; r++) {
-      weights[wo + r] = picked[r] / norm;
+    if (lid < params.k) {
+      weights[wo + lid] = picked[lid] / max(total, 6.103515625e-5);
+    } else {
+      var gate = 0.0;
+      if (params.shared_gate == 1u) {
+        gate = 1.0 / (1.0 + exp(-logits[lo + E]));
+      }
+      weights[wo + lid] = gate;
     }
-    var gate = 0.0;
-    if (params.shared_gate == 1u) {
-      gate = 1.0 / (1.0 + exp(-logits[lo + E]));
-    }
-    weights[wo + params.k] = gate;
   }
 }
