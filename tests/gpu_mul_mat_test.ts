@@ -329,15 +329,17 @@ gpuTest("every decode layout gives each token the bits of the prefill tile", asy
 gpuTest(
   "mulMat() with a folded RMSNorm gives the bits of rmsNorm() then the product",
   async (ctx) => {
-    // K = 1280 (a partial last round of 256 partials in the norm), 5 tokens: the unfolded
-    // product runs as a prefill tile, the folded one token by token; experts: 3 of 4, decode.
-    const [K, M, T, E, nUsed, eps] = [1280, 70, 5, 4, 3, 1e-6];
+    // K = 1280 (a partial last round of 256 partials in the norm; x fits one staging window)
+    // and 2304 (two windows: x normed as it is staged), 5 tokens: the unfolded product runs as
+    // a prefill tile, the folded one token by token; experts: 3 of 4, decode.
+    const [M, T, E, nUsed, eps] = [70, 5, 4, 3, 1e-6];
     const r = rng(31);
-    const xs = upload(ctx, randomF32(T * K, r, 3));
-    const nw = upload(ctx, randomF32(K, r));
-    const h = createStorage(ctx, "h", T * K * 4);
     const ids = upload(ctx, Uint32Array.from([3, 0, 2]));
-    for (const type of [GgmlType.Q8_0, GgmlType.IQ4_XS]) {
+    const cases = [[GgmlType.Q8_0, 1280], [GgmlType.F32, 1280], [GgmlType.IQ4_XS, 2304]] as const;
+    for (const [type, K] of cases) {
+      const xs = upload(ctx, randomF32(T * K, r, 3));
+      const nw = upload(ctx, randomF32(K, r));
+      const h = createStorage(ctx, "h", T * K * 4);
       const bytes = randomBlocks(type, K * M * E, 0.5, r);
       const w = await uploadWeights(
         ctx,

@@ -22,7 +22,9 @@
 //   (y += result), NORM (x is the raw residual row and the product uses RMSNorm(x)·nw, the scale
 //   from _include/rms.wgsl as wgsl/rms_norm.wgsl computes it), IQ4_TABLE_WORKGROUP
 //   (dequant.wgsl), SUBGROUPS (with REG_CLASSES: a row's class partials combined by subgroup
-//   shuffles in class order).
+//   shuffles in class order), W_VEC4 (F32: w bound as vec4s, one load each).
+// NORM with XSTAGE and k ≤ 32·WIN reads x once: staged raw, its squares summed from workgroup
+//   memory (rms_finish: the same order, the same scale), then normed in place.
 //
 // Summation order (wgsl/mul_mat.wgsl): s_c = one fma chain over chunk c's 32 products in element
 // order, from 0; class l < 16 sums its chunks c ≡ l (mod 16) in increasing c, from 0; the output
@@ -57,7 +59,11 @@ struct Params {
   eps: f32,
 }
 
+#ifdef W_VEC4
+@group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;
+#else
 @group(0) @binding(0) var<storage, read> w: array<u32>;
+#endif
 @group(0) @binding(1) var<storage, read> x: array<f32>;
 @group(0) @binding(2) var<storage, read> ids: array<u32>;
 @group(0) @binding(3) var<storage, read> nw: array<f32>;
@@ -174,6 +180,46 @@ fn chunk_input(xo: u32, c0: u32, cc: u32, scale: f32) -> Chunk {
   );
 }
 
+#ifdef NORM
+#ifdef XSTAGE
+// Slot q (chunk q / 8, vec4 q % 8) of a single window's xs: the raw x written, nw returned.
+fn stage_raw(xo: u32, q: u32, wn: u32) -> vec4<f32> {
+  if (q >= wn * 8u) {
+    return vec4<f32>(0.0);
+  }
+  let col = 32u * (q / 8u) + 4u * (q % 8u);
+  xs[9u * (q / 8u) + q % 8u] = x4(xo + col);
+  return vec4<f32>(nw[col], nw[col + 1u], nw[col + 2u], nw[col + 3u]);
+}
+
+// Slot q normed in place, as input4 computes it: (x·scale)·nw.
+fn normalize_slot(q: u32, wn: u32, scale: f32, g: vec4<f32>) {
+  if (q < wn * 8u) {
+    let i = 9u * (q / 8u) + q % 8u;
+    xs[i] = (xs[i] * scale) * g;
+  }
+}
+
+// rms_scale's partial for invocation lid, from the raw x staged in xs (element i is component
+// i % 4 of xs[9·(i / 32) + (i % 32) / 4]).
+fn staged_part(n: u32, lid: u32) -> f32 {
+  var lo = 0.0;
+  var hi = 0.0;
+  if (lid < 128u) {
+    for (var i = lid; i < n; i += 256u) {
+      let v = xs[9u * (i / 32u) + (i % 32u) / 4u][i % 4u];
+      lo = fma(v, v, lo);
+    }
+    for (var i = lid + 128u; i < n; i += 256u) {
+      let v = xs[9u * (i / 32u) + (i % 32u) / 4u][i % 4u];
+      hi = fma(v, v, hi);
+    }
+  }
+  return lo + hi;
+}
+#endif
+#endif
+
 // The products of the workgroup's rows (part rows part_row0 + row0 + ...) with the input at xo:
 // rows row0 + g + GROUPS·r (r < RPT ≤ 4, a vector's components) to lane 0 of row group g.
 // Called by every invocation (barriers).
@@ -183,10 +229,30 @@ fn rows_product(part_row0: u32, row0: u32, xo: u32, lid: u32, sid: u32) -> vec4<
   let chunks = params.k / 32u;
   let classes = min(chunks, CLASSES);
   let rb = row_bytes();
+  var scale = 1.0;
+  // With NORM and XSTAGE, a row of x that fits one window is read from memory once: staged raw,
+  // summed from workgroup memory, then normed in place (g0..g3: nw of this invocation's slots).
+  var held = false;
+  var g0 = vec4<f32>(0.0);
+  var g1 = vec4<f32>(0.0);
+  var g2 = vec4<f32>(0.0);
+  var g3 = vec4<f32>(0.0);
 #ifdef NORM
-  let scale = rms_scale(xo, params.k, params.eps, lid);
+#ifdef XSTAGE
+  held = chunks <= WIN;
+  if (held) {
+    g0 = stage_raw(xo, lid, chunks);
+    g1 = stage_raw(xo, lid + WG, chunks);
+    g2 = stage_raw(xo, lid + 2u * WG, chunks);
+    g3 = stage_raw(xo, lid + 3u * WG, chunks);
+    workgroupBarrier();
+    scale = rms_finish(staged_part(params.k, lid), params.k, params.eps, lid);
+  } else {
+    scale = rms_scale(xo, params.k, params.eps, lid);
+  }
 #else
-  let scale = 1.0;
+  scale = rms_scale(xo, params.k, params.eps, lid);
+#endif
 #endif
   // The byte offset of each of this thread's rows; a row past the part reads the last row
   // instead (its output is dropped), so the loads need no branch.
@@ -205,8 +271,17 @@ fn rows_product(part_row0: u32, row0: u32, xo: u32, lid: u32, sid: u32) -> vec4<
     let wn = min(WIN, chunks - c0);
 #ifdef XSTAGE
     workgroupBarrier();
-    for (var q = lid; q < wn * 8u; q += WG) {
-      xs[9u * (q / 8u) + q % 8u] = input4(xo, c0 + q / 8u, q % 8u, scale);
+    if (held) {
+#ifdef NORM
+      normalize_slot(lid, wn, scale, g0);
+      normalize_slot(lid + WG, wn, scale, g1);
+      normalize_slot(lid + 2u * WG, wn, scale, g2);
+      normalize_slot(lid + 3u * WG, wn, scale, g3);
+#endif
+    } else {
+      for (var q = lid; q < wn * 8u; q += WG) {
+        xs[9u * (q / 8u) + q % 8u] = input4(xo, c0 + q / 8u, q % 8u, scale);
+      }
     }
     workgroupBarrier();
 #endif

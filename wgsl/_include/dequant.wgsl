@@ -1,7 +1,8 @@
 // dequant: 32 consecutive weights of one row, as f32, for every GGUF weight type the engine runs.
 // Matches engine/quant/dequant.ts (llama.cpp dequantize_row_*) exactly; docs/model_arch.md §6.
 // Contract: the including shader declares `var<storage, read> w: array<u32>` (the weight bytes;
-// rows start at any even byte offset) and defines exactly one TYPE_<name> flag.
+// rows start at any even byte offset) and defines exactly one TYPE_<name> flag; or, with
+// TYPE_F32 and W_VEC4, `w: array<vec4<u32>>` (rows at 16-byte offsets: one load a vec4).
 // Provides BLOCK_ELEMS, BLOCK_BYTES and dequant32(row_byte, c): elements 32c..32c+31 of the row
 // starting at byte `row_byte`, as 8 vec4 (element 32c+4v+j is component j of vec4 v).
 // Optional IQ4_TABLE_WORKGROUP (IQ4_NL, IQ4_XS): the lookups read the workgroup copy iq4_table,
@@ -11,6 +12,7 @@
 // by a variable: the SPIR-V compilers behind both providers kept such arrays in local memory on
 // an H200, which cost the decode products several times their time (docs/PERFORMANCE.md).
 
+#ifndef W_VEC4
 // Byte `b` of the weight buffer.
 fn wbyte(b: u32) -> u32 {
   return (w[b >> 2u] >> ((b & 3u) * 8u)) & 0xffu;
@@ -30,6 +32,7 @@ fn wword(b: u32) -> u32 {
 fn whalf(b: u32) -> f32 {
   return unpack2x16float(w[b >> 2u] >> ((b & 2u) * 8u)).x;
 }
+#endif
 
 // The four bytes of a word as a vec4.
 fn bytes4(q: u32) -> vec4<u32> {
@@ -83,6 +86,7 @@ fn iq4(nib: vec4<u32>) -> vec4<f32> {
 }
 #endif
 
+#ifndef W_VEC4
 // Q4_K/Q5_K 6-bit scale and min of sub-block j from the 12 scale bytes at `s` (get_scale_min_k4).
 fn scale_min_k4(s: u32, j: u32) -> vec2<f32> {
   if (j < 4u) {
@@ -92,12 +96,18 @@ fn scale_min_k4(s: u32, j: u32) -> vec2<f32> {
   let m = (wbyte(s + j + 4u) >> 4u) | ((wbyte(s + j) >> 6u) << 4u);
   return vec2<f32>(f32(sc), f32(m));
 }
+#endif
 
 #ifdef TYPE_F32
 const BLOCK_ELEMS = 1u;
 const BLOCK_BYTES = 4u;
+// Words i..i+3 of the row (i a multiple of 4 under W_VEC4).
 fn f32x4(i: u32) -> vec4<f32> {
+#ifdef W_VEC4
+  return bitcast<vec4<f32>>(w[i >> 2u]);
+#else
   return bitcast<vec4<f32>>(vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]));
+#endif
 }
 
 fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {

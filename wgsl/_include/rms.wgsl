@@ -9,6 +9,7 @@
 var<workgroup> rms_red: array<f32, 128>;
 
 fn rms_scale(xo: u32, n: u32, eps: f32, lid: u32) -> f32 {
+  var part = 0.0;
   if (lid < 128u) {
     var lo = 0.0;
     var hi = 0.0;
@@ -20,7 +21,16 @@ fn rms_scale(xo: u32, n: u32, eps: f32, lid: u32) -> f32 {
       let v = x[xo + i];
       hi = fma(v, v, hi);
     }
-    rms_red[lid] = lo + hi;
+    part = lo + hi;
+  }
+  return rms_finish(part, n, eps, lid);
+}
+
+// The scale from the partials p_lid + p_{lid+128} of invocations lid < 128 (`part`; ignored
+// above): for includers that sum the squares from a copy of x (wgsl/mul_mat_vec.wgsl).
+fn rms_finish(part: f32, n: u32, eps: f32, lid: u32) -> f32 {
+  if (lid < 128u) {
+    rms_red[lid] = part;
   }
   workgroupBarrier();
   for (var s = 64u; s > 0u; s >>= 1u) {
