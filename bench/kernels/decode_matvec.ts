@@ -11,7 +11,8 @@ import { type GpuContext, openGpu } from "../../engine/gpu/device.ts";
 import { createStepTimer, ParamArena, StepEncoder } from "../../engine/gpu/encoder.ts";
 import { compileKernel } from "../../engine/gpu/kernel.ts";
 import { mulMat, type MulMatOptions } from "../../engine/gpu/kernels/mul_mat.ts";
-import { MOE_SUM, moeDownSum } from "../../engine/gpu/kernels/moe_sum.ts";
+import { MOE_SUM, moeDownSum, moeSum } from "../../engine/gpu/kernels/moe_sum.ts";
+import { ssmConv } from "../../engine/gpu/kernels/ssm_conv.ts";
 import { moeRoute } from "../../engine/gpu/kernels/moe_route.ts";
 import {
   decodeLayout,
@@ -472,7 +473,8 @@ async function compiles(ctx: GpuContext, key: MulMatVecKey, sum: boolean): Promi
 /**
  * Per-dispatch times of tiny kernels back to back: a one-row product (the floor any dispatch
  * pays: launch and the barrier after it; and without the barrier, each into its own output)
- * and the MoE router's softmax + top-k.
+ * the MoE router's softmax + top-k, the experts' weighted sum and the DeltaNet conv, at the bench
+ * model's sizes (one token).
  */
 async function smallKernels(
   ctx: GpuContext,
@@ -494,6 +496,15 @@ async function smallKernels(
   const logits = mem.upload("logits", randomF32(p.E + 1, r, 4));
   const ids = mem.storage("ids", 4 * p.Ku);
   const weights = mem.storage("weights", 4 * (p.Ku + 1));
+  const routing = mem.upload("routing", randomF32(p.Ku + 1, r));
+  const experts = mem.upload("expert outputs", randomF32(p.Ku * p.D, r));
+  const shared = mem.upload("shared output", randomF32(p.D, r));
+  const residual = mem.upload("residual", randomF32(p.D, r));
+  const C = 2 * p.Nk * p.Dk + p.Nv * p.Dv;
+  const convX = mem.upload("conv x", randomF32(C, r));
+  const convW = mem.upload("conv w", randomF32(C * p.Kc, r));
+  const convState = mem.upload("conv state", randomF32(C * (p.Kc - 1), r));
+  const convU = mem.storage("conv u", 4 * C);
   const jobs: [string, (enc: StepEncoder) => void][] = [
     ["one-row product", (enc) => {
       for (let i = 0; i < n; i++) mulMat(enc, { w: one, x, y }, { tokens: 1 });
@@ -510,6 +521,27 @@ async function smallKernels(
           tokens: 1,
           logitsStride: p.E + 1,
           sharedGate: true,
+        });
+      }
+    }],
+    [`moe_sum d=${p.D} k=${p.Ku}`, (enc) => {
+      for (let i = 0; i < n; i++) {
+        moeSum(enc, { o: experts, s: shared, weights: routing, x: residual }, {
+          d: p.D,
+          k: p.Ku,
+          tokens: 1,
+          sharedExpert: true,
+        });
+      }
+    }],
+    [`ssm_conv channels=${C} kc=${p.Kc}`, (enc) => {
+      for (let i = 0; i < n; i++) {
+        ssmConv(enc, { x: convX, w: convW, state: convState, u: convU }, {
+          channels: C,
+          kc: p.Kc,
+          tokens: 1,
+          xStrideT: C,
+          uStrideT: C,
         });
       }
     }],
