@@ -69,8 +69,10 @@ export function decodeLayout(rows: number, id: boolean): MatVecLayout {
   if (rows >= 4096) return { wg: 256, cu: 16, rpt: 2, xstage: true };
   // Output projections, the shared expert's down.
   if (rows >= 2048) return { wg: 128, cu: 16, rpt: 1, xstage: true };
-  // Few rows (router, shared expert's gate|up): 64 threads across each row's chunks.
-  return { wg: 128, cu: 64, rpt: 2, xstage: true };
+  // Few rows (shared expert's gate|up): 64 threads across each row's chunks.
+  if (rows >= 512) return { wg: 128, cu: 64, rpt: 2, xstage: true };
+  // Fewest (the router's 257): a row a thread, twice the workgroups.
+  return { wg: 128, cu: 64, rpt: 1, xstage: true };
 }
 
 /** A variant per weight type, layout and epilogue. */
