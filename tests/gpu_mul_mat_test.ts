@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { createStorage } from "../engine/gpu/buffers.ts";
 import type { GpuContext } from "../engine/gpu/device.ts";
 import { gatherTiles, gatherWords, moeGather } from "../engine/gpu/kernels/moe_gather.ts";
-import { MUL_MAT_TYPES, mulMat, PREFILL_TT } from "../engine/gpu/kernels/mul_mat.ts";
+import { MUL_MAT_TYPES, mulMat, mulMatPair, PREFILL_TT } from "../engine/gpu/kernels/mul_mat.ts";
 import type { MatVecLayout } from "../engine/gpu/kernels/mul_mat_vec.ts";
 import { rmsNorm } from "../engine/gpu/kernels/rms_norm.ts";
 import { dequantize } from "../engine/quant/dequant.ts";
@@ -432,3 +432,65 @@ gpuTest(
     assert.deepEqual(b, a);
   },
 );
+
+gpuTest("mulMatPair() gives both products the bits mulMat gives each alone", async (ctx) => {
+  // The shared expert's gate|up (Q8_0, 70 rows) and the router (F32, 37 rows) on one normed
+  // input, 2 tokens, each into a wider row at an offset; both layouts the engine uses for them.
+  const [K, M, M2, T, eps] = [1280, 70, 37, 2, 1e-6];
+  const r = rng(41);
+  const x = upload(ctx, randomF32(T * K, r, 3));
+  const norm = { w: upload(ctx, randomF32(K, r)), eps };
+  const w = await uploadWeights(
+    ctx,
+    { name: "gate|up", type: GgmlType.Q8_0, shape: [K, M] },
+    randomBlocks(GgmlType.Q8_0, K * M, 0.5, r),
+  );
+  const w2 = await uploadWeights(
+    ctx,
+    { name: "router", type: GgmlType.F32, shape: [K, M2] },
+    randomBlocks(GgmlType.F32, K * M2, 0.5, r),
+  );
+  const [yo, ys, y2o, y2s] = [3, M + 5, 1, M2 + 2];
+  const layouts: MatVecLayout[] = [
+    { wg: 128, cu: 64, rpt: 2, xstage: true },
+    { wg: 128, cu: 64, rpt: 1, xstage: true },
+  ];
+  for (const decode of layouts) {
+    const [y, y2, alone, alone2] = [ys, y2s, ys, y2s].map((n) =>
+      createStorage(ctx, "y", T * n * 4)
+    );
+    let paired = false;
+    await submit(ctx, (enc) => {
+      paired = mulMatPair(enc, { w, w2, x, y, y2 }, {
+        tokens: T,
+        norm,
+        yOffset: yo,
+        yStrideT: ys,
+        y2Offset: y2o,
+        y2StrideT: y2s,
+        decode,
+      });
+      mulMat(enc, { w, x, y: alone }, { tokens: T, norm, yOffset: yo, yStrideT: ys, decode });
+      mulMat(enc, { w: w2, x, y: alone2 }, {
+        tokens: T,
+        norm,
+        yOffset: y2o,
+        yStrideT: y2s,
+        decode,
+      });
+    });
+    assert.ok(paired, "the pair applies to one-part Q8_0 and F32 matrices");
+    for (const [a, b, n, what] of [[y, alone, ys, "Q8_0"], [y2, alone2, y2s, "F32"]] as const) {
+      const got = await readF32(ctx, a, T * n);
+      const want = await readF32(ctx, b, T * n);
+      assert.ok(want.some((v) => v !== 0), "the products are not all zero");
+      for (let i = 0; i < T * n; i++) {
+        if (!Object.is(got[i], want[i])) {
+          throw new Error(
+            `${what} ${JSON.stringify(decode)}: output ${i} is ${got[i]} paired, ${want[i]} alone`,
+          );
+        }
+      }
+    }
+  }
+});

@@ -5,7 +5,7 @@
 // engine/quant/dequant.ts rows.
 // Bindings: 0 w: weight bytes of one part | 1 x (f32) | 2 ids (u32 expert ids (T, ids_stride)
 //   under ID, a dummy otherwise) | 3 nw (k) f32 RMSNorm weight under NORM, a dummy otherwise
-//   | 4 y (f32) | 5 params.
+//   | 4 y (f32) | under PAIR_F32: 5 w2 (an F32 matrix of rows2 rows) | 6 y2 (f32) | then params.
 // Dispatch: (row_tiles folded to 2-D, z): a workgroup takes ROWS = (WG / CU)·RPT rows of one
 //   token (z = T) or of one (token, rank) slot (ID: z = T·n_used).
 // Work: the products s_c of one chunk (32 values of k) are independent of one another, so the
@@ -22,7 +22,10 @@
 //   (y += result), NORM (x is the raw residual row and the product uses RMSNorm(x)·nw, the scale
 //   from _include/rms.wgsl as wgsl/rms_norm.wgsl computes it), IQ4_TABLE_WORKGROUP
 //   (dequant.wgsl), SUBGROUPS (with REG_CLASSES: a row's class partials combined by subgroup
-//   shuffles in class order), W_VEC4 (F32: w bound as vec4s, one load each).
+//   shuffles in class order), W_VEC4 (F32: w bound as vec4s, one load each), PAIR_F32 (a second
+//   product y2 = W2·x on the same input in the same dispatch, W2 F32: tiles past row_tiles take
+//   its rows, with the same layout and order, so each output has the bits it has alone; the MoE
+//   router beside the shared expert's gate|up; not with ID, X_SWIGLU or ADD).
 // NORM with XSTAGE and k ≤ 32·WIN reads x once: staged raw, its squares summed from workgroup
 //   memory (rms_finish: the same order, the same scale), then normed in place.
 //
@@ -57,6 +60,12 @@ struct Params {
   ids_stride: u32,
   row_tiles: u32,
   eps: f32,
+#ifdef PAIR_F32
+  rows2: u32,
+  row_tiles2: u32,
+  y2_offset: u32,
+  y2_stride_t: u32,
+#endif
 }
 
 #ifdef W_VEC4
@@ -68,7 +77,13 @@ struct Params {
 @group(0) @binding(2) var<storage, read> ids: array<u32>;
 @group(0) @binding(3) var<storage, read> nw: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
+#ifdef PAIR_F32
+@group(0) @binding(5) var<storage, read> w2: array<vec4<u32>>;
+@group(0) @binding(6) var<storage, read_write> y2: array<f32>;
+@group(0) @binding(7) var<uniform> params: Params;
+#else
 @group(0) @binding(5) var<uniform> params: Params;
+#endif
 
 // Chunk classes (the order's partial sums per output).
 const CLASSES = 16u;
@@ -124,8 +139,37 @@ fn put(i: u32, v: f32) {
 #endif
 }
 
-fn row_bytes() -> u32 {
+// The rows and row bytes of the product a workgroup computes (`second`: PAIR_F32's W2).
+fn matrix_rows(second: bool) -> u32 {
+#ifdef PAIR_F32
+  if (second) {
+    return params.rows2;
+  }
+#endif
+  return params.rows;
+}
+
+fn row_bytes(second: bool) -> u32 {
+  if (second) {
+    return 4u * params.k;
+  }
   return (params.k / BLOCK_ELEMS) * BLOCK_BYTES;
+}
+
+// Chunk c of the row at byte row_byte of W (or of W2).
+fn weights32(second: bool, row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+#ifdef PAIR_F32
+  if (second) {
+    let i = (row_byte >> 4u) + c * 8u;
+    return array<vec4<f32>, 8>(
+      bitcast<vec4<f32>>(w2[i]), bitcast<vec4<f32>>(w2[i + 1u]),
+      bitcast<vec4<f32>>(w2[i + 2u]), bitcast<vec4<f32>>(w2[i + 3u]),
+      bitcast<vec4<f32>>(w2[i + 4u]), bitcast<vec4<f32>>(w2[i + 5u]),
+      bitcast<vec4<f32>>(w2[i + 6u]), bitcast<vec4<f32>>(w2[i + 7u]),
+    );
+  }
+#endif
+  return dequant32(row_byte, c);
 }
 
 // The 32 input values of a chunk, as named vec4s: no array indexed by a variable anywhere in
@@ -223,12 +267,20 @@ fn staged_part(n: u32, lid: u32) -> f32 {
 // The products of the workgroup's rows (part rows part_row0 + row0 + ...) with the input at xo:
 // rows row0 + g + GROUPS·r (r < RPT ≤ 4, a vector's components) to lane 0 of row group g.
 // Called by every invocation (barriers).
-fn rows_product(part_row0: u32, row0: u32, xo: u32, lid: u32, sid: u32) -> vec4<f32> {
+fn rows_product(
+  part_row0: u32,
+  row0: u32,
+  xo: u32,
+  lid: u32,
+  sid: u32,
+  second: bool,
+) -> vec4<f32> {
   let cu = lid % CU;
   let g = lid / CU;
   let chunks = params.k / 32u;
   let classes = min(chunks, CLASSES);
-  let rb = row_bytes();
+  let rb = row_bytes(second);
+  let last_row = matrix_rows(second) - 1u;
   var scale = 1.0;
   // With NORM and XSTAGE, a row of x that fits one window is read from memory once: staged raw,
   // summed from workgroup memory, then normed in place (g0..g3: nw of this invocation's slots).
@@ -258,7 +310,7 @@ fn rows_product(part_row0: u32, row0: u32, xo: u32, lid: u32, sid: u32) -> vec4<
   // instead (its output is dropped), so the loads need no branch.
   var at: vec4<u32>;
   for (var r = 0u; r < RPT; r++) {
-    at[r] = (part_row0 + min(row0 + g + GROUPS * r, params.rows - 1u)) * rb;
+    at[r] = (part_row0 + min(row0 + g + GROUPS * r, last_row)) * rb;
   }
 #ifdef REG_CLASSES
   var p = vec4<f32>(0.0);
@@ -288,7 +340,7 @@ fn rows_product(part_row0: u32, row0: u32, xo: u32, lid: u32, sid: u32) -> vec4<
     for (var cc = cu; cc < wn; cc += CU) {
       let xv = chunk_input(xo, c0, cc, scale);
       for (var r = 0u; r < RPT; r++) {
-        let s = chunk_sum(dequant32(at[r], c0 + cc), xv);
+        let s = chunk_sum(weights32(second, at[r], c0 + cc), xv);
 #ifdef REG_CLASSES
         p[r] = p[r] + s;
 #else
@@ -358,10 +410,21 @@ fn main(
 #ifndef SUBGROUPS
   let sid = 0u;
 #endif
-  let tile = wid.x + wid.y * nwg.x;
+  var tile = wid.x + wid.y * nwg.x;
+  var second = false;
+#ifdef PAIR_F32
+  if (tile >= params.row_tiles) {
+    second = true;
+    tile -= params.row_tiles;
+  }
+  if (tile >= select(params.row_tiles, params.row_tiles2, second)) {
+    return;
+  }
+#else
   if (tile >= params.row_tiles) {
     return;
   }
+#endif
 #ifdef IQ4_TABLE_WORKGROUP
   if (lid < 16u) {
     iq4_table[lid] = KV_IQ4[lid];
@@ -392,10 +455,16 @@ fn main(
   let yo = params.y_offset + wid.z * params.y_stride_t + params.row_base;
   let part_row0 = 0u;
 #endif
-  let total = rows_product(part_row0, row0, xo, lid, sid);
+  let total = rows_product(part_row0, row0, xo, lid, sid, second);
   for (var r = 0u; r < RPT; r++) {
     let row = row0 + g + GROUPS * r;
-    if (writer && row < params.rows) {
+    if (writer && row < matrix_rows(second)) {
+#ifdef PAIR_F32
+      if (second) {
+        y2[params.y2_offset + wid.z * params.y2_stride_t + row] = total[r];
+        continue;
+      }
+#endif
       put(yo + row, total[r]);
     }
   }

@@ -14,7 +14,13 @@ import { getRows } from "./kernels/get_rows.ts";
 import { gatherTiles, moeGather } from "./kernels/moe_gather.ts";
 import { moeRoute } from "./kernels/moe_route.ts";
 import { moeDownSum } from "./kernels/moe_sum.ts";
-import { mulMat, type MulMatOptions, PREFILL_TT, type RmsNormInput } from "./kernels/mul_mat.ts";
+import {
+  mulMat,
+  type MulMatOptions,
+  mulMatPair,
+  PREFILL_TT,
+  type RmsNormInput,
+} from "./kernels/mul_mat.ts";
 import { qkNormRope } from "./kernels/qk_norm_rope.ts";
 import { rmsNorm } from "./kernels/rms_norm.ts";
 import { ssmConv } from "./kernels/ssm_conv.ts";
@@ -200,8 +206,23 @@ function attentionBlock(
 function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed, T: number): void {
   const { hp, act } = plan;
   const { E, Ku, Fe, Fs } = hp;
-  // router logits and the shared expert's gate logit; softmax, top-k, renormalise
-  project(enc, w.router, h, act.router, E + 1, { tokens: T });
+  // router logits and the shared expert's gate logit (with a decode step's shared gate|up in
+  // the same dispatch where they pair); softmax, top-k, renormalise
+  const paired = w.router.length === 1 && w.sharedGateUp.length === 1 && mulMatPair(enc, {
+    w: w.sharedGateUp[0].w,
+    w2: w.router[0].w,
+    x: h.x,
+    y: act.sharedGateUp,
+    y2: act.router,
+  }, {
+    tokens: T,
+    norm: h.norm,
+    yOffset: w.sharedGateUp[0].offset,
+    yStrideT: 2 * Fs,
+    y2Offset: w.router[0].offset,
+    y2StrideT: E + 1,
+  });
+  if (!paired) project(enc, w.router, h, act.router, E + 1, { tokens: T });
   moeRoute(enc, { logits: act.router, ids: act.route, weights: act.routeW }, {
     experts: E,
     k: Ku,
@@ -234,7 +255,7 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
     });
   }
   // shared expert
-  project(enc, w.sharedGateUp, h, act.sharedGateUp, 2 * Fs, { tokens: T });
+  if (!paired) project(enc, w.sharedGateUp, h, act.sharedGateUp, 2 * Fs, { tokens: T });
   mulMat(enc, { w: w.sharedDown, x: act.sharedGateUp, y: act.sharedOut }, {
     tokens: T,
     xStrideT: 2 * Fs,

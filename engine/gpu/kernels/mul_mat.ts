@@ -203,3 +203,78 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
     }
   }
 }
+
+/**
+ * Records y = W·x and y2 = W2·x for a decode step of a few tokens in one dispatch, W2 F32 and
+ * both of one part: the MoE router beside the shared expert's gate|up, on the same (normed)
+ * input. Each output has the bits mulMat gives it alone (the same layout and summation order);
+ * false, recording nothing, where the pair does not apply (then call mulMat twice).
+ */
+export function mulMatPair(
+  enc: StepEncoder,
+  b: {
+    readonly w: GpuTensor;
+    readonly w2: GpuTensor;
+    readonly x: BufferRef;
+    readonly y: BufferRef;
+    readonly y2: BufferRef;
+  },
+  o: {
+    readonly tokens: number;
+    readonly norm?: RmsNormInput;
+    readonly yOffset?: number;
+    readonly yStrideT?: number;
+    readonly y2Offset?: number;
+    readonly y2StrideT?: number;
+    readonly decode?: MatVecLayout;
+  },
+): boolean {
+  const { w, w2 } = b;
+  if (
+    o.tokens > DECODE_MAX_TOKENS || w2.type !== GgmlType.F32 || w.parts.length !== 1 ||
+    w2.parts.length !== 1 || w.cols !== w2.cols || w.cols % 32 !== 0 || w.experts > 1 ||
+    w2.experts > 1
+  ) {
+    return false;
+  }
+  checkType(w.type);
+  const rows = w.parts[0].rows;
+  const rows2 = w2.parts[0].rows;
+  const layout = o.decode ?? decodeLayout(rows, false);
+  const tiles = Math.ceil(rows / layoutRows(layout));
+  const tiles2 = Math.ceil(rows2 / layoutRows(layout));
+  const key = { type: w.type, layout, norm: !!o.norm, pairF32: true };
+  const buffers = {
+    w: w.parts[0].buffer,
+    x: b.x,
+    ids: dummyStorage(enc.ctx),
+    nw: o.norm?.w ?? dummyStorage(enc.ctx),
+    y: b.y,
+    w2: w2.parts[0].buffer,
+    y2: b.y2,
+  };
+  enc.dispatch(MUL_MAT_VEC, key, buffers, {
+    k: w.cols,
+    rows,
+    tokens: o.tokens,
+    n_used: 1,
+    row_base: 0,
+    expert_first: 0,
+    expert_count: 0,
+    x_offset: 0,
+    x_stride_t: w.cols,
+    x_stride_i: 0,
+    up_offset: 0,
+    y_offset: o.yOffset ?? 0,
+    y_stride_t: o.yStrideT ?? rows,
+    y_stride_i: rows,
+    ids_stride: 1,
+    row_tiles: tiles,
+    eps: o.norm?.eps ?? 0,
+    rows2,
+    row_tiles2: tiles2,
+    y2_offset: o.y2Offset ?? 0,
+    y2_stride_t: o.y2StrideT ?? rows2,
+  }, { tiles: tiles + tiles2, z: o.tokens });
+  return true;
+}

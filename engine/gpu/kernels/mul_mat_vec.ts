@@ -28,6 +28,8 @@ export interface MulMatVecKey {
   readonly add?: boolean;
   /** x is a raw residual row and the product uses RMSNorm(x)·w. */
   readonly norm?: boolean;
+  /** A second product y2 = W2·x, W2 F32, in the same dispatch (mulMatPair). */
+  readonly pairF32?: boolean;
 }
 
 /** Rows one workgroup of a layout computes. */
@@ -109,10 +111,18 @@ export const MUL_MAT_VEC: KernelFamily<MulMatVecKey> = {
       if (v.swiglu) throw new RangeError("Cannot fold RMSNorm into a SwiGLU input");
       defines.NORM = true;
     }
+    if (v.pairF32) {
+      if (v.id || v.swiglu || v.add) {
+        throw new RangeError("Cannot pair an F32 product with experts, SwiGLU or accumulation");
+      }
+      defines.PAIR_F32 = true;
+    }
     if (subgroups) defines.SUBGROUPS = true;
     const name = `mul_mat_vec_${typeName(v.type)}_${layoutName(layout)}${v.id ? "_id" : ""}${
       v.swiglu ? "_swiglu" : ""
-    }${v.add ? "_add" : ""}${v.norm ? "_norm" : ""}${subgroups ? "_sg" : ""}`;
+    }${v.add ? "_add" : ""}${v.norm ? "_norm" : ""}${v.pairF32 ? "_pairf32" : ""}${
+      subgroups ? "_sg" : ""
+    }`;
     return { name, defines };
   },
 };
