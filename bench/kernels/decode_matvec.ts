@@ -10,7 +10,7 @@ import { createStorage, GpuMemory, readBuffer } from "../../engine/gpu/buffers.t
 import { type GpuContext, openGpu } from "../../engine/gpu/device.ts";
 import { createStepTimer, ParamArena, StepEncoder } from "../../engine/gpu/encoder.ts";
 import { compileKernel } from "../../engine/gpu/kernel.ts";
-import { mulMat, type MulMatOptions } from "../../engine/gpu/kernels/mul_mat.ts";
+import { mulMat, type MulMatOptions, mulMatPair } from "../../engine/gpu/kernels/mul_mat.ts";
 import { MOE_SUM, moeDownSum, moeSum } from "../../engine/gpu/kernels/moe_sum.ts";
 import { ssmConv } from "../../engine/gpu/kernels/ssm_conv.ts";
 import { moeRoute } from "../../engine/gpu/kernels/moe_route.ts";
@@ -556,6 +556,66 @@ async function smallKernels(
   return out;
 }
 
+/**
+ * The router and the shared expert's gate|up (the same normed input) as one mulMatPair dispatch
+ * against their two mulMat dispatches: µs per pair, after checking the pair's bits.
+ */
+async function pairTimes(
+  ctx: GpuContext,
+  arena: ParamArena,
+  timer: ReturnType<typeof createStepTimer>,
+): Promise<VariantResult> {
+  const mem = new GpuMemory(ctx);
+  const full = fullShapes();
+  const [router, shared] = await Promise.all(
+    ["router", "shared gate|up"].map((n) => prepare(ctx, mem, full.find((s) => s.name === n)!)),
+  );
+  const n = 200;
+  const separate = (enc: StepEncoder, i: number, y: GPUBuffer, y2: GPUBuffer) => {
+    mulMat(enc, { w: shared.copies[i % shared.copies.length], x: shared.x, y }, shared.options);
+    mulMat(enc, { w: router.copies[i % router.copies.length], x: shared.x, y: y2 }, shared.options);
+  };
+  const paired = (enc: StepEncoder, i: number, y: GPUBuffer, y2: GPUBuffer) => {
+    const w = shared.copies[i % shared.copies.length];
+    const w2 = router.copies[i % router.copies.length];
+    if (!mulMatPair(enc, { w, w2, x: shared.x, y, y2 }, shared.options)) {
+      throw new Error("Cannot pair the router with the shared gate|up here");
+    }
+  };
+  // Bits: the pair's outputs against the two products'.
+  const outs = [shared.y, router.y, mem.storage("y", shared.yInit.length * 4)];
+  outs.push(mem.storage("y2", router.yInit.length * 4));
+  const enc = new StepEncoder(ctx, arena);
+  separate(enc, 0, outs[0], outs[1]);
+  paired(enc, 0, outs[2], outs[3]);
+  enc.submit();
+  const got = await Promise.all(outs.map((b) => readBuffer(ctx, b, 0, b.size)));
+  const same = [0, 1].every((j) => {
+    const [a, b] = [new Uint32Array(got[j]), new Uint32Array(got[j + 2])];
+    return a.every((v, i) => v === b[i]);
+  });
+  if (!same) return { shape: "pair", variant: "router + shared gate|up", check: "bits differ" };
+  const time = async (job: typeof separate) => {
+    const us: number[] = [];
+    for (let run = 0; run < 4; run++) {
+      us.push(
+        await timeDispatches(ctx, arena, timer, (e) => {
+          for (let i = 0; i < n; i++) job(e, i, outs[0], outs[1]);
+        }) / n,
+      );
+    }
+    return median(us.slice(1));
+  };
+  const [two, one] = [await time(separate), await time(paired)];
+  mem.destroy();
+  return {
+    shape: "pair",
+    variant: `router + shared gate|up: two dispatches ${two.toFixed(2)} µs, one`,
+    us: one,
+    check: "ok",
+  };
+}
+
 const DECODE_MATVEC = {
   name: "Decode matvec bench",
   usage: "deno run -A bench/kernels/decode_matvec.ts",
@@ -607,6 +667,7 @@ async function main(values: FlagValues<typeof DECODE_MATVEC.flags>): Promise<voi
   const only = values.only?.split(",");
   const shapes = only ? all.filter((s) => only.some((o) => s.name.includes(o))) : all;
   const results: VariantResult[] = await smallKernels(ctx, arena, timer);
+  if (shapes.some((s) => s.name === "router")) results.push(await pairTimes(ctx, arena, timer));
   for (const r of results) console.log(line(r));
   const noSubgroups = { ...ctx, features: { ...ctx.features, subgroups: false } };
   for (const [at, shape] of shapes.entries()) {
