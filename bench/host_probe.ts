@@ -37,7 +37,17 @@ import {
   text,
   whole,
 } from "../lib/cli.ts";
-import { median, seededIds } from "./measure.ts";
+import {
+  BENCH_SAMPLING,
+  median,
+  seededIds,
+  timeConcurrentDecode,
+  timeDecode,
+  timeFusedDecode,
+  timeSampledDecode,
+} from "./measure.ts";
+import type { Stage } from "../engine/stage.ts";
+import { FUSED_STEPS } from "../lib/scheduler/scheduler.ts";
 import process from "node:process";
 
 /** setImmediate turns seen since start: how many, how late each ran, how long each took. */
@@ -199,8 +209,6 @@ async function probeSteps(
     return s;
   }
   const ids = seededIds(flags.pp, hp.V, 1);
-  const step = (slot: number, id: number, pos: number) =>
-    stage.run(slot, { kind: "ids", ids: Uint32Array.of(id) }, 1, pos);
   let variant = "";
   for (variant of flags.variants) {
     if (variant === "unpaced") paceDawnPolls(false);
@@ -213,44 +221,61 @@ async function probeSteps(
       if (r > 0) pp.push(s);
     }
     summarize(`${variant} pp${flags.pp}`, pp);
-    const tg: RunSample[] = [];
-    for (let r = 0; r <= Math.min(flags.runs, 3); r++) {
-      const steps: RunSample[] = [];
-      const t0 = performance.now();
-      let id = ids[0];
-      for (let pos = 0; pos < flags.tg; pos++) {
-        const s = await timed(`tg run ${r} step ${pos}`, async () => {
-          const out = await step(0, id, pos);
-          if (out.kind === "ids") id = out.ids[0] % hp.V;
-        });
-        steps.push(s);
-      }
-      if (r > 0) {
-        summarize(`${variant} tg${flags.tg} run ${r} steps`, steps);
-        tg.push({ ...steps[0], what: `tg${flags.tg} run ${r}`, wallMs: performance.now() - t0 });
-      }
-    }
-    summarize(`${variant} tg${flags.tg} whole runs`, tg);
-    if (flags.slots > 1) {
-      const both: RunSample[] = [];
+    for (const mode of decodeModes(flags.slots)) {
+      const runs: RunSample[] = [];
+      const steps: StepProfile[] = [];
       for (let r = 0; r <= Math.min(flags.runs, 3); r++) {
-        const s = await timed(`tg${flags.tg} x${flags.slots} run ${r}`, () =>
-          Promise.all(
-            Array.from({ length: flags.slots }, async (_, slot) => {
-              let id = ids[slot];
-              for (let pos = 0; pos < flags.tg; pos++) {
-                const out = await step(slot, id, pos);
-                if (out.kind === "ids") id = out.ids[0] % hp.V;
-              }
-            }),
-          ));
-        if (r > 0) both.push(s);
+        const before = samples.length;
+        const s = await timed(`${mode} run ${r}`, () => decodeRun(mode, stage, ids, flags.tg));
+        if (r > 0) {
+          runs.push(s);
+          steps.push(...samples.slice(before));
+        }
       }
-      summarize(`${variant} tg${flags.tg} x${flags.slots}`, both);
+      summarize(`${variant} ${mode}${flags.tg}`, runs);
+      logSteps(`${variant} ${mode}${flags.tg}`, runs, steps);
     }
     if (variant === "unpaced" && gpu.provider === "dawn") paceDawnPolls(true);
   }
   stage.close();
+}
+
+/** The decode workloads of the bench: per step, sampled, fused greedy, and slots at once. */
+function decodeModes(slots: number): string[] {
+  return ["tg", "sampled", "fused", ...(slots > 1 ? [`x${slots}-tg`] : [])];
+}
+
+/** One run of a decode mode from position 0, as bench/stage_bench.ts times it. */
+function decodeRun(mode: string, stage: Stage, ids: Uint32Array, n: number): Promise<unknown> {
+  if (mode === "tg") return timeDecode([stage], ids[0], n);
+  if (mode === "sampled") return timeSampledDecode([stage], ids[0], n, BENCH_SAMPLING, 1);
+  if (mode === "fused") return timeFusedDecode(stage, ids[0], n, FUSED_STEPS);
+  const slots = Number(mode.slice(1, mode.indexOf("-")));
+  return timeConcurrentDecode([stage], Array.from(ids.subarray(0, slots)), n);
+}
+
+/**
+ * Where a decode mode's wall goes per token: the median run's wall over its tokens, against the
+ * medians over its submissions of recording (JS), handing over + submit, waiting, and GPU span.
+ */
+function logSteps(what: string, runs: readonly RunSample[], steps: readonly StepProfile[]): void {
+  if (!runs.length || !steps.length) return;
+  const tokens = steps.reduce((s, p) => s + p.tokens, 0) / runs.length;
+  const perRun = steps.length / runs.length;
+  const wall = median(runs.map((r) => r.wallMs)) / tokens;
+  const med = (f: (p: StepProfile) => number) => median(steps.map(f));
+  const gpu = steps.every((p) => p.gpuMs !== undefined)
+    ? median(steps.map((p) => p.gpuMs! / p.tokens))
+    : NaN;
+  const f = (x: number) => x.toFixed(3);
+  log(
+    `${what}: ${tokens} tokens in ${perRun} submissions a run; per token wall ${f(wall)} ms, ` +
+      `GPU span ${f(gpu)} ms, outside the GPU ${f(wall - gpu)} ms; per submission: record ${
+        f(med((p) => p.encodeMs - p.submitMs))
+      }, submit ${f(med((p) => p.submitMs))}, wait ${f(med((p) => p.waitMs))}, GPU span ${
+        f(med((p) => p.gpuMs ?? NaN))
+      } ms, ${med((p) => p.dispatches)} dispatches`,
+  );
 }
 
 /** Median and max of the walls, and every run over 2x the median in full. */

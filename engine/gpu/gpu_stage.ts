@@ -64,6 +64,8 @@ export interface StepProfile {
   readonly dispatches: number;
   /** Validating, recording and submitting on the CPU. */
   readonly encodeMs: number;
+  /** The part of encodeMs spent handing the recorded step to the provider and submitting it. */
+  readonly submitMs: number;
   /** From submit until the outputs were read back. */
   readonly waitMs: number;
   /** GPU time from the first dispatch's start to the last one's end; undefined without timestamps. */
@@ -420,6 +422,7 @@ export class GpuStage implements Stage {
     }
     if (timer) enc.copy(timer.resolve, 0, readback, timeAt, 16);
     const dispatches = enc.dispatches;
+    const recorded = performance.now();
     this.#gpu.device.pushErrorScope("validation");
     enc.submit(timer, this.#dispatchProfiler);
     const rejected = this.#gpu.device.popErrorScope();
@@ -433,6 +436,7 @@ export class GpuStage implements Stage {
           tokens: n,
           dispatches,
           encodeMs: submitted - started,
+          submitMs: submitted - recorded,
           waitMs: performance.now() - submitted,
           gpuMs: ns ? Number(ns[1] - ns[0]) / 1e6 : undefined,
         });
