@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { createStorage } from "../engine/gpu/buffers.ts";
 import { argmax, argmaxScratchWords } from "../engine/gpu/kernels/argmax.ts";
 import { logitAdjust } from "../engine/gpu/kernels/logit_adjust.ts";
-import { logSumExp, topK, topKWords } from "../engine/gpu/kernels/topk.ts";
+import { logSumExp, topK, topKScratchWords, topKWords } from "../engine/gpu/kernels/topk.ts";
 import {
   argmaxTopK,
   biasLogits,
@@ -35,6 +35,9 @@ const CASES: readonly Case[] = [
   { V: 1000, rows: 3, k: 5 },
   { V: 257, rows: 2, k: 40 },
   { V: 5000, rows: 1, k: 1 },
+  // Rows over many first-pass chunks (a vocabulary's worth): the chunks' candidates merged.
+  { V: 150_000, rows: 2, k: 40 },
+  { V: 40_000, rows: 1, k: 600 },
   // k beyond the old two-pass kernel's 256, up to the one limit; k above V returns V entries.
   { V: 3000, rows: 1, k: MAX_TOPK },
   { V: 700, rows: 1, k: MAX_TOPK },
@@ -90,6 +93,7 @@ gpuTest("argmax, logitAdjust, topK and the log-sum-exp equal the reference", asy
     const ids = createStorage(ctx, "ids", rows * 4);
     const argmaxScratch = createStorage(ctx, "argmax scratch", argmaxScratchWords(rows) * 4);
     const top = createStorage(ctx, "top", topKWords(k) * 4);
+    const scratch = createStorage(ctx, "top-k scratch", topKScratchWords(V, k) * 4);
     const mask = adjust?.mask ? upload(ctx, adjust.mask) : undefined;
     const records = encodeBias(adjust?.bias ?? []);
     const bias = records.length ? upload(ctx, new Uint32Array(records.buffer)) : undefined;
@@ -101,14 +105,14 @@ gpuTest("argmax, logitAdjust, topK and the log-sum-exp equal the reference", asy
         words: 0,
         pairs: adjust?.bias?.length ?? 0,
       });
-      logSumExp(enc, { src, out: top }, { ...row, k });
+      logSumExp(enc, { src, scratch, out: top }, { ...row, k });
       logitAdjust(enc, { logits: src, mask, bias }, {
         ...row,
         words: adjust?.mask?.length ?? 0,
         pairs: 0,
       });
       argmax(enc, { src, scratch: argmaxScratch, out: ids }, { n: V, rows });
-      topK(enc, { src, out: top }, { n: V, k, offset: last });
+      topK(enc, { src, scratch, out: top }, { n: V, k, offset: last });
     });
     const gotIds = await readU32(ctx, ids, rows);
     const biased = biasLogits(logits.subarray(last, last + V), adjust?.bias);

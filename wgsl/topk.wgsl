@@ -4,22 +4,37 @@
 // Bindings: 0 src: the row at src_offset + i, n values f32; values ≤ MASKED (logit_adjust's masked
 //   tokens) are no candidates and add nothing to the sum | 1 dst: k (f32 bits, index) u32 pairs
 //   (mode 1), then the log-sum-exp as f32 bits at 2·k (mode 0) | 2 params.
-// Dispatch: (1); one workgroup. WG = 256. Missing entries (k above the candidates) are
-//   (MASKED, 0xffffffff). Variants: none.
+// Dispatch: (groups); workgroup g takes the chunk [g·chunk, (g+1)·chunk) of the row. With one
+//   group it writes the results; with more, its partials go to dst (scratch): mode 1 its chunk's
+//   top k at 2·k·g, mode 0 its (max, sum of exp) at 2·g. WG = 256. Missing entries (k above the
+//   candidates) are (MASKED, 0xffffffff).
+// Variants: MERGE, one workgroup finishing what `groups` workgroups left in src (u32): mode 1
+//   the top k of their groups·k candidates (n = groups·k), mode 0 the log-sum-exp of their n =
+//   groups partials. Every entry of the row's top k is among its chunk's top k, and the chunks
+//   come in index order with each sorted, so among equal values the lower position is the lower
+//   index and the merge picks what one pass over the row would.
 //
 // Mode 0 is one pass of online max and sum of exp. Mode 1 histograms each value's key (f32 order
 // as u32 order) 8 bits at a time, four passes fixing the k-th largest key (radix select); keys
 // above it are gathered, then keys equal to it (the lowest indices first when more tie than
-// fit), and a bitonic sort orders the ≤ MAXK candidates.
+// fit), and a bitonic sort orders the ≤ MAXK candidates. One workgroup reads its values several
+// times, each read a chain of dependent loads: spreading the row over groups is what makes a
+// vocabulary of 248k cheap.
 
 struct Params {
   n: u32,
   k: u32,
   src_offset: u32,
   mode: u32,
+  chunk: u32,
+  groups: u32,
 }
 
+#ifdef MERGE
+@group(0) @binding(0) var<storage, read> src: array<u32>;
+#else
 @group(0) @binding(0) var<storage, read> src: array<f32>;
+#endif
 @group(0) @binding(1) var<storage, read_write> dst: array<u32>;
 @group(0) @binding(2) var<uniform> params: Params;
 
@@ -62,22 +77,63 @@ fn value_of(key: u32) -> f32 {
   return bitcast<f32>(~key);
 }
 
+// Where this workgroup's entries start in src, and the index of its first one.
+var<private> off: u32;
+var<private> first_id: u32;
+
+// Entry e of this workgroup: its value and its index in the row.
+fn value_at(e: u32) -> f32 {
+#ifdef MERGE
+  return bitcast<f32>(src[2u * e]);
+#else
+  return src[off + e];
+#endif
+}
+
+fn id_at(e: u32) -> u32 {
+#ifdef MERGE
+  return src[2u * e + 1u];
+#else
+  return first_id + e;
+#endif
+}
+
 // Entry a comes before entry b: larger key, then lower index.
 fn before(ka: u32, ia: u32, kb: u32, ib: u32) -> bool {
   return ka > kb || (ka == kb && ia < ib);
 }
 
 @compute @workgroup_size(WG)
-fn main(@builtin(local_invocation_index) lid: u32) {
+fn main(
+  @builtin(local_invocation_index) lid: u32,
+  @builtin(workgroup_id) wid: vec3<u32>,
+) {
+#ifdef MERGE
   let n = params.n;
-  let off = params.src_offset;
+  let out_at = 0u;
+#else
+  first_id = wid.x * params.chunk;
+  off = params.src_offset + first_id;
+  let n = min(params.chunk, params.n - first_id);
+  // A group of several writes its partials to its own place in the scratch.
+  let out_at = select(0u, 2u * params.k * wid.x, params.groups > 1u);
+#endif
 
   if (params.mode == 0u) {
     // Online max and sum of exp, per thread, then merged pairwise.
     var m = MASKED;
     var s = 0.0;
+#ifdef MERGE
+    for (var g = lid; g < n; g += WG) {
+      let m2 = bitcast<f32>(src[2u * g]);
+      let s2 = bitcast<f32>(src[2u * g + 1u]);
+      let mm = max(m, m2);
+      s = s * exp(m - mm) + s2 * exp(m2 - mm);
+      m = mm;
+    }
+#else
     for (var e = lid; e < n; e += WG) {
-      let v = src[off + e];
+      let v = value_at(e);
       if (v > MASKED) {
         if (v > m) {
           s = s * exp(m - v) + 1.0;
@@ -87,6 +143,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
         }
       }
     }
+#endif
     red_m[lid] = m;
     red_s[lid] = s;
     workgroupBarrier();
@@ -100,6 +157,13 @@ fn main(@builtin(local_invocation_index) lid: u32) {
       workgroupBarrier();
     }
     if (lid == 0u) {
+#ifndef MERGE
+      if (params.groups > 1u) {
+        dst[2u * wid.x] = bitcast<u32>(red_m[0]);
+        dst[2u * wid.x + 1u] = bitcast<u32>(red_s[0]);
+        return;
+      }
+#endif
       dst[2u * params.k] = bitcast<u32>(red_m[0] + log(red_s[0]));
     }
     return;
@@ -108,7 +172,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
   // The valid count and a histogram of the top key byte.
   var valid = 0u;
   for (var e = lid; e < n; e += WG) {
-    let v = src[off + e];
+    let v = value_at(e);
     if (v > MASKED) {
       valid += 1u;
       atomicAdd(&hist[key_of(v) >> 24u], 1u);
@@ -134,7 +198,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
       atomicStore(&hist[lid], 0u);
       workgroupBarrier();
       for (var e = lid; e < n; e += WG) {
-        let v = src[off + e];
+        let v = value_at(e);
         let key = key_of(v);
         if (v > MASKED && (key & high) == prefix) {
           atomicAdd(&hist[(key >> shift) & 255u], 1u);
@@ -166,12 +230,12 @@ fn main(@builtin(local_invocation_index) lid: u32) {
   let ties = workgroupUniformLoad(&wg_ties);
   // Keys above the threshold, and the threshold's own when every one of them fits.
   for (var e = lid; e < n; e += WG) {
-    let v = src[off + e];
+    let v = value_at(e);
     let key = key_of(v);
     if (kk > 0u && v > MASKED && (key > threshold || (key == threshold && ties == need))) {
       let at = atomicAdd(&taken, 1u);
       sk[at] = key;
-      si[at] = e;
+      si[at] = id_at(e);
     }
   }
   workgroupBarrier();
@@ -182,7 +246,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     let hi = min(n, lo + per);
     var c = 0u;
     for (var e = lo; e < hi; e++) {
-      let v = src[off + e];
+      let v = value_at(e);
       if (v > MASKED && key_of(v) == threshold) {
         c += 1u;
       }
@@ -201,10 +265,10 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     let start = kk - need;
     var rank = counts[lid];
     for (var e = lo; e < hi && rank < need; e++) {
-      let v = src[off + e];
+      let v = value_at(e);
       if (v > MASKED && key_of(v) == threshold) {
         sk[start + rank] = threshold;
-        si[start + rank] = e;
+        si[start + rank] = id_at(e);
         rank += 1u;
       }
     }
@@ -247,11 +311,11 @@ fn main(@builtin(local_invocation_index) lid: u32) {
 
   for (var r = lid; r < params.k; r += WG) {
     if (r < kk) {
-      dst[2u * r] = bitcast<u32>(value_of(sk[r]));
-      dst[2u * r + 1u] = si[r];
+      dst[out_at + 2u * r] = bitcast<u32>(value_of(sk[r]));
+      dst[out_at + 2u * r + 1u] = si[r];
     } else {
-      dst[2u * r] = bitcast<u32>(MASKED);
-      dst[2u * r + 1u] = NONE;
+      dst[out_at + 2u * r] = bitcast<u32>(MASKED);
+      dst[out_at + 2u * r + 1u] = NONE;
     }
   }
 }

@@ -123,16 +123,75 @@ export class ParamArena {
     return this.#buffer;
   }
 
-  /** Uploads `slots` slots of packed Params, growing the arena (dropping bind groups) if needed. */
+  /** Slots the arena holds: a step recording at most this many dispatches never regrows it. */
+  get slots(): number {
+    return this.#slots;
+  }
+
+  /**
+   * Makes room for `slots` slots before a step's bind groups are built: growing replaces the
+   * buffer and drops the bind groups, so steps encoded earlier must be encoded again.
+   */
+  reserve(slots: number): void {
+    if (slots <= this.#slots) return;
+    this.#mem.free(this.#buffer);
+    this.#slots = Math.max(slots, 2 * this.#slots);
+    this.#buffer = this.#create(this.#slots);
+    this.bindGroups.length = 0;
+  }
+
+  /** Uploads `slots` slots of packed Params (queued before the step that reads them). */
   upload(words: Uint32Array<ArrayBuffer>, slots: number): void {
-    if (slots > this.#slots) {
-      this.#mem.free(this.#buffer);
-      this.#slots = Math.max(slots, 2 * this.#slots);
-      this.#buffer = this.#create(this.#slots);
-      this.bindGroups.length = 0;
-    }
     // A typed array's offset and size count elements.
     this.#mem.ctx.device.queue.writeBuffer(this.#buffer, 0, words, 0, slots * SLOT_WORDS);
+  }
+}
+
+/** Where a command buffer puts a StepTimer's marks (a step encoded in several puts each once). */
+export interface TimerMarks {
+  readonly timer: StepTimer;
+  /** Writes the GPU time at this buffer's first dispatch (index 0). */
+  readonly start: boolean;
+  /** Writes the GPU time after its last dispatch (index 1) and resolves both. */
+  readonly end: boolean;
+}
+
+/**
+ * A step encoded into a command buffer and not yet submitted: its Params go to the arena when
+ * it is submitted, so it can be encoded while the GPU still runs the step before it.
+ */
+export class EncodedStep {
+  readonly dispatches: number;
+  readonly #ctx: GpuContext;
+  readonly #arena: ParamArena;
+  readonly #arenaBuffer: GPUBuffer;
+  readonly #words: Uint32Array<ArrayBuffer>;
+  readonly #commands: GPUCommandBuffer;
+
+  constructor(
+    ctx: GpuContext,
+    arena: ParamArena,
+    words: Uint32Array<ArrayBuffer>,
+    dispatches: number,
+    commands: GPUCommandBuffer,
+  ) {
+    this.#ctx = ctx;
+    this.#arena = arena;
+    this.#arenaBuffer = arena.buffer;
+    this.#words = words;
+    this.dispatches = dispatches;
+    this.#commands = commands;
+  }
+
+  /** Its bind groups name an arena that was replaced since: encode the step again. */
+  get stale(): boolean {
+    return this.#arena.buffer !== this.#arenaBuffer;
+  }
+
+  /** Uploads the Params and submits; once only. */
+  submit(): void {
+    if (this.dispatches) this.#arena.upload(this.#words, this.dispatches);
+    this.#ctx.device.queue.submit([this.#commands]);
   }
 }
 
@@ -140,14 +199,16 @@ export class StepEncoder {
   readonly ctx: GpuContext;
   #arena: ParamArena;
   #commands: Command[] = [];
-  /** Packed Params, one arena slot per dispatch. */
-  #words = new Uint32Array(64 * SLOT_WORDS);
-  #view = new DataView(this.#words.buffer);
+  /** Packed Params, one arena slot per dispatch; as many as the arena holds, so rarely grown. */
+  #words: Uint32Array<ArrayBuffer>;
+  #view: DataView;
   #dispatches = 0;
 
   constructor(ctx: GpuContext, arena: ParamArena) {
     this.ctx = ctx;
     this.#arena = arena;
+    this.#words = new Uint32Array(arena.slots * SLOT_WORDS);
+    this.#view = new DataView(this.#words.buffer);
   }
 
   /** Number of dispatches recorded so far. */
@@ -228,10 +289,18 @@ export class StepEncoder {
     return group;
   }
 
-  #record(pass: GPUComputePassEncoder, c: Extract<Command, { kind: "dispatch" }>): void {
-    pass.setPipeline(c.kernel.pipeline);
+  /** Records a dispatch into `pass`, whose pipeline is `bound`; returns the pipeline now set. */
+  #record(
+    pass: GPUComputePassEncoder,
+    c: Extract<Command, { kind: "dispatch" }>,
+    bound: GPUComputePipeline | undefined,
+  ): GPUComputePipeline {
+    // Each call crosses into the provider (Node-API for Dawn): skip the ones that change nothing.
+    const pipeline = c.kernel.pipeline;
+    if (pipeline !== bound) pass.setPipeline(pipeline);
     pass.setBindGroup(0, this.#bindGroup(c.kernel, c.buffers, c.slot));
     pass.dispatchWorkgroups(c.size[0], c.size[1], c.size[2]);
+    return pipeline;
   }
 
   /**
@@ -241,17 +310,28 @@ export class StepEncoder {
    * its own, labelled with its kernel, whose start and end the profiler records.
    */
   submit(timer?: StepTimer, profiler?: DispatchProfiler): void {
+    this.encode(timer && { timer, start: true, end: true }, profiler).submit();
+  }
+
+  /**
+   * Encodes everything recorded into one command buffer, to submit later (EncodedStep), and
+   * starts the encoder afresh. `marks` and `profiler` as in submit().
+   */
+  encode(marks?: TimerMarks, profiler?: DispatchProfiler): EncodedStep {
     const n = this.#dispatches;
-    if (n) this.#arena.upload(this.#words, n);
+    this.#arena.reserve(n);
     const enc = this.ctx.device.createCommandEncoder();
     profiler?.begin(this.#commands.flatMap((c) => c.kind === "dispatch" ? [c.kernel.name] : []));
-    const first = this.#commands.findIndex((c) => c.kind === "dispatch");
+    const timer = marks?.timer;
+    const first = marks?.start ? this.#commands.findIndex((c) => c.kind === "dispatch") : -1;
     const last = this.#commands.findLastIndex((c) => c.kind === "dispatch");
     let lastPass = false;
     let pass: GPUComputePassEncoder | undefined;
+    let pipeline: GPUComputePipeline | undefined;
     const endPass = () => {
       pass?.end();
       pass = undefined;
+      pipeline = undefined;
       if (timer && lastPass) enc.resolveQuerySet(timer.querySet, 0, 2, timer.resolve, 0);
       lastPass = false;
     };
@@ -261,16 +341,16 @@ export class StepEncoder {
           label: c.kernel.name,
           timestampWrites: profiler.timestampWrites(c.slot),
         });
-        this.#record(own, c);
+        this.#record(own, c, undefined);
         own.end();
-        if (i === last) profiler.resolve(enc, timer?.resolve);
+        if (i === last) profiler.resolve(enc, marks?.end ? timer?.resolve : undefined);
         continue;
       }
       if (c.kind === "dispatch") {
         if (!pass) {
           // The pass starting here runs until the next copy/clear: does it hold the last dispatch?
           const next = this.#commands.findIndex((d, j) => j > i && d.kind !== "dispatch");
-          lastPass = last < (next < 0 ? Infinity : next);
+          lastPass = !!marks?.end && last < (next < 0 ? Infinity : next);
           pass = enc.beginComputePass(
             timer && (i === first || lastPass)
               ? {
@@ -283,7 +363,7 @@ export class StepEncoder {
               : undefined,
           );
         }
-        this.#record(pass, c);
+        pipeline = this.#record(pass, c, pipeline);
         continue;
       }
       endPass();
@@ -291,8 +371,11 @@ export class StepEncoder {
       else enc.clearBuffer(c.buffer, c.offset, c.size);
     }
     endPass();
-    this.ctx.device.queue.submit([enc.finish()]);
+    const step = new EncodedStep(this.ctx, this.#arena, this.#words, n, enc.finish());
+    this.#words = new Uint32Array(this.#words.length);
+    this.#view = new DataView(this.#words.buffer);
     this.#commands = [];
     this.#dispatches = 0;
+    return step;
   }
 }

@@ -61,6 +61,7 @@ export interface Activations {
   readonly bias: GPUBuffer; // (MAX_BIAS_PAIRS) (id, bias, repeat, subtract) of the run's LogitAdjust
   readonly argmaxScratch: GPUBuffer; // argmax candidates of the first pass
   readonly top: GPUBuffer; // (k) (f32 bits, id) pairs, then the log-sum-exp
+  readonly topScratch: GPUBuffer; // per-chunk top-k and log-sum-exp partials (topKScratchWords)
 }
 
 /** Per-slot state of one block. */
@@ -370,7 +371,8 @@ export function encodeHead(
       const row = { n: V, offset: (rows - 1) * V };
       const logits = { logits: act.logits, mask: act.mask, bias: act.bias };
       logitAdjust(enc, logits, { ...row, words: 0, pairs: adjust.pairs });
-      if (topk > 0) logSumExp(enc, { src: act.logits, out: act.top }, { ...row, k: topk });
+      const top = { src: act.logits, scratch: act.topScratch, out: act.top };
+      if (topk > 0) logSumExp(enc, top, { ...row, k: topk });
       logitAdjust(enc, logits, { ...row, words: adjust.words, pairs: 0 });
     }
     argmax(enc, { src: act.logits, scratch: act.argmaxScratch, out: greedy.buffer }, {
@@ -379,7 +381,7 @@ export function encodeHead(
       outOffset: greedy.offset + t0,
     });
     if (topk > 0 && t0 + rows === T) {
-      topK(enc, { src: act.logits, out: act.top }, {
+      topK(enc, { src: act.logits, scratch: act.topScratch, out: act.top }, {
         n: V,
         k: topk,
         offset: (rows - 1) * V,

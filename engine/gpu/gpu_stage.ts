@@ -5,7 +5,13 @@
 
 import { formatBytes, GpuMemory, mapRead, writeBytes } from "./buffers.ts";
 import type { GpuContext } from "./device.ts";
-import { createStepTimer, ParamArena, StepEncoder, type StepTimer } from "./encoder.ts";
+import {
+  createStepTimer,
+  type EncodedStep,
+  ParamArena,
+  StepEncoder,
+  type StepTimer,
+} from "./encoder.ts";
 import { settleKernels } from "./kernel.ts";
 import type { DispatchProfiler } from "./profiler.ts";
 import type { GgufModel } from "../gguf/gguf_model.ts";
@@ -13,7 +19,7 @@ import { argmaxScratchWords } from "./kernels/argmax.ts";
 import { attentionPartialFloats } from "./kernels/attention.ts";
 import { gatherWords } from "./kernels/moe_gather.ts";
 import { DENSE_TT, PREFILL_TT } from "./kernels/mul_mat.ts";
-import { topKWords } from "./kernels/topk.ts";
+import { topKScratchWords, topKWords } from "./kernels/topk.ts";
 import { type HParams, readHParams } from "../hparams.ts";
 import {
   BIAS_RECORD_BYTES,
@@ -41,6 +47,7 @@ import {
 import { loadStageWeights } from "./gpu_weights.ts";
 import {
   type Activations,
+  type AdjustSizes,
   encodeHead,
   encodeLayers,
   type ForwardPlan,
@@ -117,6 +124,7 @@ export function activationFloats(
     bias: ["logit biases", BIAS_RECORD_BYTES / 4 * MAX_BIAS_PAIRS],
     argmaxScratch: ["argmax scratch", argmaxScratchWords(lmChunk)],
     top: ["top-k", topKWords(MAX_TOPK)],
+    topScratch: ["top-k scratch", topKScratchWords(V, MAX_TOPK)],
   };
 }
 
@@ -192,6 +200,36 @@ function stateBuffers(s: GpuLayerState): GPUBuffer[] {
   return s.kind === "attention" ? [s.kc, s.vc] : [s.conv, s.ssm];
 }
 
+/** What a step reads back: [buffer, byte offset, bytes], one after another. */
+type Outputs = readonly (readonly [GPUBuffer, number, number])[];
+
+/** A step encoded before it is submitted, and where its outputs land. */
+interface Prepared {
+  /** What the recording depended on besides the slot (runKey, fusedKey). */
+  readonly key: string;
+  readonly step: EncodedStep;
+  /** Undefined for a step that reads nothing back (decodeGreedy's steps before the last). */
+  readonly readback: GPUBuffer | undefined;
+  /** Bytes of the outputs; with a timer, its two timestamps follow at timeAt, up to total. */
+  readonly bytes: number;
+  readonly timeAt: number;
+  readonly total: number;
+  /** Validation errors of the encoding. */
+  readonly encoded: Promise<GPUError | null>;
+}
+
+const NO_ADJUST: AdjustSizes = { words: 0, pairs: 0 };
+const ALL_MARKS = { start: true, end: true } as const;
+
+function runKey(n: number, base: number, k: number, adjust: AdjustSizes): string {
+  return `run ${n} ${base} ${k} ${adjust.words} ${adjust.pairs}`;
+}
+
+/** decodeGreedy's step s at position pos; only its last step depends on steps and k. */
+function fusedKey(pos: number, s: number, steps: number, k: number): string {
+  return s === steps - 1 ? `fused ${pos} ${s} last ${steps} ${k}` : `fused ${pos} ${s}`;
+}
+
 /** A Stage on the GPU, plus greedy multi-token decoding where it owns the whole model. */
 export class GpuStage implements Stage {
   readonly nLayer: number;
@@ -206,6 +244,8 @@ export class GpuStage implements Stage {
   /** Positions seen per slot; per snapshot the saved position, or −1 when empty. */
   readonly #pos: number[];
   readonly #readbacks: GPUBuffer[] = [];
+  /** Per slot, its next step encoded while the GPU ran the one before (#encodeAhead). */
+  readonly #aheadBySlot = new Map<number, Prepared>();
   readonly #profile: ((p: StepProfile) => void) | undefined;
   readonly #timer: StepTimer | undefined;
   readonly #dispatchProfiler: DispatchProfiler | undefined;
@@ -296,31 +336,26 @@ export class GpuStage implements Stage {
     const k = this.#topk(options);
     if (this.#last) checkAdjust(options.adjust, this.#hp.V);
     this.#input(slot, input, n, base);
-    const adjust = this.#last ? this.#uploadAdjust(options.adjust) : undefined;
-    const { act } = this.#plan;
-    const enc = this.#begin(slot, base);
-    encodeLayers(enc, this.#plan, this.#sets[slot], n, base);
-    if (!this.#last) {
-      const data = await this.#finish(enc, started, slot, n, base, [[
-        act.x,
-        0,
-        4 * n * this.#hp.D,
-      ]]);
-      return { kind: "hidden", rows: new Float32Array(data) };
+    const adjust = this.#last ? this.#uploadAdjust(options.adjust) : NO_ADJUST;
+    const step = this.#ahead(slot, runKey(n, base, k, adjust)) ??
+      this.#prepareRun(slot, n, base, k, adjust);
+    const done = this.#submit(1, () => step, started, slot, base, n);
+    // The next token's step, encoded while the GPU runs this one: the id it embeds is written
+    // before it is submitted, so only its position and what the head returns must match.
+    if (n === 1 && base + 2 <= this.ctx) {
+      this.#encodeAhead(slot, () => this.#prepareRun(slot, 1, base + 1, k, adjust));
     }
-    encodeHead(enc, this.#plan, n, k, { buffer: act.greedy, offset: 0 }, adjust);
-    const data = await this.#finish(enc, started, slot, n, base, [
-      [act.greedy, 0, 4 * n],
-      [act.top, 0, k ? 4 * topKWords(k) : 0],
-    ]);
+    const data = await done;
+    if (!this.#last) return { kind: "hidden", rows: new Float32Array(data) };
     return { kind: "ids", ...this.#lastOutput(data, n, k) };
   }
 
   /**
-   * Greedy decoding of `steps` tokens in one submission, for a stage that owns the whole model:
-   * position base takes `id`, and each step's argmax is embedded at the next position without
-   * leaving the GPU. Returns every step's greedy id (what `steps` single-token runs fed their own
-   * output would return) and the top-k of the last step.
+   * Greedy decoding of `steps` tokens, for a stage that owns the whole model: position base
+   * takes `id`, and each step's argmax is embedded at the next position without leaving the
+   * GPU. Each step is submitted as soon as it is encoded, so the GPU starts on the first while
+   * the rest are encoded. Returns every step's greedy id (what `steps` single-token runs fed
+   * their own output would return) and the top-k of the last step.
    */
   async decodeGreedy(
     slot: number,
@@ -335,6 +370,11 @@ export class GpuStage implements Stage {
         `Cannot decode on the GPU alone with stage ${this.first}..${this.end}: it needs the whole model (0..${this.nLayer}); use run per token`,
       );
     }
+    if (this.#dispatchProfiler) {
+      throw new RangeError(
+        "Cannot time every dispatch of decodeGreedy: it submits one command buffer per step; profile single-token runs (bench/profile.ts)",
+      );
+    }
     const k = this.#topk(options);
     this.#input(slot, { kind: "ids", ids: Uint32Array.of(id) }, 1, base);
     if (!Number.isInteger(steps) || steps < 1 || steps > this.maxBatch || base + steps > this.ctx) {
@@ -342,17 +382,16 @@ export class GpuStage implements Stage {
         `Cannot decode ${steps} tokens from position ${base}: expected 1..${this.maxBatch} steps within the context of ${this.ctx}`,
       );
     }
-    const { act } = this.#plan;
-    const enc = this.#begin(slot, base);
-    for (let s = 0; s < steps; s++) {
-      encodeLayers(enc, this.#plan, this.#sets[slot], 1, base + s, s);
-      encodeHead(enc, this.#plan, 1, s === steps - 1 ? k : 0, { buffer: act.ids, offset: s + 1 });
+    const first = this.#ahead(slot, fusedKey(base, 0, steps, k));
+    // Each step is submitted before the next is encoded.
+    const prepare = (s: number) =>
+      (s === 0 ? first : undefined) ?? this.#prepareFused(slot, base, s, steps, k);
+    const done = this.#submit(steps, prepare, started, slot, base, steps);
+    // The next call's first step, for a caller that goes on decoding this sequence.
+    if (base + steps + 2 <= this.ctx) {
+      this.#encodeAhead(slot, () => this.#prepareFused(slot, base + steps, 0, 2, 0));
     }
-    const data = await this.#finish(enc, started, slot, steps, base, [
-      [act.ids, 4, 4 * steps],
-      [act.top, 0, k ? 4 * topKWords(k) : 0],
-    ]);
-    return this.#lastOutput(data, steps, k);
+    return this.#lastOutput(await done, steps, k);
   }
 
   #topk(options: Pick<StageRunOptions, "topk">): number {
@@ -362,7 +401,7 @@ export class GpuStage implements Stage {
   }
 
   /** Writes a run's (checked) adjustments into act.mask and act.bias; their sizes. */
-  #uploadAdjust(adjust: LogitAdjust | undefined): { words: number; pairs: number } {
+  #uploadAdjust(adjust: LogitAdjust | undefined): AdjustSizes {
     const { act } = this.#plan;
     const mask = adjust?.mask;
     if (mask) writeBytes(this.#gpu, act.mask, 0, mask);
@@ -397,59 +436,169 @@ export class GpuStage implements Stage {
     return { ids: words.slice(0, n), top, lse: k ? floats[n + 2 * k] : NaN };
   }
 
+  /** The step of a run of n positions of `slot` from `base`, encoded and not yet submitted. */
+  #prepareRun(slot: number, n: number, base: number, k: number, adjust: AdjustSizes): Prepared {
+    const { act } = this.#plan;
+    const outputs: Outputs = this.#last
+      ? [[act.greedy, 0, 4 * n], [act.top, 0, k ? 4 * topKWords(k) : 0]]
+      : [[act.x, 0, 4 * n * this.#hp.D]];
+    return this.#prepare(runKey(n, base, k, adjust), slot, base, outputs, ALL_MARKS, (enc) => {
+      encodeLayers(enc, this.#plan, this.#sets[slot], n, base);
+      if (this.#last) encodeHead(enc, this.#plan, n, k, { buffer: act.greedy, offset: 0 }, adjust);
+    });
+  }
+
   /**
-   * Copies `outputs` ([buffer, byte offset, bytes]) one after another into a readback, submits
-   * the step, advances the slot to base + n and returns the outputs once they are back.
+   * Step s of decodeGreedy(slot, id, base, steps): embeds act.ids[s] at position base + s and
+   * writes its argmax to act.ids[s + 1]; the last step reads back every id and the top-k.
    */
-  async #finish(
-    enc: StepEncoder,
-    started: number,
+  #prepareFused(slot: number, base: number, s: number, steps: number, k: number): Prepared {
+    const { act } = this.#plan;
+    const last = s === steps - 1;
+    const outputs: Outputs = last
+      ? [[act.ids, 4, 4 * steps], [act.top, 0, k ? 4 * topKWords(k) : 0]]
+      : [];
+    const marks = { start: s === 0, end: last };
+    return this.#prepare(fusedKey(base + s, s, steps, k), slot, base + s, outputs, marks, (enc) => {
+      encodeLayers(enc, this.#plan, this.#sets[slot], 1, base + s, s);
+      encodeHead(enc, this.#plan, 1, last ? k : 0, { buffer: act.ids, offset: s + 1 });
+    });
+  }
+
+  /**
+   * Records a step with `record`, copies `outputs` ([buffer, byte offset, bytes]) one after
+   * another into a readback (followed by the step's timestamps where a timer runs) and encodes
+   * it; validation errors of the encoding are kept for the step's caller.
+   */
+  #prepare(
+    key: string,
     slot: number,
-    n: number,
     base: number,
-    outputs: readonly (readonly [GPUBuffer, number, number])[],
-  ): Promise<ArrayBuffer> {
+    outputs: Outputs,
+    marks: { readonly start: boolean; readonly end: boolean },
+    record: (enc: StepEncoder) => void,
+  ): Prepared {
+    const enc = this.#begin(slot, base);
+    record(enc);
     const bytes = outputs.reduce((s, [, , size]) => s + size, 0);
     const timer = this.#timer;
     // Timestamps (2 u64) follow the outputs, 8-byte aligned.
     const timeAt = Math.ceil(bytes / 8) * 8;
-    const total = timer ? timeAt + 16 : bytes;
-    const readback = this.#takeReadback(total);
+    const total = timer && marks.end ? timeAt + 16 : bytes;
+    const readback = total ? this.#takeReadback(total) : undefined;
     let at = 0;
     for (const [src, offset, size] of outputs) {
-      enc.copy(src, offset, readback, at, size);
+      enc.copy(src, offset, readback!, at, size);
       at += size;
     }
-    if (timer) enc.copy(timer.resolve, 0, readback, timeAt, 16);
-    const dispatches = enc.dispatches;
-    const recorded = performance.now();
-    this.#gpu.device.pushErrorScope("validation");
-    enc.submit(timer, this.#dispatchProfiler);
-    const rejected = this.#gpu.device.popErrorScope();
+    if (timer && marks.end) enc.copy(timer.resolve, 0, readback!, timeAt, 16);
+    // Bind groups are built and the command buffer validated here, in a scope of its own.
+    const { device } = this.#gpu;
+    device.pushErrorScope("validation");
+    let encoded: Promise<GPUError | null> | undefined;
+    try {
+      const step = enc.encode(timer && { timer, ...marks }, this.#dispatchProfiler);
+      encoded = device.popErrorScope();
+      return { key, step, readback, bytes, timeAt, total, encoded };
+    } finally {
+      if (!encoded) device.popErrorScope().catch(() => {});
+    }
+  }
+
+  /** The step encoded ahead for `slot` if it is `key` (and still valid); else drops it. */
+  #ahead(slot: number, key: string): Prepared | undefined {
+    const p = this.#aheadBySlot.get(slot);
+    if (!p) return undefined;
+    this.#aheadBySlot.delete(slot);
+    if (p.key === key && !p.step.stale) return p;
+    this.#drop(p);
+    return undefined;
+  }
+
+  /** Encodes `slot`'s likely next step now, while the GPU is busy (not under a dispatch profiler). */
+  #encodeAhead(slot: number, prepare: () => Prepared): void {
+    if (this.#dispatchProfiler) return;
+    const old = this.#aheadBySlot.get(slot);
+    if (old) this.#drop(old);
+    this.#aheadBySlot.delete(slot);
+    try {
+      this.#aheadBySlot.set(slot, prepare());
+    } catch {
+      // A guess that cannot be encoded fails the step that needs it, encoded again then; the
+      // step already submitted is not this one's to fail.
+    }
+  }
+
+  #drop(p: Prepared): void {
+    if (p.readback) this.#readbacks.push(p.readback);
+    // Its encoding errors are moot once it is not submitted.
+    p.encoded.catch(() => {});
+  }
+
+  /**
+   * Submits `count` steps, each encoded by `prepare(i)` right before it is submitted (the last
+   * one reads back), advances the slot over the n positions from base and returns the last
+   * step's outputs once they are back.
+   */
+  #submit(
+    count: number,
+    prepare: (i: number) => Prepared,
+    started: number,
+    slot: number,
+    base: number,
+    n: number,
+  ): Promise<ArrayBuffer> {
+    const { device } = this.#gpu;
+    const errors: Promise<GPUError | null>[] = [];
+    let submitMs = 0;
+    let dispatches = 0;
+    let last: Prepared | undefined;
+    for (let i = 0; i < count; i++) {
+      const p = prepare(i);
+      const t = performance.now();
+      device.pushErrorScope("validation");
+      p.step.submit();
+      errors.push(p.encoded, device.popErrorScope());
+      submitMs += performance.now() - t;
+      dispatches += p.step.dispatches;
+      last = p;
+    }
     this.#pos[slot] = base + n;
     const submitted = performance.now();
+    return this.#collect(last!, errors, n, base, { started, submitted, submitMs, dispatches });
+  }
+
+  async #collect(
+    p: Prepared,
+    errors: readonly Promise<GPUError | null>[],
+    n: number,
+    base: number,
+    t: { started: number; submitted: number; submitMs: number; dispatches: number },
+  ): Promise<ArrayBuffer> {
+    const readback = p.readback!;
     try {
-      const all = await mapRead(readback, total);
+      const all = await mapRead(readback, p.total);
       if (this.#profile) {
-        const ns = timer ? new BigUint64Array(all, timeAt, 2) : undefined;
+        const ns = this.#timer ? new BigUint64Array(all, p.timeAt, 2) : undefined;
         this.#profile({
           tokens: n,
-          dispatches,
-          encodeMs: submitted - started,
-          submitMs: submitted - recorded,
-          waitMs: performance.now() - submitted,
+          dispatches: t.dispatches,
+          encodeMs: t.submitted - t.started,
+          submitMs: t.submitMs,
+          waitMs: performance.now() - t.submitted,
           gpuMs: ns ? Number(ns[1] - ns[0]) / 1e6 : undefined,
         });
       }
-      const error = await rejected;
-      if (error) {
-        throw new Error(
-          `Cannot run positions ${base}..${
-            base + n
-          } on stage ${this.first}..${this.end}: the GPU rejected the step: ${error.message}`,
-        );
+      for (const error of await Promise.all(errors)) {
+        if (error) {
+          throw new Error(
+            `Cannot run positions ${base}..${
+              base + n
+            } on stage ${this.first}..${this.end}: the GPU rejected the step: ${error.message}`,
+          );
+        }
       }
-      return all.slice(0, bytes);
+      return all.slice(0, p.bytes);
     } finally {
       this.#readbacks.push(readback);
     }
@@ -497,6 +646,8 @@ export class GpuStage implements Stage {
   close(): void {
     if (this.#closed) return;
     this.#closed = true;
+    for (const p of this.#aheadBySlot.values()) this.#drop(p);
+    this.#aheadBySlot.clear();
     this.#memory.destroy();
   }
 }

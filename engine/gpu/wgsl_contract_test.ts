@@ -22,6 +22,7 @@ import { GET_ROWS } from "./kernels/get_rows.ts";
 import { MUL_MAT, MUL_MAT_TYPES } from "./kernels/mul_mat.ts";
 import { MUL_MAT_VEC } from "./kernels/mul_mat_vec.ts";
 import { RMS_NORM } from "./kernels/rms_norm.ts";
+import { TOPK } from "./kernels/topk.ts";
 
 const WGSL = new URL("../../wgsl/", import.meta.url);
 const KERNELS = new URL("./kernels/", import.meta.url);
@@ -82,6 +83,7 @@ const KEYS = new Map<string, readonly unknown[]>([
     ),
   ],
   [GET_ROWS.file, MUL_MAT_TYPES],
+  [TOPK.file, [false, true]],
   [ATTENTION.file, [64, 128, 256].flatMap((dh) => [{ dh, tq: 1 }, { dh, tq: 4 }])],
   [ATTENTION_COMBINE.file, [64, 256].map((dh) => ({ dh, block: 64 }))],
   [
