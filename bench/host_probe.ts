@@ -221,12 +221,20 @@ async function probeSteps(
       if (r > 0) pp.push(s);
     }
     summarize(`${variant} pp${flags.pp}`, pp);
+    let greedy: Uint32Array | undefined;
     for (const mode of decodeModes(flags.slots)) {
       const runs: RunSample[] = [];
       const steps: StepProfile[] = [];
       for (let r = 0; r <= Math.min(flags.runs, 3); r++) {
         const before = samples.length;
-        const s = await timed(`${mode} run ${r}`, () => decodeRun(mode, stage, ids, flags.tg));
+        let fed: readonly Uint32Array[] = [];
+        const s = await timed(`${mode} run ${r}`, async () => {
+          fed = await decodeRun(mode, stage, ids, flags.tg);
+        });
+        if (mode === "tg") greedy ??= fed[0];
+        else if (mode !== "sampled" && greedy && fed[0].some((id, i) => id !== greedy![i])) {
+          log(`MISMATCH ${variant} ${mode} run ${r}: slot 0 fed other ids than per-step greedy`);
+        }
         if (r > 0) {
           runs.push(s);
           steps.push(...samples.slice(before));
@@ -245,13 +253,23 @@ function decodeModes(slots: number): string[] {
   return ["tg", "sampled", "fused", ...(slots > 1 ? [`x${slots}-tg`] : [])];
 }
 
-/** One run of a decode mode from position 0, as bench/stage_bench.ts times it. */
-function decodeRun(mode: string, stage: Stage, ids: Uint32Array, n: number): Promise<unknown> {
-  if (mode === "tg") return timeDecode([stage], ids[0], n);
-  if (mode === "sampled") return timeSampledDecode([stage], ids[0], n, BENCH_SAMPLING, 1);
-  if (mode === "fused") return timeFusedDecode(stage, ids[0], n, FUSED_STEPS);
+/**
+ * One run of a decode mode from position 0, as bench/stage_bench.ts times it; the ids fed per
+ * slot (every greedy mode's slot 0 must feed the same ones: a check of the engine on this GPU).
+ */
+async function decodeRun(
+  mode: string,
+  stage: Stage,
+  ids: Uint32Array,
+  n: number,
+): Promise<readonly Uint32Array[]> {
+  if (mode === "tg") return [(await timeDecode([stage], ids[0], n)).fed];
+  if (mode === "sampled") {
+    return [(await timeSampledDecode([stage], ids[0], n, BENCH_SAMPLING, 1)).fed];
+  }
+  if (mode === "fused") return [(await timeFusedDecode(stage, ids[0], n, FUSED_STEPS)).fed];
   const slots = Number(mode.slice(1, mode.indexOf("-")));
-  return timeConcurrentDecode([stage], Array.from(ids.subarray(0, slots)), n);
+  return (await timeConcurrentDecode([stage], Array.from(ids.subarray(0, slots)), n)).fed;
 }
 
 /**

@@ -199,16 +199,14 @@ export class StepEncoder {
   readonly ctx: GpuContext;
   #arena: ParamArena;
   #commands: Command[] = [];
-  /** Packed Params, one arena slot per dispatch; as many as the arena holds, so rarely grown. */
-  #words: Uint32Array<ArrayBuffer>;
-  #view: DataView;
+  /** Packed Params, one arena slot per dispatch; allocated at the first dispatch, arena-sized. */
+  #words = new Uint32Array(0);
+  #view = new DataView(this.#words.buffer);
   #dispatches = 0;
 
   constructor(ctx: GpuContext, arena: ParamArena) {
     this.ctx = ctx;
     this.#arena = arena;
-    this.#words = new Uint32Array(arena.slots * SLOT_WORDS);
-    this.#view = new DataView(this.#words.buffer);
   }
 
   /** Number of dispatches recorded so far. */
@@ -242,7 +240,9 @@ export class StepEncoder {
     }
     const slot = this.#dispatches;
     if ((slot + 1) * SLOT_WORDS > this.#words.length) {
-      const grown = new Uint32Array(2 * this.#words.length);
+      const grown = new Uint32Array(
+        Math.max(2 * this.#words.length, this.#arena.slots * SLOT_WORDS),
+      );
       grown.set(this.#words);
       this.#words = grown;
       this.#view = new DataView(grown.buffer);
@@ -372,7 +372,8 @@ export class StepEncoder {
     }
     endPass();
     const step = new EncodedStep(this.ctx, this.#arena, this.#words, n, enc.finish());
-    this.#words = new Uint32Array(this.#words.length);
+    // The step owns the words now; an encoder that records again starts new ones.
+    this.#words = new Uint32Array(0);
     this.#view = new DataView(this.#words.buffer);
     this.#commands = [];
     this.#dispatches = 0;
