@@ -156,14 +156,17 @@ fn main(
       }
       workgroupBarrier();
     }
-    if (lid == 0u) {
-#ifndef MERGE
-      if (params.groups > 1u) {
-        dst[2u * wid.x] = bitcast<u32>(red_m[0]);
-        dst[2u * wid.x + 1u] = bitcast<u32>(red_s[0]);
-        return;
-      }
+    // No return under lid == 0 (Tint's uniformity analysis would reject the barriers below).
+#ifdef MERGE
+    let partial = false;
+#else
+    let partial = params.groups > 1u;
 #endif
+    if (lid == 0u && partial) {
+      dst[2u * wid.x] = bitcast<u32>(red_m[0]);
+      dst[2u * wid.x + 1u] = bitcast<u32>(red_s[0]);
+    }
+    if (lid == 0u && !partial) {
       dst[2u * params.k] = bitcast<u32>(red_m[0] + log(red_s[0]));
     }
     return;
