@@ -1,6 +1,7 @@
 // Where a GPU step's wall time goes on the host: record+submit, wait, and the event-loop pumping
 // of the provider (setImmediate turns, their gaps and lengths, CPU time), with outliers logged.
-// A diagnostic beside bench/decode.ts: one whole-model stage, timed loading, then step phases.
+// A diagnostic beside bench/decode.ts: one whole-model stage, timed loading, then step phases of
+// the bench's decode workloads (per step, sampled, fused greedy, slots at once).
 //
 //   deno run -A --v8-flags=--trace-gc bench/host_probe.ts --model M.gguf --gpu dawn
 //     [--pp 512] [--tg 64] [--runs 5] [--slots 2] [--variants default,unpaced]
