@@ -9,7 +9,8 @@
 //   tiles, or the gather table's most tiles under GATHERED (workgroups past its tile count exit).
 // Variants: TYPE_<type> (one), TT (slots a tile), ID with GATHERED, X_SWIGLU (x = silu(g)·u with
 //   u at g + up_offset), ADD (y += result), IQ4_TABLE_WORKGROUP (dequant.wgsl; not with the 16 KB
-//   dense tile).
+//   dense tile), PREFETCH (types with dequant.wgsl's load32: the next chunk loads during this
+//   one's products).
 //
 // Batch invariance: every variant sums an output in one order, so a token's result does not
 // depend on how tokens are grouped into calls. Chunk c (values 32c..32c+31) contributes
@@ -54,10 +55,18 @@ const LANES = 16u;
 var<workgroup> chosen: u32;
 #endif
 
+// The input value from x (g) and, under X_SWIGLU, its up value u.
+fn xmix(g: f32, u: f32) -> f32 {
+#ifdef X_SWIGLU
+  return g / (1.0 + exp(-g)) * u;
+#else
+  return g;
+#endif
+}
+
 fn xval(i: u32) -> f32 {
 #ifdef X_SWIGLU
-  let g = x[i];
-  return g / (1.0 + exp(-g)) * x[i + params.up_offset];
+  return xmix(x[i], x[i + params.up_offset]);
 #else
   return x[i];
 #endif
@@ -97,8 +106,9 @@ fn row_tile(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
 // lid / 8) owns rows 4rg..4rg+3 and 32+4rg..32+4rg+3 × slots 4tg..4tg+3: per value of k, three
 // 16-byte reads (a warp's rows: 128 contiguous bytes; its 4 slot groups: broadcasts) feed 32 FMAs.
 // Threads below BM dequantize a row each; every thread stages 16 values of x, lanes reading 4
-// consecutive values of 8 slots. No registers hold the next chunk: several tiles share an SM and
-// hide each other's loads. Groups of slots past the tile's count skip the math.
+// consecutive values of 8 slots. Under PREFETCH registers hold the next chunk's raw weights and
+// x values while the tile computes; otherwise only other tiles on the SM hide the loads. Groups
+// of slots past the tile's count skip the math.
 const BM = 64u;
 const WG = 2u * TT;
 // vec4s of rows, and of slots, per value of k.
@@ -133,6 +143,77 @@ fn stage_slot(xo: u32, c: u32, kl: u32, slot: u32) {
     xs[k][slot / 4u][slot % 4u] = xval(xo + 32u * c + k);
   }
 }
+
+#ifdef PREFETCH
+// PREFETCH: the next chunk's weight words (dequant.wgsl load32) and input values are loaded
+// before the tile computes this one and staged after it, so their latency overlaps the
+// products (on an H200 under Dawn: 8-27% off the Q8_0 and IQ4_XS tiles, docs/PERFORMANCE.md).
+// Nothing here is indexed by a variable: such arrays live in local memory on some GPUs.
+
+// Values kl, kl + 4, …, kl + 28 of a slot's chunk (g0: the first four), and under X_SWIGLU
+// their up values.
+struct XRaw {
+  g0: vec4<f32>,
+  g1: vec4<f32>,
+#ifdef X_SWIGLU
+  u0: vec4<f32>,
+  u1: vec4<f32>,
+#endif
+}
+
+fn x4at(i: u32) -> vec4<f32> {
+  return vec4<f32>(x[i], x[i + 4u], x[i + 8u], x[i + 12u]);
+}
+
+fn load_x(xo: u32, c: u32, kl: u32) -> XRaw {
+  let i = xo + 32u * c + kl;
+#ifdef X_SWIGLU
+  let u = i + params.up_offset;
+  return XRaw(x4at(i), x4at(i + 16u), x4at(u), x4at(u + 16u));
+#else
+  return XRaw(x4at(i), x4at(i + 16u));
+#endif
+}
+
+// Values kl + 4kh, …, kl + 4(kh + 3) of a slot (g, u) into its xs column.
+fn stage_x4(kh: u32, kl: u32, slot: u32, g: vec4<f32>, u: vec4<f32>) {
+  let k = 4u * kh + kl;
+  xs[k][slot / 4u][slot % 4u] = xmix(g.x, u.x);
+  xs[k + 4u][slot / 4u][slot % 4u] = xmix(g.y, u.y);
+  xs[k + 8u][slot / 4u][slot % 4u] = xmix(g.z, u.z);
+  xs[k + 12u][slot / 4u][slot % 4u] = xmix(g.w, u.w);
+}
+
+fn stage_xraw(p: XRaw, kl: u32, slot: u32) {
+#ifdef X_SWIGLU
+  stage_x4(0u, kl, slot, p.g0, p.u0);
+  stage_x4(4u, kl, slot, p.g1, p.u1);
+#else
+  stage_x4(0u, kl, slot, p.g0, p.g0);
+  stage_x4(4u, kl, slot, p.g1, p.g1);
+#endif
+}
+
+// Values 4v..4v+3 of row r's chunk into ws.
+fn stage_w4(v: u32, r: u32, q: vec4<f32>) {
+  let k = 4u * v;
+  ws[k][r / 4u][r % 4u] = q.x;
+  ws[k + 1u][r / 4u][r % 4u] = q.y;
+  ws[k + 2u][r / 4u][r % 4u] = q.z;
+  ws[k + 3u][r / 4u][r % 4u] = q.w;
+}
+
+fn stage_row(r: u32, wv: array<vec4<f32>, 8>) {
+  stage_w4(0u, r, wv[0]);
+  stage_w4(1u, r, wv[1]);
+  stage_w4(2u, r, wv[2]);
+  stage_w4(3u, r, wv[3]);
+  stage_w4(4u, r, wv[4]);
+  stage_w4(5u, r, wv[5]);
+  stage_w4(6u, r, wv[6]);
+  stage_w4(7u, r, wv[7]);
+}
+#endif
 
 @compute @workgroup_size(WG)
 fn main(
@@ -193,9 +274,48 @@ fn main(
   // total[i], acc[i]: row i (4rg + i, then 32 + 4rg + i − 4) × the thread's 4 slots.
   var total: array<vec4<f32>, 8>;
   var acc: array<vec4<f32>, 8>;
+#ifdef PREFETCH
+  // Chunk 0 (class 0's first) before the loop; each step loads the one after its own.
+  var wraw: Raw;
+  var pa: XRaw;
+  var pb: XRaw;
+  if (w_live) {
+    wraw = load32(w_byte, 0u);
+  }
+  if (sa < n) {
+    pa = load_x(xa, 0u, kl);
+  }
+  if (sb < n) {
+    pb = load_x(xb, 0u, kl);
+  }
+#endif
   for (var l = 0u; l < classes; l++) {
     for (var c = l; c < chunks; c += LANES) {
       workgroupBarrier();
+#ifdef PREFETCH
+      if (w_live) {
+        stage_row(lid, decode32(wraw));
+      }
+      if (sa < n) {
+        stage_xraw(pa, kl, sa);
+      }
+      if (sb < n) {
+        stage_xraw(pb, kl, sb);
+      }
+      // The next chunk: this class's next, else the next class's first.
+      if (c + LANES < chunks || l + 1u < classes) {
+        let cn = select(l + 1u, c + LANES, c + LANES < chunks);
+        if (w_live) {
+          wraw = load32(w_byte, cn);
+        }
+        if (sa < n) {
+          pa = load_x(xa, cn, kl);
+        }
+        if (sb < n) {
+          pb = load_x(xb, cn, kl);
+        }
+      }
+#else
       if (w_live) {
         let wv = dequant32(w_byte, c);
         for (var v = 0u; v < 8u; v++) {
@@ -210,6 +330,7 @@ fn main(
       if (sb < n) {
         stage_slot(xb, c, kl, sb);
       }
+#endif
       workgroupBarrier();
       if (busy) {
         // Set explicitly: a `var` in a loop body has been seen keeping its last value (naga).

@@ -1,10 +1,13 @@
 // dequant: 32 consecutive weights of one row, as f32, for every GGUF weight type the engine runs.
 // Matches engine/quant/dequant.ts (llama.cpp dequantize_row_*) exactly; docs/model_arch.md §6.
 // Contract: the including shader declares `var<storage, read> w: array<u32>` (the weight bytes;
-// rows start at any even byte offset) and defines exactly one TYPE_<name> flag; or, with
-// TYPE_F32 and W_VEC4, `w: array<vec4<u32>>` (rows at 16-byte offsets: one load a vec4).
+// rows start at any even byte offset, IQ4_XS rows at a multiple of 4: whole 136-byte blocks from
+// the start of w) and defines exactly one TYPE_<name> flag; or, with TYPE_F32 and W_VEC4,
+// `w: array<vec4<u32>>` (rows at 16-byte offsets: one load a vec4).
 // Provides BLOCK_ELEMS, BLOCK_BYTES and dequant32(row_byte, c): elements 32c..32c+31 of the row
-// starting at byte `row_byte`, as 8 vec4 (element 32c+4v+j is component j of vec4 v).
+// starting at byte `row_byte`, as 8 vec4 (element 32c+4v+j is component j of vec4 v). Q8_0
+// and IQ4_XS also split it as decode32(load32(row_byte, c)): load32 only loads (a Raw of words
+// and shifts), so a tile can hold the next chunk's words while it computes (wgsl/mul_mat.wgsl).
 // Optional IQ4_TABLE_WORKGROUP (IQ4_NL, IQ4_XS): the lookups read the workgroup copy iq4_table,
 // which the includer fills (iq4_table[i] = KV_IQ4[i]) and fences with a barrier before the first
 // dequant32; a per-thread private table indexed by data is slow on some GPUs.
@@ -26,6 +29,12 @@ fn wword(b: u32) -> u32 {
     return w[i];
   }
   return (w[i] >> s) | (w[i + 1u] << (32u - s));
+}
+
+// The 4 bytes at byte sh/8 (0 or 2) of the word pair (lo, hi); the double shift keeps every
+// shift below 32.
+fn shifted(lo: u32, hi: u32, sh: u32) -> u32 {
+  return (lo >> sh) | ((hi << 16u) << (16u - sh));
 }
 
 // The f16 at an even byte offset, as f32.
@@ -153,20 +162,47 @@ const BLOCK_BYTES = 34u;
 // Blocks alternate between 4- and 2-byte alignment, so neighbouring lanes would take different
 // branches of wword: the 32 quants are instead shifted out of the 9 words that cover them
 // (sh = 0 or 16; the double shift keeps every shift below 32), without a branch.
-// q8x4: quants 4v..4v+3 of the block whose quants start at word i, shifted by sh.
-fn q8x4(i: u32, v: u32, sh: u32, d: f32) -> vec4<f32> {
-  return i8x4((w[i + v] >> sh) | ((w[i + v + 1u] << 16u) << (16u - sh))) * d;
+struct Raw {
+  dw: u32,
+  dsh: u32,
+  q0: u32,
+  q1: u32,
+  q2: u32,
+  q3: u32,
+  q4: u32,
+  q5: u32,
+  q6: u32,
+  q7: u32,
+  q8: u32,
+  sh: u32,
+}
+
+fn load32(row_byte: u32, c: u32) -> Raw {
+  let b = row_byte + c * BLOCK_BYTES;
+  let i = (b + 2u) >> 2u;
+  return Raw(
+    w[b >> 2u], (b & 2u) * 8u,
+    w[i], w[i + 1u], w[i + 2u], w[i + 3u], w[i + 4u], w[i + 5u], w[i + 6u], w[i + 7u], w[i + 8u],
+    ((b + 2u) & 3u) * 8u,
+  );
+}
+
+// Four quants shifted out of the words lo and hi, times d.
+fn q8x4(lo: u32, hi: u32, sh: u32, d: f32) -> vec4<f32> {
+  return i8x4(shifted(lo, hi, sh)) * d;
+}
+
+fn decode32(r: Raw) -> array<vec4<f32>, 8> {
+  let d = unpack2x16float(r.dw >> r.dsh).x;
+  return array<vec4<f32>, 8>(
+    q8x4(r.q0, r.q1, r.sh, d), q8x4(r.q1, r.q2, r.sh, d), q8x4(r.q2, r.q3, r.sh, d),
+    q8x4(r.q3, r.q4, r.sh, d), q8x4(r.q4, r.q5, r.sh, d), q8x4(r.q5, r.q6, r.sh, d),
+    q8x4(r.q6, r.q7, r.sh, d), q8x4(r.q7, r.q8, r.sh, d),
+  );
 }
 
 fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
-  let b = row_byte + c * BLOCK_BYTES;
-  let d = whalf(b);
-  let i = (b + 2u) >> 2u;
-  let sh = ((b + 2u) & 3u) * 8u;
-  return array<vec4<f32>, 8>(
-    q8x4(i, 0u, sh, d), q8x4(i, 1u, sh, d), q8x4(i, 2u, sh, d), q8x4(i, 3u, sh, d),
-    q8x4(i, 4u, sh, d), q8x4(i, 5u, sh, d), q8x4(i, 6u, sh, d), q8x4(i, 7u, sh, d),
-  );
+  return decode32(load32(row_byte, c));
 }
 #endif
 
@@ -398,20 +434,38 @@ fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
 const BLOCK_ELEMS = 256u;
 const BLOCK_BYTES = 136u;
 // Chunk c = sub-block ib: 6-bit scale from scales_l nibble and 2 bits of scales_h, offset −32.
-fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
-  let b = row_byte + (c >> 3u) * BLOCK_BYTES;
+// Blocks of 136 bytes from a bound buffer's start: every row starts at a multiple of 4 bytes,
+// so each field is read as whole words.
+struct Raw {
+  // d | scales_h << 16, and scales_l.
+  h0: u32,
+  h1: u32,
+  q0: u32,
+  q1: u32,
+  q2: u32,
+  q3: u32,
+  ib: u32,
+}
+
+fn load32(row_byte: u32, c: u32) -> Raw {
+  let i = (row_byte + (c >> 3u) * BLOCK_BYTES) >> 2u;
   let ib = c & 7u;
-  let scales_h = wword(b) >> 16u;
-  let ls = ((wbyte(b + 4u + ib / 2u) >> (4u * (ib % 2u))) & 15u) | (((scales_h >> (2u * ib)) & 3u) << 4u);
-  let dl = whalf(b) * f32(i32(ls) - 32);
-  let q = b + 8u + 16u * ib;
-  let q0 = wword(q);
-  let q1 = wword(q + 4u);
-  let q2 = wword(q + 8u);
-  let q3 = wword(q + 12u);
+  let q = i + 2u + 4u * ib;
+  return Raw(w[i], w[i + 1u], w[q], w[q + 1u], w[q + 2u], w[q + 3u], ib);
+}
+
+fn decode32(r: Raw) -> array<vec4<f32>, 8> {
+  let ib = r.ib;
+  let scales_h = r.h0 >> 16u;
+  let ls = ((r.h1 >> (8u * (ib / 2u) + 4u * (ib % 2u))) & 15u) | (((scales_h >> (2u * ib)) & 3u) << 4u);
+  let dl = unpack2x16float(r.h0).x * f32(i32(ls) - 32);
   return array<vec4<f32>, 8>(
-    iq4(lo4u(q0)) * dl, iq4(lo4u(q1)) * dl, iq4(lo4u(q2)) * dl, iq4(lo4u(q3)) * dl,
-    iq4(hi4u(q0)) * dl, iq4(hi4u(q1)) * dl, iq4(hi4u(q2)) * dl, iq4(hi4u(q3)) * dl,
+    iq4(lo4u(r.q0)) * dl, iq4(lo4u(r.q1)) * dl, iq4(lo4u(r.q2)) * dl, iq4(lo4u(r.q3)) * dl,
+    iq4(hi4u(r.q0)) * dl, iq4(hi4u(r.q1)) * dl, iq4(hi4u(r.q2)) * dl, iq4(hi4u(r.q3)) * dl,
   );
+}
+
+fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+  return decode32(load32(row_byte, c));
 }
 #endif

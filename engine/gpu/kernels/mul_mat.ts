@@ -56,7 +56,12 @@ export interface MulMatKey {
   readonly swiglu?: boolean;
   /** Accumulate into y (residual add). */
   readonly add?: boolean;
+  /** Load the next chunk during this one's products (PREFETCH_TYPES only). */
+  readonly prefetch?: boolean;
 }
+
+/** Weight types whose dequantizer splits into loads and decoding (wgsl PREFETCH). */
+const PREFETCH_TYPES: readonly GgmlType[] = [GgmlType.Q8_0, GgmlType.IQ4_XS];
 
 /** Refuses a weight type no kernel decodes. */
 function checkType(type: GgmlType): void {
@@ -86,7 +91,9 @@ export const MUL_MAT: KernelFamily<MulMatKey> = {
     }
     if (v.swiglu) defines.X_SWIGLU = true;
     if (v.add) defines.ADD = true;
-    const name = `mul_mat_${typeName(v.type)}_t${tt}${v.id ? "_id" : ""}${
+    const prefetch = v.prefetch && PREFETCH_TYPES.includes(v.type);
+    if (prefetch) defines.PREFETCH = true;
+    const name = `mul_mat_${typeName(v.type)}_t${tt}${prefetch ? "p" : ""}${v.id ? "_id" : ""}${
       v.swiglu ? "_swiglu" : ""
     }${v.add ? "_add" : ""}`;
     return { name, defines };
@@ -130,6 +137,8 @@ export interface MulMatOptions {
   readonly norm?: RmsNormInput;
   /** The decode layout instead of decodeLayout's (bench/kernels/decode_matvec.ts). */
   readonly decode?: MatVecLayout;
+  /** Prefill tiles: whether to prefetch (default yes; bench/kernels/prefill_mul_mat.ts compares). */
+  readonly prefetch?: boolean;
 }
 
 /** The RMSNorm a product folds into its input. */
@@ -194,7 +203,13 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
       }, { tiles, z });
     } else {
       const tiles = Math.ceil(rows / TILE_ROWS);
-      const key = { type: w.type, id, swiglu: o.swiglu, add: o.add };
+      const key = {
+        type: w.type,
+        id,
+        swiglu: o.swiglu,
+        add: o.add,
+        prefetch: o.prefetch ?? true,
+      };
       enc.dispatch(MUL_MAT, key, { w: part.buffer, x: b.x, ids, y: b.y }, {
         ...base,
         ...at,

@@ -1,0 +1,369 @@
+// Kernel bench of the prefill products (engine/gpu/kernels/mul_mat.ts tiles, wgsl/mul_mat.wgsl)
+// with and without prefetching, on the bench model's shapes for a run of tokens: each checked bit
+// for bit against the decode kernel token by token (the batch invariance the engine needs), then
+// timed. Prints shape | variant | µs a product | TFLOPS, and the adapter's whole feature list.
+//
+//   deno run -A bench/kernels/prefill_mul_mat.ts --gpu dawn [--tokens 512] [--out r.json]
+//   deno run -A bench/kernels/prefill_mul_mat.ts --gpu builtin --shapes tiny --allow-software-gpu
+
+import { GpuMemory, readBuffer } from "../../engine/gpu/buffers.ts";
+import { type GpuContext, openGpu } from "../../engine/gpu/device.ts";
+import { createStepTimer, ParamArena, StepEncoder } from "../../engine/gpu/encoder.ts";
+import { gatherTiles, gatherWords, moeGather } from "../../engine/gpu/kernels/moe_gather.ts";
+import { mulMat, type MulMatOptions, PREFILL_TT } from "../../engine/gpu/kernels/mul_mat.ts";
+import { PROVIDER_CHOICES, selectProvider } from "../../engine/gpu/provider.ts";
+import { type GpuTensor, uploadTensorBytes } from "../../engine/gpu/tensor.ts";
+import { GgmlType } from "../../engine/quant/ggml_types.ts";
+import {
+  type Command,
+  flag,
+  type FlagTable,
+  type FlagValues,
+  oneOf,
+  runCommand,
+  switchFlag,
+  text,
+  whole,
+} from "../../lib/cli.ts";
+import { PRESETS } from "../../tools/synth/presets.ts";
+import { randomBlocks } from "../../tools/synth/random_blocks.ts";
+
+/** One prefill product of the model: W (rows × k, or `experts` of them) times `tokens` tokens. */
+interface TileShape {
+  readonly name: string;
+  readonly type: GgmlType;
+  readonly rows: number;
+  readonly k: number;
+  /** Tokens of this product (the LM head runs its logits in chunks); default --tokens. */
+  readonly tokens?: number;
+  /** An expert stack, `nUsed` experts a token, run over a gather table. */
+  readonly experts?: number;
+  readonly nUsed?: number;
+  readonly add?: boolean;
+  readonly swiglu?: boolean;
+}
+
+/** The prefill products of the qwen35moe-35b layers and a chunk of its LM head. */
+function fullShapes(): TileShape[] {
+  const p = PRESETS["qwen35moe-35b"];
+  const C = 2 * p.Nk * p.Dk + p.Nv * p.Dv;
+  return [
+    { name: "deltanet qkvzba", type: GgmlType.Q8_0, rows: C + p.Nv * p.Dv + 2 * p.Nv, k: p.D },
+    {
+      name: "attention qkv",
+      type: GgmlType.Q8_0,
+      rows: 2 * p.Hq * p.Dh + 2 * p.Hkv * p.Dh,
+      k: p.D,
+    },
+    { name: "out proj", type: GgmlType.Q8_0, rows: p.D, k: p.Nv * p.Dv, add: true },
+    { name: "shared gate|up", type: GgmlType.Q8_0, rows: 2 * p.Fs, k: p.D },
+    { name: "shared down", type: GgmlType.Q8_0, rows: p.D, k: p.Fs, swiglu: true },
+    {
+      name: "experts gate|up",
+      type: GgmlType.IQ4_XS,
+      rows: 2 * p.Fe,
+      k: p.D,
+      experts: p.E,
+      nUsed: p.Ku,
+    },
+    {
+      name: "experts down",
+      type: GgmlType.IQ4_XS,
+      rows: p.D,
+      k: p.Fe,
+      experts: p.E,
+      nUsed: p.Ku,
+      swiglu: true,
+    },
+    { name: "LM head 64K rows T64", type: GgmlType.Q6_K, rows: 65536, k: p.D, tokens: 64 },
+  ];
+}
+
+/** CPU-adapter sizes with the same epilogues and partial tiles. */
+function tinyShapes(): TileShape[] {
+  return [
+    { name: "q8", type: GgmlType.Q8_0, rows: 70, k: 1280 },
+    { name: "q8 add", type: GgmlType.Q8_0, rows: 70, k: 576, add: true },
+    { name: "iq4 experts", type: GgmlType.IQ4_XS, rows: 70, k: 512, experts: 6, nUsed: 3 },
+    {
+      name: "iq4 down",
+      type: GgmlType.IQ4_XS,
+      rows: 70,
+      k: 256,
+      experts: 6,
+      nUsed: 3,
+      swiglu: true,
+    },
+    { name: "q6", type: GgmlType.Q6_K, rows: 70, k: 256 },
+  ];
+}
+
+/** Seeded uniforms in [0, 1) (mulberry32). */
+function seeded(seed: number): () => number {
+  let a = seed >>> 0;
+  return () => {
+    a = (a + 0x6d2b79f5) >>> 0;
+    let t = a;
+    t = Math.imul(t ^ (t >>> 15), t | 1);
+    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
+    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
+  };
+}
+
+function randomF32(n: number, r: () => number): Float32Array<ArrayBuffer> {
+  return Float32Array.from({ length: n }, () => 2 * r() - 1);
+}
+
+/**
+ * Random blocks for `n` weights: at most 8M generated and repeated (the products' time does
+ * not depend on the values; generating 500M in JS would take most of a run).
+ */
+function repeatedBlocks(type: GgmlType, n: number, r: () => number): Uint8Array {
+  const unique = Math.min(n, 2 ** 23);
+  const some = randomBlocks(type, unique, 0.05, r);
+  if (unique === n) return some;
+  const out = new Uint8Array((some.length / unique) * n);
+  for (let at = 0; at < out.length; at += some.length) {
+    out.set(some.subarray(0, Math.min(some.length, out.length - at)), at);
+  }
+  return out;
+}
+
+/** Everything a shape's dispatches bind. */
+interface Setup {
+  readonly w: GpuTensor;
+  readonly x: GPUBuffer;
+  readonly y: GPUBuffer;
+  readonly yInit: Float32Array<ArrayBuffer>;
+  /** Per token, its expert ids (decode calls read them from the start of a buffer). */
+  readonly tokenIds: readonly GPUBuffer[];
+  /** The gather table over all tokens' ids. */
+  readonly table?: GPUBuffer;
+  readonly options: Omit<MulMatOptions, "prefetch">;
+  readonly tokens: number;
+  /** Floats a token's outputs take in y and its input in x. */
+  readonly yStride: number;
+  readonly xStride: number;
+}
+
+async function prepare(
+  ctx: GpuContext,
+  mem: GpuMemory,
+  shape: TileShape,
+  tokens: number,
+): Promise<Setup> {
+  const r = seeded(shape.rows * 31 + shape.k);
+  const { type, rows, k } = shape;
+  const experts = shape.experts ?? 1;
+  const nUsed = shape.nUsed ?? 1;
+  const w = await uploadTensorBytes(mem, {
+    name: shape.name,
+    type,
+    shape: shape.experts ? [k, rows, experts] : [k, rows],
+  }, repeatedBlocks(type, k * rows * experts, r));
+  // Under SwiGLU each (token, rank) has its own [gate | up] row; else ranks share the token's x.
+  const xStride = shape.swiglu ? nUsed * 2 * k : k;
+  const yStride = nUsed * rows;
+  const x = mem.upload("x", randomF32(tokens * xStride, r));
+  const yInit = shape.add ? randomF32(tokens * yStride, r) : new Float32Array(tokens * yStride);
+  const y = mem.storage("y", yInit.byteLength);
+  const options: Setup["options"] = {
+    tokens,
+    nUsed: shape.experts ? nUsed : undefined,
+    add: shape.add,
+    swiglu: shape.swiglu,
+    upOffset: shape.swiglu ? k : undefined,
+    xStrideT: xStride,
+    xStrideI: shape.experts ? (shape.swiglu ? 2 * k : 0) : undefined,
+  };
+  if (!shape.experts) return { w, x, y, yInit, tokenIds: [], options, tokens, yStride, xStride };
+  // Uniform routing: nUsed distinct experts a token.
+  const ids = new Uint32Array(tokens * nUsed);
+  for (let t = 0; t < tokens; t++) {
+    const picked = new Set<number>();
+    while (picked.size < nUsed) picked.add(Math.floor(r() * experts));
+    ids.set([...picked], t * nUsed);
+  }
+  const idsb = mem.upload("ids", ids);
+  const slots = tokens * nUsed;
+  const table = mem.storage("table", 4 * gatherWords(slots, experts, PREFILL_TT));
+  const enc = new StepEncoder(ctx, new ParamArena(mem, 4));
+  moeGather(enc, { ids: idsb, table }, { slots, experts, tt: PREFILL_TT });
+  enc.submit();
+  const tokenIds = Array.from(
+    { length: tokens },
+    (_, t) => mem.upload(`ids ${t}`, ids.slice(t * nUsed, (t + 1) * nUsed)),
+  );
+  return {
+    w,
+    x,
+    y,
+    yInit,
+    tokenIds,
+    table,
+    options: { ...options, gatherTiles: gatherTiles(slots, experts, PREFILL_TT) },
+    tokens,
+    yStride,
+    xStride,
+  };
+}
+
+function recordTile(enc: StepEncoder, s: Setup, prefetch: boolean): void {
+  mulMat(enc, { w: s.w, x: s.x, y: s.y, ids: s.table }, { ...s.options, prefetch });
+}
+
+/** The decode kernel's outputs of `token` alone, into y at the token's place. */
+function recordDecode(enc: StepEncoder, s: Setup, token: number): void {
+  const { gatherTiles: _, ...o } = s.options;
+  mulMat(enc, { w: s.w, x: s.x, y: s.y, ids: s.tokenIds[token] }, {
+    ...o,
+    tokens: 1,
+    xOffset: token * s.xStride,
+    yOffset: token * s.yStride,
+  });
+}
+
+/** Runs the tile, then checks the tokens `checked` bit for bit against the decode kernel. */
+async function check(
+  ctx: GpuContext,
+  arena: ParamArena,
+  s: Setup,
+  prefetch: boolean,
+  checked: readonly number[],
+): Promise<string> {
+  const run = async (recordAll: (enc: StepEncoder) => void) => {
+    ctx.device.queue.writeBuffer(s.y, 0, s.yInit);
+    const enc = new StepEncoder(ctx, arena);
+    recordAll(enc);
+    ctx.device.pushErrorScope("validation");
+    enc.submit();
+    const error = await ctx.device.popErrorScope();
+    if (error) throw new Error(error.message);
+    return new Float32Array(await readBuffer(ctx, s.y, 0, s.yInit.byteLength));
+  };
+  try {
+    const tiled = await run((enc) => recordTile(enc, s, prefetch));
+    const alone = await run((enc) => checked.forEach((t) => recordDecode(enc, s, t)));
+    if (!tiled.some((v) => v !== 0)) return "wrong: all outputs are zero";
+    for (const t of checked) {
+      for (let i = t * s.yStride; i < (t + 1) * s.yStride; i++) {
+        if (!Object.is(tiled[i], alone[i])) {
+          return `bits differ from decode at y[${i}]: ${tiled[i]} tiled, ${alone[i]} alone`;
+        }
+      }
+    }
+    return "ok";
+  } catch (e) {
+    return `rejected: ${(e as Error).message}`;
+  }
+}
+
+/** GPU (or, without timestamps, wall-clock) microseconds of one pass of `n` dispatches. */
+async function timePass(
+  ctx: GpuContext,
+  arena: ParamArena,
+  timer: ReturnType<typeof createStepTimer>,
+  s: Setup,
+  prefetch: boolean,
+  n: number,
+): Promise<number> {
+  const enc = new StepEncoder(ctx, arena);
+  for (let i = 0; i < n; i++) recordTile(enc, s, prefetch);
+  const start = performance.now();
+  enc.submit(timer);
+  await ctx.device.queue.onSubmittedWorkDone();
+  const wallUs = (performance.now() - start) * 1000;
+  if (!timer) return wallUs / n;
+  const ns = new BigUint64Array(await readBuffer(ctx, timer.resolve, 0, 16));
+  return Number(ns[1] - ns[0]) / 1000 / n;
+}
+
+interface TileResult {
+  readonly shape: string;
+  readonly variant: string;
+  readonly us?: number;
+  readonly tflops?: number;
+  readonly check: string;
+}
+
+function line(r: TileResult): string {
+  const us = r.us === undefined ? "" : `${r.us.toFixed(1)} µs  ${r.tflops!.toFixed(2)} TFLOPS`;
+  return `${r.shape.padEnd(22)} ${r.variant.padEnd(8)} ${us.padEnd(28)} ${r.check}`;
+}
+
+const PREFILL_MUL_MAT = {
+  name: "Prefill mul_mat bench",
+  usage: "deno run -A bench/kernels/prefill_mul_mat.ts",
+  about:
+    "Checks then times the prefill tiles with and without prefetching on the bench model's shapes.",
+  flags: {
+    gpu: flag(oneOf(PROVIDER_CHOICES), "the WebGPU provider", "auto"),
+    shapes: flag(
+      oneOf(["full", "tiny"] as const),
+      "the bench model's shapes, or CPU-sized ones",
+      "full",
+    ),
+    tokens: flag(whole(1), "tokens a product takes (the prefill length)", 512),
+    dispatches: flag(whole(1), "back-to-back dispatches a timed pass", 4),
+    runs: flag(whole(1), "timed passes per variant (the median is kept)", 5),
+    variant: flag(oneOf(["plain", "prefetch"] as const), "time one variant instead of both"),
+    only: flag(text("NAME,..."), "shapes whose name contains one of these"),
+    out: flag(text("FILE"), "write every result here as JSON"),
+    "allow-software-gpu": switchFlag("accept a software (CPU) adapter"),
+  },
+} satisfies Command<FlagTable>;
+
+async function main(values: FlagValues<typeof PREFILL_MUL_MAT.flags>): Promise<void> {
+  const ctx = await openGpu({
+    gpu: values.gpu,
+    allowSoftware: values["allow-software-gpu"],
+    log: (line) => console.log(line),
+  });
+  // The adapter's whole feature list: whether it offers more than the engine asks for (such as
+  // a subgroup-matrix feature).
+  const adapter = await (await selectProvider(values.gpu)).gpu.requestAdapter({
+    powerPreference: "high-performance",
+  });
+  console.log(`adapter features: ${[...(adapter?.features ?? [])].sort().join(", ")}`);
+  const mem = new GpuMemory(ctx);
+  const timer = createStepTimer(mem);
+  if (!timer) console.log("no timestamp-query: times are wall clock per pass");
+  const arena = new ParamArena(mem, 16);
+  const results: TileResult[] = [];
+  const all = values.shapes === "full" ? fullShapes() : tinyShapes();
+  const only = values.only?.split(",");
+  for (const shape of only ? all.filter((s) => only.some((o) => s.name.includes(o))) : all) {
+    const shapeMem = new GpuMemory(ctx);
+    const tokens = shape.tokens ?? values.tokens;
+    const s = await prepare(ctx, shapeMem, shape, tokens);
+    const flops = 2 * shape.rows * shape.k * tokens * (shape.nUsed ?? 1);
+    const checked = [...new Set([0, 1, Math.floor(tokens / 2), tokens - 1])];
+    for (const prefetch of values.variant ? [values.variant === "prefetch"] : [false, true]) {
+      const variant = prefetch ? "prefetch" : "plain";
+      const verdict = await check(ctx, arena, s, prefetch, checked);
+      let result: TileResult = { shape: shape.name, variant, check: verdict };
+      if (verdict === "ok") {
+        await timePass(ctx, arena, timer, s, prefetch, 1);
+        const us: number[] = [];
+        for (let i = 0; i < values.runs; i++) {
+          us.push(await timePass(ctx, arena, timer, s, prefetch, values.dispatches));
+        }
+        const median = us.sort((a, b) => a - b)[Math.floor(us.length / 2)];
+        result = { ...result, us: median, tflops: flops / median / 1e6 };
+      }
+      results.push(result);
+      console.log(line(result));
+    }
+    shapeMem.destroy();
+  }
+  if (values.out) {
+    await Deno.writeTextFile(
+      values.out,
+      JSON.stringify({ gpu: ctx.summary, tokens: values.tokens, results }, null, 2),
+    );
+  }
+  mem.destroy();
+  ctx.device.destroy();
+}
+
+if (import.meta.main) await runCommand(PREFILL_MUL_MAT, main);
