@@ -157,7 +157,7 @@ function layouts(set: "all" | "quick"): MatVecLayout[] {
 }
 
 /** Seeded uniforms in [0, 1) (mulberry32). */
-function seeded(seed: number): () => number {
+export function seeded(seed: number): () => number {
   let a = seed >>> 0;
   return () => {
     a = (a + 0x6d2b79f5) >>> 0;
@@ -168,7 +168,7 @@ function seeded(seed: number): () => number {
   };
 }
 
-function randomF32(n: number, r: () => number, scale = 1): Float32Array<ArrayBuffer> {
+export function randomF32(n: number, r: () => number, scale = 1): Float32Array<ArrayBuffer> {
   return Float32Array.from({ length: n }, () => (2 * r() - 1) * scale);
 }
 
@@ -355,7 +355,7 @@ function record(enc: StepEncoder, s: Setup, decode: MatVecLayout, n: number): vo
 }
 
 /** GPU (or, without timestamps, wall-clock) microseconds of `n` back-to-back dispatches. */
-async function timeDispatches(
+export async function timeDispatches(
   ctx: GpuContext,
   arena: ParamArena,
   timer: ReturnType<typeof createStepTimer>,
@@ -372,7 +372,7 @@ async function timeDispatches(
   return Number(ns[1] - ns[0]) / 1000;
 }
 
-function median(v: number[]): number {
+export function median(v: number[]): number {
   const s = [...v].sort((a, b) => a - b);
   return s[Math.floor(s.length / 2)];
 }
@@ -786,4 +786,4 @@ function table(results: VariantResult[]): string {
   return rows.join("\n");
 }
 
-await runCommand(DECODE_MATVEC, main);
+if (import.meta.main) await runCommand(DECODE_MATVEC, main);

@@ -27,6 +27,7 @@ import {
 } from "../../lib/cli.ts";
 import { PRESETS } from "../../tools/synth/presets.ts";
 import { randomBlocks } from "../../tools/synth/random_blocks.ts";
+import { median, randomF32, seeded, timeDispatches } from "./decode_matvec.ts";
 
 /** One prefill product of the model: W (rows × k, or `experts` of them) times `tokens` tokens. */
 interface TileShape {
@@ -96,22 +97,6 @@ function tinyShapes(): TileShape[] {
     },
     { name: "q6", type: GgmlType.Q6_K, rows: 70, k: 256 },
   ];
-}
-
-/** Seeded uniforms in [0, 1) (mulberry32). */
-function seeded(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
-function randomF32(n: number, r: () => number): Float32Array<ArrayBuffer> {
-  return Float32Array.from({ length: n }, () => 2 * r() - 1);
 }
 
 /**
@@ -258,26 +243,6 @@ async function check(
   }
 }
 
-/** GPU (or, without timestamps, wall-clock) microseconds of one pass of `n` dispatches. */
-async function timePass(
-  ctx: GpuContext,
-  arena: ParamArena,
-  timer: ReturnType<typeof createStepTimer>,
-  s: Setup,
-  prefetch: boolean,
-  n: number,
-): Promise<number> {
-  const enc = new StepEncoder(ctx, arena);
-  for (let i = 0; i < n; i++) recordTile(enc, s, prefetch);
-  const start = performance.now();
-  enc.submit(timer);
-  await ctx.device.queue.onSubmittedWorkDone();
-  const wallUs = (performance.now() - start) * 1000;
-  if (!timer) return wallUs / n;
-  const ns = new BigUint64Array(await readBuffer(ctx, timer.resolve, 0, 16));
-  return Number(ns[1] - ns[0]) / 1000 / n;
-}
-
 interface TileResult {
   readonly shape: string;
   readonly variant: string;
@@ -343,13 +308,17 @@ async function main(values: FlagValues<typeof PREFILL_MUL_MAT.flags>): Promise<v
       const verdict = await check(ctx, arena, s, prefetch, checked);
       let result: TileResult = { shape: shape.name, variant, check: verdict };
       if (verdict === "ok") {
-        await timePass(ctx, arena, timer, s, prefetch, 1);
+        const pass = (n: number) => (enc: StepEncoder) => {
+          for (let i = 0; i < n; i++) recordTile(enc, s, prefetch);
+        };
+        await timeDispatches(ctx, arena, timer, pass(1));
         const us: number[] = [];
         for (let i = 0; i < values.runs; i++) {
-          us.push(await timePass(ctx, arena, timer, s, prefetch, values.dispatches));
+          const n = values.dispatches;
+          us.push((await timeDispatches(ctx, arena, timer, pass(n))) / n);
         }
-        const median = us.sort((a, b) => a - b)[Math.floor(us.length / 2)];
-        result = { ...result, us: median, tflops: flops / median / 1e6 };
+        const mid = median(us);
+        result = { ...result, us: mid, tflops: flops / mid / 1e6 };
       }
       results.push(result);
       console.log(line(result));
