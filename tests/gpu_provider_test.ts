@@ -102,9 +102,13 @@ Deno.test({
     });
       const adapter = await builtinProvider().gpu.requestAdapter();
       const builtinEgl = await egl();
+      const mesa = /llvmpipe|lavapipe|mesa/i.test(
+        [adapter?.info.description, adapter?.info.device, adapter?.info.architecture].join(" "),
+      );
       await (await dawnProvider()).gpu.requestAdapter();
       console.log(JSON.stringify({
         adapter: adapter !== null,
+        mesa,
         backend: Deno.env.get("DENO_WEBGPU_BACKEND"),
         builtinEgl,
         dawnEgl: await egl(),
@@ -122,6 +126,10 @@ Deno.test({
     const stderr = new TextDecoder().decode(out.stderr);
     assert.equal(out.code, 0, stderr);
     const seen = JSON.parse(new TextDecoder().decode(out.stdout));
-    assert.deepEqual(seen, { adapter: true, backend: "vulkan", builtinEgl: false, dawnEgl: false });
+    assert.equal(seen.adapter, true);
+    assert.equal(seen.backend, "vulkan");
+    // The abort was libglvnd's EGL torn down beside Mesa at exit. A vendor Vulkan driver may load
+    // libEGL itself (NVIDIA's does on the H200 box), which no provider setting can avoid.
+    if (seen.mesa) assert.deepEqual([seen.builtinEgl, seen.dawnEgl], [false, false]);
   },
 });

@@ -344,7 +344,9 @@ fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
     let dl = d * f32(i32(low | (high << 4u)) - 32);
     let q = (bytes4(wword(b + 32u + 32u * n + 4u * v)) >> vec4<u32>(2u * j)) & vec4<u32>(3u);
     let h = (bytes4(wword(b + 4u * v)) >> vec4<u32>(4u * n + j)) & vec4<u32>(1u);
-    r[v] = dl * (exact_f32(q) - 4.0 * (1.0 - exact_f32(h)));
+    // q − 4·(1 − h) as one small integer minus 4, exact in any evaluation order: with two
+    // exact_f32 values in one float expression, Dawn on the H200 gave wrong Q3_K weights.
+    r[v] = dl * (exact_f32(q | (h << vec4<u32>(2u))) - 4.0);
   }
   return r;
 }
