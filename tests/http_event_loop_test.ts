@@ -174,7 +174,7 @@ Deno.test({
       // Each value matches the pattern: 40 characters or more, the last one U+0000.
       const matches = (value: string) => [...value].length >= 40 && value.endsWith("\u0000");
       for (const res of completions) {
-        assert.equal(res.status, 200);
+        if (res.status !== 200) assert.fail(`status ${res.status}: ${await res.text()}`);
         const value: string = JSON.parse((await res.json()).content);
         assert.ok(matches(value), JSON.stringify(value));
       }
