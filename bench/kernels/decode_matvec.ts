@@ -38,6 +38,7 @@ import {
   whole,
 } from "../../lib/cli.ts";
 import { PRESETS } from "../../tools/synth/presets.ts";
+import { rng } from "../../tests/_fuzz.ts";
 import { randomBlocks } from "../../tools/synth/random_blocks.ts";
 
 /** One decode product of the model: W (rows × k, or `experts` of them) times one token. */
@@ -156,18 +157,6 @@ function layouts(set: "all" | "quick"): MatVecLayout[] {
   );
 }
 
-/** Seeded uniforms in [0, 1) (mulberry32). */
-export function seeded(seed: number): () => number {
-  let a = seed >>> 0;
-  return () => {
-    a = (a + 0x6d2b79f5) >>> 0;
-    let t = a;
-    t = Math.imul(t ^ (t >>> 15), t | 1);
-    t ^= t + Math.imul(t ^ (t >>> 7), t | 61);
-    return ((t ^ (t >>> 14)) >>> 0) / 4294967296;
-  };
-}
-
 export function randomF32(n: number, r: () => number, scale = 1): Float32Array<ArrayBuffer> {
   return Float32Array.from({ length: n }, () => (2 * r() - 1) * scale);
 }
@@ -210,7 +199,7 @@ function silu(g: number): number {
 }
 
 async function prepare(ctx: GpuContext, mem: GpuMemory, shape: MatVecShape): Promise<Setup> {
-  const r = seeded(shape.rows * 31 + shape.k);
+  const r = rng(shape.rows * 31 + shape.k);
   const { type, rows, k } = shape;
   const experts = shape.experts ?? 1;
   const nUsed = shape.nUsed ?? 1;
@@ -482,7 +471,7 @@ async function smallKernels(
   timer: ReturnType<typeof createStepTimer>,
 ): Promise<VariantResult[]> {
   const mem = new GpuMemory(ctx);
-  const r = seeded(5);
+  const r = rng(5);
   const p = PRESETS["qwen35moe-35b"];
   const one = await uploadTensorBytes(
     mem,

@@ -27,7 +27,8 @@ import {
 } from "../../lib/cli.ts";
 import { PRESETS } from "../../tools/synth/presets.ts";
 import { randomBlocks } from "../../tools/synth/random_blocks.ts";
-import { median, randomF32, seeded, timeDispatches } from "./decode_matvec.ts";
+import { median, randomF32, timeDispatches } from "./decode_matvec.ts";
+import { rng } from "../../tests/_fuzz.ts";
 
 /** One prefill product of the model: W (rows × k, or `experts` of them) times `tokens` tokens. */
 interface TileShape {
@@ -137,7 +138,7 @@ async function prepare(
   shape: TileShape,
   tokens: number,
 ): Promise<Setup> {
-  const r = seeded(shape.rows * 31 + shape.k);
+  const r = rng(shape.rows * 31 + shape.k);
   const { type, rows, k } = shape;
   const experts = shape.experts ?? 1;
   const nUsed = shape.nUsed ?? 1;
