@@ -1,8 +1,8 @@
-// rms: the RMSNorm scale 1/sqrt(mean(x²) + eps) of a row of x, in one summation order for every
-// kernel that normalises it (wgsl/rms_norm.wgsl, and wgsl/mul_mat.wgsl's NORM variant, which folds
-// the norm into a decode product): so a token's normed input has the same bits whichever kernel
-// made it. Order: 256 partials p_j = fma chain of x_i² over i ≡ j (mod 256), increasing i; then a
-// tree: p_j + p_{j+128} for j < 128, then halves of 64, 32, ... down to one.
+// rms: the RMSNorm scale inverseSqrt(Σx² · (1/n) + eps) of a row of x, in one summation order
+// for every kernel that normalises it (wgsl/rms_norm.wgsl, and wgsl/mul_mat_vec.wgsl's NORM
+// variant, which folds the norm into a decode product): so a token's normed input has the same
+// bits whichever kernel made it. Order: 256 partials p_j = fma chain of x_i² over i ≡ j (mod 256),
+// increasing i; then a tree: p_j + p_{j+128} for j < 128, then halves of 64, 32, ... down to one.
 // Contract: the includer declares `var<storage, ...> x: array<f32>` and `const WG` (≥ 128, a
 // power of two), and calls rms_scale from uniform control flow with local_invocation_index.
 
@@ -39,7 +39,10 @@ fn rms_finish(part: f32, n: u32, eps: f32, lid: u32) -> f32 {
     }
     workgroupBarrier();
   }
-  let scale = 1.0 / sqrt(rms_red[0] / f32(n) + eps);
+  // One fma and one inverseSqrt leave a compiler no choice of how to round: NVIDIA's compiled
+  // `1.0 / sqrt(sum / n + eps)` differently in rms_norm and in mul_mat_vec's NORM variant, so
+  // the folded norm's scale lost a bit on the H200 (tests/gpu_mul_mat_test.ts caught it).
+  let scale = inverseSqrt(fma(rms_red[0], 1.0 / f32(n), eps));
   workgroupBarrier();
   return scale;
 }
