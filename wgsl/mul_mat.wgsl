@@ -23,24 +23,7 @@
 
 #include "_include/dequant.wgsl"
 
-struct Params {
-  k: u32,
-  rows: u32,
-  tokens: u32,
-  n_used: u32,
-  row_base: u32,
-  expert_first: u32,
-  expert_count: u32,
-  x_offset: u32,
-  x_stride_t: u32,
-  x_stride_i: u32,
-  up_offset: u32,
-  y_offset: u32,
-  y_stride_t: u32,
-  y_stride_i: u32,
-  ids_stride: u32,
-  row_tiles: u32,
-}
+#include "_include/mat_params.wgsl"
 
 @group(0) @binding(0) var<storage, read> w: array<u32>;
 @group(0) @binding(1) var<storage, read> x: array<f32>;

@@ -42,31 +42,7 @@ enable subgroups;
 #include "_include/rms.wgsl"
 #endif
 
-struct Params {
-  k: u32,
-  rows: u32,
-  tokens: u32,
-  n_used: u32,
-  row_base: u32,
-  expert_first: u32,
-  expert_count: u32,
-  x_offset: u32,
-  x_stride_t: u32,
-  x_stride_i: u32,
-  up_offset: u32,
-  y_offset: u32,
-  y_stride_t: u32,
-  y_stride_i: u32,
-  ids_stride: u32,
-  row_tiles: u32,
-  eps: f32,
-#ifdef PAIR_F32
-  rows2: u32,
-  row_tiles2: u32,
-  y2_offset: u32,
-  y2_stride_t: u32,
-#endif
-}
+#include "_include/mat_params.wgsl"
 
 #ifdef W_VEC4
 @group(0) @binding(0) var<storage, read> w: array<vec4<u32>>;

@@ -178,6 +178,7 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
     y_stride_t: o.yStrideT ?? (id ? nUsed * w.matrixRows : w.matrixRows * w.experts),
     y_stride_i: o.yStrideI ?? w.matrixRows,
     ids_stride: gathered ? o.gatherTiles! : o.idsStride ?? nUsed,
+    eps: o.norm?.eps ?? 0,
   };
   const ids = b.ids ?? dummyStorage(enc.ctx);
   for (const part of w.parts) {
@@ -199,7 +200,6 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
         ...base,
         ...at,
         row_tiles: tiles,
-        eps: o.norm?.eps ?? 0,
       }, { tiles, z });
     } else {
       const tiles = Math.ceil(rows / TILE_ROWS);
