@@ -55,16 +55,6 @@ fn xval(i: u32) -> f32 {
 #endif
 }
 
-// Fills the workgroup's IQ4 table (dequant.wgsl) before any dequant32; uniform control flow only.
-fn fill_tables(lid: u32) {
-#ifdef IQ4_TABLE_WORKGROUP
-  if (lid < 16u) {
-    iq4_table[lid] = KV_IQ4[lid];
-  }
-  workgroupBarrier();
-#endif
-}
-
 fn put(i: u32, v: f32) {
 #ifdef ADD
   y[i] += v;
@@ -232,7 +222,7 @@ fn main(
   let part_row0 = 0u;
   let y_row0 = params.row_base;
 #endif
-  fill_tables(lid);
+  fill_iq4_table(lid);
   let row0 = tile * BM;
   let w_live = lid < BM && row0 + lid < params.rows;
   let w_byte = (part_row0 + row0 + lid) * row_bytes();

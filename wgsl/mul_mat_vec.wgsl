@@ -401,12 +401,7 @@ fn main(
     return;
   }
 #endif
-#ifdef IQ4_TABLE_WORKGROUP
-  if (lid < 16u) {
-    iq4_table[lid] = KV_IQ4[lid];
-  }
-  workgroupBarrier();
-#endif
+  fill_iq4_table(lid);
   let row0 = tile * ROWS;
   // Lane 0 of row group g writes rows row0 + g + GROUPS·r.
   let g = lid / CU;

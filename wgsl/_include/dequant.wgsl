@@ -9,8 +9,8 @@
 // and IQ4_XS also split it as decode32(load32(row_byte, c)): load32 only loads (a Raw of words
 // and shifts), so a tile can hold the next chunk's words while it computes (wgsl/mul_mat.wgsl).
 // Optional IQ4_TABLE_WORKGROUP (IQ4_NL, IQ4_XS): the lookups read the workgroup copy iq4_table,
-// which the includer fills (iq4_table[i] = KV_IQ4[i]) and fences with a barrier before the first
-// dequant32; a per-thread private table indexed by data is slow on some GPUs.
+// which the includer fills with fill_iq4_table before the first dequant32; a per-thread private
+// table indexed by data is slow on some GPUs.
 // F32, Q8_0, Q6_K and IQ4_XS (the bench model's types) build their result with no array indexed
 // by a variable: the SPIR-V compilers behind both providers kept such arrays in local memory on
 // an H200, which cost the decode products several times their time (docs/PERFORMANCE.md).
@@ -94,6 +94,17 @@ fn iq4(nib: vec4<u32>) -> vec4<f32> {
   return vec4<f32>(KV_IQ4[nib.x], KV_IQ4[nib.y], KV_IQ4[nib.z], KV_IQ4[nib.w]);
 }
 #endif
+
+// Fills iq4_table under IQ4_TABLE_WORKGROUP (nothing otherwise): the includer calls it from
+// uniform control flow with its local_invocation_index before the first dequant32.
+fn fill_iq4_table(lid: u32) {
+#ifdef IQ4_TABLE_WORKGROUP
+  if (lid < 16u) {
+    iq4_table[lid] = KV_IQ4[lid];
+  }
+  workgroupBarrier();
+#endif
+}
 
 #ifndef W_VEC4
 // Q4_K/Q5_K 6-bit scale and min of sub-block j from the 12 scale bytes at `s` (get_scale_min_k4).
