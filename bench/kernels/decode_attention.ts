@@ -30,8 +30,8 @@ import {
   text,
   whole,
 } from "../../lib/cli.ts";
-import { PRESETS } from "../../tools/synth/presets.ts";
 import { rng } from "../../tests/_fuzz.ts";
+import { BENCH_MODEL } from "./bench_shapes.ts";
 
 /** Uniforms in [-1, 1) from a seed. */
 function seeded(seed: number): () => number {
@@ -134,7 +134,7 @@ async function main(values: FlagValues<typeof DECODE_ATTENTION.flags>): Promise<
   const arena = new ParamArena(mem, 16);
   const profiler = new DispatchProfiler(ctx);
   const timer = createStepTimer(mem)!;
-  const p = PRESETS["qwen35moe-35b"];
+  const p = BENCH_MODEL;
   const r = seeded(7);
   const positions = values.positions.split(",").map(Number);
   const ctxLen = Math.max(...positions, values.prefill) + 1;
@@ -184,8 +184,7 @@ async function main(values: FlagValues<typeof DECODE_ATTENTION.flags>): Promise<
       attention(enc, att, call(values.prefill, 0));
     });
   }
-  const { Nk: nk, Nv: nv, Dk: dk, Dv: dv } = p;
-  const C = 2 * nk * dk + nv * dv;
+  const { Nk: nk, Nv: nv, Dk: dk, Dv: dv, C } = p;
   const dn = {
     u: mem.upload("u", randomF32(C, r)),
     ba: mem.upload("ba", randomF32(2 * nv, r)),

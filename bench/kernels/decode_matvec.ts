@@ -37,70 +37,32 @@ import {
   text,
   whole,
 } from "../../lib/cli.ts";
-import { PRESETS } from "../../tools/synth/presets.ts";
 import { rng } from "../../tests/_fuzz.ts";
 import { randomBlocks } from "../../tools/synth/random_blocks.ts";
+import { BENCH_MODEL, benchProducts, type ProductShape } from "./bench_shapes.ts";
 
-/** One decode product of the model: W (rows × k, or `experts` of them) times one token. */
-export interface MatVecShape {
-  readonly name: string;
-  readonly type: GgmlType;
-  readonly rows: number;
-  readonly k: number;
-  /** An expert stack, `nUsed` experts a token. */
-  readonly experts?: number;
-  readonly nUsed?: number;
-  readonly norm?: boolean;
-  readonly add?: boolean;
-  readonly swiglu?: boolean;
+/** One decode product: a product of the model, or a CPU-sized one with the same epilogues. */
+export interface MatVecShape extends ProductShape {
   /** The experts' products summed by routing weight with a shared expert (moeDownSum). */
   readonly sum?: boolean;
 }
 
-/** The decode products of one qwen35moe-35b layer and its LM head (tools/synth/presets.ts). */
+/**
+ * The decode products of one qwen35moe-35b layer and its LM head, the experts' down products
+ * summed as a decode step sums them.
+ */
 function fullShapes(): MatVecShape[] {
-  const p = PRESETS["qwen35moe-35b"];
-  const C = 2 * p.Nk * p.Dk + p.Nv * p.Dv;
-  const vocab = p.vocab.padTo!;
+  const m = benchProducts();
   return [
-    {
-      name: "deltanet qkvzba",
-      type: GgmlType.Q8_0,
-      rows: C + p.Nv * p.Dv + 2 * p.Nv,
-      k: p.D,
-      norm: true,
-    },
-    {
-      name: "attention qkv",
-      type: GgmlType.Q8_0,
-      rows: 2 * p.Hq * p.Dh + 2 * p.Hkv * p.Dh,
-      k: p.D,
-      norm: true,
-    },
-    { name: "out proj", type: GgmlType.Q8_0, rows: p.D, k: p.Nv * p.Dv, add: true },
-    { name: "router", type: GgmlType.F32, rows: p.E + 1, k: p.D, norm: true },
-    { name: "shared gate|up", type: GgmlType.Q8_0, rows: 2 * p.Fs, k: p.D, norm: true },
-    { name: "shared down", type: GgmlType.Q8_0, rows: p.D, k: p.Fs, swiglu: true },
-    {
-      name: "experts gate|up",
-      type: GgmlType.IQ4_XS,
-      rows: 2 * p.Fe,
-      k: p.D,
-      experts: p.E,
-      nUsed: p.Ku,
-      norm: true,
-    },
-    {
-      name: "experts down+sum",
-      type: GgmlType.IQ4_XS,
-      rows: p.D,
-      k: p.Fe,
-      experts: p.E,
-      nUsed: p.Ku,
-      swiglu: true,
-      sum: true,
-    },
-    { name: "LM head", type: GgmlType.Q6_K, rows: vocab, k: p.D, norm: true },
+    m.qkvzba,
+    m.qkv,
+    m.outProj,
+    m.router,
+    m.sharedGateUp,
+    m.sharedDown,
+    m.expertsGateUp,
+    { ...m.expertsDown, name: "experts down+sum", sum: true },
+    m.lmHead,
   ];
 }
 
@@ -472,7 +434,7 @@ async function smallKernels(
 ): Promise<VariantResult[]> {
   const mem = new GpuMemory(ctx);
   const r = rng(5);
-  const p = PRESETS["qwen35moe-35b"];
+  const p = BENCH_MODEL;
   const one = await uploadTensorBytes(
     mem,
     { name: "one row", type: GgmlType.F32, shape: [32, 1] },
@@ -489,7 +451,7 @@ async function smallKernels(
   const experts = mem.upload("expert outputs", randomF32(p.Ku * p.D, r));
   const shared = mem.upload("shared output", randomF32(p.D, r));
   const residual = mem.upload("residual", randomF32(p.D, r));
-  const C = 2 * p.Nk * p.Dk + p.Nv * p.Dv;
+  const { C } = p;
   const convX = mem.upload("conv x", randomF32(C, r));
   const convW = mem.upload("conv w", randomF32(C * p.Kc, r));
   const convState = mem.upload("conv state", randomF32(C * (p.Kc - 1), r));

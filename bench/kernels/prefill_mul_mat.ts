@@ -25,59 +25,32 @@ import {
   text,
   whole,
 } from "../../lib/cli.ts";
-import { PRESETS } from "../../tools/synth/presets.ts";
 import { randomBlocks } from "../../tools/synth/random_blocks.ts";
 import { median, randomF32, timeDispatches } from "./decode_matvec.ts";
 import { rng } from "../../tests/_fuzz.ts";
+import { benchProducts, type ProductShape } from "./bench_shapes.ts";
 
-/** One prefill product of the model: W (rows × k, or `experts` of them) times `tokens` tokens. */
-interface TileShape {
-  readonly name: string;
-  readonly type: GgmlType;
-  readonly rows: number;
-  readonly k: number;
+/**
+ * One prefill product: experts run over a gather table; a tile takes x as it is (`norm` is the
+ * decode product's).
+ */
+interface TileShape extends ProductShape {
   /** Tokens of this product (the LM head runs its logits in chunks); default --tokens. */
   readonly tokens?: number;
-  /** An expert stack, `nUsed` experts a token, run over a gather table. */
-  readonly experts?: number;
-  readonly nUsed?: number;
-  readonly add?: boolean;
-  readonly swiglu?: boolean;
 }
 
 /** The prefill products of the qwen35moe-35b layers and a chunk of its LM head. */
 function fullShapes(): TileShape[] {
-  const p = PRESETS["qwen35moe-35b"];
-  const C = 2 * p.Nk * p.Dk + p.Nv * p.Dv;
+  const m = benchProducts();
   return [
-    { name: "deltanet qkvzba", type: GgmlType.Q8_0, rows: C + p.Nv * p.Dv + 2 * p.Nv, k: p.D },
-    {
-      name: "attention qkv",
-      type: GgmlType.Q8_0,
-      rows: 2 * p.Hq * p.Dh + 2 * p.Hkv * p.Dh,
-      k: p.D,
-    },
-    { name: "out proj", type: GgmlType.Q8_0, rows: p.D, k: p.Nv * p.Dv, add: true },
-    { name: "shared gate|up", type: GgmlType.Q8_0, rows: 2 * p.Fs, k: p.D },
-    { name: "shared down", type: GgmlType.Q8_0, rows: p.D, k: p.Fs, swiglu: true },
-    {
-      name: "experts gate|up",
-      type: GgmlType.IQ4_XS,
-      rows: 2 * p.Fe,
-      k: p.D,
-      experts: p.E,
-      nUsed: p.Ku,
-    },
-    {
-      name: "experts down",
-      type: GgmlType.IQ4_XS,
-      rows: p.D,
-      k: p.Fe,
-      experts: p.E,
-      nUsed: p.Ku,
-      swiglu: true,
-    },
-    { name: "LM head 64K rows T64", type: GgmlType.Q6_K, rows: 65536, k: p.D, tokens: 64 },
+    m.qkvzba,
+    m.qkv,
+    m.outProj,
+    m.sharedGateUp,
+    m.sharedDown,
+    m.expertsGateUp,
+    m.expertsDown,
+    { ...m.lmHead, name: "LM head 64K rows T64", rows: 65536, tokens: 64 },
   ];
 }
 
