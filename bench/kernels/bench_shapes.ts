@@ -25,7 +25,10 @@ const preset = PRESETS["qwen35moe-35b"];
 /** The bench model's shape, with the DeltaNet conv channels C that engine/hparams.ts derives. */
 export const BENCH_MODEL = { ...preset, C: 2 * preset.Nk * preset.Dk + preset.Nv * preset.Dv };
 
-/** The products of one layer, by what they compute, and the LM head. */
+/**
+ * The products of one layer, by what they compute, in the order a layer runs them, then the LM
+ * head: a bench lists its shapes as Object.values of this, changed where it runs one otherwise.
+ */
 export function benchProducts() {
   const p = BENCH_MODEL;
   const experts = { type: GgmlType.IQ4_XS, experts: p.E, nUsed: p.Ku };
