@@ -82,11 +82,28 @@ export interface LogitAdjust {
 }
 
 /**
- * What the last stage returns: the greedy id of each of n positions, the top-k of the last
- * position (among the tokens its mask allows), descending by logit (ties: lower id first), and
- * the log-sum-exp of that position's whole logits row after biases, before the mask, so that
- * logit − lse is a token's log-probability under the model, whatever a grammar allowed. `lse`
- * is NaN when no top-k was asked for.
+ * Which positions of a run the last stage computes logits for. "all": every position (its
+ * greedy id each). "last": the last position alone, what a sampler uses (a prompt's final
+ * chunk, a decode step); its logits have the bits "all" gives that row. "none": no position,
+ * no output norm and no LM head: a prompt's earlier chunks, which only fill the slot. The top-k,
+ * normaliser and adjustments are of the last position, so "none" takes no topk and no adjust.
+ */
+export type LogitPositions = "all" | "last" | "none";
+
+export const LOGIT_POSITIONS: readonly LogitPositions[] = ["all", "last", "none"];
+
+/** Greedy ids a last stage returns for a run of n positions: n, 1 (the last) or 0. */
+export function greedyCount(logits: LogitPositions | undefined, n: number): number {
+  return logits === "none" ? 0 : logits === "last" ? 1 : n;
+}
+
+/**
+ * What the last stage returns: the greedy ids of the positions its run's `logits` asked for (all
+ * n, the last alone, or none: greedyCount; the last position's is always ids[ids.length − 1]),
+ * the top-k of the last position (among the tokens its mask allows), descending by logit (ties:
+ * lower id first), and the log-sum-exp of that position's whole logits row after biases, before
+ * the mask, so that logit − lse is a token's log-probability under the model, whatever a grammar
+ * allowed. `lse` is NaN when no top-k was asked for.
  */
 export interface LastOutput {
   readonly ids: Uint32Array;
@@ -104,6 +121,8 @@ export interface StageRunOptions {
   readonly topk?: number;
   /** Changes to the last position's logits (the last stage applies them). */
   readonly adjust?: LogitAdjust;
+  /** Which positions need the LM head (default "all"); every stage passes it on to the last. */
+  readonly logits?: LogitPositions;
 }
 
 /** A stage's layers and the sizes it was opened with; a worker's HELLO states the same. */

@@ -3,7 +3,9 @@
 
 import {
   defaultMaxBatch,
+  LOGIT_POSITIONS,
   type LogitAdjust,
+  type LogitPositions,
   MAX_BIAS,
   MAX_BIAS_PAIRS,
   MAX_MASK_WORDS,
@@ -12,6 +14,7 @@ import {
   type Stage,
   type StageInput,
   type StageOpenOptions,
+  type StageRunOptions,
   type StageShape,
 } from "./stage.ts";
 
@@ -137,6 +140,28 @@ export function checkTopK(topk: number): void {
   if (!Number.isInteger(topk) || topk < 0 || topk > MAX_TOPK) {
     throw new RangeError(`Cannot return the top ${topk} logits: expected 0..${MAX_TOPK}`);
   }
+}
+
+/**
+ * Checks a run's `logits` (one of LOGIT_POSITIONS) against what else it asks of the last
+ * position: "none" computes no logits, so it takes no top-k and no adjustments. Returns it,
+ * "all" when unset.
+ */
+export function checkLogits(options: StageRunOptions): LogitPositions {
+  const logits = options.logits ?? "all";
+  if (!LOGIT_POSITIONS.includes(logits)) {
+    throw new RangeError(
+      `Cannot compute logits for positions ${JSON.stringify(logits)}: expected one of ` +
+        LOGIT_POSITIONS.map((p) => `"${p}"`).join(", "),
+    );
+  }
+  if (logits === "none" && ((options.topk ?? 0) > 0 || options.adjust)) {
+    throw new RangeError(
+      `Cannot return top-k candidates or adjust logits of a run with logits "none": it computes ` +
+        `no logits; ask for "last"`,
+    );
+  }
+  return logits;
 }
 
 /**

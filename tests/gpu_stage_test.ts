@@ -13,7 +13,13 @@ import { openReferenceStage } from "../engine/reference/reference_stage.ts";
 import type { Stage } from "../engine/stage.ts";
 import { gpuTest } from "./_gpu.ts";
 import type { TestModelSpec } from "./_models.ts";
-import { greedySession, prompt, type Trace, withModel } from "./_stage_gates.ts";
+import {
+  checkLogitPositions,
+  greedySession,
+  prompt,
+  type Trace,
+  withModel,
+} from "./_stage_gates.ts";
 
 const CTX = 48;
 const MAX_BATCH = 8;
@@ -180,6 +186,25 @@ gpuTest("GPU stages split at every layer boundary equal the unsplit stage", asyn
     });
   }
 });
+
+gpuTest(
+  "GPU stage: the last position's logits alone have the bits of every position's; none skips the head",
+  async (gpu) => {
+    // Chunks of 7 and 5: "all" multiplies the LM head in a prefill tile, "last" in the decode
+    // product with the norm folded in, which must give the same bits.
+    for (const spec of [{ arch: "qwen35moe", quant: "q4_k_m" }, { arch: "qwen3next" }] as const) {
+      await withModel(spec, async (model) => {
+        const ids = prompt(model, 12, 9);
+        const whole = await openChain(gpu, model, []);
+        await checkLogitPositions(whole, 0, ids, 7, 3);
+        closeAll(whole);
+        const split = await openChain(gpu, model, [2]);
+        await checkLogitPositions(split, 0, ids, 7, 3);
+        closeAll(split);
+      });
+    }
+  },
+);
 
 gpuTest("GPU stage: two and four interleaved slots equal solo runs", async (gpu) => {
   await withModel({ arch: "qwen35moe" }, async (model) => {

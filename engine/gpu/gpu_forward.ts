@@ -340,9 +340,10 @@ export interface AdjustSizes {
 }
 
 /**
- * Records the last stage's head: output RMSNorm, LM head in chunks of plan.lmChunk positions,
- * the last position's logit adjustments, the greedy id of every position into `greedy` (u32,
- * from element `offset`) and the top `topk` and log-sum-exp of the last position into act.top.
+ * Records the last stage's head over `positions` ("all", or the "last" alone) of a T-position
+ * step: output RMSNorm, LM head in chunks of plan.lmChunk positions, the last position's logit
+ * adjustments, the greedy id of each of those positions into `greedy` (u32, from element
+ * `offset`) and the top `topk` and log-sum-exp of the last position into act.top.
  */
 export function encodeHead(
   enc: StepEncoder,
@@ -351,14 +352,19 @@ export function encodeHead(
   topk: number,
   greedy: { readonly buffer: GPUBuffer; readonly offset: number },
   adjust: AdjustSizes = { words: 0, pairs: 0 },
+  positions: "all" | "last" = "all",
 ): void {
   const { hp, act, weights } = plan;
   const { D, V } = hp;
   if (!weights.output || !weights.outputNorm) {
     throw new RangeError("Cannot run the LM head: this stage does not own the last layer");
   }
-  const h = normed(enc, plan, weights.outputNorm, T);
-  for (let t0 = 0; t0 < T; t0 += plan.lmChunk) {
+  const from = positions === "last" ? T - 1 : 0;
+  // One row folds the norm into its product, reading row `from` of x (a decode step, or the last
+  // position alone), with the bits a prefill's normed row gets; else every row is normed into h.
+  // Either way position t's input sits at row t of h.x.
+  const h = normed(enc, plan, weights.outputNorm, T - from);
+  for (let t0 = from; t0 < T; t0 += plan.lmChunk) {
     const rows = Math.min(plan.lmChunk, T - t0);
     mulMat(enc, { w: weights.output, x: h.x, y: act.logits }, {
       tokens: rows,
@@ -378,7 +384,7 @@ export function encodeHead(
     argmax(enc, { src: act.logits, scratch: act.argmaxScratch, out: greedy.buffer }, {
       n: V,
       rows,
-      outOffset: greedy.offset + t0,
+      outOffset: greedy.offset + t0 - from,
     });
     if (topk > 0 && t0 + rows === T) {
       topK(enc, { src: act.logits, scratch: act.topScratch, out: act.top }, {

@@ -24,8 +24,10 @@ import { type HParams, readHParams } from "../hparams.ts";
 import {
   BIAS_RECORD_BYTES,
   encodeBias,
+  greedyCount,
   type LastOutput,
   type LogitAdjust,
+  type LogitPositions,
   MAX_BIAS_PAIRS,
   MAX_TOPK,
   type Stage,
@@ -37,6 +39,7 @@ import {
 } from "../stage.ts";
 import {
   checkAdjust,
+  checkLogits,
   checkOpen,
   checkOpenOptions,
   checkRun,
@@ -208,7 +211,10 @@ interface Prepared {
   /** What the recording depended on besides the slot (runKey, fusedKey). */
   readonly key: string;
   readonly step: EncodedStep;
-  /** Undefined for a step that reads nothing back (decodeGreedy's steps before the last). */
+  /**
+   * Undefined for a step that reads nothing back (decodeGreedy's steps before the last, a run
+   * with logits "none" without a timer).
+   */
   readonly readback: GPUBuffer | undefined;
   /** Bytes of the outputs; with a timer, its two timestamps follow at timeAt, up to total. */
   readonly bytes: number;
@@ -221,8 +227,15 @@ interface Prepared {
 const NO_ADJUST: AdjustSizes = { words: 0, pairs: 0 };
 const ALL_MARKS = { start: true, end: true } as const;
 
-function runKey(n: number, base: number, k: number, adjust: AdjustSizes): string {
-  return `run ${n} ${base} ${k} ${adjust.words} ${adjust.pairs}`;
+/** What a run's step records besides its slot and positions: its LM head's outputs. */
+interface HeadPlan {
+  readonly k: number;
+  readonly adjust: AdjustSizes;
+  readonly logits: LogitPositions;
+}
+
+function runKey(n: number, base: number, head: HeadPlan): string {
+  return `run ${n} ${base} ${head.k} ${head.adjust.words} ${head.adjust.pairs} ${head.logits}`;
 }
 
 /** decodeGreedy's step s at position pos; only its last step depends on steps and k. */
@@ -334,20 +347,22 @@ export class GpuStage implements Stage {
     // Everything up to submit runs synchronously, so concurrent runs reach the queue in call order.
     const started = performance.now();
     const k = this.#topk(options);
+    const logits = checkLogits(options);
     if (this.#last) checkAdjust(options.adjust, this.#hp.V);
     this.#input(slot, input, n, base);
     const adjust = this.#last ? this.#uploadAdjust(options.adjust) : NO_ADJUST;
-    const step = this.#ahead(slot, runKey(n, base, k, adjust)) ??
-      this.#prepareRun(slot, n, base, k, adjust);
+    const head = { k, adjust, logits };
+    const step = this.#ahead(slot, runKey(n, base, head)) ??
+      this.#prepareRun(slot, n, base, head);
     const done = this.#submit(1, () => step, started, slot, base, n);
     // The next token's step, encoded while the GPU runs this one: the id it embeds is written
     // before it is submitted, so only its position and what the head returns must match.
     if (n === 1 && base + 2 <= this.ctx) {
-      this.#encodeAhead(slot, () => this.#prepareRun(slot, 1, base + 1, k, adjust));
+      this.#encodeAhead(slot, () => this.#prepareRun(slot, 1, base + 1, head));
     }
     const data = await done;
     if (!this.#last) return { kind: "hidden", rows: new Float32Array(data) };
-    return { kind: "ids", ...this.#lastOutput(data, n, k) };
+    return { kind: "ids", ...this.#lastOutput(data, greedyCount(logits, n), k) };
   }
 
   /**
@@ -436,15 +451,23 @@ export class GpuStage implements Stage {
     return { ids: words.slice(0, n), top, lse: k ? floats[n + 2 * k] : NaN };
   }
 
-  /** The step of a run of n positions of `slot` from `base`, encoded and not yet submitted. */
-  #prepareRun(slot: number, n: number, base: number, k: number, adjust: AdjustSizes): Prepared {
+  /**
+   * The step of a run of n positions of `slot` from `base`, encoded and not yet submitted; on
+   * the last stage, its head as `head` says ("none": no head, and nothing to read back).
+   */
+  #prepareRun(slot: number, n: number, base: number, head: HeadPlan): Prepared {
     const { act } = this.#plan;
-    const outputs: Outputs = this.#last
-      ? [[act.greedy, 0, 4 * n], [act.top, 0, k ? 4 * topKWords(k) : 0]]
-      : [[act.x, 0, 4 * n * this.#hp.D]];
-    return this.#prepare(runKey(n, base, k, adjust), slot, base, outputs, ALL_MARKS, (enc) => {
+    const { k, adjust, logits } = head;
+    const outputs: Outputs = !this.#last
+      ? [[act.x, 0, 4 * n * this.#hp.D]]
+      : logits === "none"
+      ? []
+      : [[act.greedy, 0, 4 * greedyCount(logits, n)], [act.top, 0, k ? 4 * topKWords(k) : 0]];
+    return this.#prepare(runKey(n, base, head), slot, base, outputs, ALL_MARKS, (enc) => {
       encodeLayers(enc, this.#plan, this.#sets[slot], n, base);
-      if (this.#last) encodeHead(enc, this.#plan, n, k, { buffer: act.greedy, offset: 0 }, adjust);
+      if (this.#last && logits !== "none") {
+        encodeHead(enc, this.#plan, n, k, { buffer: act.greedy, offset: 0 }, adjust, logits);
+      }
     });
   }
 
@@ -575,9 +598,12 @@ export class GpuStage implements Stage {
     base: number,
     t: { started: number; submitted: number; submitMs: number; dispatches: number },
   ): Promise<ArrayBuffer> {
-    const readback = p.readback!;
+    const { readback } = p;
     try {
-      const all = await mapRead(readback, p.total);
+      // A step that reads nothing back is done when the queue says so.
+      const all = readback
+        ? await mapRead(readback, p.total)
+        : await this.#gpu.device.queue.onSubmittedWorkDone().then(() => new ArrayBuffer(0));
       if (this.#profile) {
         const ns = this.#timer ? new BigUint64Array(all, p.timeAt, 2) : undefined;
         this.#profile({
@@ -600,7 +626,7 @@ export class GpuStage implements Stage {
       }
       return all.slice(0, p.bytes);
     } finally {
-      this.#readbacks.push(readback);
+      if (readback) this.#readbacks.push(readback);
     }
   }
 

@@ -11,8 +11,10 @@ import type {
   StageRunOptions,
   TopEntry,
 } from "../stage.ts";
+import { greedyCount } from "../stage.ts";
 import {
   checkAdjust,
+  checkLogits,
   checkOpen,
   checkOpenOptions,
   checkRun,
@@ -117,25 +119,29 @@ export class ReferenceStage implements Stage {
   ): StageOutput {
     const topk = options.topk ?? 0;
     checkTopK(topk);
+    const positions = checkLogits(options);
     if (this.#head) checkAdjust(options.adjust, this.#hp.V);
     const rows = this.#forward(slot, input, n, base);
     const head = this.#head;
     if (!head) return { kind: "hidden", rows };
     const D = this.#hp.D;
-    const ids = new Uint32Array(n);
+    const count = greedyCount(positions, n);
+    const ids = new Uint32Array(count);
     let top: TopEntry[] = [];
     let lse = NaN;
-    for (let t = 0; t < n; t++) {
+    // Position t's greedy id lands in ids[t − from]: every position's, the last one's, or none.
+    const from = n - count;
+    for (let t = from; t < n; t++) {
       const logits = lmHead(this.#hp, head, rows.subarray(t * D, (t + 1) * D));
       if (t < n - 1) {
-        ids[t] = argmaxTopK(logits, 0).argmax;
+        ids[t - from] = argmaxTopK(logits, 0).argmax;
         continue;
       }
       // The normaliser is the model's (after biases); the mask only limits the candidates.
       const biased = biasLogits(logits, options.adjust?.bias);
       if (topk > 0) lse = logSumExp(biased);
       const best = argmaxTopK(maskLogits(biased, options.adjust?.mask), topk);
-      ids[t] = best.argmax;
+      ids[t - from] = best.argmax;
       top = best.top;
     }
     return { kind: "ids", ids, top, lse };

@@ -7,7 +7,13 @@ import { readHParams } from "../hparams.ts";
 import { runPipeline } from "../pipeline.ts";
 import { openReferenceStage, type ReferenceStage } from "./reference_stage.ts";
 import type { TestModelSpec } from "../../tests/_models.ts";
-import { greedySession, prompt, type Trace, withModel } from "../../tests/_stage_gates.ts";
+import {
+  checkLogitPositions,
+  greedySession,
+  prompt,
+  type Trace,
+  withModel,
+} from "../../tests/_stage_gates.ts";
 
 const MODELS: readonly TestModelSpec[] = [
   { arch: "qwen3next" },
@@ -84,6 +90,16 @@ for (const spec of MODELS) {
     });
   });
 }
+
+Deno.test("reference: logits of the last position alone, or none, as the scheduler asks, whole and split", async () => {
+  await withModel({ arch: "qwen3next", layout: "legacy" }, async (model) => {
+    const ids = prompt(model, 12, 5);
+    const whole = await open(model, 0, 4);
+    await checkLogitPositions([whole], 0, ids, 5, 3);
+    const split = [await open(model, 0, 2), await open(model, 2, 4)];
+    await checkLogitPositions(split, 0, ids, 5, 3);
+  });
+});
 
 Deno.test("reference snapshot: save, run something else, restore, continue = uninterrupted", async () => {
   await withModel({ arch: "qwen35moe" }, async (model) => {
