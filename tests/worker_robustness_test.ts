@@ -5,6 +5,7 @@
 import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf/read.ts";
 import { openReferenceStage } from "../engine/reference/reference_stage.ts";
+import type { LogitPositions } from "../engine/stage.ts";
 import { type RawClient, rawClient, startWorker } from "./_workers.ts";
 import { deadline } from "../lib/wire/deadline.ts";
 import {
@@ -39,9 +40,15 @@ function concat(...parts: Uint8Array[]): Uint8Array {
   return out;
 }
 
-function run(slot: number, base: number, n: number, topk = 0): Uint8Array {
+function run(
+  slot: number,
+  base: number,
+  n: number,
+  topk = 0,
+  logits?: LogitPositions,
+): Uint8Array {
   const rows = Float32Array.from({ length: n * D }, (_, i) => Math.sin(i) * 0.5);
-  return encodeFrame({ op: Op.Run, slot, base, n, topk, rows }, D);
+  return encodeFrame({ op: Op.Run, slot, base, n, topk, rows, logits }, D);
 }
 
 /**
@@ -89,8 +96,8 @@ function fuzzInputs(count: number, seed: number): Uint8Array[] {
   const next = () => r.int(0x1_0000_0000);
   const pick = <T>(xs: readonly T[]) => xs[next() % xs.length];
   const templates = [
-    run(0, 0, 1, 2),
-    run(1, 0, 2),
+    run(0, 0, 1, 2, "last"),
+    run(1, 0, 2, 0, "none"),
     encodeFrame({ op: Op.Save, slot: 0, idx: 0 }),
     encodeFrame({ op: Op.Restore, slot: 1, idx: 0 }),
     encodeFrame({ op: Op.Close }),
@@ -115,7 +122,7 @@ function fuzzInputs(count: number, seed: number): Uint8Array[] {
       inputs.push(bytes);
     } else if (kind < 9) {
       const n = next() % 6;
-      const header = words(pick(ops), next() % 4, n, next() % 20, next() % 4, 0, 0);
+      const header = words(pick(ops), next() % 4, n, next() % 20, next() % 4, 0, 0, 0);
       inputs.push(concat(header, Uint8Array.from({ length: next() % (n * D * 4 + 40) }, () => 0)));
     } else {
       const whole = pick(templates);
@@ -139,8 +146,8 @@ Deno.test("the worker refuses each malformed input with its code, then fuzzing l
     await t.step("each kind of malformed input", async () => {
       const { Malformed, Range } = ErrorCode;
       const cases: [Uint8Array, { code: ErrorCode; message: RegExp; answers?: number }][] = [
-        [words(8, 0, 0, 0, 0, 0, 0), { code: Malformed, message: /unknown op 0x8/ }],
-        [words(Op.Ping, 0, 0, 0, 1, 0, 0), {
+        [words(8, 0, 0, 0, 0, 0, 0, 0), { code: Malformed, message: /unknown op 0x8/ }],
+        [words(Op.Ping, 0, 0, 0, 1, 0, 0, 0), {
           code: Malformed,
           message: /field topk is 1, expected 0/,
         }],
@@ -155,7 +162,7 @@ Deno.test("the worker refuses each malformed input with its code, then fuzzing l
         }],
         [run(0, CTX - 1, 2), { code: Range, message: /positions 15\.\.17 of slot 0: the context/ }],
         [run(0, 3, 1), { code: Range, message: /it has seen 0 positions on this connection/ }],
-        [words(Op.Save, 0, 1, 0, 0, 0, 0), {
+        [words(Op.Save, 0, 1, 0, 0, 0, 0, 0), {
           code: Malformed,
           message: /field n is 1, expected 0/,
         }],
@@ -169,12 +176,20 @@ Deno.test("the worker refuses each malformed input with its code, then fuzzing l
           { code: Malformed, message: /op 129: it is not a request/ },
         ],
         [
-          concat(words(Op.Run, 0, 1, 0, 0, 0, 0), new Uint8Array(4 * D).fill(0xff)),
+          concat(words(Op.Run, 0, 1, 0, 0, 0, 0, 0), new Uint8Array(4 * D).fill(0xff)),
           { code: Malformed, message: /hidden value 0 of row 0 is NaN/ },
+        ],
+        [
+          concat(words(Op.Run, 0, 1, 0, 0, 0, 0, 3), new Uint8Array(4 * D)),
+          { code: Malformed, message: /logits is 3, expected 0 \(all\), 1 \(last\), 2 \(none\)/ },
+        ],
+        [
+          concat(words(Op.Run, 0, 1, 0, 2, 0, 0, 2), new Uint8Array(4 * D)),
+          { code: Range, message: /top-k candidates .* logits "none": it computes no logits/ },
         ],
         // Trailing bytes after a good frame that do not form the next one: answered, then refused.
         [
-          concat(run(0, 0, 1), words(0x99, 0, 0, 0, 0, 0, 0)),
+          concat(run(0, 0, 1), words(0x99, 0, 0, 0, 0, 0, 0, 0)),
           { code: Malformed, message: /unknown op 0x99/, answers: 1 },
         ],
       ];
@@ -209,10 +224,17 @@ Deno.test("the worker refuses each malformed input with its code, then fuzzing l
         assert.equal(answer.code, ErrorCode.Version);
         assert.match(
           answer.message,
-          /greeting starts with 0x716b7033 \("3pkq"\), expected 0x344d4454 \("TDM4"\)/,
+          /greeting starts with 0x716b7033 \("3pkq"\), expected 0x354d4454 \("TDM5"\)/,
         );
       }
       old.close();
+      // The wire before RUN's logits word (TDM4, a 7-word header) is refused by its magic.
+      const tdm4 = await Deno.connect({ hostname, port: Number(port) });
+      await writeAll(tdm4, encodeGreeting(freshNonce(), 0x344d4454));
+      const version = await new FrameReader(tdm4).readFrame({ nEmbd: 0, maxBatch: 0 });
+      assert.ok(version?.op === Op.Error && version.code === ErrorCode.Version, `${version}`);
+      assert.match(version.message, /0x344d4454 \("TDM4"\), expected 0x354d4454 \("TDM5"\)/);
+      tdm4.close();
       const noAuth = await Deno.connect({ hostname, port: Number(port) });
       await writeAll(noAuth, concat(encodeGreeting(freshNonce()), run(0, 0, 1)));
       const reader = new FrameReader(noAuth);

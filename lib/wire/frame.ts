@@ -2,7 +2,7 @@
 // Used by lib/wire/frame_stream.ts (TCP bytes ↔ frames), lib/wire/peer.ts (head side), stage_server.ts.
 //
 // The connection opens with the client's 36-byte greeting (not a frame): u32 MAGIC, 32-byte
-// nonce. Everything after it, both ways, is a frame: a 28-byte header of seven u32 words, then a
+// nonce. Everything after it, both ways, is a frame: a 32-byte header of eight u32 words, then a
 // payload whose length follows from the op and the header alone (so it is known, and capped,
 // before a byte of it is read). Words an op does not use must be 0.
 //
@@ -16,7 +16,7 @@
 // | 4    | RESTORE   | →   | slot | 0            | snapshot idx  | 0         | none                             |
 // | 5    | AUTH      | →   | 0    | 0            | 0             | 0         | 32-byte HMAC proof (zeros: none) |
 // | 7    | PING      | →   | 0    | 0            | 0             | 0         | none                             |
-// | 0x81 | IDS       | ←   | slot | ids, 1..max  | first pos.    | pairs     | n u32 greedy ids, then topk ×    |
+// | 0x81 | IDS       | ←   | slot | ids, 0..max  | first pos.    | pairs     | n u32 greedy ids, then topk ×    |
 // |      |           |     |      |              |               |           | (u32 id, f32 logit), descending, |
 // |      |           |     |      |              |               |           | then (topk > 0) f32 log-sum-exp  |
 // | 0x83 | SAVED     | ←   | slot | 0            | snapshot idx  | 0         | none                             |
@@ -30,9 +30,11 @@
 // |      |           |     |      |              |               |           | 32-byte proof (96 bytes)         |
 // | 0xFF | ERROR     | ←   | 0    | message bytes| 0             | 0         | u32 code, then n bytes UTF-8     |
 //
-// The last two header words, `mask` and `bias`, are used by RUN alone: the u32 words of its
-// allowed-token mask (0: every token) and its bias record count, both applied to the last
-// position's logits by the last stage (engine/stage.ts LogitAdjust).
+// The last three header words, `mask`, `bias` and `logits`, are used by RUN alone: the u32 words
+// of its allowed-token mask (0: every token) and its bias record count, both applied to the last
+// position's logits by the last stage (engine/stage.ts LogitAdjust), and which positions the last
+// stage computes logits for (engine/stage.ts LogitPositions: 0 all, 1 last, 2 none). IDS holds
+// the greedy ids of those positions: n of a RUN's n rows, 1 or 0.
 //
 // → client to worker, ← worker to client. D (n_embd) and the largest n are the worker's, learnt
 // by the client from HELLO. `end` in HELLO is one past the last layer served through that
@@ -43,8 +45,10 @@
 import {
   BIAS_RECORD_BYTES,
   encodeBias,
+  LOGIT_POSITIONS,
   type LogitAdjust,
   type LogitBias,
+  type LogitPositions,
   MAX_BIAS_PAIRS,
   MAX_MASK_WORDS,
   MAX_TOPK,
@@ -52,9 +56,9 @@ import {
   type TopEntry,
 } from "../../engine/stage.ts";
 
-/** Greeting magic: the bytes "TDM4" on the wire. Bump it on any change to this file's layout. */
-export const MAGIC = 0x344d4454;
-export const HEADER_BYTES = 28;
+/** Greeting magic: the bytes "TDM5" on the wire. Bump it on any change to this file's layout. */
+export const MAGIC = 0x354d4454;
+export const HEADER_BYTES = 32;
 export const NONCE_BYTES = 32;
 export const GREETING_BYTES = 4 + NONCE_BYTES;
 export const PROOF_BYTES = 32;
@@ -129,6 +133,8 @@ export type Frame =
     readonly topk: number;
     readonly rows: Float32Array;
     readonly adjust?: LogitAdjust;
+    /** Absent: "all". */
+    readonly logits?: LogitPositions;
   }
   | { readonly op: Op.Close | Op.Ping | Op.Pong }
   | { readonly op: Op.Save | Op.Restore; readonly slot: number; readonly idx: number }
@@ -158,7 +164,7 @@ export type Frame =
   | { readonly op: Op.Hello; readonly info: HelloInfo; readonly proof: Uint8Array }
   | { readonly op: Op.Error; readonly code: ErrorCode; readonly message: string };
 
-/** The seven header words as sent. */
+/** The eight header words as sent. */
 export interface Header {
   readonly op: number;
   readonly slot: number;
@@ -167,11 +173,13 @@ export interface Header {
   readonly topk: number;
   readonly mask: number;
   readonly bias: number;
+  /** RUN's LogitPositions as its index in LOGIT_POSITIONS. */
+  readonly logits: number;
 }
 
-const HEADER_FIELDS = ["op", "slot", "n", "base", "topk", "mask", "bias"] as const;
+const HEADER_FIELDS = ["op", "slot", "n", "base", "topk", "mask", "bias", "logits"] as const;
 /** The header words every op but RUN leaves at 0. */
-const ADJUST_FIELDS = ["mask", "bias"] as const;
+const RUN_FIELDS = ["mask", "bias", "logits"] as const;
 
 /** Sizes that bound a frame: the D of RUN rows and the largest n of RUN and IDS. */
 export interface FrameLimits {
@@ -205,6 +213,7 @@ export function decodeHeader(bytes: Uint8Array): Header {
     topk: word(4),
     mask: word(5),
     bias: word(6),
+    logits: word(7),
   };
 }
 
@@ -223,19 +232,26 @@ function requireZero(h: Header, fields: readonly (keyof Header)[]): void {
   }
 }
 
-function requireAdjust(h: Header): void {
+function requireRunFields(h: Header): void {
   if (h.mask > MAX_MASK_WORDS || h.bias > MAX_BIAS_PAIRS) {
     throw new RangeError(
       `Cannot decode ${opName(h.op)} frame: mask is ${h.mask} words and bias ${h.bias} records, ` +
         `expected at most ${MAX_MASK_WORDS} and ${MAX_BIAS_PAIRS}`,
     );
   }
+  if (h.logits >= LOGIT_POSITIONS.length) {
+    throw new SyntaxError(
+      `Cannot decode ${opName(h.op)} frame: logits is ${h.logits}, expected ` +
+        LOGIT_POSITIONS.map((p, i) => `${i} (${p})`).join(", "),
+    );
+  }
 }
 
-function requireCount(h: Header, limits: FrameLimits): void {
-  if (h.n < 1 || h.n > limits.maxBatch) {
+/** RUN's n, and IDS's (0 answers a RUN that asked for no logits), against their caps. */
+function requireCount(h: Header, limits: FrameLimits, least: 0 | 1): void {
+  if (h.n < least || h.n > limits.maxBatch) {
     throw new RangeError(
-      `Cannot decode ${opName(h.op)} frame: n is ${h.n}, expected 1..${limits.maxBatch} ` +
+      `Cannot decode ${opName(h.op)} frame: n is ${h.n}, expected ${least}..${limits.maxBatch} ` +
         `(split longer runs into chunks of at most ${limits.maxBatch})`,
     );
   }
@@ -269,16 +285,16 @@ function requirePayload(h: Header, bytes: number, what: string): number {
 export function payloadLength(h: Header, limits: FrameLimits): number {
   switch (h.op) {
     case Op.Run:
-      requireCount(h, limits);
-      requireAdjust(h);
+      requireCount(h, limits, 1);
+      requireRunFields(h);
       return requirePayload(
         h,
         h.n * limits.nEmbd * 4 + h.mask * 4 + h.bias * BIAS_RECORD_BYTES,
         `n ${h.n} × D ${limits.nEmbd} × 4 + mask ${h.mask} × 4 + bias ${h.bias} × ${BIAS_RECORD_BYTES}`,
       );
     case Op.Ids:
-      requireCount(h, limits);
-      requireZero(h, ADJUST_FIELDS);
+      requireCount(h, limits, 0);
+      requireZero(h, RUN_FIELDS);
       return requirePayload(
         h,
         h.n * 4 + h.topk * 8 + (h.topk > 0 ? 4 : 0),
@@ -287,25 +303,25 @@ export function payloadLength(h: Header, limits: FrameLimits): number {
     case Op.Close:
     case Op.Ping:
     case Op.Pong:
-      requireZero(h, ["slot", "n", "base", "topk", ...ADJUST_FIELDS]);
+      requireZero(h, ["slot", "n", "base", "topk", ...RUN_FIELDS]);
       return 0;
     case Op.Challenge:
     case Op.Hello:
-      requireZero(h, ["slot", "n", "base", "topk", ...ADJUST_FIELDS]);
+      requireZero(h, ["slot", "n", "base", "topk", ...RUN_FIELDS]);
       return h.op === Op.Challenge ? CHALLENGE_BYTES : HELLO_BYTES;
     case Op.Auth:
-      requireZero(h, ["slot", "n", "base", "topk", ...ADJUST_FIELDS]);
+      requireZero(h, ["slot", "n", "base", "topk", ...RUN_FIELDS]);
       return PROOF_BYTES;
     case Op.Save:
     case Op.Restore:
     case Op.Saved:
-      requireZero(h, ["n", "topk", ...ADJUST_FIELDS]);
+      requireZero(h, ["n", "topk", ...RUN_FIELDS]);
       return 0;
     case Op.Restored:
-      requireZero(h, ["topk", ...ADJUST_FIELDS]);
+      requireZero(h, ["topk", ...RUN_FIELDS]);
       return 0;
     case Op.Error:
-      requireZero(h, ["slot", "base", "topk", ...ADJUST_FIELDS]);
+      requireZero(h, ["slot", "base", "topk", ...RUN_FIELDS]);
       if (h.n > MAX_MESSAGE_BYTES) {
         throw new RangeError(
           `Cannot decode Error frame: message is ${h.n} bytes, expected at most ${MAX_MESSAGE_BYTES}`,
@@ -401,8 +417,9 @@ export function decodePayload(h: Header, payload: Uint8Array, limits: FrameLimit
         topk: h.topk,
         rows: decodeRows(payload.subarray(0, rowBytes), h.n, limits.nEmbd),
       } as const;
-      if (h.mask === 0 && h.bias === 0) return frame;
-      return { ...frame, adjust: decodeAdjust(v, rowBytes, h) };
+      const logits = h.logits ? { logits: LOGIT_POSITIONS[h.logits] } : {};
+      if (h.mask === 0 && h.bias === 0) return { ...frame, ...logits };
+      return { ...frame, adjust: decodeAdjust(v, rowBytes, h), ...logits };
     }
     case Op.Ids: {
       const ids = new Uint32Array(h.n);
@@ -470,7 +487,7 @@ export function decodeFrame(bytes: Uint8Array, limits: FrameLimits): Frame {
 }
 
 function headerOf(f: Frame, messageBytes: number): Header {
-  const zero = { slot: 0, n: 0, base: 0, topk: 0, mask: 0, bias: 0 };
+  const zero = { slot: 0, n: 0, base: 0, topk: 0, mask: 0, bias: 0, logits: 0 };
   switch (f.op) {
     case Op.Run:
       return {
@@ -481,6 +498,7 @@ function headerOf(f: Frame, messageBytes: number): Header {
         topk: f.topk,
         mask: f.adjust?.mask?.length ?? 0,
         bias: f.adjust?.bias?.length ?? 0,
+        logits: logitsWord(f.logits),
       };
     case Op.Ids:
       return { ...zero, op: f.op, slot: f.slot, n: f.ids.length, base: f.base, topk: f.top.length };
@@ -495,6 +513,18 @@ function headerOf(f: Frame, messageBytes: number): Header {
     default:
       return { ...zero, op: f.op };
   }
+}
+
+/** RUN's logits word: the index of its LogitPositions. */
+function logitsWord(logits: LogitPositions | undefined): number {
+  const word = LOGIT_POSITIONS.indexOf(logits ?? "all");
+  if (word < 0) {
+    throw new RangeError(
+      `Cannot encode Run frame: logits is ${JSON.stringify(logits)}, expected one of ` +
+        LOGIT_POSITIONS.join(", "),
+    );
+  }
+  return word;
 }
 
 /** The UTF-8 bytes of an error message, cut at a character boundary to MAX_MESSAGE_BYTES. */
@@ -598,7 +628,7 @@ export function encodeHelloInfo(info: HelloInfo): Uint8Array {
   return bytes;
 }
 
-/** A magic word for messages: hex and its four bytes as text, e.g. `0x344d4454 ("TDM4")`. */
+/** A magic word for messages: hex and its four bytes as text, e.g. `0x354d4454 ("TDM5")`. */
 export function magicName(magic: number): string {
   const bytes = new Uint8Array(4);
   new DataView(bytes.buffer).setUint32(0, magic, true);

@@ -45,6 +45,17 @@ const SAMPLES: Frame[] = [
     rows: Float32Array.of(1, 2, 3),
     adjust: { bias: [{ id: 1, bias: 100, subtract: 0.75 }, { id: 0, bias: -100, repeat: 2 }] },
   },
+  {
+    op: Op.Run,
+    slot: 1,
+    base: 2,
+    n: 2,
+    topk: 3,
+    rows: Float32Array.of(1, 2, 3, 4, 5, 6),
+    adjust: { mask: Uint32Array.of(1) },
+    logits: "last",
+  },
+  { op: Op.Run, slot: 1, base: 0, n: 1, topk: 0, rows: Float32Array.of(1, 2, 3), logits: "none" },
   { op: Op.Close },
   { op: Op.Save, slot: 3, idx: 9 },
   { op: Op.Restore, slot: 0, idx: 2 },
@@ -60,6 +71,7 @@ const SAMPLES: Frame[] = [
     lse: 3.25,
   },
   { op: Op.Ids, slot: 0, base: 1, ids: Uint32Array.of(9), top: [], lse: NaN },
+  { op: Op.Ids, slot: 1, base: 6, ids: new Uint32Array(), top: [], lse: NaN },
   { op: Op.Saved, slot: 3, idx: 9 },
   { op: Op.Restored, slot: 1, idx: 2, position: 40 },
   { op: Op.Challenge, magic: MAGIC, auth: AuthMode.HmacSha256, nonce: new Uint8Array(32).fill(1) },
@@ -84,15 +96,15 @@ const SAMPLES: Frame[] = [
 Deno.test("the greeting and a Run frame are laid out as the header table says", () => {
   assert.deepEqual(
     [...encodeGreeting(new Uint8Array(32).fill(9))],
-    [0x54, 0x44, 0x4d, 0x34, ...new Array(32).fill(9)],
+    [0x54, 0x44, 0x4d, 0x35, ...new Array(32).fill(9)],
   );
-  assert.equal(new TextDecoder().decode(encodeGreeting(new Uint8Array(32)).subarray(0, 4)), "TDM4");
+  assert.equal(new TextDecoder().decode(encodeGreeting(new Uint8Array(32)).subarray(0, 4)), "TDM5");
   const run = encodeFrame(
     { op: Op.Run, slot: 2, base: 5, n: 1, topk: 3, rows: Float32Array.of(1.5, -2) },
     2,
   );
   // 1.5 = 0x3fc00000, -2 = 0xc0000000.
-  assert.deepEqual([...run], [...bytes(1, 2, 1, 5, 3, 0, 0), ...bytes(0x3fc00000, 0xc0000000)]);
+  assert.deepEqual([...run], [...bytes(1, 2, 1, 5, 3, 0, 0, 0), ...bytes(0x3fc00000, 0xc0000000)]);
   const adjusted = encodeFrame({
     op: Op.Run,
     slot: 0,
@@ -105,8 +117,34 @@ Deno.test("the greeting and a Run frame are laid out as the header table says", 
   // A bias record is (id, bias, repeat, subtract): -2 = 0xc0000000, 1.5 = 0x3fc00000, 0 omitted.
   assert.deepEqual(
     [...adjusted],
-    [...bytes(1, 0, 1, 0, 1, 1, 1), ...bytes(0, 6, 2, 0xc0000000, 0x3fc00000, 0)],
+    [...bytes(1, 0, 1, 0, 1, 1, 1, 0), ...bytes(0, 6, 2, 0xc0000000, 0x3fc00000, 0)],
   );
+  // The eighth word is RUN's logits: 0 all, 1 last, 2 none.
+  const last = encodeFrame({
+    op: Op.Run,
+    slot: 0,
+    base: 0,
+    n: 1,
+    topk: 0,
+    rows: Float32Array.of(0),
+    logits: "last",
+  }, 1);
+  assert.deepEqual([...last], [...bytes(1, 0, 1, 0, 0, 0, 0, 1), ...bytes(0)]);
+  const none = encodeFrame(
+    { op: Op.Run, slot: 0, base: 0, n: 1, topk: 0, rows: Float32Array.of(0), logits: "none" },
+    1,
+  );
+  assert.deepEqual([...none].slice(28, 32), bytes(2));
+  // IDS answering a RUN with logits "none": no ids.
+  const empty = encodeFrame({
+    op: Op.Ids,
+    slot: 1,
+    base: 4,
+    ids: new Uint32Array(),
+    top: [],
+    lse: NaN,
+  });
+  assert.deepEqual([...empty], bytes(0x81, 1, 0, 4, 0, 0, 0, 0));
   const ids = encodeFrame({
     op: Op.Ids,
     slot: 1,
@@ -116,7 +154,7 @@ Deno.test("the greeting and a Run frame are laid out as the header table says", 
     lse: -2,
   });
   assert.deepEqual([...ids], [
-    ...bytes(0x81, 1, 1, 4, 1, 0, 0),
+    ...bytes(0x81, 1, 1, 4, 1, 0, 0, 0),
     ...bytes(7, 3, 0x3fc00000, 0xc0000000),
   ]);
   const bare = encodeFrame({
@@ -127,13 +165,13 @@ Deno.test("the greeting and a Run frame are laid out as the header table says", 
     top: [],
     lse: NaN,
   });
-  assert.deepEqual([...bare], [...bytes(0x81, 1, 1, 4, 0, 0, 0), ...bytes(7)]);
+  assert.deepEqual([...bare], [...bytes(0x81, 1, 1, 4, 0, 0, 0, 0), ...bytes(7)]);
   const error = encodeFrame({ op: Op.Error, code: ErrorCode.Busy, message: "no" });
-  assert.deepEqual([...error], [...bytes(0xff, 0, 2, 0, 0, 0, 0), ...bytes(4), 0x6e, 0x6f]);
+  assert.deepEqual([...error], [...bytes(0xff, 0, 2, 0, 0, 0, 0, 0), ...bytes(4), 0x6e, 0x6f]);
   const restored = encodeFrame({ op: Op.Restored, slot: 1, idx: 6, position: 30 });
-  assert.deepEqual([...restored], bytes(0x84, 1, 30, 6, 0, 0, 0));
-  assert.deepEqual([...encodeFrame({ op: Op.Ping })], bytes(7, 0, 0, 0, 0, 0, 0));
-  assert.deepEqual([...encodeFrame({ op: Op.Pong })], bytes(0x87, 0, 0, 0, 0, 0, 0));
+  assert.deepEqual([...restored], bytes(0x84, 1, 30, 6, 0, 0, 0, 0));
+  assert.deepEqual([...encodeFrame({ op: Op.Ping })], bytes(7, 0, 0, 0, 0, 0, 0, 0));
+  assert.deepEqual([...encodeFrame({ op: Op.Pong })], bytes(0x87, 0, 0, 0, 0, 0, 0, 0));
 });
 
 Deno.test("every op survives encode → decode unchanged", () => {
@@ -156,27 +194,33 @@ Deno.test("a frame cut short at any byte, or followed by one more byte, is a Syn
 
 Deno.test("unknown ops and nonzero unused header words are refused", () => {
   const frame = (...words: number[]) => Uint8Array.from(bytes(...words));
-  assert.throws(() => decodeFrame(frame(6, 0, 0, 0, 0, 0, 0), LIMITS), /unknown op 0x6/);
-  assert.throws(() => decodeFrame(frame(0, 0, 0, 0, 0, 0, 0), LIMITS), SyntaxError);
+  assert.throws(() => decodeFrame(frame(6, 0, 0, 0, 0, 0, 0, 0), LIMITS), /unknown op 0x6/);
+  assert.throws(() => decodeFrame(frame(0, 0, 0, 0, 0, 0, 0, 0), LIMITS), SyntaxError);
   assert.throws(
-    () => decodeFrame(frame(Op.Close, 0, 0, 1, 0, 0, 0), LIMITS),
+    () => decodeFrame(frame(Op.Close, 0, 0, 1, 0, 0, 0, 0), LIMITS),
     /field base is 1, expected 0/,
   );
-  assert.throws(() => decodeFrame(frame(Op.Save, 1, 2, 3, 0, 0, 0), LIMITS), /field n is 2/);
+  assert.throws(() => decodeFrame(frame(Op.Save, 1, 2, 3, 0, 0, 0, 0), LIMITS), /field n is 2/);
   for (const op of [Op.Ping, Op.Pong]) {
     assert.throws(
-      () => decodeFrame(frame(op, 1, 0, 0, 0, 0, 0), LIMITS),
+      () => decodeFrame(frame(op, 1, 0, 0, 0, 0, 0, 0), LIMITS),
       new RegExp(`Cannot decode ${Op[op]} frame: header field slot is 1, expected 0`),
     );
   }
   // Only RUN carries logit adjustments.
-  assert.throws(() => decodeFrame(frame(Op.Ids, 0, 1, 0, 0, 1, 0), LIMITS), /field mask is 1/);
-  assert.throws(() => decodeFrame(frame(Op.Saved, 0, 0, 0, 0, 0, 2), LIMITS), /field bias is 2/);
+  assert.throws(() => decodeFrame(frame(Op.Ids, 0, 1, 0, 0, 1, 0, 0), LIMITS), /field mask is 1/);
+  assert.throws(() => decodeFrame(frame(Op.Saved, 0, 0, 0, 0, 0, 2, 0), LIMITS), /field bias is 2/);
+  assert.throws(() => decodeFrame(frame(Op.Ids, 0, 1, 0, 0, 0, 0, 1), LIMITS), /field logits is 1/);
+  // RUN's logits word names one of three position sets.
+  assert.throws(
+    () => decodeFrame(frame(Op.Run, 0, 1, 0, 0, 0, 0, 3), LIMITS),
+    /Cannot decode Run frame: logits is 3, expected 0 \(all\), 1 \(last\), 2 \(none\)/,
+  );
 });
 
 Deno.test("counts above their caps are RangeErrors before any payload is read", () => {
   const header = (op: number, n: number, topk: number, mask = 0, bias = 0) =>
-    Uint8Array.from(bytes(op, 0, n, 0, topk, mask, bias));
+    Uint8Array.from(bytes(op, 0, n, 0, topk, mask, bias, 0));
   // Only the 28 header bytes are given: the cap check must fire before the payload is wanted.
   assert.throws(() => decodeFrame(header(Op.Run, 9, 0), LIMITS), /n is 9, expected 1\.\.8/);
   assert.throws(() => decodeFrame(header(Op.Run, 0, 0), LIMITS), RangeError);
@@ -191,7 +235,7 @@ Deno.test("counts above their caps are RangeErrors before any payload is read", 
     /bias 16385 records/,
   );
   assert.throws(() => decodeFrame(header(Op.Error, 0xffff_fff0, 0), LIMITS), RangeError);
-  const end = Uint8Array.from(bytes(Op.Run, 0, 2, 0xffff_fffe, 0, 0, 0));
+  const end = Uint8Array.from(bytes(Op.Run, 0, 2, 0xffff_fffe, 0, 0, 0, 0));
   assert.throws(() => decodeFrame(end, LIMITS), /overflow/);
   // A peer's HELLO sets the limits a reader uses: its numbers cannot size a read past the cap.
   const wide = { nEmbd: 1 << 20, maxBatch: 0xffff_ffff };
@@ -214,7 +258,7 @@ Deno.test("non-finite hidden values and invalid UTF-8 messages are malformed", (
     }, D);
     assert.throws(() => decodeFrame(run, LIMITS), /hidden value 1 of row 0 is/);
   }
-  const error = Uint8Array.from([...bytes(Op.Error, 0, 2, 0, 0, 0, 0), ...bytes(1), 0xc3, 0x28]);
+  const error = Uint8Array.from([...bytes(Op.Error, 0, 2, 0, 0, 0, 0, 0), ...bytes(1), 0xc3, 0x28]);
   assert.throws(() => decodeFrame(error, LIMITS), /not valid UTF-8/);
   const biased = encodeFrame({
     op: Op.Run,
@@ -243,6 +287,12 @@ Deno.test("the encoder refuses values that do not fit the layout", () => {
     /5 values is not n·D/,
   );
   assert.throws(() => encodeFrame({ op: Op.Save, slot: -1, idx: 0 }), /slot is -1, not a u32/);
+  const rows = Float32Array.of(0, 0, 0);
+  assert.throws(
+    // @ts-expect-error: a value from outside the types
+    () => encodeFrame({ op: Op.Run, slot: 0, base: 0, n: 1, topk: 0, rows, logits: "first" }, D),
+    /logits is "first", expected one of all, last, none/,
+  );
   assert.throws(() => encodeFrame({ op: Op.Auth, proof: new Uint8Array(31) }), /31 bytes/);
   const top = Array.from({ length: MAX_TOPK + 1 }, (_, id) => ({ id, logit: 0 }));
   assert.throws(

@@ -1,7 +1,7 @@
 // Client side of one connection to the next stage: connect, hello checks, then RUN / SAVE /
 // RESTORE / PING frames with replies in order. Used by remote_stage.ts (head, generate, middle workers).
 
-import type { LastOutput, LogitAdjust } from "../../engine/stage.ts";
+import { greedyCount, type LastOutput, type StageRunOptions } from "../../engine/stage.ts";
 import { deadline } from "./deadline.ts";
 import {
   AuthMode,
@@ -230,26 +230,27 @@ export class Peer {
   }
 
   /**
-   * Runs positions [base, base+n) of `slot` through the chain; ids plus `topk` candidates of the
-   * last position, after `adjust`.
+   * Runs positions [base, base+n) of `slot` through the chain; the greedy ids of the positions
+   * `options.logits` asks for, plus `options.topk` candidates of the last position, after
+   * `options.adjust`.
    */
   async run(
     slot: number,
     rows: Float32Array,
     n: number,
     base: number,
-    topk: number,
-    adjust?: LogitAdjust,
+    options: StageRunOptions = {},
   ): Promise<RunReply> {
     if (n > this.info.maxBatch) {
       throw new RangeError(
         `Cannot send ${n} rows to ${this.address}: it takes at most ${this.info.maxBatch} per frame`,
       );
     }
-    const reply = await this.#exchange({ op: Op.Run, slot, base, n, topk, rows, adjust });
+    const { topk = 0, adjust, logits } = options;
+    const reply = await this.#exchange({ op: Op.Run, slot, base, n, topk, rows, adjust, logits });
     if (
       reply.op !== Op.Ids || reply.slot !== slot || reply.base !== base ||
-      reply.ids.length !== n || reply.top.length > topk
+      reply.ids.length !== greedyCount(logits, n) || reply.top.length > topk
     ) {
       throw this.#fail(`it answered Run (slot ${slot}, base ${base}, n ${n}) with op ${reply.op}`);
     }

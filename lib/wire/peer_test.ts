@@ -7,6 +7,7 @@ import { openReferenceStage } from "../../engine/reference/reference_stage.ts";
 import { runPipeline } from "../../engine/pipeline.ts";
 import type { LogitAdjust, Stage } from "../../engine/stage.ts";
 import { serveLocal } from "../../tests/_workers.ts";
+import { checkLogitPositions } from "../../tests/_stage_gates.ts";
 import { ErrorCode, Op } from "./frame.ts";
 import { FrameReader } from "./frame_stream.ts";
 import { importKey, modelFingerprint } from "./hello.ts";
@@ -108,6 +109,32 @@ Deno.test("a chain over the wire gives the whole model's ids and top-k, slots in
     assert.equal(remote.epoch, 1);
   } finally {
     await scheduler.close();
+    remote.close();
+    head.close();
+    await worker.stop();
+  }
+});
+
+Deno.test("a chain over the wire returns the last position's logits alone, or none, as asked", async () => {
+  // max batch 3 at the worker: a chunk of 7 crosses in three frames, the first two without logits.
+  const worker = await serveLocal(model, { first: 2, end: 4, slots: 1, ctx: CTX, maxBatch: 3 });
+  const head = await openReferenceStage(model, { first: 0, end: 2, slots: 1, ctx: CTX });
+  const remote = await connectRemoteStage(worker.address, { local: head, model });
+  try {
+    await checkLogitPositions(
+      [head, remote],
+      0,
+      Uint32Array.of(3, 14, 15, 92, 65, 35, 89, 7, 9),
+      7,
+      3,
+    );
+    // The remote stage refuses it as a local one does, before a frame is sent.
+    const rows = new Float32Array(head.nEmbd);
+    await assert.rejects(
+      () => remote.run(0, { kind: "hidden", rows }, 1, 0, { logits: "none", topk: 2 }),
+      /logits "none": it computes no logits/,
+    );
+  } finally {
     remote.close();
     head.close();
     await worker.stop();

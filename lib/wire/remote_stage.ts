@@ -2,15 +2,16 @@
 // Composed after a local stage by generate, the head, and middle workers (stage_server.ts).
 
 import type { GgufModel } from "../../engine/gguf/gguf_model.ts";
-import type {
-  Stage,
-  StageInput,
-  StageOutput,
-  StageRunOptions,
-  StageShape,
-  TopEntry,
+import {
+  greedyCount,
+  type Stage,
+  type StageInput,
+  type StageOutput,
+  type StageRunOptions,
+  type StageShape,
+  type TopEntry,
 } from "../../engine/stage.ts";
-import { checkSlot } from "../../engine/stage_checks.ts";
+import { checkLogits, checkSlot } from "../../engine/stage_checks.ts";
 import type { HelloInfo } from "./frame.ts";
 import { type ChainExpectation, modelFingerprint } from "./hello.ts";
 import { connectPeer, type Peer, type PeerOptions, StageUnavailableError } from "./peer.ts";
@@ -114,21 +115,22 @@ export class RemoteStage implements Stage {
       );
     }
     checkSlot(this, slot);
+    const logits = checkLogits(options);
     const peer = await this.#live();
     if (base !== 0) this.#requireCurrent(this.#slotEpoch[slot], `slot ${slot}'s sequence`);
     this.#slotEpoch[slot] = this.#epoch;
-    const ids = new Uint32Array(n);
+    const ids = new Uint32Array(greedyCount(logits, n));
     let top: readonly TopEntry[] = [];
     let lse = NaN;
     const chunk = peer.info.maxBatch;
+    // Chunks before the last need logits only where every position's are wanted.
+    const before = { logits: logits === "all" ? "all" : "none" } as const;
     for (let at = 0; at < n; at += chunk) {
       const m = Math.min(chunk, n - at);
       const last = at + m === n;
       const rows = input.rows.subarray(at * this.nEmbd, (at + m) * this.nEmbd);
-      const reply = last
-        ? await peer.run(slot, rows, m, base + at, options.topk ?? 0, options.adjust)
-        : await peer.run(slot, rows, m, base + at, 0);
-      ids.set(reply.ids, at);
+      const reply = await peer.run(slot, rows, m, base + at, last ? options : before);
+      ids.set(reply.ids, logits === "all" ? at : 0);
       if (last) ({ top, lse } = reply);
     }
     return { kind: "ids", ids, top, lse };

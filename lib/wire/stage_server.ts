@@ -197,7 +197,7 @@ export function serveStage(
     };
     switch (frame.op) {
       case Op.Run: {
-        const { slot, base, n, topk, adjust } = frame;
+        const { slot, base, n, topk, adjust, logits } = frame;
         checkSlot(slot);
         if (base + n > info.ctx) {
           throw new RangeError(
@@ -210,7 +210,7 @@ export function serveStage(
               `positions on this connection; send each position once, in order, or restart at base 0`,
           );
         }
-        const run = { topk, adjust };
+        const run = { topk, adjust, logits };
         let out = await stage.run(slot, { kind: "hidden", rows: frame.rows }, n, base, run);
         if (out.kind === "hidden" && next) {
           out = await next.run(slot, { kind: "hidden", rows: out.rows }, n, base, run);
