@@ -464,6 +464,8 @@ export class Scheduler {
     }
     const chunk = Math.min(this.#local.maxBatch, this.#link?.remote.maxBatch ?? Infinity);
     let out: LastOutput | undefined;
+    // Only the prompt's last position is sampled from: earlier chunks skip the LM head, and the
+    // last chunk computes the logits of its last position alone (as llama.cpp does).
     while (pos < tokens.length) {
       let end = Math.min(pos + chunk, tokens.length);
       if (boundary !== undefined && pos < boundary && end > boundary) end = boundary;
@@ -473,7 +475,9 @@ export class Scheduler {
         slot,
         Uint32Array.from(tokens.slice(pos, end)),
         pos,
-        last ? { topk, adjust: await seq.adjust(end, this.ctx) } : {},
+        last
+          ? { topk, adjust: await seq.adjust(end, this.ctx), logits: "last" }
+          : { logits: "none" },
       );
       pos = end;
       if (pos === boundary) await this.#savePrefix(seq, slot, prompt.slice(0, pos));
@@ -507,6 +511,7 @@ export class Scheduler {
       out = await this.#forward(seq, slot, Uint32Array.of(id), pos, {
         topk,
         adjust: await seq.adjust(pos + 1, this.ctx),
+        logits: "last",
       });
       pos++;
       id = seq.pick(out.ids[out.ids.length - 1], out.top);
@@ -561,8 +566,9 @@ export class Scheduler {
   }
 
   /**
-   * Runs positions [base, base+n) through every stage; the last stage's ids and top-k, after it
-   * applied `options.adjust` to the last position's logits.
+   * Runs positions [base, base+n) through every stage; the last stage's ids (those
+   * `options.logits` asks for) and top-k, after it applied `options.adjust` to the last
+   * position's logits.
    */
   async #forward(
     seq: Sequence,
