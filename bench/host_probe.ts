@@ -217,7 +217,8 @@ async function probeSteps(
     for (let r = 0; r <= flags.runs; r++) {
       const s = await timed(
         `pp${flags.pp} run ${r}`,
-        () => stage.run(0, { kind: "ids", ids }, ids.length, 0),
+        // The LM head for the last position alone, as the server (and timePrefill) prefill.
+        () => stage.run(0, { kind: "ids", ids }, ids.length, 0, { logits: "last" }),
       );
       if (r > 0) pp.push(s);
     }

@@ -61,7 +61,11 @@ export function seededIds(n: number, vocab: number, seed: number): Uint32Array {
   return ids;
 }
 
-/** Runs `ids` from position 0 of `slot`, in chunks of the chain's largest batch; returns seconds. */
+/**
+ * Runs `ids` from position 0 of `slot`, in chunks of the chain's largest batch, as the server
+ * prefills a prompt (lib/scheduler/scheduler.ts): chunks before the last compute no logits, the
+ * last one only its last position's. Returns seconds.
+ */
 export async function timePrefill(
   stages: readonly Stage[],
   ids: Uint32Array,
@@ -70,7 +74,8 @@ export async function timePrefill(
   const chunk = chainMaxBatch(stages);
   const start = performance.now();
   for (let at = 0; at < ids.length; at += chunk) {
-    await runPipeline(stages, slot, ids.subarray(at, at + chunk), at);
+    const logits = at + chunk >= ids.length ? "last" : "none";
+    await runPipeline(stages, slot, ids.subarray(at, at + chunk), at, { logits });
   }
   return (performance.now() - start) / 1000;
 }

@@ -5,6 +5,7 @@
 import assert from "node:assert/strict";
 import { readHParams } from "../engine/hparams.ts";
 import { openReferenceStage } from "../engine/reference/reference_stage.ts";
+import type { Stage } from "../engine/stage.ts";
 import type { TestModelSpec } from "../tests/_models.ts";
 import { withModel } from "../tests/_stage_gates.ts";
 import {
@@ -96,11 +97,12 @@ Deno.test("timeSampledDecode draws each step's id from its top-k with the seeded
   });
 });
 
-Deno.test("timePrefill chunks by maxBatch and leaves the slot at the prompt's end", async () => {
+Deno.test("timePrefill chunks by maxBatch as the server does and leaves the slot at the prompt's end", async () => {
   await withModel(TINY, async (model) => {
     const ids = seededIds(20, readHParams(model.metadata).V, 5);
     const next = Uint32Array.of(ids[0]);
     const after: number[] = [];
+    const asked: (string | undefined)[][] = [];
     for (const maxBatch of [8, 32]) {
       const stage = await openReferenceStage(model, {
         first: 0,
@@ -110,7 +112,15 @@ Deno.test("timePrefill chunks by maxBatch and leaves the slot at the prompt's en
         maxBatch,
       });
       try {
-        await timePrefill([stage], ids);
+        const runs: (string | undefined)[] = [];
+        const recording: Stage = Object.assign(Object.create(stage), {
+          run: (...args: Parameters<Stage["run"]>) => {
+            runs.push(args[4]?.logits);
+            return stage.run(...args);
+          },
+        });
+        await timePrefill([recording], ids);
+        asked.push(runs);
         const out = await stage.run(0, { kind: "ids", ids: next }, 1, ids.length);
         assert.equal(out.kind, "ids");
         after.push(out.kind === "ids" ? out.ids[0] : -1);
@@ -120,6 +130,8 @@ Deno.test("timePrefill chunks by maxBatch and leaves the slot at the prompt's en
       }
     }
     assert.equal(after[0], after[1], "chunked and whole prefill should reach the same state");
+    // Only the prompt's last position is sampled from, so only its logits are asked for.
+    assert.deepEqual(asked, [["none", "none", "last"], ["last"]]);
   });
 });
 

@@ -1,5 +1,6 @@
 // Where a step's GPU time goes, per kernel: one whole-model GPU stage, one prefill chunk and
-// single-token decode steps, every dispatch timed by a DispatchProfiler (engine/gpu/profiler.ts).
+// single-token decode steps as the server runs them (the LM head for the last position alone),
+// every dispatch timed by a DispatchProfiler (engine/gpu/profiler.ts).
 //
 //   deno run -A bench/profile.ts --model M.gguf [--gpu builtin|dawn] [--allow-software-gpu]
 //                                [--prefill 512] [--decode 32]
@@ -58,7 +59,8 @@ export interface ProfileReport {
 
 /**
  * Opens all layers of `model` on `gpu` (one slot, context prefill + decode), runs a prefill
- * chunk of seeded ids and `decode` greedy single-token steps, and returns each run's timings.
+ * chunk of seeded ids and `decode` greedy single-token steps, each asking the logits of its last
+ * position alone as the server's scheduler does, and returns each run's timings.
  */
 export async function profileModel(
   model: GgufModel,
@@ -87,7 +89,7 @@ export async function profileModel(
   try {
     const timed = async (ids: Uint32Array, base: number) => {
       const started = performance.now();
-      const out = await stage.run(0, { kind: "ids", ids }, ids.length, base);
+      const out = await stage.run(0, { kind: "ids", ids }, ids.length, base, { logits: "last" });
       const wallMs = performance.now() - started;
       const sample = samples.at(-1)!;
       const report: StepReport = {
@@ -200,7 +202,7 @@ const PROFILE = {
   name: "Profile",
   usage: "deno run -A bench/profile.ts",
   about: "GPU time per kernel of one whole-model GPU stage: one prefill chunk, then " +
-    "single-token decode steps.",
+    "single-token decode steps, as the server runs them (logits of the last position only).",
   flags: {
     model: requiredFlag(text("PATH"), "the GGUF file"),
     gpu: flag(oneOf(PROVIDER_CHOICES), "the WebGPU provider", "builtin"),
