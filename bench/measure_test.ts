@@ -219,14 +219,30 @@ Deno.test("formatTable: median (best–worst, ×slowest/median), load, server ro
           {
             layers: "0:40",
             startSeconds: 12.3,
-            greedy: {
-              ttft: { tokens: 510, timing: t(0.45) },
-              decode: { tokens: 1, timing: t(0.01, 0.011) },
-            },
-            sampled: {
-              ttft: { tokens: 510, timing: t(0.5) },
-              decode: { tokens: 1, timing: t(0.0125) },
-            },
+            routes: [
+              {
+                route: "/v1/messages",
+                greedy: {
+                  ttft: { tokens: 510, timing: t(0.45) },
+                  decode: { tokens: 1, timing: t(0.01, 0.011) },
+                },
+                sampled: {
+                  ttft: { tokens: 510, timing: t(0.5) },
+                  decode: { tokens: 1, timing: t(0.0125) },
+                },
+              },
+              {
+                route: "/completion",
+                greedy: {
+                  ttft: { tokens: 510, timing: t(0.25) },
+                  decode: { tokens: 1, timing: t(0.005) },
+                },
+                sampled: {
+                  ttft: { tokens: 510, timing: t(0.26) },
+                  decode: { tokens: 1, timing: t(0.006) },
+                },
+              },
+            ],
           },
           { layers: "0:20 + 20:40", error: "the worker did not start" },
         ],
@@ -264,12 +280,17 @@ Deno.test("formatTable: median (best–worst, ×slowest/median), load, server ro
   assert.match(lines[9], /^\| through the server, 510-token prompt, 128 out \| start s \|/);
   assert.equal(
     lines[11],
-    "| tandem gpu dawn, layers 0:40 | 12.3 | 450 (450–450, ×1.00) | 95.2 (100–90.9, ×1.05) | " +
-      "500 (500–500, ×1.00) | 80.0 (80.0–80.0, ×1.00) |",
+    "| tandem gpu dawn, layers 0:40, /v1/messages | 12.3 | 450 (450–450, ×1.00) | " +
+      "95.2 (100–90.9, ×1.05) | 500 (500–500, ×1.00) | 80.0 (80.0–80.0, ×1.00) |",
   );
-  assert.equal(lines[12], "| tandem gpu dawn, layers 0:20 + 20:40 | (3) | — | — | — | — |");
-  assert.match(lines[14], /Largest slowest\/median: ×1\.20 \(tandem gpu dawn pp512\)\.$/);
-  assert.deepEqual(lines.slice(16), [
+  assert.equal(
+    lines[12],
+    "| tandem gpu dawn, layers 0:40, /completion | 12.3 | 250 (250–250, ×1.00) | " +
+      "200 (200–200, ×1.00) | 260 (260–260, ×1.00) | 167 (167–167, ×1.00) |",
+  );
+  assert.equal(lines[13], "| tandem gpu dawn, layers 0:20 + 20:40 | (3) | — | — | — | — |");
+  assert.match(lines[15], /Largest slowest\/median: ×1\.20 \(tandem gpu dawn pp512\)\.$/);
+  assert.deepEqual(lines.slice(17), [
     "(1) skipped: out of time",
     "(2) the builtin engine exited with code 1",
     "(3) the worker did not start",

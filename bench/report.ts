@@ -13,8 +13,11 @@ export interface ServerTableInput {
   readonly modes: readonly {
     readonly layers: string;
     readonly startSeconds?: number;
-    readonly greedy?: { readonly ttft: Figure; readonly decode: Figure };
-    readonly sampled?: { readonly ttft: Figure; readonly decode: Figure };
+    readonly routes?: readonly {
+      readonly route: string;
+      readonly greedy: { readonly ttft: Figure; readonly decode: Figure };
+      readonly sampled: { readonly ttft: Figure; readonly decode: Figure };
+    }[];
     readonly error?: string;
   }[];
 }
@@ -179,20 +182,23 @@ export function formatTable(
       "first token ms, temperature 0.7",
       "tok/s after it, temperature 0.7",
     ];
-    const r = s.modes.map((m) => {
-      const name = `tandem ${s.backend} ${s.gpu}, layers ${m.layers}`;
-      if (m.error) {
-        notes.push(m.error);
-        return [name, `(${notes.length})`, "—", "—", "—", "—"];
+    const r = s.modes.flatMap((m) => {
+      const mode = `tandem ${s.backend} ${s.gpu}, layers ${m.layers}`;
+      if (m.error || !m.routes) {
+        notes.push(m.error ?? "no routes were timed");
+        return [[mode, `(${notes.length})`, "—", "—", "—", "—"]];
       }
-      return [
-        name,
-        load(m.startSeconds),
-        cell(m.greedy?.ttft, "ms", `${name} first token`),
-        cell(m.greedy?.decode, "tok/s", `${name} greedy`),
-        cell(m.sampled?.ttft, "ms", `${name} first token, sampled`),
-        cell(m.sampled?.decode, "tok/s", `${name} sampled`),
-      ];
+      return m.routes.map(({ route, greedy, sampled }) => {
+        const name = `${mode}, ${route}`;
+        return [
+          name,
+          load(m.startSeconds),
+          cell(greedy.ttft, "ms", `${name} first token`),
+          cell(greedy.decode, "tok/s", `${name} greedy`),
+          cell(sampled.ttft, "ms", `${name} first token, sampled`),
+          cell(sampled.decode, "tok/s", `${name} sampled`),
+        ];
+      });
     });
     lines.push("", ...table(h, r));
   }

@@ -1,5 +1,5 @@
 // Figures through the server as users see them: a head (main.ts, unsplit, then split over a
-// worker) answering /v1/messages streams; time to first token and decode tok/s per request.
+// worker) answering /v1/messages and /completion streams; first token and decode tok/s per request.
 // Run by bench/decode.ts after the engine figures; the head and worker are child processes.
 
 import { openGguf } from "../engine/gguf/read.ts";
@@ -37,11 +37,22 @@ export interface ServerMode {
   readonly layers: string;
   /** Seconds until the head served (the worker's start included for the split). */
   readonly startSeconds?: number;
-  /** temperature 0. */
-  readonly greedy?: ServerFigure;
-  /** temperature 0.7, top_p 0.9. */
-  readonly sampled?: ServerFigure;
+  /** The figures of each route. */
+  readonly routes?: readonly ServerRoute[];
   readonly error?: string;
+}
+
+/** One route's figures, greedy and sampled. */
+export interface ServerRoute {
+  /**
+   * "/v1/messages": the first token is the first text delta, so tokens without visible text
+   * (a random model's most) are not seen. "/completion": every token is an event of its own.
+   */
+  readonly route: "/v1/messages" | "/completion";
+  /** temperature 0. */
+  readonly greedy: ServerFigure;
+  /** temperature 0.7, top_p 0.9. */
+  readonly sampled: ServerFigure;
 }
 
 export interface ServerReport {
@@ -71,15 +82,16 @@ const WORDS = ("the river keeps its own counsel and stones remember every flood 
 export async function promptOfLength(
   prompts: PromptBuilder,
   tokens: number,
-): Promise<{ text: string; tokens: number }> {
+): Promise<{ text: string; tokens: number; ids: number[] }> {
   const text = (n: number) => Array.from({ length: n }, (_, i) => WORDS[(i * 7) % WORDS.length]);
-  const length = async (n: number) =>
-    (await prompts.build({
+  const build = (n: number) =>
+    prompts.build({
       messages: [{ role: "user", content: text(n).join(" ") }],
       tools: [],
       toolChoice: { type: "auto" },
       thinking: false,
-    })).tokens;
+    });
+  const length = async (n: number) => (await build(n)).tokens;
   let lo = 1;
   let hi = 1;
   while (await length(hi) <= tokens) hi *= 2;
@@ -88,7 +100,8 @@ export async function promptOfLength(
     if (await length(mid) <= tokens) lo = mid;
     else hi = mid;
   }
-  return { text: text(lo).join(" "), tokens: await length(lo) };
+  const built = await build(lo);
+  return { text: text(lo).join(" "), tokens: built.tokens, ids: built.ids };
 }
 
 /** The event blocks of a server-sent event stream, as (event, parsed data) pairs. */
@@ -107,24 +120,46 @@ async function* sseEvents(
   }
 }
 
-/** POSTs one streaming /v1/messages request and times its reply. */
-export async function timeMessage(
-  url: string,
-  text: string,
+type Sampling = { readonly temperature: number; readonly top_p?: number };
+
+/** The bench's prompt: the user text, and the ids the chat template makes of it. */
+export interface BenchPrompt {
+  readonly text: string;
+  readonly ids: readonly number[];
+}
+
+/** The request body of one streaming request on `route`. */
+function requestBody(
+  route: ServerRoute["route"],
+  prompt: BenchPrompt,
   maxTokens: number,
-  sampling: { temperature: number; top_p?: number },
-): Promise<StreamTiming> {
-  const start = performance.now();
-  const response = await fetch(`${url}/v1/messages`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify({
+  sampling: Sampling,
+): Record<string, unknown> {
+  return route === "/v1/messages"
+    ? {
       model: "bench",
       max_tokens: maxTokens,
       stream: true,
-      messages: [{ role: "user", content: text }],
+      messages: [{ role: "user", content: prompt.text }],
       ...sampling,
-    }),
+    }
+    // The same ids as the chat request prefills, given as ids: no template, no tokenizing.
+    : { prompt: prompt.ids, n_predict: maxTokens, stream: true, ...sampling };
+}
+
+/** POSTs one streaming request to `route` and times its reply. */
+export async function timeStream(
+  url: string,
+  route: ServerRoute["route"],
+  prompt: BenchPrompt,
+  maxTokens: number,
+  sampling: Sampling,
+): Promise<StreamTiming> {
+  const start = performance.now();
+  const response = await fetch(`${url}${route}`, {
+    method: "POST",
+    headers: { "content-type": "application/json" },
+    body: JSON.stringify(requestBody(route, prompt, maxTokens, sampling)),
   });
   if (!response.ok || !response.body) {
     throw new Error(
@@ -134,11 +169,20 @@ export async function timeMessage(
   let first: number | undefined;
   let outputTokens = 0;
   for await (const { event, data } of sseEvents(response.body)) {
-    if (event === "content_block_delta") first ??= performance.now();
-    if (event === "message_delta") {
-      outputTokens = Number((data.usage as { output_tokens?: number } | undefined)?.output_tokens);
+    if (event === "error" || "error" in data) {
+      throw new Error(`The head's stream failed: ${JSON.stringify(data)}`);
     }
-    if (event === "error") throw new Error(`The head's stream failed: ${JSON.stringify(data)}`);
+    if (route === "/v1/messages") {
+      if (event === "content_block_delta") first ??= performance.now();
+      if (event === "message_delta") {
+        const usage = data.usage as { output_tokens?: number } | undefined;
+        outputTokens = Number(usage?.output_tokens);
+      }
+    } else if (data.stop === true) {
+      outputTokens = Number(data.tokens_predicted);
+    } else {
+      first ??= performance.now();
+    }
   }
   const end = performance.now();
   if (!(outputTokens >= 1)) {
@@ -155,23 +199,21 @@ export async function timeMessage(
 
 /** One warm-up, then `runs` timed requests (fewer when the deadline comes). */
 async function figure(
-  url: string,
-  text: string,
+  time: () => Promise<StreamTiming>,
   promptTokens: number,
   options: ServerBenchOptions,
-  sampling: { temperature: number; top_p?: number },
   name: string,
 ): Promise<ServerFigure> {
   const { deadline, log } = options;
   try {
     if (deadline.left <= 0) throw new OutOfTime("no time left for a warm-up");
-    const warm = await timeMessage(url, text, options.maxTokens, sampling);
+    const warm = await time();
     const each = warm.ttftSeconds + warm.afterFirstSeconds;
     const runs = Math.min(options.runs, Math.floor(deadline.left / Math.max(each, 1e-6)));
     if (runs < 1) throw new OutOfTime(`the warm-up took ${each.toFixed(1)} s`);
     const timed: StreamTiming[] = [];
     for (let i = 0; i < runs; i++) {
-      timed.push(await timeMessage(url, text, options.maxTokens, sampling));
+      timed.push(await time());
     }
     const ttft = timingOf(timed.map((t) => t.ttftSeconds));
     // A reply that ended at its first token (sampled end of turn) has no pace to give.
@@ -197,7 +239,7 @@ async function figure(
 /** The head unsplit, then split at options.split over a worker; one greedy and one sampled figure. */
 export async function benchServer(options: ServerBenchOptions): Promise<ServerReport> {
   const model = await openGguf(options.model);
-  let prompt: { text: string; tokens: number };
+  let prompt: { text: string; tokens: number; ids: number[] };
   let nLayer: number;
   try {
     const template = model.metadata.get("tokenizer.chat_template");
@@ -246,11 +288,20 @@ export async function benchServer(options: ServerBenchOptions): Promise<ServerRe
       });
       started.push(head);
       const startSeconds = (performance.now() - start) / 1000;
-      const run = (sampling: { temperature: number; top_p?: number }, what: string) =>
-        figure(head.url, prompt.text, prompt.tokens, options, sampling, `server ${layers} ${what}`);
-      const greedy = await run({ temperature: 0 }, "greedy");
-      const sampled = await run({ temperature: 0.7, top_p: 0.9 }, "temperature 0.7");
-      modes.push({ layers, startSeconds, greedy, sampled });
+      const routes: ServerRoute[] = [];
+      for (const route of ["/v1/messages", "/completion"] as const) {
+        const run = (sampling: Sampling, what: string) =>
+          figure(
+            () => timeStream(head.url, route, prompt, options.maxTokens, sampling),
+            prompt.tokens,
+            options,
+            `server ${layers} ${route} ${what}`,
+          );
+        const greedy = await run({ temperature: 0 }, "greedy");
+        const sampled = await run({ temperature: 0.7, top_p: 0.9 }, "temperature 0.7");
+        routes.push({ route, greedy, sampled });
+      }
+      modes.push({ layers, startSeconds, routes });
     } catch (e) {
       options.log(`server ${layers}: ${(e as Error).message}`);
       modes.push({ layers, error: (e as Error).message });

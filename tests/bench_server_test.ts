@@ -1,5 +1,5 @@
 // The bench's figures through the server (bench/server_bench.ts): a head process unsplit and one
-// split over a worker, each answering timed /v1/messages streams, on a tiny model and the CPU
+// split over a worker, each answering timed /v1/messages and /completion streams, on a tiny model and the CPU
 // reference; and prompts cut to a token budget with the model's own template.
 
 import assert from "node:assert/strict";
@@ -25,8 +25,9 @@ Deno.test("promptOfLength: the longest text whose chat prompt fits the budget", 
         toolChoice: { type: "auto" },
         thinking: false,
       })).tokens;
-    const { text, tokens } = await promptOfLength(prompts, 100);
+    const { text, tokens, ids } = await promptOfLength(prompts, 100);
     assert.equal(await build(text), tokens);
+    assert.equal(ids.length, tokens, "the ids /completion is timed with are the chat prompt's");
     assert.ok(tokens <= 100 && tokens > 90, `${tokens} tokens`);
     assert.ok(await build(`${text} the river`) > 100, "one more word would not fit");
   } finally {
@@ -54,12 +55,15 @@ Deno.test("benchServer: greedy and sampled replies timed through a head, unsplit
   for (const mode of report.modes) {
     assert.equal(mode.error, undefined, mode.error);
     assert.ok(mode.startSeconds! > 0);
-    for (const f of [mode.greedy!, mode.sampled!]) {
+    assert.deepEqual(mode.routes?.map((r) => r.route), ["/v1/messages", "/completion"]);
+    for (const f of mode.routes!.flatMap((r) => [r.greedy, r.sampled])) {
       assert.equal(f.ttft.timing?.seconds.length, 2, f.ttft.error);
       assert.ok(f.ttft.timing!.min > 0);
       assert.equal(f.ttft.tokens, report.promptTokens);
       assert.ok(f.decode.timing!.median > 0);
     }
   }
-  assert.ok(lines.some((l) => /^server 0:2 \+ 2:4 greedy: first token \d+ ms/.test(l)));
+  assert.ok(
+    lines.some((l) => /^server 0:2 \+ 2:4 \/completion greedy: first token \d+ ms/.test(l)),
+  );
 });
