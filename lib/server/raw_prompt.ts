@@ -18,7 +18,8 @@ export async function rawPromptIds(
   const t = head.tokenizer;
   const bos = t.addBos && typeof parts[0] === "string" ? [t.bosId!] : [];
   const texts = parts.filter((p): p is string => typeof p === "string");
-  const counted = await head.prompts.texts(texts);
+  // A prompt of ids only skips the round trip to the tokenizer thread.
+  const counted = texts.length === 0 ? { parts: [], tokens: 0 } : await head.prompts.texts(texts);
   if (counted.parts.length < texts.length) {
     return { ids: [], tokens: bos.length + counted.tokens + parts.length - texts.length };
   }
