@@ -5,9 +5,10 @@
 // over engine/quant/dequant.ts rows.
 // Bindings: 0 w: weight bytes of one part (rows of `k` values, quantized) | 1 x (f32)
 //   | 2 ids (u32: the gather table under GATHERED, a dummy otherwise) | 3 y (f32) | 4 params.
-// Dispatch: (row_tiles folded to 2-D, z). WG = 2·TT threads, BM = 64 rows a tile, z = token
-//   tiles, or the gather table's most tiles under GATHERED (workgroups past its tile count exit).
-// Variants: TYPE_<type> (one), TT (slots a tile), ID with GATHERED, X_SWIGLU (x = silu(g)·u with
+// Dispatch: (row_tiles folded to 2-D, z). WG = BM·TT/32 threads, z = token tiles, or the gather
+//   table's most tiles under GATHERED (workgroups past its tile count exit).
+// Variants: TYPE_<type> (one), BM (rows a tile: 64 or 128), TT (slots a tile: 32 or 64), ID with
+//   GATHERED, X_SWIGLU (x = silu(g)·u with
 //   u at g + up_offset), ADD (y += result), IQ4_TABLE_WORKGROUP (dequant.wgsl; not with the 16 KB
 //   dense tile), PREFETCH (types with dequant.wgsl's load32: the next chunk loads during this
 //   one's products).
@@ -73,20 +74,23 @@ fn row_tile(wid: vec3<u32>, nwg: vec3<u32>) -> u32 {
   return wid.x + wid.y * nwg.x;
 }
 
-// A tile: BM rows × TT slots, WG = 2·TT threads. One chunk (32 values of k) at a time is staged
-// in workgroup memory k-major, as vec4s of 4 consecutive rows or slots: ws[k][row] (each weight
-// dequantized once per tile, 8 KB) and xs[k][slot] (128·TT bytes). Thread (rg, tg) = (lid % 8,
-// lid / 8) owns rows 4rg..4rg+3 and 32+4rg..32+4rg+3 × slots 4tg..4tg+3: per value of k, three
-// 16-byte reads (a warp's rows: 128 contiguous bytes; its 4 slot groups: broadcasts) feed 32 FMAs.
-// Threads below BM dequantize a row each; every thread stages 16 values of x, lanes reading 4
-// consecutive values of 8 slots. Under PREFETCH registers hold the next chunk's raw weights and
+// A tile: BM rows × TT slots, WG = BM·TT/32 threads. One chunk (32 values of k) at a time is
+// staged in workgroup memory k-major, as vec4s of 4 consecutive rows or slots: ws[k][row] (each
+// weight dequantized once per tile, 128·BM bytes) and xs[k][slot] (128·TT bytes). Thread (rg, tg)
+// = (lid % RG, lid / RG) owns rows 4rg..4rg+3 and BM/2+4rg..BM/2+4rg+3 × slots 4tg..4tg+3: per
+// value of k, three 16-byte reads (a warp's rows: 128 or 256 contiguous bytes; its slot groups:
+// broadcasts) feed 32 FMAs. Threads below BM dequantize a row each (TT ≥ 32 makes WG ≥ BM); every
+// thread stages 8·SPT values of x, lanes reading 4 consecutive values of 8 slots. A larger BM reads
+// x once for more rows (half the x traffic a weight row at BM = 128). Under PREFETCH registers hold the next chunk's raw weights and
 // x values while the tile computes; otherwise only other tiles on the SM hide the loads. Groups
 // of slots past the tile's count skip the math.
-const BM = 64u;
-const WG = 2u * TT;
+const WG = BM * TT / 32u;
 // vec4s of rows, and of slots, per value of k.
 const RQ = BM / 4u;
 const TQ = TT / 4u;
+// Threads along the rows (each owns 2 vec4s of them), and slots whose x a thread stages (1 or 2).
+const RG = BM / 8u;
+const SPT = 128u / BM;
 
 // [k][vec4 of rows or slots]: indexed by k (a constant in the unrolled loop) and by the thread's
 // group (the same at every k), the bounds checks a compiler adds to each read fold or hoist.
@@ -226,10 +230,11 @@ fn main(
   let row0 = tile * BM;
   let w_live = lid < BM && row0 + lid < params.rows;
   let w_byte = (part_row0 + row0 + lid) * row_bytes();
-  // This thread stages values ≡ kl (mod 4) of slots sa and sa + 8.
+  // This thread stages values ≡ kl (mod 4) of slot sa and, when SPT = 2, sa + 8 (sb; past every
+  // tile's count otherwise, so never staged).
   let kl = lid % 4u;
-  let sa = 16u * (lid / 32u) + (lid % 32u) / 4u;
-  let sb = sa + 8u;
+  let sa = 8u * SPT * (lid / 32u) + (lid % 32u) / 4u;
+  let sb = select(TT, sa + 8u, SPT == 2u);
   var xa = 0u;
   var xb = 0u;
   if (sa < n) {
@@ -238,13 +243,13 @@ fn main(
   if (sb < n) {
     xb = slot_xy(base, sb).x;
   }
-  let rg = lid % 8u;
-  let tg = lid / 8u;
+  let rg = lid % RG;
+  let tg = lid / RG;
   let busy = 4u * tg < n;
 
   let chunks = params.k / 32u;
   let classes = min(chunks, LANES);
-  // total[i], acc[i]: row i (4rg + i, then 32 + 4rg + i − 4) × the thread's 4 slots.
+  // total[i], acc[i]: row i (4rg + i, then BM/2 + 4rg + i − 4) × the thread's 4 slots.
   var total: array<vec4<f32>, 8>;
   var acc: array<vec4<f32>, 8>;
 #ifdef PREFETCH
@@ -313,7 +318,7 @@ fn main(
         }
         for (var k = 0u; k < 32u; k++) {
           let a0 = ws[k][rg];
-          let a1 = ws[k][8u + rg];
+          let a1 = ws[k][RQ / 2u + rg];
           let b = xs[k][tg];
           s[0] = fma(vec4<f32>(a0.x), b, s[0]);
           s[1] = fma(vec4<f32>(a0.y), b, s[1]);
@@ -339,7 +344,7 @@ fn main(
     if (nn < n) {
       let yo = slot_xy(base, nn).y + y_row0;
       for (var i = 0u; i < 8u; i++) {
-        let r = row0 + 4u * rg + 32u * (i / 4u) + i % 4u;
+        let r = row0 + 4u * rg + (BM / 2u) * (i / 4u) + i % 4u;
         if (r < params.rows) {
           put(yo + r, total[i][j]);
         }

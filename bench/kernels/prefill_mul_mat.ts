@@ -1,7 +1,8 @@
 // Kernel bench of the prefill products (engine/gpu/kernels/mul_mat.ts tiles, wgsl/mul_mat.wgsl)
-// with and without prefetching, on the bench model's shapes for a run of tokens: each checked bit
-// for bit against the decode kernel token by token (the batch invariance the engine needs), then
-// timed. Prints shape | variant | µs a product | TFLOPS, and the adapter's whole feature list.
+// with and without prefetching and in each tile shape (rows × token slots), on the bench model's
+// shapes for a run of tokens: each checked bit for bit against the decode kernel token by token
+// (the batch invariance the engine needs), then timed. Prints shape | variant (p: prefetching,
+// rows x slots, * the engine's choice) | µs a product | TFLOPS, and the adapter's feature list.
 //
 //   deno run -A bench/kernels/prefill_mul_mat.ts --gpu dawn [--tokens 512] [--out r.json]
 //   deno run -A bench/kernels/prefill_mul_mat.ts --gpu builtin --shapes tiny --allow-software-gpu
@@ -10,7 +11,14 @@ import { GpuMemory, readBuffer } from "../../engine/gpu/buffers.ts";
 import { type GpuContext, openGpu } from "../../engine/gpu/device.ts";
 import { createStepTimer, ParamArena, StepEncoder } from "../../engine/gpu/encoder.ts";
 import { gatherTiles, gatherWords, moeGather } from "../../engine/gpu/kernels/moe_gather.ts";
-import { mulMat, type MulMatOptions, PREFILL_TT } from "../../engine/gpu/kernels/mul_mat.ts";
+import {
+  mulMat,
+  type MulMatOptions,
+  PREFETCH_TYPES,
+  PREFILL_TT,
+  tileFor,
+  type TileShape as Tile,
+} from "../../engine/gpu/kernels/mul_mat.ts";
 import { PROVIDER_CHOICES, selectProvider } from "../../engine/gpu/provider.ts";
 import { type GpuTensor, uploadTensorBytes } from "../../engine/gpu/tensor.ts";
 import { GgmlType } from "../../engine/quant/ggml_types.ts";
@@ -39,9 +47,9 @@ interface TileShape extends ProductShape {
   readonly tokens?: number;
 }
 
-/** The prefill products of the qwen35moe-35b layers but the router, and a chunk of its LM head. */
+/** The prefill products of the qwen35moe-35b layers, and a chunk of its LM head. */
 function fullShapes(): TileShape[] {
-  const { router: _, ...m } = benchProducts();
+  const m = benchProducts();
   return Object.values({
     ...m,
     lmHead: { ...m.lmHead, name: "LM head 64K rows T64", rows: 65536, tokens: 64 },
@@ -52,6 +60,7 @@ function fullShapes(): TileShape[] {
 function tinyShapes(): TileShape[] {
   return [
     { name: "q8", type: GgmlType.Q8_0, rows: 70, k: 1280 },
+    { name: "f32 router", type: GgmlType.F32, rows: 133, k: 544 },
     { name: "q8 add", type: GgmlType.Q8_0, rows: 70, k: 576, add: true },
     { name: "iq4 experts", type: GgmlType.IQ4_XS, rows: 70, k: 512, experts: 6, nUsed: 3 },
     {
@@ -92,7 +101,7 @@ interface Setup {
   readonly tokenIds: readonly GPUBuffer[];
   /** The gather table over all tokens' ids. */
   readonly table?: GPUBuffer;
-  readonly options: Omit<MulMatOptions, "prefetch">;
+  readonly options: Omit<MulMatOptions, "prefetch" | "tile">;
   readonly tokens: number;
   /** Floats a token's outputs take in y and its input in x. */
   readonly yStride: number;
@@ -161,8 +170,33 @@ async function prepare(
   };
 }
 
-function recordTile(enc: StepEncoder, s: Setup, prefetch: boolean): void {
-  mulMat(enc, { w: s.w, x: s.x, y: s.y, ids: s.table }, { ...s.options, prefetch });
+/** One way to run a shape's tiles. */
+interface Variant {
+  readonly prefetch: boolean;
+  readonly tile: Tile;
+}
+
+function variantName(v: Variant, chosen: Tile): string {
+  const mark = v.prefetch && v.tile.rows === chosen.rows && v.tile.tokens === chosen.tokens;
+  return `${v.prefetch ? "p" : ""}${v.tile.rows}x${v.tile.tokens}${mark ? "*" : ""}`;
+}
+
+/**
+ * The variants timed: the engine's tile without prefetching, then every tile shape prefetching
+ * (a gathered tile takes the gather table's PREFILL_TT slots); without prefetching alone for types
+ * that have none.
+ */
+function variantsOf(shape: TileShape, chosen: Tile): Variant[] {
+  const slots = shape.experts ? [PREFILL_TT as 32] : [64 as const, 32 as const];
+  const tiles = slots.flatMap((tokens) =>
+    [64 as const, 128 as const].map((rows) => ({ rows, tokens }))
+  );
+  if (!PREFETCH_TYPES.includes(shape.type)) return tiles.map((tile) => ({ prefetch: false, tile }));
+  return [{ prefetch: false, tile: chosen }, ...tiles.map((tile) => ({ prefetch: true, tile }))];
+}
+
+function recordTile(enc: StepEncoder, s: Setup, v: Variant): void {
+  mulMat(enc, { w: s.w, x: s.x, y: s.y, ids: s.table }, { ...s.options, ...v });
 }
 
 /** The decode kernel's outputs of `token` alone, into y at the token's place. */
@@ -181,7 +215,7 @@ async function check(
   ctx: GpuContext,
   arena: ParamArena,
   s: Setup,
-  prefetch: boolean,
+  v: Variant,
   checked: readonly number[],
 ): Promise<string> {
   const run = async (recordAll: (enc: StepEncoder) => void) => {
@@ -195,7 +229,7 @@ async function check(
     return new Float32Array(await readBuffer(ctx, s.y, 0, s.yInit.byteLength));
   };
   try {
-    const tiled = await run((enc) => recordTile(enc, s, prefetch));
+    const tiled = await run((enc) => recordTile(enc, s, v));
     const alone = await run((enc) => checked.forEach((t) => recordDecode(enc, s, t)));
     if (!tiled.some((v) => v !== 0)) return "wrong: all outputs are zero";
     for (const t of checked) {
@@ -221,14 +255,14 @@ interface TileResult {
 
 function line(r: TileResult): string {
   const us = r.us === undefined ? "" : `${r.us.toFixed(1)} µs  ${r.tflops!.toFixed(2)} TFLOPS`;
-  return `${r.shape.padEnd(22)} ${r.variant.padEnd(8)} ${us.padEnd(28)} ${r.check}`;
+  return `${r.shape.padEnd(22)} ${r.variant.padEnd(10)} ${us.padEnd(28)} ${r.check}`;
 }
 
 const PREFILL_MUL_MAT = {
   name: "Prefill mul_mat bench",
   usage: "deno run -A bench/kernels/prefill_mul_mat.ts",
   about:
-    "Checks then times the prefill tiles with and without prefetching on the bench model's shapes.",
+    "Checks then times the prefill tiles with and without prefetching, in each tile shape, on the bench model's shapes.",
   flags: {
     gpu: flag(oneOf(PROVIDER_CHOICES), "the WebGPU provider", "auto"),
     shapes: flag(
@@ -239,7 +273,7 @@ const PREFILL_MUL_MAT = {
     tokens: flag(whole(1), "tokens a product takes (the prefill length)", 512),
     dispatches: flag(whole(1), "back-to-back dispatches a timed pass", 4),
     runs: flag(whole(1), "timed passes per variant (the median is kept)", 5),
-    variant: flag(oneOf(["plain", "prefetch"] as const), "time one variant instead of both"),
+    variant: flag(text("NAME,..."), "variants (e.g. p64x64) to time instead of all"),
     only: flag(text("NAME,..."), "shapes whose name contains one of these"),
     out: flag(text("FILE"), "write every result here as JSON"),
     "allow-software-gpu": switchFlag("accept a software (CPU) adapter"),
@@ -258,6 +292,7 @@ async function main(values: FlagValues<typeof PREFILL_MUL_MAT.flags>): Promise<v
     powerPreference: "high-performance",
   });
   console.log(`adapter features: ${[...(adapter?.features ?? [])].sort().join(", ")}`);
+  console.log(`workgroup memory: ${ctx.limits.maxComputeWorkgroupStorageSize} bytes`);
   const mem = new GpuMemory(ctx);
   const timer = createStepTimer(mem);
   if (!timer) console.log("no timestamp-query: times are wall clock per pass");
@@ -271,13 +306,16 @@ async function main(values: FlagValues<typeof PREFILL_MUL_MAT.flags>): Promise<v
     const s = await prepare(ctx, shapeMem, shape, tokens);
     const flops = 2 * shape.rows * shape.k * tokens * (shape.nUsed ?? 1);
     const checked = [...new Set([0, 1, Math.floor(tokens / 2), tokens - 1])];
-    for (const prefetch of values.variant ? [values.variant === "prefetch"] : [false, true]) {
-      const variant = prefetch ? "prefetch" : "plain";
-      const verdict = await check(ctx, arena, s, prefetch, checked);
+    const chosen = tileFor(ctx, shape.rows, !!shape.experts);
+    const wanted = values.variant?.split(",");
+    for (const v of variantsOf(shape, chosen)) {
+      const variant = variantName(v, chosen);
+      if (wanted && !wanted.includes(variant.replace("*", ""))) continue;
+      const verdict = await check(ctx, arena, s, v, checked);
       let result: TileResult = { shape: shape.name, variant, check: verdict };
       if (verdict === "ok") {
         const pass = (n: number) => (enc: StepEncoder) => {
-          for (let i = 0; i < n; i++) recordTile(enc, s, prefetch);
+          for (let i = 0; i < n; i++) recordTile(enc, s, v);
         };
         await timeDispatches(ctx, arena, timer, pass(1));
         const us: number[] = [];

@@ -5,7 +5,7 @@
 // the start of w) and defines exactly one TYPE_<name> flag; or, with TYPE_F32 and W_VEC4,
 // `w: array<vec4<u32>>` (rows at 16-byte offsets: one load a vec4).
 // Provides BLOCK_ELEMS, BLOCK_BYTES and dequant32(row_byte, c): elements 32c..32c+31 of the row
-// starting at byte `row_byte`, as 8 vec4 (element 32c+4v+j is component j of vec4 v). Q8_0
+// starting at byte `row_byte`, as 8 vec4 (element 32c+4v+j is component j of vec4 v). F32, Q8_0
 // and IQ4_XS also split it as decode32(load32(row_byte, c)): load32 only loads (a Raw of words
 // and shifts), so a tile can hold the next chunk's words while it computes (wgsl/mul_mat.wgsl).
 // Optional IQ4_TABLE_WORKGROUP (IQ4_NL, IQ4_XS): the lookups read the workgroup copy iq4_table,
@@ -130,12 +130,32 @@ fn f32x4(i: u32) -> vec4<f32> {
 #endif
 }
 
-fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+// The chunk's values as they load: decoding is only regrouping them.
+struct Raw {
+  v0: vec4<f32>,
+  v1: vec4<f32>,
+  v2: vec4<f32>,
+  v3: vec4<f32>,
+  v4: vec4<f32>,
+  v5: vec4<f32>,
+  v6: vec4<f32>,
+  v7: vec4<f32>,
+}
+
+fn load32(row_byte: u32, c: u32) -> Raw {
   let i = (row_byte >> 2u) + c * 32u;
-  return array<vec4<f32>, 8>(
+  return Raw(
     f32x4(i), f32x4(i + 4u), f32x4(i + 8u), f32x4(i + 12u),
     f32x4(i + 16u), f32x4(i + 20u), f32x4(i + 24u), f32x4(i + 28u),
   );
+}
+
+fn decode32(r: Raw) -> array<vec4<f32>, 8> {
+  return array<vec4<f32>, 8>(r.v0, r.v1, r.v2, r.v3, r.v4, r.v5, r.v6, r.v7);
+}
+
+fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
+  return decode32(load32(row_byte, c));
 }
 #endif
 

@@ -8,7 +8,7 @@
 import type { BufferRef } from "../buffers.ts";
 import { dummyStorage } from "../buffers.ts";
 import type { StepEncoder } from "../encoder.ts";
-import type { KernelFamily } from "../kernel.ts";
+import type { KernelFamily, KernelTarget } from "../kernel.ts";
 import type { GpuTensor } from "../tensor.ts";
 import { GgmlType, typeName } from "../../quant/ggml_types.ts";
 import { decodeLayout, layoutRows, type MatVecLayout, MUL_MAT_VEC } from "./mul_mat_vec.ts";
@@ -32,12 +32,17 @@ export const MUL_MAT_TYPES: readonly GgmlType[] = [
   GgmlType.IQ4_XS,
 ];
 
-/** Rows of a prefill tile (wgsl BM). */
-const TILE_ROWS = 64;
+/** Rows a prefill tile may take (wgsl BM): 128 needs 16 KB of workgroup memory for its weights. */
+export type TileRows = 64 | 128;
 /** Token slots a tile of the gathered (MoE prefill) variant takes: moe_gather's `tt`. */
 export const PREFILL_TT = 32;
 /** Tokens a tile of the dense prefill variant takes (its 16 KB of workgroup memory: 64 rows + 64). */
 export const DENSE_TT = 64;
+/** A prefill tile's shape: rows × token slots (32 or 64; a gathered tile's is PREFILL_TT). */
+export interface TileShape {
+  readonly rows: TileRows;
+  readonly tokens: 32 | 64;
+}
 /**
  * Plain products of at most this many tokens run the decode kernel, a grid layer (z) a token:
  * a tile walks all of k in 32-value steps, which costs more than re-reading W a few times.
@@ -58,10 +63,21 @@ export interface MulMatKey {
   readonly add?: boolean;
   /** Load the next chunk during this one's products (PREFETCH_TYPES only). */
   readonly prefetch?: boolean;
+  /** The tile's shape; default 64 rows × (PREFILL_TT gathered, else DENSE_TT) slots. */
+  readonly tile?: TileShape;
 }
 
 /** Weight types whose dequantizer splits into loads and decoding (wgsl PREFETCH). */
-const PREFETCH_TYPES: readonly GgmlType[] = [GgmlType.Q8_0, GgmlType.IQ4_XS];
+export const PREFETCH_TYPES: readonly GgmlType[] = [GgmlType.F32, GgmlType.Q8_0, GgmlType.IQ4_XS];
+
+/** Workgroup memory a tile stages a chunk in: 32 values of each row and of each slot, as f32. */
+function tileBytes(t: TileShape): number {
+  return 128 * (t.rows + t.tokens);
+}
+
+function defaultTile(id: boolean): TileShape {
+  return { rows: 64, tokens: id ? PREFILL_TT : DENSE_TT };
+}
 
 /** Refuses a weight type no kernel decodes. */
 function checkType(type: GgmlType): void {
@@ -77,13 +93,28 @@ function checkType(type: GgmlType): void {
 /** A variant per weight type, tile shape (dense or gathered) and epilogue. */
 export const MUL_MAT: KernelFamily<MulMatKey> = {
   file: "mul_mat.wgsl",
-  variant: (_target, v) => {
+  variant: (target, v) => {
     checkType(v.type);
-    const tt = v.id ? PREFILL_TT : DENSE_TT;
-    const defines: Record<string, number | true> = { [`TYPE_${typeName(v.type)}`]: true, TT: tt };
-    // The IQ4 lookup table in workgroup memory; the dense tile has no 64 bytes to spare.
-    if ((v.type === GgmlType.IQ4_NL || v.type === GgmlType.IQ4_XS) && v.id) {
-      defines.IQ4_TABLE_WORKGROUP = true;
+    const { rows: bm, tokens: tt } = v.tile ?? defaultTile(!!v.id);
+    if (v.id && tt !== PREFILL_TT) {
+      throw new RangeError(
+        `Cannot tile gathered experts by ${tt} slots: the gather table's are ${PREFILL_TT}`,
+      );
+    }
+    const defines: Record<string, number | true> = {
+      [`TYPE_${typeName(v.type)}`]: true,
+      BM: bm,
+      TT: tt,
+    };
+    // The IQ4 lookup table in workgroup memory; the 64 × 64 dense tile has no 64 bytes to spare.
+    const table = (v.type === GgmlType.IQ4_NL || v.type === GgmlType.IQ4_XS) &&
+      (v.id || tt < DENSE_TT);
+    if (table) defines.IQ4_TABLE_WORKGROUP = true;
+    const bytes = tileBytes({ rows: bm, tokens: tt }) + (table ? 64 : 0);
+    if (bytes > target.limits.maxComputeWorkgroupStorageSize) {
+      throw new RangeError(
+        `Cannot run a ${bm} × ${tt} prefill tile: it needs ${bytes} bytes of workgroup memory, the device allows ${target.limits.maxComputeWorkgroupStorageSize}; use a smaller tile`,
+      );
     }
     if (v.id) {
       defines.ID = true;
@@ -93,9 +124,9 @@ export const MUL_MAT: KernelFamily<MulMatKey> = {
     if (v.add) defines.ADD = true;
     const prefetch = v.prefetch && PREFETCH_TYPES.includes(v.type);
     if (prefetch) defines.PREFETCH = true;
-    const name = `mul_mat_${typeName(v.type)}_t${tt}${prefetch ? "p" : ""}${v.id ? "_id" : ""}${
-      v.swiglu ? "_swiglu" : ""
-    }${v.add ? "_add" : ""}`;
+    const name = `mul_mat_${typeName(v.type)}_${bm === 64 ? "" : `r${bm}`}t${tt}${
+      prefetch ? "p" : ""
+    }${v.id ? "_id" : ""}${v.swiglu ? "_swiglu" : ""}${v.add ? "_add" : ""}`;
     return { name, defines };
   },
 };
@@ -139,12 +170,19 @@ export interface MulMatOptions {
   readonly decode?: MatVecLayout;
   /** Prefill tiles: whether to prefetch (default yes; bench/kernels/prefill_mul_mat.ts compares). */
   readonly prefetch?: boolean;
+  /** Prefill tiles: the tile's shape instead of tileFor's (bench/kernels/prefill_mul_mat.ts). */
+  readonly tile?: TileShape;
 }
 
 /** The RMSNorm a product folds into its input. */
 export interface RmsNormInput {
   readonly w: BufferRef;
   readonly eps: number;
+}
+
+/** The tile a prefill product of `rows` rows (a part's, or an expert's) runs on `target`. */
+export function tileFor(_target: KernelTarget, _rows: number, id: boolean): TileShape {
+  return defaultTile(id);
 }
 
 /**
@@ -202,19 +240,21 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
         row_tiles: tiles,
       }, { tiles, z });
     } else {
-      const tiles = Math.ceil(rows / TILE_ROWS);
+      const tile = o.tile ?? tileFor(enc.ctx, rows, id);
+      const tiles = Math.ceil(rows / tile.rows);
       const key = {
         type: w.type,
         id,
         swiglu: o.swiglu,
         add: o.add,
         prefetch: o.prefetch ?? true,
+        tile,
       };
       enc.dispatch(MUL_MAT, key, { w: part.buffer, x: b.x, ids, y: b.y }, {
         ...base,
         ...at,
         row_tiles: tiles,
-      }, { tiles, z: gathered ? o.gatherTiles! : Math.ceil(o.tokens / DENSE_TT) });
+      }, { tiles, z: gathered ? o.gatherTiles! : Math.ceil(o.tokens / tile.tokens) });
     }
   }
 }
