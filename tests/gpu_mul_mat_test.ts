@@ -5,7 +5,14 @@ import assert from "node:assert/strict";
 import { createStorage } from "../engine/gpu/buffers.ts";
 import type { GpuContext } from "../engine/gpu/device.ts";
 import { gatherTiles, gatherWords, moeGather } from "../engine/gpu/kernels/moe_gather.ts";
-import { MUL_MAT_TYPES, mulMat, mulMatPair, PREFILL_TT } from "../engine/gpu/kernels/mul_mat.ts";
+import {
+  MUL_MAT_TYPES,
+  mulMat,
+  mulMatPair,
+  PREFILL_TT,
+  tileFor,
+  type TileShape,
+} from "../engine/gpu/kernels/mul_mat.ts";
 import type { MatVecLayout } from "../engine/gpu/kernels/mul_mat_vec.ts";
 import { rmsNorm } from "../engine/gpu/kernels/rms_norm.ts";
 import { dequantize } from "../engine/quant/dequant.ts";
@@ -226,7 +233,7 @@ async function singleAndBatched(
   K: number,
   M: number,
   T: number,
-  o: { readonly swiglu?: boolean; readonly add?: boolean },
+  o: { readonly swiglu?: boolean; readonly add?: boolean; readonly tile?: TileShape },
 ): Promise<{ single: Float32Array; batched: Float32Array }> {
   const r = rng(2000 + type * 17 + T);
   const bytes = randomBlocks(type, K * M, 0.5, r);
@@ -246,9 +253,23 @@ async function singleAndBatched(
         yOffset: t * M,
       });
     }
-    mulMat(enc, { w, x, y: batched }, { ...common, tokens: T, xStrideT: xWidth });
+    mulMat(enc, { w, x, y: batched }, { ...common, tokens: T, xStrideT: xWidth, tile: o.tile });
   });
   return { single: await readF32(ctx, single, T * M), batched: await readF32(ctx, batched, T * M) };
+}
+
+/** Throws at the first output whose bits differ between a token alone and the batch. */
+function assertSameBits(single: Float32Array, batched: Float32Array, M: number, what: string) {
+  assert.ok(single.some((v) => v !== 0), "the products are not all zero");
+  for (let i = 0; i < single.length; i++) {
+    if (!Object.is(single[i], batched[i])) {
+      throw new Error(
+        `${what}: token ${Math.floor(i / M)} row ${i % M} is ${batched[i]} in a batch but ${
+          single[i]
+        } alone`,
+      );
+    }
+  }
 }
 
 gpuTest(
@@ -267,19 +288,47 @@ gpuTest(
     ];
     for (const [type, T, o] of cases) {
       const { single, batched } = await singleAndBatched(ctx, type, 1280, 70, T, o);
-      assert.ok(single.some((v) => v !== 0), "the products are not all zero");
-      for (let i = 0; i < single.length; i++) {
-        if (!Object.is(single[i], batched[i])) {
-          throw new Error(
-            `${typeName(type)} T=${T} ${JSON.stringify(o)}: token ${Math.floor(i / 70)} row ${
-              i % 70
-            } is ${batched[i]} in a batch but ${single[i]} alone`,
-          );
-        }
-      }
+      assertSameBits(single, batched, 70, `${typeName(type)} T=${T} ${JSON.stringify(o)}`);
     }
   },
 );
+
+gpuTest("every prefill tile shape gives each token its bits alone", async (ctx) => {
+  // M = 133 rows: a partial last tile of 64 and of 128 rows; 37 tokens: partial tiles of 32 and
+  // 64; F32 and Q8_0 prefetch, IQ4_XS's dense tiles of 32 slots hold its table, Q6_K does neither.
+  const tiles: TileShape[] = [
+    { rows: 64, tokens: 64 },
+    { rows: 128, tokens: 64 },
+    { rows: 64, tokens: 32 },
+    { rows: 128, tokens: 32 },
+  ];
+  const types: [GgmlType, { swiglu?: boolean; add?: boolean }][] = [
+    [GgmlType.F32, { add: true }],
+    [GgmlType.Q8_0, { swiglu: true }],
+    [GgmlType.IQ4_XS, {}],
+    [GgmlType.Q6_K, {}],
+  ];
+  for (const [type, o] of types) {
+    for (const tile of tiles) {
+      const { single, batched } = await singleAndBatched(ctx, type, 1280, 133, 37, { ...o, tile });
+      assertSameBits(single, batched, 133, `${typeName(type)} ${tile.rows}×${tile.tokens}`);
+    }
+  }
+  // The engine's choice: 32-token tiles for a router's few rows, 128 rows from 2048 and for the
+  // experts, 64 × 64 where a device has only the 16 KB WebGPU guarantees.
+  const shape = (rows: number, id: boolean, target = ctx) => {
+    const t = tileFor(target, rows, id);
+    return `${t.rows}x${t.tokens}`;
+  };
+  const small = { ...ctx, limits: { ...ctx.limits, maxComputeWorkgroupStorageSize: 16384 } };
+  assert.deepEqual(
+    [shape(257, false), shape(1024, false), shape(2048, false), shape(1024, true)],
+    ctx.limits.maxComputeWorkgroupStorageSize >= 24576 + 64
+      ? ["64x32", "64x64", "128x64", "128x32"]
+      : ["64x32", "64x64", "64x64", "64x32"],
+  );
+  assert.deepEqual([shape(2048, false, small), shape(1024, true, small)], ["64x64", "64x32"]);
+});
 
 gpuTest("every decode layout gives each token the bits of the prefill tile", async (ctx) => {
   // K = 2304: 72 chunks, two windows (64 + 8), classes 0..7 of five chunks and 8..15 of four;

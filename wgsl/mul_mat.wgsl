@@ -8,10 +8,10 @@
 // Dispatch: (row_tiles folded to 2-D, z). WG = BM·TT/32 threads, z = token tiles, or the gather
 //   table's most tiles under GATHERED (workgroups past its tile count exit).
 // Variants: TYPE_<type> (one), BM (rows a tile: 64 or 128), TT (slots a tile: 32 or 64), ID with
-//   GATHERED, X_SWIGLU (x = silu(g)·u with
-//   u at g + up_offset), ADD (y += result), IQ4_TABLE_WORKGROUP (dequant.wgsl; not with the 16 KB
-//   dense tile), PREFETCH (types with dequant.wgsl's load32: the next chunk loads during this
-//   one's products).
+//   GATHERED, X_SWIGLU (x = silu(g)·u with u at g + up_offset), ADD (y += result),
+//   IQ4_TABLE_WORKGROUP (dequant.wgsl; not with the 64 × 64 dense tile: 16 KB, the WebGPU
+//   default), PREFETCH (types with dequant.wgsl's load32: the next chunk loads during this one's
+//   products).
 //
 // Batch invariance: every variant sums an output in one order, so a token's result does not
 // depend on how tokens are grouped into calls. Chunk c (values 32c..32c+31) contributes

@@ -38,13 +38,16 @@ function isFamily(v: unknown): v is KernelFamily<unknown> {
   return typeof v === "object" && v !== null && "file" in v && "variant" in v;
 }
 
-/** Devices the variants are built for: with and without subgroups, small and large groups. */
+/**
+ * Devices the variants are built for: with and without subgroups, small and large groups, the
+ * WebGPU default of workgroup memory and an H200's.
+ */
 const TARGETS = [true, false].map((subgroups): KernelTarget => ({
   features: { subgroups, f16: false, timestamps: false },
   limits: {
     maxBufferSize: 2 ** 30,
     maxStorageBufferBindingSize: 2 ** 30,
-    maxComputeWorkgroupStorageSize: 16384,
+    maxComputeWorkgroupStorageSize: subgroups ? 49152 : 16384,
     maxComputeInvocationsPerWorkgroup: subgroups ? 1024 : 256,
     maxComputeWorkgroupsPerDimension: 65535,
     minUniformBufferOffsetAlignment: 256,
@@ -54,17 +57,23 @@ const TARGETS = [true, false].map((subgroups): KernelTarget => ({
   },
 }));
 
-/** Keys beyond the one key of single-variant families (key type `void`). */
-const KEYS = new Map<string, readonly unknown[]>([
+/** Keys beyond the one key of single-variant families (key type `void`), per target. */
+const KEYS = new Map<string, readonly unknown[] | ((t: KernelTarget) => readonly unknown[])>([
   [
     MUL_MAT.file,
-    MUL_MAT_TYPES.flatMap((type) => [
-      { type },
-      { type, add: true },
-      { type, swiglu: true, add: true },
-      { type, id: true },
-      { type, id: true, swiglu: true },
-    ]),
+    (t) =>
+      MUL_MAT_TYPES.flatMap((type) => [
+        { type },
+        { type, add: true },
+        { type, swiglu: true, add: true },
+        { type, id: true },
+        { type, id: true, swiglu: true },
+        { type, prefetch: true, tile: { rows: 64, tokens: 32 } },
+        ...(t.limits.maxComputeWorkgroupStorageSize < 24576 + 64 ? [] : [
+          { type, prefetch: true, tile: { rows: 128, tokens: 64 } },
+          { type, id: true, prefetch: true, tile: { rows: 128, tokens: 32 } },
+        ]),
+      ]),
   ],
   [
     MUL_MAT_VEC.file,
@@ -109,11 +118,11 @@ Deno.test("every kernel in wgsl/ has one binder of the same name, and every bind
 
 for (const [stem, family] of families) {
   Deno.test(`${family.file}: every variant parses, binds as the others and has its own name`, () => {
-    const keys = KEYS.get(family.file) ?? [undefined];
+    const perTarget = KEYS.get(family.file) ?? [undefined];
     let first: KernelInterface["bindings"] | undefined;
     const names = new Map<string, string>();
     for (const target of TARGETS) {
-      for (const key of keys) {
+      for (const key of typeof perTarget === "function" ? perTarget(target) : perTarget) {
         const v = family.variant(target, key);
         const { code, iface } = variantSource(family, v);
         assert.equal(code.match(/@compute[^{]*\bfn main\(/g)?.length, 1, `${v.name}: one main`);
