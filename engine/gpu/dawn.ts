@@ -77,16 +77,22 @@ export function paceDawnPolls(on: boolean): void {
   const unpacedImmediate = globalThis.setImmediate as unknown as Immediate;
   unpaced = unpacedImmediate;
   const pacer = new PollPacer();
-  const sleeper = new Int32Array(new SharedArrayBuffer(4));
   const paced: Immediate = (callback, ...args) => {
     if (!isDawnPoll(callback)) return unpacedImmediate(callback, ...args);
-    const pause = pacer.next(performance.now());
-    return unpacedImmediate(() => {
-      // A blocking pause of at most POLL_MAX_MS: the event loop still turns between polls.
-      if (pause > 0) Atomics.wait(sleeper, 0, 0, pause);
+    const due = performance.now() + pacer.next(performance.now());
+    // The pause is spent in turns of the event loop, not in a blocking wait: the loop reads its
+    // sockets only every few dozen turns, so pauses that blocked it for up to POLL_MAX_MS a turn
+    // made every socket read wait 10-40 ms while the GPU worked (a split's frames, a streamed
+    // reply). A plain JavaScript callback a turn carries no finalizer, unlike Dawn's.
+    const turn = () => {
+      if (performance.now() < due) {
+        unpacedImmediate(turn);
+        return;
+      }
       pacer.polled(performance.now());
       callback(...args);
-    });
+    };
+    return unpacedImmediate(turn);
   };
   // Keep what hangs off setImmediate (util.promisify's custom symbol) for node-style callers.
   for (const key of Reflect.ownKeys(unpacedImmediate)) {

@@ -30,11 +30,10 @@ function listenFailure(name: string, message: string): Error {
 }
 
 /**
- * Why a thread: while the engine waits on Dawn, the main thread polls it between short blocking
- * pauses (engine/gpu/dawn.ts) and its socket reads are served late; relayed on the main
- * thread, a streamed reply reached the client in bursts, 150 ms and more behind its tokens
- * (docs/PERFORMANCE.md, "Through the server"). Rejects with the listen error when the address
- * cannot be had.
+ * Why a thread: the main thread records GPU steps (a fused greedy group is tens of ms of
+ * synchronous work), polls Dawn and walks grammars; relayed there, a streamed reply reached the
+ * client in bursts, 150 ms and more behind its tokens on the H200 (docs/PERFORMANCE.md, "Through
+ * the server"). Rejects with the listen error when the address cannot be had.
  */
 export function startHeaderGuardThread(
   options: HeaderGuardThreadOptions,
