@@ -28,7 +28,10 @@ export interface ServerBenchOptions {
 export interface ServerFigure {
   /** Seconds from sending the request to the first streamed token; tokens = prompt tokens. */
   readonly ttft: Figure;
-  /** Seconds per output token after the first, of the replies longer than one token. */
+  /**
+   * Seconds per output token after the first, of the replies longer than one token; an error on
+   * /v1/messages, whose stream does not say how many tokens came before its first text.
+   */
   readonly decode: Figure;
 }
 
@@ -197,9 +200,14 @@ export async function timeStream(
   };
 }
 
+/** Why a /v1/messages figure has no pace. */
+const UNPACED = "not measured on /v1/messages: a stream of text does not say how many tokens " +
+  "came before its first text (most of the bench model's tokens have none); see /completion";
+
 /** One warm-up, then `runs` timed requests (fewer when the deadline comes). */
 async function figure(
   time: () => Promise<StreamTiming>,
+  route: ServerRoute["route"],
   promptTokens: number,
   options: ServerBenchOptions,
   name: string,
@@ -216,6 +224,14 @@ async function figure(
       timed.push(await time());
     }
     const ttft = timingOf(timed.map((t) => t.ttftSeconds));
+    if (route === "/v1/messages") {
+      // Its first text may come with any token, so the tokens after it are unknown.
+      log(`${name}: first text ${(ttft.median * 1000).toFixed(0)} ms, median of ${runs}`);
+      return {
+        ttft: { tokens: promptTokens, timing: ttft },
+        decode: { tokens: 1, error: UNPACED },
+      };
+    }
     // A reply that ended at its first token (sampled end of turn) has no pace to give.
     const paced = timed.filter((t) => t.outputTokens > 1);
     if (paced.length === 0) throw new Error("every reply ended at its first token");
@@ -293,6 +309,7 @@ export async function benchServer(options: ServerBenchOptions): Promise<ServerRe
         const run = (sampling: Sampling, what: string) =>
           figure(
             () => timeStream(head.url, route, prompt, options.maxTokens, sampling),
+            route,
             prompt.tokens,
             options,
             `server ${layers} ${route} ${what}`,
