@@ -1,0 +1,141 @@
+// Where a split decode step's time goes: the whole model in one stage, then layers 0:k and k:n
+// both in this process (no wire), then k:n in a worker over loopback; median ms per step and half.
+//
+//   deno run -A bench/split_probe.ts --model M.gguf [--gpu dawn|builtin] [--steps 128]
+
+import { openGguf } from "../engine/gguf/read.ts";
+import { readHParams } from "../engine/hparams.ts";
+import { type Backend, BACKENDS, openLocalStage } from "../engine/open_stage.ts";
+import { PROVIDER_CHOICES } from "../engine/gpu/provider.ts";
+import type { Stage } from "../engine/stage.ts";
+import {
+  type Command,
+  flag,
+  type FlagTable,
+  type FlagValues,
+  oneOf,
+  requiredFlag,
+  runCommand,
+  switchFlag,
+  text,
+  whole,
+} from "../lib/cli.ts";
+import { connectRemoteStage } from "../lib/wire/remote_stage.ts";
+import { median } from "./measure.ts";
+import { startWorker } from "./split.ts";
+
+/** Median ms of a greedy decode step through `stages`, and of each stage's share. */
+export interface ProbeRow {
+  readonly what: string;
+  readonly stepMs: number;
+  /** Per stage, in order (one entry for the unsplit stage). */
+  readonly stageMs: readonly number[];
+}
+
+/**
+ * `steps` greedy single-token steps from position 0, twice: the first pass warms the slot's
+ * kernels and the stages' encode-ahead, the second is timed.
+ */
+export async function timeSteps(
+  stages: readonly Stage[],
+  steps: number,
+  what: string,
+): Promise<ProbeRow> {
+  const step: number[] = [];
+  const parts: number[][] = stages.map(() => []);
+  for (let pass = 0; pass < 2; pass++) {
+    let id = 1;
+    for (let pos = 0; pos < steps; pos++) {
+      let input: Parameters<Stage["run"]>[1] = { kind: "ids", ids: Uint32Array.of(id) };
+      const t0 = performance.now();
+      let t = t0;
+      for (const [i, stage] of stages.entries()) {
+        const out = await stage.run(0, input, 1, pos);
+        const now = performance.now();
+        if (pass === 1) parts[i].push(now - t);
+        t = now;
+        if (out.kind === "ids") id = out.ids[0];
+        else input = { kind: "hidden", rows: out.rows };
+      }
+      if (pass === 1) step.push(t - t0);
+    }
+  }
+  return { what, stepMs: median(step), stageMs: parts.map(median) };
+}
+
+const PROBE = {
+  name: "Split probe",
+  usage: "deno run -A bench/split_probe.ts",
+  about: "Median decode step of the whole model in one stage, of layers 0:k + k:n both in this " +
+    "process, and of k:n in a worker over loopback: what a split costs and where.",
+  flags: {
+    model: requiredFlag(text("PATH"), "the GGUF file"),
+    backend: flag(oneOf(BACKENDS), "the engine", "gpu"),
+    gpu: flag(oneOf(PROVIDER_CHOICES), "the WebGPU provider", "dawn"),
+    "allow-software-gpu": switchFlag("accept a software (CPU) adapter"),
+    split: flag(whole(1), "k: the first stage's layers are 0:k (default n/2)"),
+    steps: flag(whole(1), "timed decode steps a figure (after as many untimed)", 128),
+  },
+} satisfies Command<FlagTable>;
+
+/** Every row of the probe, in order; the worker and the stages are closed on return. */
+export async function probeSplit(
+  flags: FlagValues<typeof PROBE.flags>,
+  log: (line: string) => void = () => {},
+): Promise<ProbeRow[]> {
+  const model = await openGguf(flags.model);
+  const stages: Stage[] = [];
+  let worker;
+  try {
+    const { nLayer } = readHParams(model.metadata);
+    const k = flags.split ?? Math.floor(nLayer / 2);
+    const ctx = Math.max(2, flags.steps);
+    const engine = {
+      backend: flags.backend as Backend,
+      gpu: flags.gpu,
+      allowSoftwareGpu: flags["allow-software-gpu"],
+    };
+    const open = async (first: number, end: number) => {
+      const stage = await openLocalStage(model, { engine, first, end, slots: 1, ctx });
+      stages.push(stage);
+      return stage;
+    };
+    worker = await startWorker({
+      model: flags.model,
+      first: k,
+      end: nLayer,
+      backend: flags.backend,
+      gpu: flags.gpu,
+      slots: 1,
+      ctx,
+      startTimeoutS: 600,
+      log,
+    });
+    const whole = await open(0, nLayer);
+    const head = await open(0, k);
+    const tail = await open(k, nLayer);
+    const remote = await connectRemoteStage(worker.address, { local: head, model });
+    stages.push(remote);
+    const { steps } = flags;
+    return [
+      await timeSteps([whole], steps, `layers 0:${nLayer} in one stage`),
+      await timeSteps([head, tail], steps, `0:${k} + ${k}:${nLayer}, both in this process`),
+      await timeSteps([head, remote], steps, `0:${k} + ${k}:${nLayer} in a worker over loopback`),
+    ];
+  } finally {
+    for (const stage of stages.reverse()) stage.close();
+    await worker?.stop();
+    model.close();
+  }
+}
+
+async function main(flags: FlagValues<typeof PROBE.flags>): Promise<void> {
+  for (const row of await probeSplit(flags, (line) => console.error(line))) {
+    const parts = row.stageMs.length > 1
+      ? ` (${row.stageMs.map((ms) => ms.toFixed(3)).join(" + ")})`
+      : "";
+    console.log(`${row.what}: ${row.stepMs.toFixed(3)} ms a step${parts}`);
+  }
+}
+
+if (import.meta.main) await runCommand(PROBE, main);

@@ -1,0 +1,29 @@
+// bench/split_probe.ts on a tiny model and the CPU reference: the three rows, each stage's share
+// timed, and every stage and the worker closed afterwards (the process would hang otherwise).
+
+import assert from "node:assert/strict";
+import { probeSplit } from "../bench/split_probe.ts";
+import { testModel } from "./_models.ts";
+
+Deno.test("probeSplit: unsplit, split in process and split over a worker, with each stage's share", async () => {
+  const rows = await probeSplit({
+    model: await testModel({ arch: "qwen35moe" }),
+    backend: "reference",
+    gpu: "builtin",
+    "allow-software-gpu": false,
+    split: 1,
+    steps: 3,
+  });
+  assert.deepEqual(rows.map((r) => r.what), [
+    "layers 0:4 in one stage",
+    "0:1 + 1:4, both in this process",
+    "0:1 + 1:4 in a worker over loopback",
+  ]);
+  assert.deepEqual(rows.map((r) => r.stageMs.length), [1, 2, 2]);
+  for (const row of rows) {
+    assert.ok(row.stepMs > 0);
+    // A step is its stages one after the other: their medians add up to about the step's.
+    const sum = row.stageMs.reduce((a, b) => a + b, 0);
+    assert.ok(sum <= row.stepMs * 1.5 && sum >= row.stepMs / 1.5, `${sum} vs ${row.stepMs}`);
+  }
+});
