@@ -47,10 +47,12 @@ export function startHeaderGuardThread(
     worker.terminate();
     finished.resolve();
   };
+  let serving = false;
   worker.onmessage = (event: MessageEvent<FromGuard>) => {
     const message = event.data;
     switch (message.kind) {
       case "listening":
+        serving = true;
         listening.resolve({
           addr: { transport: "tcp", hostname: message.hostname, port: message.port },
           finished: finished.promise,
@@ -70,9 +72,17 @@ export function startHeaderGuardThread(
   };
   worker.onerror = (event) => {
     event.preventDefault();
-    options.log(`the header guard's thread failed: ${event.message}`);
-    end();
-    listening.reject(new Error(`The header guard's thread failed: ${event.message}`));
+    const error = new Error(`The header guard's thread failed: ${event.message}`);
+    options.log(error.message);
+    worker.terminate();
+    if (!serving) {
+      finished.resolve();
+      listening.reject(error);
+      return;
+    }
+    // A head without its public socket must not look alive: the rejection nobody awaits yet
+    // ends the process, as a failed accept loop on the main thread did.
+    finished.reject(error);
   };
   const { hostname, port, upstream, headerTimeoutMs } = options;
   worker.postMessage(
