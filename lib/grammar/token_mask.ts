@@ -51,7 +51,7 @@ function plainText(bytes: Uint8Array): { chars: number; need: number } | null {
   if (p === null) return { chars, need: 0 };
   // An incomplete last character: some completion must still be a character.
   const [lo, hi] = utf8Range(p);
-  return lo <= hi && !(lo >= 0xd800 && hi <= 0xdfff) ? { chars: chars + 1, need: p.need } : null;
+  return lo <= hi ? { chars: chars + 1, need: p.need } : null;
 }
 
 /** The vocabulary as the mask walks need it, built once per tokenizer. */
@@ -139,7 +139,7 @@ const MASK_CACHE = 64;
  * Budgets above this many bytes are not checked token by token: no schema this server generates
  * needs that much text to finish after one token, and the check costs a distance per token.
  */
-const UNCHECKED_BUDGET = 4096;
+export const UNCHECKED_BUDGET = 4096;
 /** What an unchecked budget counts as: just over the limit, so its mask is reused only then. */
 const UNCHECKED_REACH = UNCHECKED_BUDGET + 1;
 

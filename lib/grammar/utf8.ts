@@ -36,7 +36,12 @@ export function utf8Step(p: Utf8Partial | null, b: number): Utf8Partial | number
   }
   if ((b & 0xc0) !== 0x80) return null;
   const cp = (p.cp << 6) | (b & 0x3f);
-  if (p.need > 1) return { cp, need: p.need - 1, min: p.min };
+  // 0xED 0xA0..0xBF starts a surrogate whatever follows: refused now, not at the last byte, so
+  // a grammar never lets a token end in a character no byte can finish.
+  if (p.need > 1) {
+    const surrogate = p.min === 0x800 && cp >= 0xd800 >> 6 && cp <= 0xdfff >> 6;
+    return surrogate ? null : { cp, need: p.need - 1, min: p.min };
+  }
   return cp < p.min || (cp >= 0xd800 && cp <= 0xdfff) || cp > 0x10ffff ? null : cp;
 }
 

@@ -1,0 +1,189 @@
+// GrammarConstraint's masks (lib/grammar/token_mask.ts) against a brute-force reference, bit for bit:
+// every token fed byte by byte through the grammar, over random schemas, GBNF and decoding paths.
+
+import assert from "node:assert/strict";
+import type { Json } from "../server/fields.ts";
+import { bigTokenizer } from "../../tests/_big_vocab.ts";
+import { Random } from "../../tests/_fuzz.ts";
+import { tinyTokenizer } from "../../tests/_tiny_tokenizer.ts";
+import { parseGbnf } from "./gbnf.ts";
+import { Grammar, type ParseState } from "./grammar.ts";
+import { JsonGrammarBuilder, ref, rule } from "./json_grammar.ts";
+import { GrammarConstraint, UNCHECKED_BUDGET, VocabIndex } from "./token_mask.ts";
+
+const allowed = (mask: Uint32Array, id: number) => ((mask[id >>> 5] >>> (id & 31)) & 1) === 1;
+
+/**
+ * The mask GrammarConstraint.mask(remaining) must give at `state`, from first principles: a token
+ * is allowed when all its bytes feed and the grammar can end within the budget after it; with no
+ * token in budget, every token that feeds; the end of text when the text is complete.
+ */
+function referenceMask(
+  g: Grammar,
+  vocab: VocabIndex,
+  state: ParseState,
+  remaining: number,
+): Uint32Array {
+  const walk = (budget: number) => {
+    const mask = new Uint32Array(Math.ceil(vocab.vocabSize / 32));
+    let any = false;
+    // Most tokens fail on their first byte: feed each first byte once.
+    const firsts = new Map<number, ParseState | null>();
+    for (let id = 0; id < vocab.vocabSize; id++) {
+      const bytes = vocab.bytesOf(id);
+      if (!bytes.length) continue;
+      let s = firsts.get(bytes[0]);
+      if (s === undefined) firsts.set(bytes[0], s = g.feed(state, bytes[0]));
+      for (let i = 1; s && i < bytes.length; i++) s = g.feed(s, bytes[i]);
+      if (!s || (budget !== Infinity && g.distance(s) > budget)) continue;
+      mask[id >>> 5] |= 1 << (id & 31);
+      any = true;
+    }
+    if (state.accepting && state.partial === null) {
+      for (const id of vocab.eos) mask[id >>> 5] |= 1 << (id & 31);
+      any ||= vocab.eos.length > 0;
+    }
+    return any ? mask : null;
+  };
+  return walk(remaining - 1 > UNCHECKED_BUDGET ? Infinity : remaining - 1) ?? walk(Infinity)!;
+}
+
+const PATTERNS = [
+  "^[A-Z]{2}-\\d{3}$",
+  "^[a-z0-9]+(-[a-z0-9]+)*$",
+  "^[A-Za-z ,.]{1,12}$",
+  "^(foo|bar)baz?$",
+  "^.{2,6}$",
+  "^[\\u4e00-\\u9fff]+x?$",
+  "^[а-яё ]{0,8}$",
+  "^\\w+@\\w+\\.com$",
+];
+
+/** A random schema of at most `depth` levels: strings with bounds and patterns, numbers, objects. */
+function randomSchema(r: Random, depth: number): Json {
+  const kind = r.int(depth > 0 ? 7 : 4);
+  switch (kind) {
+    case 0: {
+      const s: Record<string, Json> = { type: "string" };
+      // One constraint of the body at a time: the string leaf allows a character after which a
+      // contradictory pair (a pattern and a maxLength or format) can neither go on nor close.
+      const body = r.int(4);
+      if (body === 0) s.pattern = r.pick(PATTERNS);
+      if (body === 1) s.minLength = r.int(4);
+      if (body === 2) s.maxLength = 2 + r.int(30);
+      if (body === 3 && r.chance(0.3)) s.format = r.pick(["date", "uuid"]);
+      return s;
+    }
+    case 1:
+      return r.chance(0.5)
+        ? { type: "integer", minimum: -r.int(50), maximum: r.int(500) }
+        : { type: "number", exclusiveMinimum: 0, maximum: 1 + r.int(100) };
+    case 2:
+      return { enum: ["red", "dark red", "Ünïcödé", 12, null].slice(0, 2 + r.int(4)) };
+    case 3:
+      return { type: r.pick(["boolean", "null", "string"]) };
+    case 4:
+    case 5: {
+      const properties: Record<string, Json> = {};
+      const n = 1 + r.int(3);
+      for (let i = 0; i < n; i++) {
+        properties[r.pick(["a", "ab", "name", "x y"]) + i] = randomSchema(r, depth - 1);
+      }
+      return {
+        type: "object",
+        properties,
+        required: Object.keys(properties).filter(() => r.chance(0.6)),
+        additionalProperties: r.chance(0.7) ? false : { type: "string", minLength: 1 },
+      };
+    }
+    default:
+      return { type: "array", items: randomSchema(r, depth - 1), maxItems: 1 + r.int(3) };
+  }
+}
+
+const GBNF = [
+  String.raw`root ::= "[" num ("," " "? num){0,3} "]"
+num ::= "-"? [1-9] [0-9]{0,2} | "0"`,
+  String.raw`root ::= ("yes" | "no" | "maybe") ("!" | [.]{1,3})? "\n" [a-zé ]{0,10}`,
+  String.raw`root ::= "<" [a-z]+ ">" [^<"\\]{0,20} "</" [a-z]+ ">"`,
+];
+
+/**
+ * Decodes under `g` with random choices (one in four not plain string text, so strings close),
+ * checking every step's mask against the reference. Returns the steps checked.
+ */
+async function checkWalk(
+  g: Grammar,
+  vocab: VocabIndex,
+  r: Random,
+  maxTokens: number,
+  label: string,
+): Promise<number> {
+  const c = new GrammarConstraint(g, vocab, { sliceMs: Infinity });
+  let state = g.start();
+  let n = 0;
+  for (; n < maxTokens && !c.done; n++) {
+    const mask = await c.mask(maxTokens - n);
+    const want = referenceMask(g, vocab, state, maxTokens - n);
+    const ids: number[] = [];
+    for (let id = 0; id < vocab.vocabSize; id++) {
+      if (allowed(mask, id) !== allowed(want, id)) {
+        assert.fail(
+          `${label}, step ${n} after ${JSON.stringify(c.text)}: token ${id} ` +
+            `${JSON.stringify(new TextDecoder().decode(vocab.bytesOf(id)))} is ` +
+            `${allowed(want, id) ? "refused" : "allowed"}; the reference says otherwise`,
+        );
+      }
+      if (allowed(mask, id)) ids.push(id);
+    }
+    const special = ids.filter((id) => !allowed(vocab.plain, id));
+    const id = r.pick(special.length && r.chance(0.25) ? special : ids);
+    if (vocab.eos.includes(id)) break;
+    c.accept(id);
+    for (const b of vocab.bytesOf(id)) state = g.feed(state, b)!;
+  }
+  return n;
+}
+
+const schemaGrammar = (schema: Json) =>
+  new Grammar(
+    rule("root", [[ref(new JsonGrammarBuilder(schema, { strict: true }).value(schema, ""))]]),
+  );
+
+Deno.test("masks equal the brute-force reference: random schemas and GBNF, tiny vocabulary", async () => {
+  const vocab = VocabIndex.of(tinyTokenizer("qwen35").tokenizer);
+  const r = new Random(20261201);
+  let steps = 0;
+  for (let i = 0; i < 150; i++) {
+    const schema = randomSchema(r, 2);
+    steps += await checkWalk(
+      schemaGrammar(schema),
+      vocab,
+      r,
+      8 + r.int(40),
+      JSON.stringify(schema),
+    );
+  }
+  for (const text of GBNF) {
+    for (let i = 0; i < 4; i++) {
+      steps += await checkWalk(parseGbnf(text + "\n"), vocab, r, 30, text);
+    }
+  }
+  assert.ok(steps > 1200, `only ${steps} steps checked`);
+});
+
+Deno.test("masks equal the brute-force reference on a 248,320-token vocabulary", async () => {
+  const vocab = VocabIndex.of(bigTokenizer());
+  const r = new Random(7);
+  const schema: Json = {
+    type: "object",
+    properties: {
+      title: { type: "string", pattern: "^[A-Za-z ,.]{1,40}$" },
+      han: { type: "string", pattern: "^[\\u4e00-\\u9fff]+$", maxLength: 6 },
+      note: { type: "string", minLength: 3, maxLength: 20 },
+    },
+    required: ["title", "han", "note"],
+    additionalProperties: false,
+  };
+  await checkWalk(schemaGrammar(schema), vocab, r, 24, "big vocabulary");
+});
