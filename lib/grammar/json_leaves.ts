@@ -131,14 +131,32 @@ export class StringLeaf implements Leaf<StringState> {
   }
 
   /**
-   * How many plain characters (no '"', '\\', control characters) the body reads from `s` with
-   * nothing else changing: no pattern, no excluded name in reach, minLength met. -1 when any of
-   * that fails; a mask then reads such tokens one by one.
+   * The body's character count and pattern states when `s` reads plain characters (no '"', '\\',
+   * control characters) by count and patterns alone: in the body, outside an escape, with no
+   * excluded name in reach. Null otherwise. Token walks step such a body by code point.
+   */
+  plainBody(s: StringState): { readonly count: number; readonly sets: readonly number[] } | null {
+    return s.phase === 1 && s.esc === 0 && s.prefix === null ? s : null;
+  }
+
+  /**
+   * How many plain characters the body reads from `s` with nothing else changing: no pattern,
+   * no excluded name in reach, minLength met. -1 when any of that fails; a mask then reads such
+   * tokens one by one.
    */
   plainRoom(s: StringState): number {
-    const ok = s.phase === 1 && s.esc === 0 && this.rules.patterns.length === 0 &&
-      s.prefix === null && s.count >= this.rules.minLength;
+    const ok = this.plainBody(s) !== null && this.rules.patterns.length === 0 &&
+      s.count >= this.rules.minLength;
     return ok ? this.rules.maxLength - s.count : -1;
+  }
+
+  /** Fewest bytes that close a body of `count` characters with pattern states `sets`, quote included. */
+  closeDistance(count: number, sets: ArrayLike<number>): number {
+    let body = Math.max(0, this.rules.minLength - count);
+    for (let i = 0; i < this.rules.patterns.length; i++) {
+      body = Math.max(body, this.rules.patterns[i].distance(sets[i]));
+    }
+    return 1 + body;
   }
 
   meets(s: StringState, lo: number, hi: number): boolean {
@@ -164,14 +182,7 @@ export class StringLeaf implements Leaf<StringState> {
 
   distance(s: StringState): number {
     if (s.phase === 2) return 0;
-    if (s.esc === 0) {
-      const body = Math.max(
-        0,
-        this.rules.minLength - s.count,
-        ...s.sets.map((set, i) => this.rules.patterns[i].distance(set)),
-      );
-      return (s.phase === 0 ? 2 : 1) + body;
-    }
+    if (s.esc === 0) return (s.phase === 0 ? 1 : 0) + this.closeDistance(s.count, s.sets);
     // Inside an escape: its remaining bytes, then the rest once its character is read.
     if (s.esc === 1) {
       const simple = Object.values(SIMPLE_ESCAPES).map((c) => 1 + this.#after(s, c, c));

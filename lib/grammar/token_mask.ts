@@ -7,61 +7,101 @@ import { type Grammar, GrammarError, type LeafCursor, type ParseState } from "./
 import { StringLeaf } from "./json_leaves.ts";
 import { type Utf8Partial, utf8Range, utf8Step } from "./utf8.ts";
 
-/** Tokens sorted bytewise, with the bytes each shares with the one before: walks share prefixes. */
-interface SortedTokens {
+/**
+ * Tokens as a trie of their symbols (bytes, or a string body's characters), its nodes in preorder:
+ * a walk steps each shared prefix once and jumps over a refused prefix's whole subtree.
+ */
+interface TokenTrie {
+  /** Each node's symbol and depth (its symbols from the root, itself included). */
+  readonly symbol: Uint32Array;
+  readonly depth: Uint32Array;
+  /** The node just past each node's subtree. */
+  readonly end: Uint32Array;
+  /** Node n's path spells tokens ids[first[n]] up to ids[first[n + 1]] (first has one more). */
+  readonly first: Uint32Array;
   readonly ids: Uint32Array;
-  readonly shared: Uint16Array;
-  readonly bytes: readonly Uint8Array[];
 }
 
-function sortTokens(entries: { id: number; bytes: Uint8Array }[]): SortedTokens {
-  // Bytes as a Latin-1 string: strings compare by code unit, which is byte order here.
-  const keyed = entries.map((e) => ({ e, key: String.fromCharCode(...e.bytes) }));
-  keyed.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
-  entries = keyed.map((k) => k.e);
-  const shared = new Uint16Array(entries.length);
-  for (let i = 1; i < entries.length; i++) {
-    const a = entries[i - 1].bytes;
-    const b = entries[i].bytes;
-    let n = 0;
-    while (n < a.length && n < b.length && a[n] === b[n]) n++;
-    shared[i] = n;
-  }
+/** The trie of `entries`' symbols (each one code unit of `key`, or two for symbols past 0xffff). */
+function buildTrie(entries: { id: number; key: string; symbols: ArrayLike<number> }[]): TokenTrie {
+  // Keys compare by code unit, which is symbol order.
+  entries.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+  const symbol: number[] = [];
+  const depth: number[] = [];
+  const end: number[] = [];
+  const first: number[] = [];
+  const path: number[] = []; // The open nodes, by depth.
+  let prev: ArrayLike<number> = [];
+  entries.forEach((e, t) => {
+    const s = e.symbols;
+    let shared = 0;
+    while (shared < prev.length && shared < s.length && prev[shared] === s[shared]) shared++;
+    // Two ids with one text end on the same node; a prefix sorts before its extensions.
+    if (shared === s.length) return;
+    while (path.length > shared) end[path.pop()!] = symbol.length;
+    for (let d = shared; d < s.length; d++) {
+      path.push(symbol.length);
+      symbol.push(s[d]);
+      depth.push(d + 1);
+      first.push(t);
+    }
+    prev = s;
+  });
+  while (path.length) end[path.pop()!] = symbol.length;
+  first.push(entries.length);
   return {
+    symbol: Uint32Array.from(symbol),
+    depth: Uint32Array.from(depth),
+    end: Uint32Array.from(end),
+    first: Uint32Array.from(first),
     ids: Uint32Array.from(entries, (e) => e.id),
-    shared,
-    bytes: entries.map((e) => e.bytes),
   };
 }
 
+/** The byte trie of `entries`. */
+function byteTrie(entries: { id: number; bytes: Uint8Array }[]): TokenTrie {
+  return buildTrie(
+    entries.map((e) => ({ id: e.id, key: String.fromCharCode(...e.bytes), symbols: e.bytes })),
+  );
+}
+
 /**
- * A token that a JSON string body reads as plain text: no '"', '\', control bytes or invalid
- * UTF-8 (a last character may be incomplete). Its characters, and the bytes its last one lacks.
+ * A token that a JSON string body reads as plain text: no '"', '\\', control bytes or invalid
+ * UTF-8 (a last character may be incomplete). Its whole characters, and its incomplete last one.
  */
-function plainText(bytes: Uint8Array): { chars: number; need: number } | null {
-  let chars = 0;
+function plainText(bytes: Uint8Array): { cps: number[]; partial: Utf8Partial | null } | null {
+  const cps: number[] = [];
   let p: Utf8Partial | null = null;
   for (const b of bytes) {
     if (b < 0x20 || b === 0x22 || b === 0x5c) return null;
     const next = utf8Step(p, b);
     if (next === null) return null;
     p = typeof next === "number" ? null : next;
-    if (p === null) chars++;
+    if (typeof next === "number") cps.push(next);
   }
-  if (p === null) return { chars, need: 0 };
   // An incomplete last character: some completion must still be a character.
-  const [lo, hi] = utf8Range(p);
-  return lo <= hi ? { chars: chars + 1, need: p.need } : null;
+  if (p !== null && utf8Range(p)[0] > utf8Range(p)[1]) return null;
+  return { cps, partial: p };
 }
+
+/**
+ * Plain tokens' symbols past the code points: PARTIAL + k stands for the incomplete last character
+ * k of VocabIndex.partials, which orders after every whole one (a trie needs an order, any order).
+ */
+const PARTIAL = 0x110000;
 
 /** The vocabulary as the mask walks need it, built once per tokenizer. */
 export class VocabIndex {
   readonly vocabSize: number;
   readonly eos: readonly number[];
   /** Every token with bytes (control tokens have none). */
-  readonly all: SortedTokens;
-  /** The tokens that are not plain string text: what a walk inside a free string still reads. */
-  readonly special: SortedTokens;
+  readonly all: TokenTrie;
+  /** The tokens that are not plain string text: what a walk inside a string body still reads. */
+  readonly special: TokenTrie;
+  /** Plain string text tokens by their characters, as a string body reads them. */
+  readonly plainTrie: TokenTrie;
+  /** The incomplete last characters of plain tokens: the code points each may become, bytes it lacks. */
+  readonly partials: { readonly lo: number; readonly hi: number; readonly need: number }[] = [];
   /** Plain string text tokens as a mask, and their characters and missing bytes by id. */
   readonly plain: Uint32Array;
   readonly plainIds: Uint32Array;
@@ -80,7 +120,8 @@ export class VocabIndex {
     this.#bytes = [];
     const all: { id: number; bytes: Uint8Array }[] = [];
     const special: { id: number; bytes: Uint8Array }[] = [];
-    const plainIds: number[] = [];
+    const plain: { id: number; key: string; symbols: number[] }[] = [];
+    const partialIds = new Map<string, number>();
     let maxChars = 0;
     for (let id = 0; id < this.vocabSize; id++) {
       const bytes = tokenizer.tokenBytes(id, { specials: false });
@@ -92,15 +133,29 @@ export class VocabIndex {
         special.push({ id, bytes });
         continue;
       }
+      const symbols = text.cps;
+      if (text.partial) {
+        const [lo, hi] = utf8Range(text.partial);
+        const key = `${lo}:${hi}:${text.partial.need}`;
+        let k = partialIds.get(key);
+        if (k === undefined) {
+          partialIds.set(key, k = this.partials.length);
+          this.partials.push({ lo, hi, need: text.partial.need });
+        }
+        symbols.push(PARTIAL + k);
+      }
+      const chars = symbols.length;
       this.plain[id >>> 5] |= 1 << (id & 31);
-      this.plainChars[id] = text.chars;
-      this.plainNeed[id] = text.need;
-      maxChars = Math.max(maxChars, text.chars);
-      plainIds.push(id);
+      this.plainChars[id] = chars;
+      this.plainNeed[id] = text.partial?.need ?? 0;
+      maxChars = Math.max(maxChars, chars);
+      const key = String.fromCharCode(...symbols.flatMap((c) => [c >>> 16, c & 0xffff]));
+      plain.push({ id, key, symbols });
     }
-    this.all = sortTokens(all);
-    this.special = sortTokens(special);
-    this.plainIds = Uint32Array.from(plainIds);
+    this.plainIds = Uint32Array.from(plain, (e) => e.id);
+    this.all = byteTrie(all);
+    this.special = byteTrie(special);
+    this.plainTrie = buildTrie(plain);
     this.maxPlainChars = maxChars;
   }
 
@@ -149,7 +204,7 @@ const UNCHECKED_REACH = UNCHECKED_BUDGET + 1;
  * thread, which every other request would wait for without slices.
  */
 const SLICE_MS = 20;
-/** Tokens walked between two looks at the clock (a power of two). */
+/** Trie nodes stepped between two looks at the clock (a power of two). */
 const CLOCK_EVERY = 512;
 
 /** A walk's time on the event loop: due once it has held it for a slice. */
@@ -169,6 +224,30 @@ class Slices {
   async pause(): Promise<void> {
     await new Promise((resolve) => setTimeout(resolve, 0));
     this.#since = performance.now();
+  }
+}
+
+/**
+ * Walks `trie` in preorder: `step(n)` reads node n's symbol from the state its parent left (at
+ * depth[n] - 1) and keeps the result at depth[n], or returns false, and the subtree is skipped;
+ * `spelt(n)` then comes for each node that ends tokens.
+ */
+async function walkTrie(
+  trie: TokenTrie,
+  slices: Slices,
+  step: (n: number) => boolean,
+  spelt: (n: number) => void,
+): Promise<void> {
+  const { end, first } = trie;
+  const nodes = trie.symbol.length;
+  for (let n = 0, stepped = 0; n < nodes; stepped++) {
+    if ((stepped & (CLOCK_EVERY - 1)) === 0 && slices.due) await slices.pause();
+    if (!step(n)) {
+      n = end[n];
+      continue;
+    }
+    if (first[n] !== first[n + 1]) spelt(n);
+    n++;
   }
 }
 
@@ -286,43 +365,48 @@ export class GrammarConstraint implements TokenConstraint {
     return Math.max(reach, budget === Infinity ? UNCHECKED_REACH : left);
   }
 
-  /** The generic walk: every token of `tokens` fed byte by byte through the grammar. */
+  /** Allows the tokens node `n` of `trie` spells when `left` bytes fit the budget; the reach so far. */
+  #allowAll(
+    trie: TokenTrie,
+    n: number,
+    mask: Uint32Array,
+    left: number,
+    budget: number,
+    reach: number,
+  ): number {
+    for (let t = trie.first[n]; t < trie.first[n + 1]; t++) {
+      reach = this.#allow(mask, trie.ids[t], left, budget, reach);
+    }
+    return reach;
+  }
+
+  /** The generic walk: every token of `trie` fed byte by byte through the grammar. */
   async #treeWalk(
-    tokens: SortedTokens,
+    trie: TokenTrie,
     budget: number,
     mask: Uint32Array,
     slices: Slices,
   ): Promise<number> {
     const g = this.#grammar;
-    const states: (ParseState | null)[] = [this.#state];
+    const states: ParseState[] = [this.#state];
     let reach = -1;
-    let dead = Infinity;
-    for (let i = 0; i < tokens.ids.length; i++) {
-      if ((i & (CLOCK_EVERY - 1)) === 0 && slices.due) await slices.pause();
-      const from = tokens.shared[i];
-      if (from >= dead) continue; // Shares a prefix the grammar already refused.
-      dead = Infinity;
-      const bytes = tokens.bytes[i];
-      let d = from;
-      for (; d < bytes.length; d++) {
-        const next: ParseState | null = g.feed(states[d]!, bytes[d]);
-        if (next === null) break;
-        states[d + 1] = next;
-      }
-      if (d < bytes.length) {
-        dead = d + 1;
-        continue;
-      }
-      const left = budget === Infinity ? 0 : g.distance(states[d]!);
-      reach = this.#allow(mask, tokens.ids[i], left, budget, reach);
-    }
+    await walkTrie(trie, slices, (n) => {
+      const next = g.feed(states[trie.depth[n] - 1], trie.symbol[n]);
+      if (next === null) return false;
+      states[trie.depth[n]] = next;
+      return true;
+    }, (n) => {
+      const left = budget === Infinity ? 0 : g.distance(states[trie.depth[n]]);
+      reach = this.#allowAll(trie, n, mask, left, budget, reach);
+    });
     return reach;
   }
 
   /**
    * The walk inside one leaf (a string or number being written): tokens step the leaf itself
-   * until it ends, and only then the grammar. In a free string, plain text tokens are allowed in
-   * one go and only the others are walked.
+   * until it ends, and only then the grammar. In a string body, plain text tokens step its count
+   * and patterns by character (or, in a free string, are allowed in one go), and only the others
+   * are walked byte by byte.
    */
   async #leafWalk(
     cursor: LeafCursor,
@@ -334,20 +418,25 @@ export class GrammarConstraint implements TokenConstraint {
     const g = this.#grammar;
     const { leaf, after } = cursor;
     let reach = -1;
-    let tokens = v.all;
-    const room = leaf instanceof StringLeaf ? leaf.plainRoom(cursor.state as never) : -1;
-    if (room >= v.maxPlainChars) {
-      // Each plain token leaves the string open: its closing quote and what follows remain.
-      const base = 1 + after;
-      if (budget === Infinity || budget >= base + 3) {
-        for (let w = 0; w < mask.length; w++) mask[w] |= v.plain[w];
-        reach = budget === Infinity ? UNCHECKED_REACH : base + 3;
-      } else {
-        for (const id of v.plainIds) {
-          reach = this.#allow(mask, id, base + v.plainNeed[id], budget, reach);
+    let trie = v.all;
+    const body = leaf instanceof StringLeaf ? leaf.plainBody(cursor.state as never) : null;
+    if (body) {
+      const room = (leaf as StringLeaf).plainRoom(cursor.state as never);
+      if (room >= v.maxPlainChars) {
+        // Each plain token leaves the string open: its closing quote and what follows remain.
+        const base = 1 + after;
+        if (budget === Infinity || budget >= base + 3) {
+          for (let w = 0; w < mask.length; w++) mask[w] |= v.plain[w];
+          reach = budget === Infinity ? UNCHECKED_REACH : base + 3;
+        } else {
+          for (const id of v.plainIds) {
+            reach = this.#allow(mask, id, base + v.plainNeed[id], budget, reach);
+          }
         }
+      } else {
+        reach = await this.#bodyWalk(leaf as StringLeaf, body, after, budget, mask, slices);
       }
-      tokens = v.special;
+      trie = v.special;
     }
     // Per depth: the leaf's state and a half-read character, or the grammar's state once the
     // leaf has ended (generic) inside the token.
@@ -356,44 +445,33 @@ export class GrammarConstraint implements TokenConstraint {
     const generic: (ParseState | null)[] = [null];
     // The grammar's state once the leaf ended, per ended leaf state (tokens share them).
     const ended = new Map<unknown, ParseState>();
-    let dead = Infinity;
-    for (let i = 0; i < tokens.ids.length; i++) {
-      if ((i & (CLOCK_EVERY - 1)) === 0 && slices.due) await slices.pause();
-      const from = tokens.shared[i];
-      if (from >= dead) continue;
-      dead = Infinity;
-      const bytes = tokens.bytes[i];
-      let d = from;
-      for (; d < bytes.length; d++) {
-        const b = bytes[d];
-        const gs = generic[d];
-        if (gs) {
-          const next = g.feed(gs, b);
-          if (next === null) break;
-          generic[d + 1] = next;
-          continue;
-        }
-        const ls = leafStates[d];
-        const p = pendings[d];
-        // Once the leaf may end, the grammar goes on from it (it may read more or move on).
-        if (p === null && leaf.done(ls)) {
-          let resumed = ended.get(ls);
-          if (!resumed) ended.set(ls, resumed = cursor.resume(ls));
-          const next = g.feed(resumed, b);
-          if (next === null) break;
-          generic[d + 1] = next;
-          continue;
-        }
-        const step = readByte(leaf, ls, p, b);
-        if (step === null) break;
-        leafStates[d + 1] = step.state;
-        pendings[d + 1] = step.pending;
-        generic[d + 1] = null;
+    await walkTrie(trie, slices, (n) => {
+      const d = trie.depth[n] - 1;
+      const b = trie.symbol[n];
+      const gs = generic[d];
+      if (gs) {
+        const next = g.feed(gs, b);
+        generic[d + 1] = next;
+        return next !== null;
       }
-      if (d < bytes.length) {
-        dead = d + 1;
-        continue;
+      const ls = leafStates[d];
+      const p = pendings[d];
+      // Once the leaf may end, the grammar goes on from it (it may read more or move on).
+      if (p === null && leaf.done(ls)) {
+        let resumed = ended.get(ls);
+        if (!resumed) ended.set(ls, resumed = cursor.resume(ls));
+        const next = g.feed(resumed, b);
+        generic[d + 1] = next;
+        return next !== null;
       }
+      const step = readByte(leaf, ls, p, b);
+      if (step === null) return false;
+      leafStates[d + 1] = step.state;
+      pendings[d + 1] = step.pending;
+      generic[d + 1] = null;
+      return true;
+    }, (n) => {
+      const d = trie.depth[n];
       let left = 0;
       if (budget !== Infinity) {
         const gs = generic[d];
@@ -401,8 +479,61 @@ export class GrammarConstraint implements TokenConstraint {
           ? g.distance(gs)
           : leaf.distance(leafStates[d]) + after + (pendings[d]?.need ?? 0);
       }
-      reach = this.#allow(mask, tokens.ids[i], left, budget, reach);
-    }
+      reach = this.#allowAll(trie, n, mask, left, budget, reach);
+    });
+    return reach;
+  }
+
+  /**
+   * The plain text tokens a string body reads from `body`: each character counts and steps the
+   * patterns (an incomplete last one must still fit them), as StringLeaf.step would, on numbers.
+   */
+  async #bodyWalk(
+    leaf: StringLeaf,
+    body: { readonly count: number; readonly sets: readonly number[] },
+    after: number,
+    budget: number,
+    mask: Uint32Array,
+    slices: Slices,
+  ): Promise<number> {
+    const trie = this.#vocab.plainTrie;
+    const partials = this.#vocab.partials;
+    const { patterns, maxLength } = leaf.rules;
+    const k = patterns.length;
+    // The patterns' states per depth, k at a time.
+    const sets = new Int32Array((this.#vocab.maxPlainChars + 1) * k);
+    sets.set(body.sets);
+    let reach = -1;
+    await walkTrie(trie, slices, (n) => {
+      const d = trie.depth[n];
+      if (body.count + d - 1 >= maxLength) return false;
+      const cp = trie.symbol[n];
+      const from = (d - 1) * k;
+      for (let i = 0; i < k; i++) {
+        const set = sets[from + i];
+        if (cp < PARTIAL) {
+          const next = patterns[i].step(set, cp);
+          if (next === 0) return false;
+          sets[from + k + i] = next;
+        } else {
+          const { lo, hi } = partials[cp - PARTIAL];
+          if (!patterns[i].meets(set, lo, hi)) return false;
+          sets[from + k + i] = set;
+        }
+      }
+      return true;
+    }, (n) => {
+      const d = trie.depth[n];
+      const cp = trie.symbol[n];
+      let left = 0;
+      if (budget !== Infinity) {
+        const chars = cp < PARTIAL ? d : d - 1;
+        const need = cp < PARTIAL ? 0 : partials[cp - PARTIAL].need;
+        left = leaf.closeDistance(body.count + chars, sets.subarray(d * k, d * k + k)) + after +
+          need;
+      }
+      reach = this.#allowAll(trie, n, mask, left, budget, reach);
+    });
     return reach;
   }
 }
