@@ -150,11 +150,14 @@ export class StringLeaf implements Leaf<StringState> {
     return ok ? this.rules.maxLength - s.count : -1;
   }
 
-  /** Fewest bytes that close a body of `count` characters with pattern states `sets`, quote included. */
-  closeDistance(count: number, sets: ArrayLike<number>): number {
+  /**
+   * Fewest bytes that close a body of `count` characters, quote included, its patterns' states
+   * at sets[at], sets[at + 1], ….
+   */
+  closeDistance(count: number, sets: ArrayLike<number>, at = 0): number {
     let body = Math.max(0, this.rules.minLength - count);
     for (let i = 0; i < this.rules.patterns.length; i++) {
-      body = Math.max(body, this.rules.patterns[i].distance(sets[i]));
+      body = Math.max(body, this.rules.patterns[i].distance(sets[at + i]));
     }
     return 1 + body;
   }

@@ -297,6 +297,8 @@ interface State {
 const MAX_DFA_STATES = 65_536;
 /** Most cached transitions per pattern; past it transitions are recomputed, not stored. */
 const MAX_TRANSITIONS = 262_144;
+/** DFA states that get an ASCII step table (512 bytes each). */
+const ASCII_TABLES = 4096;
 
 /**
  * A compiled pattern: an NFA of at most MAX_NFA_STATES states over code points, run as a DFA
@@ -316,6 +318,11 @@ export class Pattern {
   readonly #sets: (readonly number[])[] = [[]];
   readonly #ids = new Map<string, number>([["", 0]]);
   readonly #next = new Map<number, number>();
+  /** Per DFA state (the first ASCII_TABLES): its steps on ASCII, -1 until taken. */
+  readonly #ascii: Int32Array[] = [];
+  /** Per DFA state: distance() and reads(), once asked. */
+  readonly #distances: number[] = [];
+  readonly #reads: CharSet[] = [];
 
   constructor(states: State[], start: number, accept: number, cost: (set: CharSet) => number) {
     this.states = states;
@@ -328,6 +335,16 @@ export class Pattern {
   /** The DFA state after `id` reads `cp`; 0 (dead) when no completion can match. */
   step(id: number, cp: number): number {
     if (id === 0) return 0;
+    if (cp < 0x80 && id < ASCII_TABLES) {
+      // Most text is ASCII: a table per state is a plain index where the map hashes a double.
+      const table = this.#ascii[id] ??= new Int32Array(0x80).fill(-1);
+      if (table[cp] < 0) table[cp] = this.#stepOf(id, cp);
+      return table[cp];
+    }
+    return this.#stepOf(id, cp);
+  }
+
+  #stepOf(id: number, cp: number): number {
     const key = id * 0x110000 + cp;
     const hit = this.#next.get(key);
     if (hit !== undefined) return hit;
@@ -336,6 +353,9 @@ export class Pattern {
       const st = this.states[s];
       if (st.set?.has(cp)) next.push(st.next!);
     }
+    // Dead ends are not cached: a mask walk tries tens of thousands of code points a state reads
+    // none of, which would fill the cache and crowd out the transitions text takes.
+    if (next.length === 0) return 0;
     const out = this.#intern(this.#closure(next));
     if (this.#next.size < MAX_TRANSITIONS) this.#next.set(key, out);
     return out;
@@ -350,10 +370,21 @@ export class Pattern {
     return this.#sets[id].includes(this.accept);
   }
 
+  /** The code points some NFA state of `id` reads (what can come next, or more). */
+  reads(id: number): CharSet {
+    return this.#reads[id] ??= CharSet.fromRanges(
+      this.#sets[id].flatMap((s) => this.states[s].set?.ranges ?? []),
+    );
+  }
+
   /** Fewest text units until `id` can accept. */
   distance(id: number): number {
-    let best = Infinity;
-    for (const s of this.#sets[id]) best = Math.min(best, this.#dist[s]);
+    let best = this.#distances[id];
+    if (best === undefined) {
+      best = Infinity;
+      for (const s of this.#sets[id]) best = Math.min(best, this.#dist[s]);
+      this.#distances[id] = best;
+    }
     return best;
   }
 

@@ -20,17 +20,23 @@ interface TokenTrie {
   /** Node n's path spells tokens ids[first[n]] up to ids[first[n + 1]] (first has one more). */
   readonly first: Uint32Array;
   readonly ids: Uint32Array;
+  /** The nodes of depth 1, by symbol: a walk may start at those a state can read. */
+  readonly roots: Uint32Array;
 }
 
-/** The trie of `entries`' symbols (each one code unit of `key`, or two for symbols past 0xffff). */
-function buildTrie(entries: { id: number; key: string; symbols: ArrayLike<number> }[]): TokenTrie {
-  // Keys compare by code unit, which is symbol order.
-  entries.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
-  const symbol: number[] = [];
-  const depth: number[] = [];
-  const end: number[] = [];
-  const first: number[] = [];
+/**
+ * The trie of `entries`, sorted by their symbols (a token's symbols must order as its bytes do:
+ * the vocabulary is sorted once, bytewise, for every trie).
+ */
+function buildTrie(entries: readonly { id: number; symbols: ArrayLike<number> }[]): TokenTrie {
+  // At most one node per symbol: fill typed arrays of that size, then keep the nodes made.
+  const most = entries.reduce((n, e) => n + e.symbols.length, 0);
+  const symbol = new Uint32Array(most);
+  const depth = new Uint32Array(most);
+  const end = new Uint32Array(most);
+  const first = new Uint32Array(most + 1);
   const path: number[] = []; // The open nodes, by depth.
+  let nodes = 0;
   let prev: ArrayLike<number> = [];
   entries.forEach((e, t) => {
     const s = e.symbols;
@@ -38,31 +44,27 @@ function buildTrie(entries: { id: number; key: string; symbols: ArrayLike<number
     while (shared < prev.length && shared < s.length && prev[shared] === s[shared]) shared++;
     // Two ids with one text end on the same node; a prefix sorts before its extensions.
     if (shared === s.length) return;
-    while (path.length > shared) end[path.pop()!] = symbol.length;
-    for (let d = shared; d < s.length; d++) {
-      path.push(symbol.length);
-      symbol.push(s[d]);
-      depth.push(d + 1);
-      first.push(t);
+    while (path.length > shared) end[path.pop()!] = nodes;
+    for (let d = shared; d < s.length; d++, nodes++) {
+      path.push(nodes);
+      symbol[nodes] = s[d];
+      depth[nodes] = d + 1;
+      first[nodes] = t;
     }
     prev = s;
   });
-  while (path.length) end[path.pop()!] = symbol.length;
-  first.push(entries.length);
+  while (path.length) end[path.pop()!] = nodes;
+  first[nodes] = entries.length;
+  const roots: number[] = [];
+  for (let n = 0; n < nodes; n++) if (depth[n] === 1) roots.push(n);
   return {
-    symbol: Uint32Array.from(symbol),
-    depth: Uint32Array.from(depth),
-    end: Uint32Array.from(end),
-    first: Uint32Array.from(first),
+    symbol: symbol.slice(0, nodes),
+    depth: depth.slice(0, nodes),
+    end: end.slice(0, nodes),
+    first: first.slice(0, nodes + 1),
     ids: Uint32Array.from(entries, (e) => e.id),
+    roots: Uint32Array.from(roots),
   };
-}
-
-/** The byte trie of `entries`. */
-function byteTrie(entries: { id: number; bytes: Uint8Array }[]): TokenTrie {
-  return buildTrie(
-    entries.map((e) => ({ id: e.id, key: String.fromCharCode(...e.bytes), symbols: e.bytes })),
-  );
 }
 
 /**
@@ -85,10 +87,24 @@ function plainText(bytes: Uint8Array): { cps: number[]; partial: Utf8Partial | n
 }
 
 /**
- * Plain tokens' symbols past the code points: PARTIAL + k stands for the incomplete last character
- * k of VocabIndex.partials, which orders after every whole one (a trie needs an order, any order).
+ * A plain token's characters as trie symbols that order as their UTF-8 bytes do: a whole code point
+ * c is 8c + 7, an incomplete one 8lo + 3 − need (lo: the least code point it may become), so a
+ * half-read character sorts after the ones below its range and before those it may become.
  */
-const PARTIAL = 0x110000;
+const WHOLE = 7;
+
+function plainSymbols(text: { cps: number[]; partial: Utf8Partial | null }): number[] {
+  const symbols = text.cps.map((cp) => 8 * cp + WHOLE);
+  if (text.partial) symbols.push(8 * utf8Range(text.partial)[0] + 3 - text.partial.need);
+  return symbols;
+}
+
+/** The code points [lo, hi] an incomplete-character symbol may become, and the bytes it lacks. */
+function partialOf(symbol: number): { lo: number; hi: number; need: number } {
+  const lo = symbol >>> 3;
+  const need = 3 - (symbol & 7);
+  return { lo, hi: Math.min(lo | ((1 << (6 * need)) - 1), 0x10ffff), need };
+}
 
 /** The vocabulary as the mask walks need it, built once per tokenizer. */
 export class VocabIndex {
@@ -100,8 +116,8 @@ export class VocabIndex {
   readonly special: TokenTrie;
   /** Plain string text tokens by their characters, as a string body reads them. */
   readonly plainTrie: TokenTrie;
-  /** The incomplete last characters of plain tokens: the code points each may become, bytes it lacks. */
-  readonly partials: { readonly lo: number; readonly hi: number; readonly need: number }[] = [];
+  /** The plain tokens that are one incomplete character: walks check each against the patterns. */
+  readonly partialRoots: Uint32Array;
   /** Plain string text tokens as a mask, and their characters and missing bytes by id. */
   readonly plain: Uint32Array;
   readonly plainIds: Uint32Array;
@@ -118,44 +134,37 @@ export class VocabIndex {
     this.plainChars = new Uint16Array(this.vocabSize);
     this.plainNeed = new Uint8Array(this.vocabSize);
     this.#bytes = [];
-    const all: { id: number; bytes: Uint8Array }[] = [];
-    const special: { id: number; bytes: Uint8Array }[] = [];
-    const plain: { id: number; key: string; symbols: number[] }[] = [];
-    const partialIds = new Map<string, number>();
-    let maxChars = 0;
+    const all: { id: number; bytes: Uint8Array; key: string }[] = [];
     for (let id = 0; id < this.vocabSize; id++) {
       const bytes = tokenizer.tokenBytes(id, { specials: false });
       this.#bytes.push(bytes);
-      if (!bytes.length) continue;
-      all.push({ id, bytes });
+      if (bytes.length) all.push({ id, bytes, key: String.fromCharCode(...bytes) });
+    }
+    // Bytes as a Latin-1 string: strings compare by code unit, which is byte order here.
+    all.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
+    const special: { id: number; symbols: Uint8Array }[] = [];
+    const plain: { id: number; symbols: number[] }[] = [];
+    let maxChars = 0;
+    for (const { id, bytes } of all) {
       const text = plainText(bytes);
       if (!text) {
-        special.push({ id, bytes });
+        special.push({ id, symbols: bytes });
         continue;
       }
-      const symbols = text.cps;
-      if (text.partial) {
-        const [lo, hi] = utf8Range(text.partial);
-        const key = `${lo}:${hi}:${text.partial.need}`;
-        let k = partialIds.get(key);
-        if (k === undefined) {
-          partialIds.set(key, k = this.partials.length);
-          this.partials.push({ lo, hi, need: text.partial.need });
-        }
-        symbols.push(PARTIAL + k);
-      }
-      const chars = symbols.length;
+      const symbols = plainSymbols(text);
       this.plain[id >>> 5] |= 1 << (id & 31);
-      this.plainChars[id] = chars;
+      this.plainChars[id] = symbols.length;
       this.plainNeed[id] = text.partial?.need ?? 0;
-      maxChars = Math.max(maxChars, chars);
-      const key = String.fromCharCode(...symbols.flatMap((c) => [c >>> 16, c & 0xffff]));
-      plain.push({ id, key, symbols });
+      maxChars = Math.max(maxChars, symbols.length);
+      plain.push({ id, symbols });
     }
-    this.plainIds = Uint32Array.from(plain, (e) => e.id);
-    this.all = byteTrie(all);
-    this.special = byteTrie(special);
+    this.all = buildTrie(all.map((e) => ({ id: e.id, symbols: e.bytes })));
+    this.special = buildTrie(special);
     this.plainTrie = buildTrie(plain);
+    this.plainIds = Uint32Array.from(plain, (e) => e.id);
+    this.partialRoots = this.plainTrie.roots.filter((n) =>
+      (this.plainTrie.symbol[n] & 7) !== WHOLE
+    );
     this.maxPlainChars = maxChars;
   }
 
@@ -227,8 +236,20 @@ class Slices {
   }
 }
 
+/** The first of `trie`'s roots whose symbol is `symbol` or more (roots.length when none). */
+function rootFrom(trie: TokenTrie, symbol: number): number {
+  let lo = 0;
+  let hi = trie.roots.length;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (trie.symbol[trie.roots[mid]] < symbol) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
+}
+
 /**
- * Walks `trie` in preorder: `step(n)` reads node n's symbol from the state its parent left (at
+ * Walks `trie` in preorder (from node `from` to `to`, whole subtrees): `step(n)` reads node n's symbol from the state its parent left (at
  * depth[n] - 1) and keeps the result at depth[n], or returns false, and the subtree is skipped;
  * `spelt(n)` then comes for each node that ends tokens.
  */
@@ -237,10 +258,11 @@ async function walkTrie(
   slices: Slices,
   step: (n: number) => boolean,
   spelt: (n: number) => void,
+  from = 0,
+  to = trie.symbol.length,
 ): Promise<void> {
   const { end, first } = trie;
-  const nodes = trie.symbol.length;
-  for (let n = 0, stepped = 0; n < nodes; stepped++) {
+  for (let n = from, stepped = 0; n < to; stepped++) {
     if ((stepped & (CLOCK_EVERY - 1)) === 0 && slices.due) await slices.pause();
     if (!step(n)) {
       n = end[n];
@@ -497,43 +519,58 @@ export class GrammarConstraint implements TokenConstraint {
     slices: Slices,
   ): Promise<number> {
     const trie = this.#vocab.plainTrie;
-    const partials = this.#vocab.partials;
     const { patterns, maxLength } = leaf.rules;
     const k = patterns.length;
     // The patterns' states per depth, k at a time.
     const sets = new Int32Array((this.#vocab.maxPlainChars + 1) * k);
     sets.set(body.sets);
     let reach = -1;
-    await walkTrie(trie, slices, (n) => {
+    const step = (n: number) => {
       const d = trie.depth[n];
       if (body.count + d - 1 >= maxLength) return false;
-      const cp = trie.symbol[n];
+      const symbol = trie.symbol[n];
       const from = (d - 1) * k;
+      const partial = (symbol & 7) === WHOLE ? null : partialOf(symbol);
       for (let i = 0; i < k; i++) {
         const set = sets[from + i];
-        if (cp < PARTIAL) {
-          const next = patterns[i].step(set, cp);
+        if (partial === null) {
+          const next = patterns[i].step(set, symbol >>> 3);
           if (next === 0) return false;
           sets[from + k + i] = next;
         } else {
-          const { lo, hi } = partials[cp - PARTIAL];
-          if (!patterns[i].meets(set, lo, hi)) return false;
+          if (!patterns[i].meets(set, partial.lo, partial.hi)) return false;
           sets[from + k + i] = set;
         }
       }
       return true;
-    }, (n) => {
+    };
+    const spelt = (n: number) => {
       const d = trie.depth[n];
-      const cp = trie.symbol[n];
+      const symbol = trie.symbol[n];
       let left = 0;
       if (budget !== Infinity) {
-        const chars = cp < PARTIAL ? d : d - 1;
-        const need = cp < PARTIAL ? 0 : partials[cp - PARTIAL].need;
-        left = leaf.closeDistance(body.count + chars, sets.subarray(d * k, d * k + k)) + after +
-          need;
+        const whole = (symbol & 7) === WHOLE;
+        const need = whole ? 0 : partialOf(symbol).need;
+        left = leaf.closeDistance(body.count + (whole ? d : d - 1), sets, d * k) + after + need;
       }
       reach = this.#allowAll(trie, n, mask, left, budget, reach);
-    });
+    };
+    if (k === 0) {
+      await walkTrie(trie, slices, step, spelt);
+      return reach;
+    }
+    // A pattern reads few of the vocabulary's tens of thousands of first characters: start only
+    // at those it reads (the step still checks each). A token of one incomplete character may
+    // sort outside them yet become one of them: those few are each checked.
+    const { roots } = trie;
+    const nodeOf = (r: number) => (r < roots.length ? roots[r] : trie.symbol.length);
+    const reads = patterns[0].reads(body.sets[0]).ranges;
+    for (let i = 0; i < reads.length; i += 2) {
+      const a = rootFrom(trie, 8 * reads[i]);
+      const b = rootFrom(trie, 8 * (reads[i + 1] + 1));
+      if (a < b) await walkTrie(trie, slices, step, spelt, nodeOf(a), nodeOf(b));
+    }
+    for (const n of this.#vocab.partialRoots) if (step(n)) spelt(n);
     return reach;
   }
 }
