@@ -106,6 +106,50 @@ function partialOf(symbol: number): { lo: number; hi: number; need: number } {
   return { lo, hi: Math.min(lo | ((1 << (6 * need)) - 1), 0x10ffff), need };
 }
 
+interface CachedMask {
+  readonly mask: Uint32Array;
+  /** The largest distance to the grammar's end after any allowed token. */
+  readonly reach: number;
+  /** The budget it was walked with: a walk with a larger one may allow more. */
+  readonly budget: number;
+}
+
+/** Masks kept per vocabulary (32 MB on a 248,320-token one). */
+const MASK_CACHE = 1024;
+
+/** Each grammar's prefix of mask cache keys (state keys number alternatives per grammar). */
+const grammarKeys = new WeakMap<Grammar, string>();
+let grammarsKeyed = 0;
+
+function grammarKey(grammar: Grammar): string {
+  let key = grammarKeys.get(grammar);
+  if (key === undefined) grammarKeys.set(grammar, key = `${grammarsKeyed++}#`);
+  return key;
+}
+
+/**
+ * Masks by grammar and state key, shared by every constraint over one vocabulary, least recently
+ * used out first: a grammar revisits few states (inside a string, between keys), and agents send
+ * the same schemas and tools again with every request (tool_grammar.ts keeps their grammars).
+ */
+class MaskCache {
+  readonly #masks = new Map<string, CachedMask>();
+
+  get(key: string): CachedMask | undefined {
+    const hit = this.#masks.get(key);
+    if (hit) {
+      this.#masks.delete(key);
+      this.#masks.set(key, hit);
+    }
+    return hit;
+  }
+
+  set(key: string, mask: CachedMask): void {
+    this.#masks.delete(key);
+    if (this.#masks.size >= MASK_CACHE) this.#masks.delete(this.#masks.keys().next().value!);
+    this.#masks.set(key, mask);
+  }
+}
 /** The vocabulary as the mask walks need it, built once per tokenizer. */
 export class VocabIndex {
   readonly vocabSize: number;
@@ -124,6 +168,8 @@ export class VocabIndex {
   readonly plainChars: Uint16Array;
   readonly plainNeed: Uint8Array;
   readonly maxPlainChars: number;
+  /** Masks computed over this vocabulary, for every constraint. */
+  readonly masks = new MaskCache();
   /** Each id's bytes (empty for control tokens). */
   readonly #bytes: Uint8Array[];
 
@@ -191,14 +237,6 @@ export function grammarConstraint(grammar: Grammar, tokenizer: TextTokenizer): G
   return new GrammarConstraint(grammar, VocabIndex.of(tokenizer));
 }
 
-interface CachedMask {
-  readonly mask: Uint32Array;
-  /** The largest distance to the grammar's end after any allowed token. */
-  readonly reach: number;
-}
-
-/** Masks kept per constraint: a grammar revisits few states (inside a string, between keys). */
-const MASK_CACHE = 64;
 /**
  * Budgets above this many bytes are not checked token by token: no schema this server generates
  * needs that much text to finish after one token, and the check costs a distance per token.
@@ -285,7 +323,8 @@ export interface ConstraintOptions {
 export class GrammarConstraint implements TokenConstraint {
   readonly #grammar: Grammar;
   readonly #vocab: VocabIndex;
-  readonly #masks = new Map<string, CachedMask>();
+  /** This grammar's prefix of mask cache keys. */
+  readonly #cacheKey: string;
   readonly #sliceMs: number;
   #state: ParseState;
   #text = "";
@@ -296,6 +335,7 @@ export class GrammarConstraint implements TokenConstraint {
     this.#vocab = vocab;
     this.#sliceMs = options.sliceMs ?? SLICE_MS;
     this.#state = grammar.start();
+    this.#cacheKey = grammarKey(grammar);
   }
 
   get done(): boolean {
@@ -313,10 +353,13 @@ export class GrammarConstraint implements TokenConstraint {
    * A walk over the vocabulary lets the event loop turn every SLICE_MS.
    */
   async mask(remaining: number): Promise<Uint32Array> {
-    const key = this.#state.key;
-    const cached = this.#masks.get(key);
-    if (cached && cached.reach < remaining) return cached.mask;
-    let out = await this.#walk(remaining - 1 > UNCHECKED_BUDGET ? Infinity : remaining - 1);
+    const key = this.#cacheKey + this.#state.key;
+    const budget = remaining - 1 > UNCHECKED_BUDGET ? Infinity : remaining - 1;
+    // A mask walked with a budget B allows the same tokens as a walk with any budget from its
+    // reach up to B: the allowed end within its reach, the refused ones past B.
+    const cached = this.#vocab.masks.get(key);
+    if (cached && cached.reach <= budget && budget <= cached.budget) return cached.mask;
+    let out = await this.#walk(budget);
     if (out.reach === -1) {
       // Too few tokens left to finish: keep to the grammar; the reply ends at its limit.
       out = await this.#walk(Infinity);
@@ -328,10 +371,7 @@ export class GrammarConstraint implements TokenConstraint {
         );
       }
     }
-    if (out.reach < remaining) {
-      if (this.#masks.size >= MASK_CACHE) this.#masks.delete(this.#masks.keys().next().value!);
-      this.#masks.set(key, out);
-    }
+    if (out.reach < remaining) this.#vocab.masks.set(key, out);
     return out.mask;
   }
 
@@ -377,7 +417,7 @@ export class GrammarConstraint implements TokenConstraint {
         reach = Math.max(reach, 0);
       }
     }
-    return { mask, reach };
+    return { mask, reach, budget };
   }
 
   /** Allows `id` when `left` bytes fit the budget; the reach so far. */

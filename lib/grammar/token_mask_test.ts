@@ -142,9 +142,10 @@ Deno.test("a token the grammar does not allow is refused by accept", () => {
 Deno.test("a walk over the vocabulary lets the event loop turn; its masks are the same", async () => {
   // A pattern-constrained string, walked token by token. With 0 ms slices a walk turns the loop
   // at every clock check: timers run while it works, and the masks equal unsliced ones.
-  const g = grammarOf({ type: "string", pattern: "^[a-z ]+x$", minLength: 12 });
-  const sliced = new GrammarConstraint(g, vocab, { sliceMs: 0 });
-  const whole = new GrammarConstraint(g, vocab, { sliceMs: Infinity });
+  // Two grammars of one schema: constraints of one grammar share their masks.
+  const schema: Json = { type: "string", pattern: "^[a-z ]+x$", minLength: 12 };
+  const sliced = new GrammarConstraint(grammarOf(schema), vocab, { sliceMs: 0 });
+  const whole = new GrammarConstraint(grammarOf(schema), vocab, { sliceMs: Infinity });
   const rng = new SplitMix64(3n);
   let ticks = 0;
   const timer = setInterval(() => ticks++, 0);
@@ -163,4 +164,18 @@ Deno.test("a walk over the vocabulary lets the event loop turn; its masks are th
   } finally {
     clearInterval(timer);
   }
+});
+
+Deno.test("constraints of one grammar share its masks; another grammar's masks are its own", async () => {
+  const yes = grammarOf({ const: true });
+  const first = await new GrammarConstraint(yes, vocab).mask(100);
+  assert.equal(await new GrammarConstraint(yes, vocab).mask(100), first, "computed once");
+  // Both grammars' start states have the same key; the masks differ all the same.
+  const no = grammarOf({ const: null });
+  assert.equal(no.start().key, yes.start().key);
+  const nul = await new GrammarConstraint(no, vocab).mask(100);
+  const t = tokenizer.encode("t")[0];
+  const n = tokenizer.encode("n")[0];
+  assert.ok(allowed(first, t) && !allowed(first, n));
+  assert.ok(allowed(nul, n) && !allowed(nul, t));
 });
