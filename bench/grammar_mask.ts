@@ -7,8 +7,8 @@
 
 import {
   type Command,
+  type Flag,
   flag,
-  type FlagTable,
   type FlagValues,
   listOf,
   oneOf,
@@ -101,7 +101,7 @@ const GRAMMAR_MASK = {
     "max-tokens": flag(whole(8, 4096), "the token limit of each document", 64),
     seed: flag(whole(0, 2 ** 32 - 1), "the seed of the vocabulary's fillers and of the choices", 1),
   },
-} satisfies Command<FlagTable>;
+} satisfies Command<Record<string, Flag<unknown>>>;
 
 const isSet = (mask: Uint32Array, id: number) => ((mask[id >>> 5] >>> (id & 31)) & 1) === 1;
 
