@@ -26,10 +26,10 @@ export interface Leaf<S = unknown> {
   /** Fewest UTF-8 bytes that end the leaf from `state` (a lower bound). */
   distance(state: S): number;
   /**
-   * Identifies `state`: exactly, or (`forMask`) up to what the next token can tell apart, so
-   * that states with equal mask keys allow the same tokens.
+   * Identifies `state`: exactly, or (given `horizon`, the most characters a token holds) up to
+   * what the next token can tell apart, so that states with equal mask keys allow the same tokens.
    */
-  key(state: S, forMask: boolean): string;
+  key(state: S, horizon?: number): string;
 }
 
 export type Element =
@@ -273,22 +273,23 @@ class Closure {
 function frameKey(f: Frame): string {
   if (f.key === undefined) {
     const e = f.alt[f.i];
-    const leaf = e.kind === "leaf" ? `/${e.leaf.key(f.leafState, false)}` : "";
+    const leaf = e.kind === "leaf" ? `/${e.leaf.key(f.leafState)}` : "";
     f.key = `${f.altId}.${f.i}${leaf}>${f.up ? frameKey(f.up) : ""}`;
   }
   return f.key;
 }
 
-/** frameKey with the top leaf's state up to what one token can tell apart. */
-function maskKey(f: Frame): string {
+/** frameKey with the top leaf's state up to what a token of `horizon` characters can tell apart. */
+function maskKey(f: Frame, horizon: number): string {
   const e = f.alt[f.i];
   if (e.kind !== "leaf") return frameKey(f);
-  return `${f.altId}.${f.i}/${e.leaf.key(f.leafState, true)}>${f.up ? frameKey(f.up) : ""}`;
+  return `${f.altId}.${f.i}/${e.leaf.key(f.leafState, horizon)}>${f.up ? frameKey(f.up) : ""}`;
 }
 
 /** Where the automaton stands: the open parses, whether the text so far is complete, a partial char. */
 export class ParseState {
   #key: string | undefined;
+  #keyHorizon = 0;
 
   constructor(
     readonly grammar: Grammar,
@@ -307,10 +308,14 @@ export class ParseState {
     return new ParseState(this.grammar, this.frames, this.accepting, partial);
   }
 
-  /** Equal keys, equal next-token masks: what a mask cache is keyed by. */
-  get key(): string {
-    if (this.#key === undefined) {
-      const frames = [...new Set(this.frames.map(maskKey))].sort().join(" ");
+  /**
+   * Equal keys, equal next-token masks over a vocabulary whose tokens hold at most `horizon`
+   * characters: what a mask cache is keyed by.
+   */
+  maskKey(horizon: number): string {
+    if (this.#key === undefined || this.#keyHorizon !== horizon) {
+      this.#keyHorizon = horizon;
+      const frames = [...new Set(this.frames.map((f) => maskKey(f, horizon)))].sort().join(" ");
       const p = this.partial;
       this.#key = `${this.accepting ? "A" : ""}${p ? `${p.cp}:${p.need}:${p.min}` : ""}|${frames}`;
     }

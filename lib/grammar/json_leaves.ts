@@ -24,9 +24,6 @@ function hexValue(cp: number): number {
   return -1;
 }
 
-/** More characters than any token holds: a string this far from its maxLength is unbounded to it. */
-const MASK_HORIZON = 1024;
-
 export interface StringRules {
   readonly minLength: number;
   readonly maxLength: number;
@@ -212,11 +209,11 @@ export class StringLeaf implements Leaf<StringState> {
     return 1 + body;
   }
 
-  key(s: StringState, forMask: boolean): string {
-    // For a mask, counts that no token can tell apart share a key: past minLength and far from
-    // maxLength a string reads any token's characters the same way.
+  key(s: StringState, horizon?: number): string {
+    // For a mask, counts that no token can tell apart share a key: past minLength and more than
+    // a token's characters from maxLength, a string reads any token the same way.
     const room = this.rules.maxLength - s.count;
-    const count = !forMask || s.count < this.rules.minLength || room <= MASK_HORIZON
+    const count = horizon === undefined || s.count < this.rules.minLength || room <= horizon
       ? String(s.count)
       : "free";
     const sets = s.sets.join(",");
@@ -318,7 +315,7 @@ export class NumberLeaf implements Leaf<NumberState> {
     return lo <= hi;
   }
 
-  key(s: NumberState, _forMask: boolean): string {
+  key(s: NumberState): string {
     return `${this.id}:${s.neg ? "-" : ""}${s.int}${s.frac === null ? "" : `.${s.frac}`}`;
   }
 
@@ -413,7 +410,7 @@ export class UntilLeaf implements Leaf<number> {
     return this.#marker.length - matched;
   }
 
-  key(matched: number, _forMask: boolean): string {
+  key(matched: number): string {
     return `${this.id}:${matched}`;
   }
 }

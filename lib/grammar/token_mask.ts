@@ -168,6 +168,8 @@ export class VocabIndex {
   readonly plainChars: Uint16Array;
   readonly plainNeed: Uint8Array;
   readonly maxPlainChars: number;
+  /** The longest token's bytes: no token holds more characters (mask keys rely on it). */
+  readonly maxBytes: number;
   /** Masks computed over this vocabulary, for every constraint. */
   readonly masks = new MaskCache();
   /** Each id's bytes (empty for control tokens). */
@@ -212,6 +214,7 @@ export class VocabIndex {
       (this.plainTrie.symbol[n] & 7) !== WHOLE
     );
     this.maxPlainChars = maxChars;
+    this.maxBytes = all.reduce((most, e) => Math.max(most, e.bytes.length), 0);
   }
 
   /** The bytes of token `id` (none for control tokens). */
@@ -353,7 +356,7 @@ export class GrammarConstraint implements TokenConstraint {
    * A walk over the vocabulary lets the event loop turn every SLICE_MS.
    */
   async mask(remaining: number): Promise<Uint32Array> {
-    const key = this.#cacheKey + this.#state.key;
+    const key = this.#cacheKey + this.#state.maskKey(this.#vocab.maxBytes);
     const budget = remaining - 1 > UNCHECKED_BUDGET ? Infinity : remaining - 1;
     // A mask walked with a budget B allows the same tokens as a walk with any budget from its
     // reach up to B: the allowed end within its reach, the refused ones past B.
