@@ -35,6 +35,16 @@ const GRAMMARS: Readonly<Record<string, () => Grammar>> = {
       required: ["name", "city", "bio"],
       additionalProperties: false,
     }),
+  "bounded-strings": () =>
+    schema({
+      type: "object",
+      properties: {
+        name: { type: "string", maxLength: 40 },
+        bio: { type: "string", minLength: 10, maxLength: 300 },
+      },
+      required: ["name", "bio"],
+      additionalProperties: false,
+    }),
   pattern: () =>
     schema({
       type: "object",

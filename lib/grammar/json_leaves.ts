@@ -137,17 +137,6 @@ export class StringLeaf implements Leaf<StringState> {
   }
 
   /**
-   * How many plain characters the body reads from `s` with nothing else changing: no pattern,
-   * no excluded name in reach, minLength met. -1 when any of that fails; a mask then reads such
-   * tokens one by one.
-   */
-  plainRoom(s: StringState): number {
-    const ok = this.plainBody(s) !== null && this.rules.patterns.length === 0 &&
-      s.count >= this.rules.minLength;
-    return ok ? this.rules.maxLength - s.count : -1;
-  }
-
-  /**
    * Fewest bytes that close a body of `count` characters, quote included, its patterns' states
    * at sets[at], sets[at + 1], ….
    */

@@ -150,6 +150,9 @@ class MaskCache {
     this.#masks.set(key, mask);
   }
 }
+/** Plain tokens up to this many characters get masks by length (most tokens are shorter). */
+const SHORT_CHARS = 32;
+
 /** The vocabulary as the mask walks need it, built once per tokenizer. */
 export class VocabIndex {
   readonly vocabSize: number;
@@ -168,6 +171,10 @@ export class VocabIndex {
   readonly plainChars: Uint16Array;
   readonly plainNeed: Uint8Array;
   readonly maxPlainChars: number;
+  /** Per c up to SHORT_CHARS: the plain tokens of at most c characters, as a mask. */
+  readonly plainUpTo: Uint32Array[] = [];
+  /** The plain tokens of more than SHORT_CHARS characters. */
+  readonly longPlainIds: Uint32Array;
   /** The longest token's bytes: no token holds more characters (mask keys rely on it). */
   readonly maxBytes: number;
   /** Masks computed over this vocabulary, for every constraint. */
@@ -214,6 +221,12 @@ export class VocabIndex {
       (this.plainTrie.symbol[n] & 7) !== WHOLE
     );
     this.maxPlainChars = maxChars;
+    for (let c = 0; c <= SHORT_CHARS; c++) this.plainUpTo.push(new Uint32Array(this.plain.length));
+    for (const id of this.plainIds) {
+      const chars = this.plainChars[id];
+      for (let c = chars; c <= SHORT_CHARS; c++) this.plainUpTo[c][id >>> 5] |= 1 << (id & 31);
+    }
+    this.longPlainIds = this.plainIds.filter((id) => this.plainChars[id] > SHORT_CHARS);
     this.maxBytes = all.reduce((most, e) => Math.max(most, e.bytes.length), 0);
   }
 
@@ -486,21 +499,9 @@ export class GrammarConstraint implements TokenConstraint {
     let trie = v.all;
     const body = leaf instanceof StringLeaf ? leaf.plainBody(cursor.state as never) : null;
     if (body) {
-      const room = (leaf as StringLeaf).plainRoom(cursor.state as never);
-      if (room >= v.maxPlainChars) {
-        // Each plain token leaves the string open: its closing quote and what follows remain.
-        const base = 1 + after;
-        if (budget === Infinity || budget >= base + 3) {
-          for (let w = 0; w < mask.length; w++) mask[w] |= v.plain[w];
-          reach = budget === Infinity ? UNCHECKED_REACH : base + 3;
-        } else {
-          for (const id of v.plainIds) {
-            reach = this.#allow(mask, id, base + v.plainNeed[id], budget, reach);
-          }
-        }
-      } else {
-        reach = await this.#bodyWalk(leaf as StringLeaf, body, after, budget, mask, slices);
-      }
+      reach = (leaf as StringLeaf).rules.patterns.length
+        ? await this.#bodyWalk(leaf as StringLeaf, body, after, budget, mask, slices)
+        : this.#lengthOnly(leaf as StringLeaf, body.count, after, budget, mask);
       trie = v.special;
     }
     // Per depth: the leaf's state and a half-read character, or the grammar's state once the
@@ -550,7 +551,49 @@ export class GrammarConstraint implements TokenConstraint {
   }
 
   /**
-   * The plain text tokens a string body reads from `body`: each character counts and steps the
+   * The plain text tokens a string body without patterns reads from `count` characters: those
+   * that fit its maxLength, each leaving the string open (its closing quote, the characters
+   * minLength still lacks, and what follows remain). A reach that bounds them all is enough.
+   */
+  #lengthOnly(
+    leaf: StringLeaf,
+    count: number,
+    after: number,
+    budget: number,
+    mask: Uint32Array,
+  ): number {
+    const v = this.#vocab;
+    const room = leaf.rules.maxLength - count;
+    const most = 1 + Math.max(0, leaf.rules.minLength - count) + after + 3;
+    if (budget !== Infinity && budget < most) {
+      let reach = -1;
+      for (const id of v.plainIds) {
+        const chars = v.plainChars[id];
+        if (chars > room) continue;
+        const need = v.plainNeed[id];
+        const left = leaf.closeDistance(count + (need ? chars - 1 : chars), []) + after + need;
+        reach = this.#allow(mask, id, left, budget, reach);
+      }
+      return reach;
+    }
+    let any = false;
+    const fits = room >= v.maxPlainChars ? v.plain : v.plainUpTo[Math.min(room, SHORT_CHARS)];
+    for (let w = 0; w < mask.length; w++) {
+      mask[w] |= fits[w];
+      any ||= fits[w] !== 0;
+    }
+    if (room > SHORT_CHARS && room < v.maxPlainChars) {
+      for (const id of v.longPlainIds) {
+        if (v.plainChars[id] > room) continue;
+        mask[id >>> 5] |= 1 << (id & 31);
+        any = true;
+      }
+    }
+    return !any ? -1 : budget === Infinity ? UNCHECKED_REACH : most;
+  }
+
+  /**
+   * The plain text tokens a string body with patterns reads from `body`: each character counts and steps the
    * patterns (an incomplete last one must still fit them), as StringLeaf.step would, on numbers.
    */
   async #bodyWalk(
@@ -598,10 +641,6 @@ export class GrammarConstraint implements TokenConstraint {
       }
       reach = this.#allowAll(trie, n, mask, left, budget, reach);
     };
-    if (k === 0) {
-      await walkTrie(trie, slices, step, spelt);
-      return reach;
-    }
     // A pattern reads few of the vocabulary's tens of thousands of first characters: start only
     // at those it reads (the step still checks each). A token of one incomplete character may
     // sort outside them yet become one of them: those few are each checked.
