@@ -107,7 +107,10 @@ export class StringLeaf implements Leaf<StringState> {
   /** One more character of the value. */
   #char(s: StringState, cp: number): StringState | null {
     if (s.count >= this.rules.maxLength) return null;
-    const sets = s.sets.map((set, i) => this.rules.patterns[i].step(set, cp));
+    // Without patterns the (empty) states are kept: mask walks read millions of characters.
+    const sets = s.sets.length
+      ? s.sets.map((set, i) => this.rules.patterns[i].step(set, cp))
+      : s.sets;
     if (sets.includes(0)) return null;
     let prefix = s.prefix;
     if (prefix !== null) {
