@@ -68,7 +68,7 @@ function buildTrie(entries: readonly { id: number; symbols: ArrayLike<number> }[
 }
 
 /**
- * A token that a JSON string body reads as plain text: no '"', '\\', control bytes or invalid
+ * A token that a JSON string body reads as plain text: no '"', '\', control bytes or invalid
  * UTF-8 (a last character may be incomplete). Its whole characters, and its incomplete last one.
  */
 function plainText(bytes: Uint8Array): { cps: number[]; partial: Utf8Partial | null } | null {
@@ -82,8 +82,9 @@ function plainText(bytes: Uint8Array): { cps: number[]; partial: Utf8Partial | n
     if (typeof next === "number") cps.push(next);
   }
   // An incomplete last character: some completion must still be a character.
-  if (p !== null && utf8Range(p)[0] > utf8Range(p)[1]) return null;
-  return { cps, partial: p };
+  if (p === null) return { cps, partial: null };
+  const [lo, hi] = utf8Range(p);
+  return lo <= hi ? { cps, partial: p } : null;
 }
 
 /**
@@ -150,6 +151,7 @@ class MaskCache {
     this.#masks.set(key, mask);
   }
 }
+
 /** Plain tokens up to this many characters get masks by length (most tokens are shorter). */
 const SHORT_CHARS = 32;
 
@@ -303,9 +305,9 @@ function rootFrom(trie: TokenTrie, symbol: number): number {
 }
 
 /**
- * Walks `trie` in preorder (from node `from` to `to`, whole subtrees): `step(n)` reads node n's symbol from the state its parent left (at
- * depth[n] - 1) and keeps the result at depth[n], or returns false, and the subtree is skipped;
- * `spelt(n)` then comes for each node that ends tokens.
+ * Walks `trie` in preorder, from node `from` to `to` (whole subtrees): `step(n)` reads node n's
+ * symbol from the state its parent left (at depth[n] - 1) and keeps the result at depth[n], or
+ * returns false, and the subtree is skipped; `spelt(n)` then comes for each node that ends tokens.
  */
 async function walkTrie(
   trie: TokenTrie,
@@ -443,7 +445,7 @@ export class GrammarConstraint implements TokenConstraint {
     return Math.max(reach, budget === Infinity ? UNCHECKED_REACH : left);
   }
 
-  /** Allows the tokens node `n` of `trie` spells when `left` bytes fit the budget; the reach so far. */
+  /** Allows the tokens trie node `n` spells if `left` bytes fit the budget; the reach so far. */
   #allowAll(
     trie: TokenTrie,
     n: number,
@@ -482,9 +484,9 @@ export class GrammarConstraint implements TokenConstraint {
 
   /**
    * The walk inside one leaf (a string or number being written): tokens step the leaf itself
-   * until it ends, and only then the grammar. In a string body, plain text tokens step its count
-   * and patterns by character (or, in a free string, are allowed in one go), and only the others
-   * are walked byte by byte.
+   * until it ends, and only then the grammar. In a string body, plain text tokens step its
+   * patterns by character (or, without patterns, are allowed by length), and only the others are
+   * walked byte by byte.
    */
   async #leafWalk(
     cursor: LeafCursor,
@@ -593,8 +595,9 @@ export class GrammarConstraint implements TokenConstraint {
   }
 
   /**
-   * The plain text tokens a string body with patterns reads from `body`: each character counts and steps the
-   * patterns (an incomplete last one must still fit them), as StringLeaf.step would, on numbers.
+   * The plain text tokens a string body with patterns reads from `body`: each character counts
+   * and steps the patterns (an incomplete last one must still fit them), as StringLeaf.step would,
+   * on numbers.
    */
   async #bodyWalk(
     leaf: StringLeaf,

@@ -59,7 +59,7 @@ const PATTERNS = [
   "^\\w+@\\w+\\.com$",
 ];
 
-/** A random schema of at most `depth` levels: strings with bounds and patterns, numbers, objects. */
+/** A random schema of at most `depth` levels: strings with bounds or patterns, numbers, objects. */
 function randomSchema(r: Random, depth: number): Json {
   const kind = r.int(depth > 0 ? 7 : 4);
   switch (kind) {
