@@ -83,7 +83,8 @@ export function paceDawnPolls(on: boolean): void {
     // The pause is spent in turns of the event loop, not in a blocking wait: the loop reads its
     // sockets only every few dozen turns, so pauses that blocked it for up to POLL_MAX_MS a turn
     // made every socket read wait 10-40 ms while the GPU worked (a split's frames, a streamed
-    // reply). A plain JavaScript callback a turn carries no finalizer, unlike Dawn's.
+    // reply). A plain JavaScript callback a turn carries no finalizer, unlike Dawn's. The price:
+    // the main thread keeps one core busy while the GPU works, as a spinning CUDA wait does.
     const turn = () => {
       if (performance.now() < due) {
         unpacedImmediate(turn);
