@@ -83,6 +83,31 @@ Deno.test("strings: escapes, length in characters, patterns and formats on the d
   });
 });
 
+Deno.test("strings: a pattern or format with length bounds allows only prefixes that can close", () => {
+  const cases: [Json, Record<string, Verdict>][] = [
+    // "abc" fits maxLength 5, but "-" and two digits still to come would not.
+    [
+      { type: "string", pattern: "^[a-z]+-\\d{2}$", maxLength: 5 },
+      { '"ab-12"': "complete", '"ab': "partial", '"abc': "invalid", '"ab-1': "partial" },
+    ],
+    // "a" matches whole, but minLength 3 needs more and the pattern takes none.
+    [
+      { type: "string", pattern: "^(a|bc+)$", minLength: 3 },
+      { '"a': "invalid", '"\\u0061': "invalid", '"bc': "partial", '"bcc"': "complete" },
+    ],
+    // A fraction of seconds takes at least a digit and a zone after the '.': 11 characters.
+    [
+      { type: "string", format: "time", maxLength: 10 },
+      { '"12:00:00Z"': "complete", '"12:00:00.': "invalid", '"12:00:00\\u002e': "invalid" },
+    ],
+    [
+      { type: "string", pattern: "^[a-z]{2,8}$", maxLength: 4 },
+      { '"abcd"': "complete", '"abcde': "invalid" },
+    ],
+  ];
+  for (const [schema, verdicts] of cases) expect(schema, verdicts);
+});
+
 Deno.test("numbers: integer and decimal bounds hold for every prefix", () => {
   expect({ type: "integer", minimum: 10, maximum: 200 }, {
     "10": "complete",

@@ -51,9 +51,20 @@ interface StringState {
 export class StringLeaf implements Leaf<StringState> {
   readonly id: string;
   readonly start: StringState;
+  /** Room before maxLength past which no pattern's length holds a character back (key()). */
+  readonly #slack: number;
+  /**
+   * Whether lengths can strand a live state: not with one pattern and no bounds, where every
+   * state the pattern lives in can close (closable() is asked at every character of mask walks,
+   * which skip it when this is false).
+   */
+  readonly bound: boolean;
 
   constructor(readonly rules: StringRules, id: string) {
     this.id = id;
+    this.#slack = Math.max(0, ...rules.patterns.map((p) => p.slack));
+    this.bound = rules.patterns.length > 1 || rules.minLength > 0 ||
+      rules.maxLength !== Infinity;
     this.start = {
       phase: 0,
       esc: 0,
@@ -82,17 +93,47 @@ export class StringLeaf implements Leaf<StringState> {
     }
     if (cp === QUOTE) return this.#closable(s) ? { ...s, phase: 2 } : null;
     if (cp === BACKSLASH) {
-      const simple = Object.values(SIMPLE_ESCAPES).some((c) => this.#fits(s, c, c));
+      const simple = Object.values(SIMPLE_ESCAPES).some((c) => this.fits(s.count, s.sets, c, c));
       return simple || this.#hexFits(s, 0, 0) ? { ...s, esc: 1 } : null;
     }
     if (cp < 0x20) return null;
     return this.#char(s, cp);
   }
 
-  /** Some value character in [lo, hi] can come next: room, and every pattern reads one. */
-  #fits(s: StringState, lo: number, hi: number): boolean {
-    return s.count < this.rules.maxLength &&
-      s.sets.every((set, i) => this.rules.patterns[i].meets(set, lo, hi));
+  /**
+   * Some value character in [lo, hi] can come next after a body of `count` characters, its
+   * patterns' states at sets[at], sets[at + 1], …: every pattern reads one, and the string can
+   * still close after it (closable()).
+   */
+  fits(count: number, sets: ArrayLike<number>, lo: number, hi: number, at = 0): boolean {
+    if (count >= this.rules.maxLength) return false;
+    if (!this.bound) return sets.length === 0 || this.rules.patterns[0].meets(sets[at], lo, hi);
+    let least = this.rules.minLength - count - 1;
+    let room = this.rules.maxLength - count - 1;
+    for (let i = 0; i < this.rules.patterns.length; i++) {
+      const [fewest, most] = this.rules.patterns[i].lengthsAfter(sets[at + i], lo, hi);
+      least = Math.max(least, fewest);
+      room = Math.min(room, most);
+    }
+    return Math.max(0, least) <= room;
+  }
+
+  /**
+   * Whether a body of `count` characters, its patterns' states at sets[at], sets[at + 1], …, can
+   * still close within minLength and maxLength: a length every pattern may still take (between
+   * its fewest and most characters) fits the bounds. A pattern and a maxLength that leave no such
+   * length would strand the string: no character may lead there.
+   */
+  closable(count: number, sets: ArrayLike<number>, at = 0): boolean {
+    if (!this.bound) return true;
+    let least = this.rules.minLength - count;
+    let room = this.rules.maxLength - count;
+    for (let i = 0; i < this.rules.patterns.length; i++) {
+      const [fewest, most] = this.rules.patterns[i].lengths(sets[at + i]);
+      least = Math.max(least, fewest);
+      room = Math.min(room, most);
+    }
+    return Math.max(0, least) <= room;
   }
 
   /** A \u escape with `digits` hex digits read (value `hex`) can still end in a character. */
@@ -100,8 +141,8 @@ export class StringLeaf implements Leaf<StringState> {
     const span = 16 ** (4 - digits);
     const lo = hex * span;
     const hi = lo + span - 1;
-    return (lo < 0xd800 && this.#fits(s, lo, Math.min(hi, 0xd7ff))) ||
-      (hi > 0xdfff && this.#fits(s, Math.max(lo, 0xe000), hi));
+    return (lo < 0xd800 && this.fits(s.count, s.sets, lo, Math.min(hi, 0xd7ff))) ||
+      (hi > 0xdfff && this.fits(s.count, s.sets, Math.max(lo, 0xe000), hi));
   }
 
   /** One more character of the value. */
@@ -111,7 +152,7 @@ export class StringLeaf implements Leaf<StringState> {
     const sets = s.sets.length
       ? s.sets.map((set, i) => this.rules.patterns[i].step(set, cp))
       : s.sets;
-    if (sets.includes(0)) return null;
+    if (sets.includes(0) || (sets.length && !this.closable(s.count + 1, sets))) return null;
     let prefix = s.prefix;
     if (prefix !== null) {
       const next = prefix + String.fromCodePoint(cp);
@@ -168,7 +209,7 @@ export class StringLeaf implements Leaf<StringState> {
     return ranges.some(([a, b]) => {
       const l = Math.max(a, lo);
       const h = Math.min(b, hi);
-      return l <= h && this.#fits(s, l, h);
+      return l <= h && this.fits(s.count, s.sets, l, h);
     });
   }
 
@@ -203,9 +244,11 @@ export class StringLeaf implements Leaf<StringState> {
 
   key(s: StringState, horizon?: number): string {
     // For a mask, counts that no token can tell apart share a key: past minLength and more than
-    // a token's characters from maxLength, a string reads any token the same way.
+    // a token's characters (and its patterns' slack) from maxLength, a string reads any token the
+    // same way.
     const room = this.rules.maxLength - s.count;
-    const count = horizon === undefined || s.count < this.rules.minLength || room <= horizon
+    const count = horizon === undefined || s.count < this.rules.minLength ||
+        room <= horizon + this.#slack
       ? String(s.count)
       : "free";
     const sets = s.sets.join(",");

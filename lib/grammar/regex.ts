@@ -312,6 +312,14 @@ export class Pattern {
   readonly start: number;
   /** Fewest text units (see `cost`) from each NFA state to the accepting one; Infinity if none. */
   readonly #dist: Float64Array;
+  /** Fewest and most characters from each NFA state to the accepting one (see `lengths`). */
+  readonly #fewest: Float64Array;
+  readonly #most: Float64Array;
+  /**
+   * The most characters a live state still lacks: a text with more room than this before its
+   * maxLength is not held back by it (mask keys need not tell such counts apart).
+   */
+  readonly slack: number;
   readonly #mark: Uint32Array;
   #generation = 0;
   /** DFA state → its sorted live NFA states; index 0 is the dead (empty) set. */
@@ -320,15 +328,19 @@ export class Pattern {
   readonly #next = new Map<number, number>();
   /** Per DFA state (the first ASCII_TABLES): its steps on ASCII, -1 until taken. */
   readonly #ascii: Int32Array[] = [];
-  /** Per DFA state: distance() and reads(), once asked. */
+  /** Per DFA state: distance(), reads() and lengths(), once asked. */
   readonly #distances: number[] = [];
   readonly #reads: CharSet[] = [];
+  readonly #lengths: (readonly [number, number])[] = [];
 
   constructor(states: State[], start: number, accept: number, cost: (set: CharSet) => number) {
     this.states = states;
     this.accept = accept;
     this.#mark = new Uint32Array(states.length);
     this.#dist = distances(states, accept, cost);
+    this.#fewest = distances(states, accept, (set) => set.empty ? Infinity : 1);
+    this.#most = longest(states, accept, this.#fewest);
+    this.slack = this.#fewest.reduce((a, b) => b === Infinity ? a : Math.max(a, b), 0);
     this.start = this.#intern(this.#closure([start]));
   }
 
@@ -396,6 +408,38 @@ export class Pattern {
       if (st.set?.meets(lo, hi)) best = Math.min(best, this.#dist[st.next!]);
     }
     return best;
+  }
+
+  /**
+   * Fewest and most characters until `id` can accept (most is Infinity through a loop; the dead
+   * state has [Infinity, -Infinity]). The lengths between are not all possible ones: (ab|abcd)
+   * gives [2, 4].
+   */
+  lengths(id: number): readonly [number, number] {
+    let out = this.#lengths[id];
+    if (out === undefined) {
+      let fewest = Infinity;
+      let most = -Infinity;
+      for (const s of this.#sets[id]) {
+        fewest = Math.min(fewest, this.#fewest[s]);
+        most = Math.max(most, this.#most[s]);
+      }
+      out = this.#lengths[id] = [fewest, most];
+    }
+    return out;
+  }
+
+  /** lengths() once `id` has read one code point in [lo, hi]; [Infinity, -Infinity] if none. */
+  lengthsAfter(id: number, lo: number, hi: number): readonly [number, number] {
+    let fewest = Infinity;
+    let most = -Infinity;
+    for (const s of this.#sets[id]) {
+      const st = this.states[s];
+      if (!st.set?.meets(lo, hi)) continue;
+      fewest = Math.min(fewest, this.#fewest[st.next!]);
+      most = Math.max(most, this.#most[st.next!]);
+    }
+    return [fewest, most];
   }
 
   /** Whether the whole of `text` matches. Linear in its length. */
@@ -467,6 +511,77 @@ function distances(
     }
   }
   return dist;
+}
+
+/**
+ * Most characters on a path from each state to `accept` among the states `fewest` finds a path
+ * from: Infinity through a loop that reads a character. Tarjan's components close after every
+ * component they lead to, so each is measured once its successors are.
+ */
+function longest(
+  states: readonly State[],
+  accept: number,
+  fewest: Float64Array,
+): Float64Array {
+  const most = new Float64Array(states.length).fill(-Infinity);
+  const index = new Int32Array(states.length).fill(-1);
+  const low = new Int32Array(states.length);
+  const onStack = new Uint8Array(states.length);
+  const component = new Int32Array(states.length).fill(-1);
+  const stack: number[] = [];
+  let counter = 0;
+  const edges = (s: number): [number, number][] => {
+    const st = states[s];
+    const out: [number, number][] = st.eps.map((t) => [t, 0]);
+    if (st.set && !st.set.empty) out.push([st.next!, 1]);
+    return out.filter(([t]) => fewest[t] !== Infinity);
+  };
+  /** A component's root, once its members are popped: measures them all. */
+  const close = (s: number) => {
+    const members: number[] = [];
+    let t: number;
+    do {
+      t = stack.pop()!;
+      onStack[t] = 0;
+      component[t] = s;
+      members.push(t);
+    } while (t !== s);
+    let best = component[accept] === s ? 0 : -Infinity;
+    for (const u of members) {
+      for (const [v, w] of edges(u)) {
+        const inside = component[v] === s;
+        best = Math.max(best, inside ? (w ? Infinity : best) : w + most[v]);
+      }
+    }
+    for (const u of members) most[u] = best;
+  };
+  // Depth-first without recursion (chains of unrolled repetitions run thousands of states deep):
+  // each frame is a state and the successors it has yet to visit.
+  const visit = (root: number) => {
+    const frames: [number, number[]][] = [];
+    const enter = (s: number) => {
+      index[s] = low[s] = counter++;
+      stack.push(s);
+      onStack[s] = 1;
+      frames.push([s, edges(s).map(([t]) => t)]);
+    };
+    enter(root);
+    while (frames.length) {
+      const [s, next] = frames.at(-1)!;
+      const t = next.pop();
+      if (t === undefined) {
+        frames.pop();
+        if (low[s] === index[s]) close(s);
+        const parent = frames.at(-1);
+        if (parent) low[parent[0]] = Math.min(low[parent[0]], low[s]);
+      } else if (index[t] < 0) enter(t);
+      else if (onStack[t]) low[s] = Math.min(low[s], index[t]);
+    }
+  };
+  states.forEach((_, s) => {
+    if (fewest[s] !== Infinity && index[s] < 0) visit(s);
+  });
+  return most;
 }
 
 function build(node: Node, states: State[], from: number): number {

@@ -103,6 +103,8 @@ Deno.test("step, meets and distance drive generation: prefixes, ranges and short
   let set = p.start;
   assert.equal(p.distance(set), 4);
   assert.ok(p.meets(set, 0x61, 0x61) && !p.meets(set, 0x62, 0x7a));
+  assert.deepEqual(p.lengthsAfter(set, 0x61, 0x61), [3, Infinity]);
+  assert.deepEqual(p.lengthsAfter(set, 0x62, 0x7a), [Infinity, -Infinity], "it reads no b-z");
   set = p.step(set, 0x61);
   assert.equal(p.distance(set), 3);
   assert.equal(p.step(set, 0x63), 0, "a dead prefix leaves no state");
@@ -113,4 +115,24 @@ Deno.test("step, meets and distance drive generation: prefixes, ranges and short
   // The cost function weighs characters: here a 'c' costs 5.
   const weighted = compilePattern("^ab{2,}c$", (s) => s.has(0x63) ? 5 : 1);
   assert.equal(weighted.distance(weighted.start), 8);
+});
+
+Deno.test("lengths: fewest and most characters to a match, through loops and long chains", () => {
+  const cases: [string, number, number][] = [
+    ["^[a-z]{2,8}$", 2, 8],
+    ["^ab{2,}c$", 4, Infinity],
+    ["abc", 3, Infinity],
+    ["^(a*)*b?$", 0, Infinity],
+    ["^(ab|abcd)-$", 3, 5],
+    ["^a{1300}$", 1300, 1300],
+  ];
+  for (const [source, fewest, most] of cases) {
+    const p = compilePattern(source, unit);
+    assert.deepEqual(p.lengths(p.start), [fewest, most], source);
+  }
+  const p = compilePattern("^(x|ab{3,})$", unit);
+  assert.deepEqual(p.lengths(p.step(p.start, 0x78)), [0, 0]);
+  assert.deepEqual(p.lengthsAfter(p.start, 0x61, 0x61), [3, Infinity]);
+  assert.deepEqual(p.lengths(0), [Infinity, -Infinity], "the dead state never matches");
+  assert.equal(p.slack, 4, "the most any live state still lacks");
 });

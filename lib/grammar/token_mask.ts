@@ -596,8 +596,8 @@ export class GrammarConstraint implements TokenConstraint {
 
   /**
    * The plain text tokens a string body with patterns reads from `body`: each character counts
-   * and steps the patterns (an incomplete last one must still fit them), as StringLeaf.step would,
-   * on numbers.
+   * and steps the patterns (an incomplete last one must still fit them), and the string must
+   * still be closable after it, as StringLeaf.step would, on numbers.
    */
   async #bodyWalk(
     leaf: StringLeaf,
@@ -609,6 +609,7 @@ export class GrammarConstraint implements TokenConstraint {
   ): Promise<number> {
     const trie = this.#vocab.plainTrie;
     const { patterns, maxLength } = leaf.rules;
+    const { bound } = leaf;
     const k = patterns.length;
     // The patterns' states per depth, k at a time.
     const sets = new Int32Array((this.#vocab.maxPlainChars + 1) * k);
@@ -626,12 +627,11 @@ export class GrammarConstraint implements TokenConstraint {
           const next = patterns[i].step(set, symbol >>> 3);
           if (next === 0) return false;
           sets[from + k + i] = next;
-        } else {
-          if (!patterns[i].meets(set, partial.lo, partial.hi)) return false;
-          sets[from + k + i] = set;
-        }
+        } else sets[from + k + i] = set;
       }
-      return true;
+      return partial === null
+        ? !bound || leaf.closable(body.count + d, sets, from + k)
+        : leaf.fits(body.count + d - 1, sets, partial.lo, partial.hi, from);
     };
     const spelt = (n: number) => {
       const d = trie.depth[n];

@@ -65,13 +65,14 @@ function randomSchema(r: Random, depth: number): Json {
   switch (kind) {
     case 0: {
       const s: Record<string, Json> = { type: "string" };
-      // One constraint of the body at a time: the string leaf allows a character after which a
-      // contradictory pair (a pattern and a maxLength or format) can neither go on nor close.
-      const body = r.int(4);
-      if (body === 0) s.pattern = r.pick(PATTERNS);
-      if (body === 1) s.minLength = r.int(4);
-      if (body === 2) s.maxLength = 2 + r.int(30);
-      if (body === 3 && r.chance(0.3)) s.format = r.pick(["date", "uuid"]);
+      // A pattern or a format with length bounds that cut into its lengths ("ab-" at maxLength of
+      // a slug, "12:00:00." at 10 of a time): the mask must allow only characters after which
+      // the string can still close. One of the two at a time: a pattern and a format that
+      // contradict each other's characters (not lengths) are not caught (json_leaves.ts).
+      if (r.chance(0.4)) s.pattern = r.pick(PATTERNS);
+      else if (r.chance(0.25)) s.format = r.pick(["date", "time"]);
+      if (r.chance(0.4)) s.minLength = r.int(6);
+      if (r.chance(0.5)) s.maxLength = (s.format ? 10 : s.pattern ? 7 : 5) + r.int(30);
       return s;
     }
     case 1:
@@ -177,8 +178,10 @@ Deno.test("masks equal the brute-force reference on a 248,320-token vocabulary",
       title: { type: "string", pattern: "^[A-Za-z ,.]{1,40}$" },
       han: { type: "string", pattern: "^[\\u4e00-\\u9fff]+$", maxLength: 6 },
       note: { type: "string", minLength: 3, maxLength: 20 },
+      // A '-' at the 6th character would leave the slug no room to close.
+      tag: { type: "string", pattern: "^[a-z0-9]+(-[a-z0-9]+)*$", maxLength: 6 },
     },
-    required: ["title", "han", "note"],
+    required: ["title", "han", "note", "tag"],
     additionalProperties: false,
   };
   await checkWalk(schemaGrammar(schema), vocab, r, 24, "big vocabulary");
