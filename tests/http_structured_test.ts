@@ -195,6 +195,13 @@ Deno.test("schemas are checked before anything runs: 400s name the path and the 
         /cannot use the pattern "\("/,
       ],
       [
+        tool({ code: { type: "string", pattern: "^[a-z]{5}$", maxLength: 3 } }, {
+          tool_choice: { type: "tool", name: "t" },
+        }),
+        "tools.0.input_schema.properties.code",
+        /no string fits pattern "\^\[a-z\]\{5\}\$" \(5 characters\) and maxLength 3 at once/,
+      ],
+      [
         post(`${head.url}/completion`, { prompt: "x", grammar: "root ::= missing\n" }),
         "grammar",
         /rule "missing" is used but not defined/,

@@ -19,6 +19,7 @@ import {
   typesOf,
   unsupportedKeywords,
 } from "./json_schema.ts";
+import type { Pattern } from "./regex.ts";
 
 /** Most array positions (past minItems) or required leading items a schema may spell out. */
 const MAX_POSITIONS = 4096;
@@ -208,22 +209,48 @@ export class JsonGrammarBuilder {
     if (minLength > maxLength) {
       throw new SchemaError(p, `minLength ${minLength} is above maxLength ${maxLength}`);
     }
-    const patterns = [];
+    // Each pattern with the keyword it comes from, to name it when they contradict.
+    const named: [string, Pattern | null][] = [];
     if (s.pattern !== undefined) {
       if (typeof s.pattern !== "string") {
         throw new SchemaError(join(p, "pattern"), "expected a string");
       }
-      patterns.push(schemaPattern(s.pattern, join(p, "pattern"), this.#strict));
+      named.push([
+        `pattern ${JSON.stringify(s.pattern)}`,
+        schemaPattern(s.pattern, join(p, "pattern"), this.#strict),
+      ]);
     }
     if (typeof s.format === "string" && FORMAT_PATTERNS[s.format]) {
-      patterns.push(schemaPattern(FORMAT_PATTERNS[s.format], join(p, "format"), true));
+      named.push([
+        `format "${s.format}"`,
+        schemaPattern(FORMAT_PATTERNS[s.format], join(p, "format"), true),
+      ]);
     }
+    const used = named.filter((x): x is [string, Pattern] => x[1] !== null);
     const leaf = new StringLeaf(
-      { minLength, maxLength, patterns: patterns.filter((x) => x !== null), exclude },
+      { minLength, maxLength, patterns: used.map(([, pattern]) => pattern), exclude },
       `s${this.#leaves++}`,
     );
     if (leaf.distance(leaf.start) === Infinity) {
       throw new SchemaError(join(p, "pattern"), "the pattern matches no string");
+    }
+    if (!leaf.closable(0, leaf.start.sets)) {
+      // Lengths are what can contradict here: say each keyword's.
+      const parts = used.map(([name, pattern]) => {
+        const [fewest, most] = pattern.lengths(pattern.start);
+        const span = most === Infinity
+          ? `${fewest} or more`
+          : fewest === most
+          ? `${fewest}`
+          : `${fewest} to ${most}`;
+        return `${name} (${span} characters)`;
+      });
+      if (minLength > 0) parts.push(`minLength ${minLength}`);
+      if (maxLength !== Infinity) parts.push(`maxLength ${maxLength}`);
+      throw new SchemaError(
+        p,
+        `no string fits ${parts.join(" and ")} at once; loosen one of them`,
+      );
     }
     return { kind: "leaf", leaf };
   }

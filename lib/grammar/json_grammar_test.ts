@@ -219,6 +219,21 @@ Deno.test("unsupported keywords and unusable schemas are refused, naming the pat
     ],
     [{ type: "integer", exclusiveMinimum: 1, exclusiveMaximum: 2 }, /no integer fits/],
     [{ type: "string", minLength: 5, maxLength: 2 }, /^minLength 5 is above maxLength 2/],
+    [
+      {
+        type: "object",
+        properties: { s: { type: "string", pattern: "^[a-z]{5}$", maxLength: 3 } },
+      },
+      /^properties\.s: no string fits pattern "\^\[a-z\]\{5\}\$" \(5 characters\) and maxLength 3 at once/,
+    ],
+    [
+      { type: "string", pattern: "^[a-z]{2,3}$", format: "date" },
+      /^no string fits pattern .* \(2 to 3 characters\) and format "date" \(10 characters\) at once/,
+    ],
+    [
+      { type: "string", pattern: "abc", minLength: 1, maxLength: 2 },
+      /\(3 or more characters\) and minLength 1 and maxLength 2 at once; loosen one of them/,
+    ],
     [{ type: "array", minItems: 3, maxItems: 1 }, /^minItems 3 is above the 1 items allowed/],
     [{ enum: [] }, /^enum: an empty enum allows no value/],
     [{ type: "string", enum: [1, 2] }, /^enum: no value of the enum fits/],
