@@ -126,14 +126,15 @@ export class StringLeaf implements Leaf<StringState> {
    */
   closable(count: number, sets: ArrayLike<number>, at = 0): boolean {
     if (!this.bound) return true;
-    let least = this.rules.minLength - count;
-    let room = this.rules.maxLength - count;
-    for (let i = 0; i < this.rules.patterns.length; i++) {
-      const [fewest, most] = this.rules.patterns[i].lengths(sets[at + i]);
-      least = Math.max(least, fewest);
-      room = Math.min(room, most);
+    const { patterns, minLength, maxLength } = this.rules;
+    let least = Math.max(0, minLength - count);
+    let room = maxLength - count;
+    for (let i = 0; i < patterns.length; i++) {
+      const bounds = patterns[i].lengths(sets[at + i]);
+      if (bounds[0] > least) least = bounds[0];
+      if (bounds[1] < room) room = bounds[1];
     }
-    return Math.max(0, least) <= room;
+    return least <= room;
   }
 
   /** A \u escape with `digits` hex digits read (value `hex`) can still end in a character. */

@@ -328,10 +328,14 @@ export class Pattern {
   readonly #next = new Map<number, number>();
   /** Per DFA state (the first ASCII_TABLES): its steps on ASCII, -1 until taken. */
   readonly #ascii: Int32Array[] = [];
-  /** Per DFA state: distance(), reads() and lengths(), once asked. */
+  /** Per DFA state: distance() and reads(), once asked. */
   readonly #distances: number[] = [];
   readonly #reads: CharSet[] = [];
-  readonly #lengths: (readonly [number, number])[] = [];
+  /**
+   * Per DFA state: lengths(), from when it is made (mask walks ask at every character; a dense
+   * array stays a fast one where one filled as asked could turn into a dictionary).
+   */
+  readonly #lengths: (readonly [number, number])[] = [[Infinity, -Infinity]];
 
   constructor(states: State[], start: number, accept: number, cost: (set: CharSet) => number) {
     this.states = states;
@@ -416,17 +420,7 @@ export class Pattern {
    * gives [2, 4].
    */
   lengths(id: number): readonly [number, number] {
-    let out = this.#lengths[id];
-    if (out === undefined) {
-      let fewest = Infinity;
-      let most = -Infinity;
-      for (const s of this.#sets[id]) {
-        fewest = Math.min(fewest, this.#fewest[s]);
-        most = Math.max(most, this.#most[s]);
-      }
-      out = this.#lengths[id] = [fewest, most];
-    }
-    return out;
+    return this.#lengths[id];
   }
 
   /** lengths() once `id` has read one code point in [lo, hi]; [Infinity, -Infinity] if none. */
@@ -463,6 +457,13 @@ export class Pattern {
       }
       id = this.#sets.length;
       this.#sets.push(set);
+      let fewest = Infinity;
+      let most = -Infinity;
+      for (const s of set) {
+        fewest = Math.min(fewest, this.#fewest[s]);
+        most = Math.max(most, this.#most[s]);
+      }
+      this.#lengths.push([fewest, most]);
       this.#ids.set(key, id);
     }
     return id;
