@@ -30,7 +30,7 @@ const ROLE_ENTRIES: Readonly<Record<Role, string>> = { head: "main.ts", worker: 
  * compile embeds a worker's module only when told to.
  */
 export const ROLE_THREADS: Readonly<Record<Role, readonly string[]>> = {
-  head: ["lib/tokenizer/tokenizer_worker.ts", "lib/server/header_guard_worker.ts"],
+  head: ["lib/tokenizer/tokenizer_worker.ts"],
   worker: [],
 };
 

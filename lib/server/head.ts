@@ -19,7 +19,7 @@ import { accessLog } from "./access_log.ts";
 import { ApiError, errorResponse } from "./api_error.ts";
 import { listenError } from "../cli.ts";
 import { createHandler } from "./handler.ts";
-import { type HeaderGuardThread, startHeaderGuardThread } from "./header_guard_thread.ts";
+import { guardHeaders } from "./header_guard.ts";
 import { PromptBuilder } from "./prompt.ts";
 
 export interface HeadOptions {
@@ -88,6 +88,12 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
   let handle: Handle = loading;
   const hostname = options.host ?? "127.0.0.1";
   const port = options.port ?? 8080;
+  let listener: Deno.Listener<Deno.TcpConn>;
+  try {
+    listener = Deno.listen({ hostname, port });
+  } catch (e) {
+    throw listenError(hostname, port, e, "--host/--port");
+  }
   // Deno.serve has no header timeout: it listens on loopback behind a guard that gives every
   // connection headerTimeoutMs for its request head.
   const listening = Promise.withResolvers<Deno.NetAddr>();
@@ -103,25 +109,18 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
       );
     },
   }, (request) => handle(request));
-  let guard: HeaderGuardThread;
-  try {
-    guard = await startHeaderGuardThread({
-      hostname,
-      port,
-      upstream: await listening.promise,
-      headerTimeoutMs: options.headerTimeoutMs ?? 10_000,
-      log,
-    });
-  } catch (e) {
-    await server.shutdown();
-    throw listenError(hostname, port, e, "--host/--port");
-  }
+  const guard = guardHeaders({
+    listener,
+    upstream: await listening.promise,
+    headerTimeoutMs: options.headerTimeoutMs ?? 10_000,
+    log,
+  });
   const shutdown = async () => {
     guard.close();
     await server.shutdown();
     await guard.finished;
   };
-  const addr = guard.addr;
+  const addr = listener.addr as Deno.NetAddr;
   const cleanup: (() => void)[] = [];
   try {
     const model = await openGguf(options.model);
