@@ -21,7 +21,7 @@ import {
   whole,
 } from "../lib/cli.ts";
 import { connectRemoteStage } from "../lib/wire/remote_stage.ts";
-import { median } from "./measure.ts";
+import { median, timeDecode } from "./measure.ts";
 import { startWorker } from "./split.ts";
 
 /** Median ms of a greedy decode step through `stages`, and of each stage's share. */
@@ -33,34 +33,34 @@ export interface ProbeRow {
 }
 
 /**
- * `steps` greedy single-token steps from position 0, twice: the first pass warms the slot's
- * kernels and the stages' encode-ahead, the second is timed.
+ * `steps` greedy single-token steps from position 0 (bench/measure.ts timeDecode), twice: the
+ * first pass warms the slot's kernels and the stages' encode-ahead, the second is timed, each
+ * stage's run on its own; a step is the sum of its stages' runs.
  */
 export async function timeSteps(
   stages: readonly Stage[],
   steps: number,
   what: string,
 ): Promise<ProbeRow> {
-  const step: number[] = [];
-  const parts: number[][] = stages.map(() => []);
-  for (let pass = 0; pass < 2; pass++) {
-    let id = 1;
-    for (let pos = 0; pos < steps; pos++) {
-      let input: Parameters<Stage["run"]>[1] = { kind: "ids", ids: Uint32Array.of(id) };
-      const t0 = performance.now();
-      let t = t0;
-      for (const [i, stage] of stages.entries()) {
-        const out = await stage.run(0, input, 1, pos);
-        const now = performance.now();
-        if (pass === 1) parts[i].push(now - t);
-        t = now;
-        if (out.kind === "ids") id = out.ids[0];
-        else input = { kind: "hidden", rows: out.rows };
-      }
-      if (pass === 1) step.push(t - t0);
-    }
-  }
-  return { what, stepMs: median(step), stageMs: parts.map(median) };
+  const times: number[][] = stages.map(() => []);
+  const timed = stages.map((stage, i) =>
+    new Proxy(stage, {
+      get(target, key) {
+        if (key !== "run") return Reflect.get(target, key, target);
+        return async (...args: Parameters<Stage["run"]>) => {
+          const t = performance.now();
+          const out = await target.run(...args);
+          times[i].push(performance.now() - t);
+          return out;
+        };
+      },
+    })
+  );
+  await timeDecode(timed, 1, steps);
+  for (const t of times) t.length = 0;
+  await timeDecode(timed, 1, steps);
+  const step = times[0].map((_, s) => times.reduce((sum, t) => sum + t[s], 0));
+  return { what, stepMs: median(step), stageMs: times.map(median) };
 }
 
 const PROBE = {
