@@ -18,7 +18,8 @@ import { ParamArena, StepEncoder } from "../engine/gpu/encoder.ts";
 /** Seeded uniforms in [0, 1) for test data (shared with the fuzz tests). */
 export { rng } from "./_fuzz.ts";
 
-async function open(): Promise<GpuContext | undefined> {
+/** A device of its own on the tests' provider (a fresh kernel cache); undefined without one. */
+export async function openTestGpu(): Promise<GpuContext | undefined> {
   try {
     const gpu = (Deno.env.get("TANDEM_GPU") ?? "builtin") as ProviderChoice;
     return await openGpu({ gpu, allowSoftware: true, log: () => {} });
@@ -27,7 +28,7 @@ async function open(): Promise<GpuContext | undefined> {
   }
 }
 
-const opened = await open();
+const opened = await openTestGpu();
 
 /** True when no adapter could be opened: GPU tests are then skipped. */
 export const ignore = opened === undefined;

@@ -12,7 +12,7 @@ import {
   StepEncoder,
   type StepTimer,
 } from "./encoder.ts";
-import { settleKernels } from "./kernel.ts";
+import { collectVariants, compileAhead, settleKernels } from "./kernel.ts";
 import type { DispatchProfiler } from "./profiler.ts";
 import type { GgufModel } from "../gguf/gguf_model.ts";
 import { argmaxScratchWords } from "./kernels/argmax.ts";
@@ -692,12 +692,6 @@ export async function openGpuStage(
   const log = options.log ?? ((line: string) => console.error(line));
   const mem = new GpuMemory(gpu);
   try {
-    const weights = await loadStageWeights(mem, model, hp, {
-      first,
-      end,
-      maxPartBytes: options.maxPartBytes,
-      log,
-    });
     const { lmChunk, attnPartFloats } = activationShape(hp, { first, end }, ctx, maxBatch);
     const act = allocActivations(mem, activationFloats(hp, maxBatch, lmChunk, attnPartFloats));
     const sets = Array.from(
@@ -705,6 +699,19 @@ export async function openGpuStage(
       (_, i) =>
         allocState(mem, hp, first, end, ctx, i < slots ? `slot ${i}` : `snapshot ${i - slots}`),
     );
+    const arena = new ParamArena(mem);
+    const load = { first, end, maxPartBytes: options.maxPartBytes, log };
+    // The kernels compile (on Dawn's worker threads) while the weights load: the steps are
+    // recorded first against the weights' shapes, which need none of their bytes.
+    const shapes = await loadStageWeights(mem, model, hp, { ...load, describe: true });
+    const ahead = compileAhead(gpu, () => {
+      const described: ForwardPlan = { hp, first, weights: shapes, act, lmChunk };
+      recordSteps(new StepEncoder(gpu, arena), described, sets[0], maxBatch);
+    });
+    const weights = await loadStageWeights(mem, model, hp, load);
+    const weightsIn = performance.now();
+    const waiting = ahead.unfinished;
+    const late = await ahead.settle(KERNEL_DEADLINE_MS);
     const stateBytes = sets.flat().flatMap(stateBuffers).reduce((s, b) => s + b.size, 0);
     const actBytes = Object.values(act).reduce((s, b) => s + b.size, 0);
     log(
@@ -713,8 +720,18 @@ export async function openGpuStage(
       }; activations for ${maxBatch} tokens: ${formatBytes(actBytes)}`,
     );
     const plan: ForwardPlan = { hp, first, weights, act, lmChunk };
-    const arena = new ParamArena(mem);
-    await buildKernels(new StepEncoder(gpu, arena), plan, sets[0], maxBatch);
+    const used = await buildKernels(new StepEncoder(gpu, arena), plan, sets[0], maxBatch);
+    const missed = [...used].filter((n) => !ahead.names.has(n));
+    const unused = [...ahead.names].filter((n) => !used.has(n));
+    log(
+      `Kernels: ${used.size} variants, ${ahead.compiling} compiled while the weights loaded; ${waiting} still compiling when the weights were in, done ${
+        ((performance.now() - weightsIn) / 1000).toFixed(2)
+      } s after them${
+        late ? `; ${late} built synchronously after ${KERNEL_DEADLINE_MS / 1000} s` : ""
+      }${missed.length ? `; missing from the plan: ${missed.join(", ")}` : ""}${
+        unused.length ? `; planned but unused: ${unused.join(", ")}` : ""
+      }`,
+    );
     return new GpuStage(mem, arena, hp, plan, sets, first, end, slots, ctx, maxBatch, options);
   } catch (e) {
     mem.destroy();
@@ -723,16 +740,21 @@ export async function openGpuStage(
 }
 
 /**
- * Builds every kernel variant the stage's steps use, by recording (never submitting) steps of
- * 1, 2 and maxBatch tokens, the shapes between which variants change, then waits for their
- * compilation: encoding is synchronous, so no step should have to build a pipeline.
+ * How long a stage waits, once its weights are in, for kernels compiling ahead before it builds
+ * the rest synchronously: Dawn under Deno was seen to leave async pipelines unresolved.
  */
-async function buildKernels(
+const KERNEL_DEADLINE_MS = 30_000;
+
+/**
+ * Records (never submits) steps of 1, 2 and maxBatch tokens, the shapes between which kernel
+ * variants change, so that every variant the stage's steps use is asked for.
+ */
+function recordSteps(
   enc: StepEncoder,
   plan: ForwardPlan,
   states: readonly GpuLayerState[],
   maxBatch: number,
-): Promise<void> {
+): void {
   for (const T of new Set([1, Math.min(2, maxBatch), maxBatch])) {
     encodeLayers(enc, plan, states, T, 0);
     if (plan.weights.output) {
@@ -741,5 +763,20 @@ async function buildKernels(
       encodeHead(enc, plan, T, 1, { buffer: plan.act.greedy, offset: 0 }, adjust);
     }
   }
+}
+
+/**
+ * Builds every kernel variant the stage's steps use that is not built yet (compileAhead built
+ * them all unless its plan missed one) and waits for their compilation: encoding is synchronous,
+ * so no step should have to build a pipeline. Returns the names of the variants used.
+ */
+async function buildKernels(
+  enc: StepEncoder,
+  plan: ForwardPlan,
+  states: readonly GpuLayerState[],
+  maxBatch: number,
+): Promise<Set<string>> {
+  const used = collectVariants(enc.ctx, () => recordSteps(enc, plan, states, maxBatch));
   await settleKernels(enc.ctx);
+  return used;
 }

@@ -13,7 +13,7 @@ import type { GgufModel, GgufTensorInfo } from "../gguf/gguf_model.ts";
 import { stageTensorNames } from "../gguf/stage_shard.ts";
 import type { HParams } from "../hparams.ts";
 import { dequantize } from "../quant/dequant.ts";
-import { FillStaging, formatBytes, type GpuMemory } from "./buffers.ts";
+import { dummyStorage, FillStaging, formatBytes, type GpuMemory } from "./buffers.ts";
 import { type GpuTensor, uploadConcat, type UploadOptions, uploadTensor } from "./tensor.ts";
 
 /** A matrix whose output rows land at `offset` of a wider activation row. */
@@ -85,6 +85,12 @@ export interface LoadStageOptions {
   readonly maxPartBytes?: number;
   /** Progress and the memory report go here. */
   readonly log?: (line: string) => void;
+  /**
+   * Describe the weights only: check the tensors and plan their parts, reading nothing and
+   * creating no buffers (every buffer is a dummy). A stage records its steps against these
+   * shapes to compile its kernels while the real load runs.
+   */
+  readonly describe?: boolean;
 }
 
 /** Bytes above which loading shows progress. */
@@ -155,6 +161,7 @@ class Loader {
       rowOrder,
       onBytes: (n) => this.#progress(n),
       staging: this.staging,
+      describe: this.options.describe,
     };
     const t = await uploadTensor(this.mem, this.model, name, opts);
     this.#count(cls, t.bytes);
@@ -185,6 +192,7 @@ class Loader {
           maxPartBytes: this.options.maxPartBytes,
           onBytes: (n) => this.#progress(n),
           staging: this.staging,
+          describe: this.options.describe,
         });
         this.#count(cls, w.bytes);
       }
@@ -198,6 +206,7 @@ class Loader {
   /** A small tensor dequantized to f32 on the CPU. */
   async vector(name: string, shape: readonly number[]): Promise<Float32Array> {
     const t = this.info(name, shape);
+    if (this.options.describe) return new Float32Array(0);
     const n = shape.reduce((a, b) => a * b, 1);
     const bytes = await this.model.readTensor(name);
     this.#progress(bytes.length);
@@ -207,6 +216,7 @@ class Loader {
   /** Small f32 vectors concatenated into one GPU buffer. */
   async vectors(cls: string, label: string, parts: Promise<Float32Array>[]): Promise<GPUBuffer> {
     const values = await Promise.all(parts);
+    if (this.options.describe) return dummyStorage(this.mem.ctx);
     const all = new Float32Array(values.reduce((s, v) => s + v.length, 0));
     let at = 0;
     for (const v of values) {
@@ -393,6 +403,6 @@ export async function loadStageWeights(
       : await l.matrix("lm head", tied ? "token_embd.weight" : "output.weight", [hp.D, hp.V]);
   }
   const report = [...l.bytes].map(([cls, n]) => `${cls} ${formatBytes(n)}`).join(", ");
-  options.log?.(`GPU weights for layers ${first}..${end}: ${report}`);
+  if (!options.describe) options.log?.(`GPU weights for layers ${first}..${end}: ${report}`);
   return { layers, embedding, outputNorm, output, bytes: l.bytes };
 }

@@ -104,13 +104,23 @@ interface DeviceCache {
   readonly kernels: Map<string, Kernel>;
   /** Compile errors not yet awaited (settleKernels). */
   pending: Promise<void>[];
+  /** Variants compiling asynchronously, by name, until they land in `kernels` or fail. */
+  readonly ahead: Map<string, Ahead>;
+  /** The recording whose variants are being collected now (collectVariants, compileAhead). */
+  recording: { readonly names: Set<string>; readonly ahead: boolean } | undefined;
 }
 const caches = new WeakMap<GPUDevice, DeviceCache>();
 
 function cacheOf(device: GPUDevice): DeviceCache {
   let c = caches.get(device);
   if (!c) {
-    c = { layouts: new Map(), kernels: new Map(), pending: [] };
+    c = {
+      layouts: new Map(),
+      kernels: new Map(),
+      pending: [],
+      ahead: new Map(),
+      recording: undefined,
+    };
     caches.set(device, c);
   }
   return c;
@@ -137,47 +147,220 @@ function bindGroupLayoutOf(ctx: GpuContext, iface: KernelInterface): GPUBindGrou
   return bgl;
 }
 
+function pipelineDescriptor(
+  device: GPUDevice,
+  v: Variant,
+  code: string,
+  bindGroupLayout: GPUBindGroupLayout,
+): GPUComputePipelineDescriptor {
+  return {
+    label: v.name,
+    layout: device.createPipelineLayout({ label: v.name, bindGroupLayouts: [bindGroupLayout] }),
+    compute: { module: device.createShaderModule({ label: v.name, code }), entryPoint: "main" },
+  };
+}
+
+function compileError(family: KernelFamily<unknown>, v: Variant, message: string): Error {
+  return new Error(`Cannot compile kernel ${v.name} (${family.file}): ${message}`);
+}
+
 /**
  * Builds a variant's pipeline synchronously inside an error scope, whose outcome joins the
- * device's pending list: stages compile while they open, where blocking is fine, and Dawn under
- * Deno was seen to leave createComputePipelineAsync unresolved now and then.
+ * device's pending list: a recording that meets a variant not built yet cannot wait for it.
  */
 function build(ctx: GpuContext, family: KernelFamily<unknown>, v: Variant): Kernel {
   const { code, iface } = variantSource(family, v);
   const { device } = ctx;
   const bindGroupLayout = bindGroupLayoutOf(ctx, iface);
   device.pushErrorScope("validation");
-  const pipeline = device.createComputePipeline({
-    label: v.name,
-    layout: device.createPipelineLayout({ label: v.name, bindGroupLayouts: [bindGroupLayout] }),
-    compute: { module: device.createShaderModule({ label: v.name, code }), entryPoint: "main" },
-  });
+  const pipeline = device.createComputePipeline(
+    pipelineDescriptor(device, v, code, bindGroupLayout),
+  );
   const cache = cacheOf(device);
   cache.pending.push(
     device.popErrorScope().then((error) => {
       if (!error) return;
       cache.kernels.delete(v.name);
-      throw new Error(`Cannot compile kernel ${v.name} (${family.file}): ${error.message}`);
+      throw compileError(family, v, error.message);
     }),
   );
   return { name: v.name, file: family.file, iface, pipeline, bindGroupLayout };
 }
 
+/** A variant compiling with createComputePipelineAsync. */
+interface Ahead {
+  readonly family: KernelFamily<unknown>;
+  readonly variant: Variant;
+  /** What a planning recording gets: the interface, and no pipeline to encode. */
+  readonly placeholder: Kernel;
+  /** Undefined while compiling, then the kernel (in the cache) or why it failed. */
+  outcome: Kernel | Error | undefined;
+  /** Settles (never rejects) once `outcome` is set. */
+  readonly done: Promise<void>;
+}
+
+/**
+ * Starts compiling a variant off the caller's path: Dawn's Vulkan backend compiles async
+ * pipelines on its worker threads. The kernel joins the cache when it is ready, unless a
+ * synchronous build of the same name got there first (settle's deadline), so a name is never
+ * compiled into the cache twice.
+ */
+function buildAhead(ctx: GpuContext, family: KernelFamily<unknown>, v: Variant): Ahead {
+  const { code, iface } = variantSource(family, v);
+  const { device } = ctx;
+  const cache = cacheOf(device);
+  const bindGroupLayout = bindGroupLayoutOf(ctx, iface);
+  const { name } = v;
+  const { file } = family;
+  device.pushErrorScope("validation");
+  let pipeline: Promise<GPUComputePipeline>;
+  try {
+    pipeline = device.createComputePipelineAsync(
+      pipelineDescriptor(device, v, code, bindGroupLayout),
+    );
+  } catch (e) {
+    pipeline = Promise.reject(e);
+  }
+  // The shader module's own validation errors land in the scope, the pipeline's in the promise.
+  const scope = device.popErrorScope();
+  const entry: Ahead = {
+    family,
+    variant: v,
+    placeholder: {
+      name,
+      file,
+      iface,
+      bindGroupLayout,
+      get pipeline(): GPUComputePipeline {
+        throw new Error(
+          `Cannot encode kernel ${name}: it is compiling ahead; a recording that plans kernels is not for encoding`,
+        );
+      },
+    },
+    outcome: undefined,
+    done: Promise.all([pipeline, scope]).then(
+      ([pipeline, error]) => {
+        if (error) throw new Error(error.message);
+        const kernel: Kernel = { name, file, iface, pipeline, bindGroupLayout };
+        if (!cache.kernels.has(name)) cache.kernels.set(name, kernel);
+        entry.outcome = cache.kernels.get(name);
+      },
+    ).catch((e: unknown) => {
+      entry.outcome = compileError(family, v, e instanceof Error ? e.message : String(e));
+    }).finally(() => {
+      if (cache.ahead.get(name) === entry) cache.ahead.delete(name);
+    }),
+  };
+  return entry;
+}
+
 /**
  * The pipeline of a family's variant for `key`, built on first use (once per device). Encoding
- * is synchronous, so a stage records one step of each shape when it opens to build them all,
- * then awaits settleKernels. A name stands for one define set (wgsl_contract_test.ts checks
- * the families), so a cached name is reused without comparing defines: this runs per dispatch.
+ * is synchronous, so a stage compiles the variants of its steps while it opens (compileAhead),
+ * then records one step of each shape to check that they are all built. Inside compileAhead's
+ * recording, a missing variant starts compiling and comes back without a pipeline. A name
+ * stands for one define set (wgsl_contract_test.ts checks the families), so a cached name is
+ * reused without comparing defines: this runs per dispatch.
  */
 export function kernelFor<K>(ctx: GpuContext, family: KernelFamily<K>, key: K): Kernel {
   const v = family.variant(ctx, key);
   const cache = cacheOf(ctx.device);
+  const recording = cache.recording;
+  recording?.names.add(v.name);
   let kernel = cache.kernels.get(v.name);
   if (!kernel) {
+    if (recording?.ahead) {
+      let entry = cache.ahead.get(v.name);
+      if (!entry) {
+        entry = buildAhead(ctx, family as KernelFamily<unknown>, v);
+        cache.ahead.set(v.name, entry);
+      }
+      return entry.placeholder;
+    }
     kernel = build(ctx, family as KernelFamily<unknown>, v);
     cache.kernels.set(v.name, kernel);
   }
   return kernel;
+}
+
+function collect(ctx: GpuContext, ahead: boolean, record: () => void): Set<string> {
+  const cache = cacheOf(ctx.device);
+  if (cache.recording) throw new Error("Cannot collect kernel variants: a collection is running");
+  const names = new Set<string>();
+  cache.recording = { names, ahead };
+  try {
+    record();
+  } finally {
+    cache.recording = undefined;
+  }
+  return names;
+}
+
+/** The names of the variants `record` asks for; it builds the missing ones as usual. */
+export function collectVariants(ctx: GpuContext, record: () => void): Set<string> {
+  return collect(ctx, false, record);
+}
+
+/**
+ * Starts compiling, with createComputePipelineAsync, every variant `record` asks for that is
+ * not built yet, and returns at once. `record` must only record: its dispatches get kernels
+ * without pipelines, so what it records cannot be encoded. A stage records its steps against
+ * the shapes of its weights, before reading them, to compile while they load.
+ */
+export function compileAhead(ctx: GpuContext, record: () => void): KernelsAhead {
+  const names = collect(ctx, true, record);
+  const ahead = cacheOf(ctx.device).ahead;
+  const entries = [...names].flatMap((n) => ahead.get(n) ?? []);
+  return new KernelsAhead(ctx, names, entries);
+}
+
+/** The variants of one compileAhead, and their wait. */
+export class KernelsAhead {
+  readonly #ctx: GpuContext;
+  readonly #entries: readonly Ahead[];
+
+  constructor(ctx: GpuContext, readonly names: ReadonlySet<string>, entries: readonly Ahead[]) {
+    this.#ctx = ctx;
+    this.#entries = entries;
+  }
+
+  /** Variants this plan started or joined (the others were built already). */
+  get compiling(): number {
+    return this.#entries.length;
+  }
+
+  /** Those of them not finished yet. */
+  get unfinished(): number {
+    return this.#entries.filter((e) => e.outcome === undefined).length;
+  }
+
+  /**
+   * Waits for the variants, up to `deadlineMs`, then builds the unfinished ones synchronously
+   * (Dawn under Deno was seen to leave async pipelines unresolved; a late one is dropped when
+   * it lands). Throws the first compile error, naming the kernel. Returns how many were late.
+   */
+  async settle(deadlineMs: number): Promise<number> {
+    let timer: ReturnType<typeof setTimeout> | undefined;
+    const deadline = new Promise<void>((resolve) => {
+      timer = setTimeout(resolve, deadlineMs);
+    });
+    try {
+      await Promise.race([Promise.all(this.#entries.map((e) => e.done)), deadline]);
+    } finally {
+      clearTimeout(timer);
+    }
+    const failed = this.#entries.find((e) => e.outcome instanceof Error);
+    if (failed) throw failed.outcome;
+    const cache = cacheOf(this.#ctx.device);
+    let late = 0;
+    for (const { family, variant, outcome } of this.#entries) {
+      if (outcome !== undefined || cache.kernels.has(variant.name)) continue;
+      cache.kernels.set(variant.name, build(this.#ctx, family, variant));
+      late++;
+    }
+    await settleKernels(this.#ctx);
+    return late;
+  }
 }
 
 /** Waits for every pipeline built so far; throws the first that failed to compile. */

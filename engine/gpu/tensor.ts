@@ -7,7 +7,13 @@
 
 import type { GgufModel } from "../gguf/gguf_model.ts";
 import { GgmlType, rowBytes, typeName } from "../quant/ggml_types.ts";
-import type { Fill, FillStaging, GpuMemory } from "./buffers.ts";
+import {
+  dummyStorage,
+  type Fill,
+  type FillStaging,
+  type GpuMemory,
+  paddedSize,
+} from "./buffers.ts";
 
 export interface TensorPart {
   readonly buffer: GPUBuffer;
@@ -42,6 +48,11 @@ export interface UploadOptions {
   readonly staging?: FillStaging;
   /** Fill parts mapped at creation or through writeBuffer (default: by provider; tests). */
   readonly mapped?: boolean;
+  /**
+   * Plan the parts only: read nothing and create no buffers, every part naming a dummy. A
+   * stage records its steps against such shapes to compile its kernels while the weights load.
+   */
+  readonly describe?: boolean;
 }
 
 /** Reads `dst.length` bytes of a tensor's data, from byte `start` of it, into `dst`. */
@@ -164,6 +175,9 @@ export interface TensorDesc {
   readonly shape: readonly number[];
 }
 
+/** The word the dequantizer may read past a part's last row. */
+const PART_PADDING = 4;
+
 async function uploadRows(
   mem: GpuMemory,
   desc: TensorDesc,
@@ -190,6 +204,11 @@ async function uploadRows(
       `Cannot reorder tensor "${name}": ${order.length} row indices for ${rows} rows of a ${shape.length}-D tensor`,
     );
   }
+  if (options.describe) {
+    const parts = plan.map((p) => ({ ...p, buffer: dummyStorage(ctx) }));
+    const bytes = plan.reduce((s, p) => s + paddedSize(p.rows * rb + PART_PADDING), 0);
+    return { name, type, cols, matrixRows, experts, rowBytes: rb, bytes, parts };
+  }
   let whole: Uint8Array | undefined;
   if (order) {
     const file = new Uint8Array(rows * rb);
@@ -203,9 +222,8 @@ async function uploadRows(
     const fill: Fill = whole
       ? (dst, at) => Promise.resolve(dst.set(whole.subarray(first + at, first + at + dst.length)))
       : (dst, at) => read(dst, first + at);
-    // The word of padding is the one the dequantizer may read past the last row.
     const buffer = await mem.fill(`${name}[${p.firstRow}+${p.rows}]`, p.rows * rb, fill, {
-      padding: 4,
+      padding: PART_PADDING,
       staging: options.staging,
       onPiece: options.onBytes,
       mapped: options.mapped,
