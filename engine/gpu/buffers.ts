@@ -139,6 +139,9 @@ export async function fillStorage(
         await fill(view.subarray(at, at + len), at);
         options.onPiece?.(len);
       }
+      // The tail is zeroed here: Dawn is asked not to clear mapped-at-creation buffers
+      // (engine/gpu/dawn.ts DAWN_TOGGLES), so nothing else writes it.
+      view.fill(0, bytes);
       buffer.unmap();
       return buffer;
     }

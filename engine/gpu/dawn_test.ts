@@ -2,7 +2,14 @@
 // wait after a quiet spell, and a setImmediate that stays whole for everything but Dawn's polls.
 
 import assert from "node:assert/strict";
-import { paceDawnPolls, POLL_MAX_MS, POLL_MIN_MS, PollPacer } from "./dawn.ts";
+import {
+  DAWN_TOGGLES,
+  dawnOptions,
+  paceDawnPolls,
+  POLL_MAX_MS,
+  POLL_MIN_MS,
+  PollPacer,
+} from "./dawn.ts";
 
 Deno.test("PollPacer: a wait polls at once, then after pauses doubling up to the max", () => {
   const pacer = new PollPacer();
@@ -79,4 +86,15 @@ Deno.test("paced Dawn polls leave the event loop serving sockets", async () => {
     await echo;
     listener.close();
   }
+});
+
+Deno.test("dawnOptions: key=value pairs whose values may hold commas, plus the engine's toggles", () => {
+  const toggles = `enable-dawn-features=${DAWN_TOGGLES.join(",")}`;
+  assert.deepEqual(dawnOptions(undefined), [toggles]);
+  assert.deepEqual(dawnOptions("backend=vulkan"), ["backend=vulkan", toggles]);
+  // A toggle list of the caller's replaces the engine's, commas and all.
+  assert.deepEqual(
+    dawnOptions("backend=null,enable-dawn-features=dump_shaders,disable_symbol_renaming,,"),
+    ["backend=null", "enable-dawn-features=dump_shaders,disable_symbol_renaming"],
+  );
 });
