@@ -54,6 +54,12 @@ function envOptions(): string | undefined {
 export const POLL_MAX_MS = 0.25;
 /** First pause after the immediate first poll of a wait (ms); each later one doubles. */
 export const POLL_MIN_MS = 0.02;
+/** Longest pause while the awaited work's expected end is further off than FINE_BEFORE_MS. */
+export const POLL_FAR_MS = 0.5;
+/** Polls come every POLL_MIN_MS from this long before an expected end... */
+export const FINE_BEFORE_MS = 0.05;
+/** ...until this long after it. */
+export const FINE_AFTER_MS = 0.15;
 
 /**
  * When Dawn polls for GPU events. While any promise of Dawn's waits (mapAsync,
@@ -63,24 +69,47 @@ export const POLL_MIN_MS = 0.02;
  * growing with the square of their number: the main thread went busy outside JavaScript for 0.1
  * to 16 s at a time (docs/PERFORMANCE.md, "Dawn's stalls"). Polling at once when a wait begins,
  * then after pauses doubling from POLL_MIN_MS to POLL_MAX_MS, keeps that garbage ~20x smaller
- * and adds at most POLL_MAX_MS to a wait.
+ * and adds at most POLL_MAX_MS to a wait. Where the caller says when the work should end
+ * (expect), the pauses before it may grow to POLL_FAR_MS and the polls around it come every
+ * POLL_MIN_MS: as few polls, and the end seen within ~POLL_MIN_MS instead of ~POLL_MAX_MS.
  */
 export class PollPacer {
   #lastPoll = -Infinity;
   #pause = 0;
+  #expected = -Infinity;
+
+  /**
+   * GPU work awaited from `now` should end at `at` (performance.now() ms). Of several in
+   * flight, the earliest end not yet past counts.
+   */
+  expect(at: number, now: number): void {
+    const past = this.#expected + FINE_AFTER_MS < now;
+    this.#expected = past ? at : Math.min(this.#expected, at);
+  }
 
   /** The pause (ms) before a poll that Dawn asks for at `now`. */
   next(now: number): number {
     // A request well after the last poll starts a new wait: its work may be done already.
-    const continuing = now - this.#lastPoll <= 4 * POLL_MAX_MS;
-    this.#pause = continuing ? Math.min(POLL_MAX_MS, Math.max(POLL_MIN_MS, 2 * this.#pause)) : 0;
-    return this.#pause;
+    if (now - this.#lastPoll > 4 * POLL_MAX_MS) return this.#pause = 0;
+    const fineFrom = this.#expected - FINE_BEFORE_MS;
+    if (now >= fineFrom && now <= this.#expected + FINE_AFTER_MS) return this.#pause = POLL_MIN_MS;
+    const doubled = Math.max(POLL_MIN_MS, 2 * this.#pause);
+    const longest = now < fineFrom ? Math.min(POLL_FAR_MS, fineFrom - now) : POLL_MAX_MS;
+    return this.#pause = Math.min(doubled, longest);
   }
 
   /** Records that a poll ran at `now`. */
   polled(now: number): void {
     this.#lastPoll = now;
   }
+}
+
+/** The pacer of this process's Dawn polls while pacing is on. */
+let pacer: PollPacer | undefined;
+
+/** Tells the pacer when the GPU work now awaited should end (a no-op while pacing is off). */
+export function expectGpuDone(at: number): void {
+  pacer?.expect(at, performance.now());
 }
 
 type Immediate = (callback: (...args: unknown[]) => void, ...args: unknown[]) => unknown;
@@ -103,14 +132,16 @@ export function paceDawnPolls(on: boolean): void {
   if (!on) {
     (globalThis as { setImmediate: unknown }).setImmediate = unpaced;
     unpaced = undefined;
+    pacer = undefined;
     return;
   }
   const unpacedImmediate = globalThis.setImmediate as unknown as Immediate;
   unpaced = unpacedImmediate;
-  const pacer = new PollPacer();
+  const paces = new PollPacer();
+  pacer = paces;
   const paced: Immediate = (callback, ...args) => {
     if (!isDawnPoll(callback)) return unpacedImmediate(callback, ...args);
-    const due = performance.now() + pacer.next(performance.now());
+    const due = performance.now() + paces.next(performance.now());
     // The pause is spent in turns of the event loop, not in a blocking wait: the loop reads its
     // sockets only every few dozen turns, so pauses that blocked it for up to POLL_MAX_MS a turn
     // made every socket read wait 10-40 ms while the GPU worked (a split's frames, a streamed
@@ -121,7 +152,7 @@ export function paceDawnPolls(on: boolean): void {
         unpacedImmediate(turn);
         return;
       }
-      pacer.polled(performance.now());
+      paces.polled(performance.now());
       callback(...args);
     };
     return unpacedImmediate(turn);
@@ -150,7 +181,11 @@ async function load(): Promise<GpuProvider> {
   // against the standard API; Deno's builtin ones are replaced only where Dawn defines them.
   Object.assign(globalThis, mod.globals);
   paceDawnPolls(true);
-  return { name: "dawn", gpu: mod.create(dawnOptions(envOptions())) as GPU };
+  return {
+    name: "dawn",
+    gpu: mod.create(dawnOptions(envOptions())) as GPU,
+    expectDone: expectGpuDone,
+  };
 }
 
 /** Loads Dawn once per process; later calls share the same `GPU`. */

@@ -5,7 +5,10 @@ import assert from "node:assert/strict";
 import {
   DAWN_TOGGLES,
   dawnOptions,
+  FINE_AFTER_MS,
+  FINE_BEFORE_MS,
   paceDawnPolls,
+  POLL_FAR_MS,
   POLL_MAX_MS,
   POLL_MIN_MS,
   PollPacer,
@@ -28,6 +31,55 @@ Deno.test("PollPacer: a wait polls at once, then after pauses doubling up to the
   assert.equal(pauses.at(-1), POLL_MAX_MS);
   // The binding asks again only once the CPU has been busy elsewhere: a new wait starts fresh.
   assert.equal(pacer.next(now + 5 * POLL_MAX_MS), 0);
+});
+
+/** The times of the polls a pacer asks for from `start` until `until` (each poll takes 1 µs). */
+function pollTimes(pacer: PollPacer, start: number, until: number): number[] {
+  const times: number[] = [];
+  let now = start;
+  while (now < until) {
+    now += pacer.next(now);
+    times.push(now);
+    now += 0.001;
+    pacer.polled(now);
+  }
+  return times;
+}
+
+Deno.test("PollPacer: polls far apart before an expected end, finely around it, then as before", () => {
+  const pacer = new PollPacer();
+  const start = 1000;
+  const end = start + 4.5;
+  pacer.expect(end, start);
+  const times = pollTimes(pacer, start, end + 1);
+  const gaps = times.slice(1).map((t, i) => t - times[i]);
+  // No pause exceeds POLL_FAR_MS, the end is seen within POLL_MIN_MS, the window is polled
+  // every POLL_MIN_MS, and the whole wait takes no more polls than the plain schedule's.
+  assert.equal(times[0], start);
+  assert.ok(gaps.every((g) => g <= POLL_FAR_MS + 0.002));
+  assert.ok(times.some((t) => t >= end && t <= end + POLL_MIN_MS + 0.002));
+  const fine = times.filter((t) => t >= end - FINE_BEFORE_MS && t <= end + FINE_AFTER_MS);
+  assert.ok(fine.length >= (FINE_BEFORE_MS + FINE_AFTER_MS) / POLL_MIN_MS - 2);
+  const plain = pollTimes(new PollPacer(), start, end);
+  const upToEnd = times.filter((t) => t <= end + POLL_MIN_MS);
+  assert.ok(upToEnd.length <= plain.length, `${upToEnd.length} polls, plain ${plain.length}`);
+  // After the window the pauses double again up to POLL_MAX_MS.
+  const after = gaps.slice(times.findIndex((t) => t > end + FINE_AFTER_MS));
+  assert.ok(after.every((g) => g <= POLL_MAX_MS + 0.002) && after.at(-1)! > POLL_MIN_MS);
+});
+
+Deno.test("PollPacer: of two expected ends the earlier counts; a past one is replaced", () => {
+  const pacer = new PollPacer();
+  pacer.expect(10, 0);
+  pacer.expect(5, 0);
+  pacer.polled(4.95);
+  assert.equal(pacer.next(4.95), POLL_MIN_MS);
+  // Long after both, a new expectation replaces them.
+  pacer.expect(30, 20);
+  pacer.polled(20);
+  assert.ok(pacer.next(20.01) > POLL_MIN_MS || pacer.next(20.02) > POLL_MIN_MS);
+  pacer.polled(29.95);
+  assert.equal(pacer.next(29.95), POLL_MIN_MS);
 });
 
 Deno.test("paceDawnPolls: other callbacks run as before, and off restores setImmediate", async () => {

@@ -45,6 +45,8 @@ export interface GpuContext {
   readonly limits: GpuLimits;
   /** One-line description for logs: provider, adapter, features. */
   readonly summary: string;
+  /** When the GPU work about to be awaited should end (performance.now() ms); see GpuProvider. */
+  readonly expectDone: (at: number) => void;
 }
 
 export interface OpenGpuOptions {
@@ -191,5 +193,15 @@ export async function openGpu(options: OpenGpuOptions = {}): Promise<GpuContext>
   device.lost.then((lost) => {
     if (lost.reason !== "destroyed") log(`GPU device lost (${lost.reason}): ${lost.message}`);
   });
-  return { provider: provider.name, device, info, software, features, limits, summary };
+  const expectDone = provider.expectDone ?? (() => {});
+  return {
+    provider: provider.name,
+    device,
+    info,
+    software,
+    features,
+    limits,
+    summary,
+    expectDone,
+  };
 }

@@ -13,6 +13,11 @@ export const PROVIDER_CHOICES: readonly ProviderChoice[] = ["auto", "builtin", "
 export interface GpuProvider {
   readonly name: ProviderName;
   readonly gpu: GPU;
+  /**
+   * Hears when the GPU work now awaited should end (performance.now() ms), for a provider that
+   * polls for it (Dawn polls finely around then).
+   */
+  readonly expectDone?: (at: number) => void;
 }
 
 /** Adapter descriptions of CPU rasterisers that pretend to be GPUs. */
