@@ -133,6 +133,15 @@ async function refuse(
   }
 }
 
+/**
+ * True when `answer` settles before `read` does (or both already have): the reply is written
+ * first, so a client that waits for it before sending more is never kept waiting.
+ */
+async function firstIsOlder(answer: Promise<unknown>, read: Promise<unknown>): Promise<boolean> {
+  const settled = (p: Promise<unknown>) => p.then(() => true, () => true);
+  return await Promise.race([settled(answer), settled(read).then(() => false)]);
+}
+
 function refusalOf(e: unknown): Refusal {
   if (e instanceof Refusal) return e;
   if (e instanceof StageUnavailableError) return new Refusal(ErrorCode.Downstream, e.message);
@@ -210,6 +219,9 @@ export function serveStage(
               `positions on this connection; send each position once, in order, or restart at base 0`,
           );
         }
+        // Counted now, before the run: a RUN read while this one is on the GPU is checked
+        // against it.
+        session.seen[slot] = base + n;
         const run = { topk, adjust, logits };
         let out = await stage.run(slot, { kind: "hidden", rows: frame.rows }, n, base, run);
         if (out.kind === "hidden" && next) {
@@ -218,7 +230,6 @@ export function serveStage(
         if (out.kind !== "ids") {
           throw new TypeError(`Stage ${stage.first}..${stage.end} returned hidden rows, not ids`);
         }
-        session.seen[slot] = base + n;
         return { op: Op.Ids, slot, base, ids: out.ids, top: out.top, lse: out.lse };
       }
       case Op.Save: {
@@ -261,16 +272,19 @@ export function serveStage(
     }
   }
 
-  /** Logs and answers a failure on `conn` (nothing for a client that is gone), then closes it. */
-  async function fail(conn: Deno.Conn, who: string, e: unknown): Promise<void> {
+  /**
+   * Logs and answers a failure on `conn` (nothing for a client that is gone), then closes it.
+   * `reading`: a read is still pending on `conn`, so there is nothing to drain.
+   */
+  async function fail(conn: Deno.Conn, who: string, e: unknown, reading = false): Promise<void> {
     if (GONE.some((kind) => e instanceof kind)) {
       log(`${who} went away: ${(e as Error).message}`);
       return closeQuietly(conn);
     }
     const refusal = refusalOf(e);
     log(`refused ${who}: ${refusal.message}`);
-    // After a timeout a read is still pending on `conn`, so there is nothing to drain.
-    await refuse(conn, refusal, refusal.code !== ErrorCode.Timeout, log);
+    // After a timeout a read is still pending on `conn` too.
+    await refuse(conn, refusal, !reading && refusal.code !== ErrorCode.Timeout, log);
   }
 
   /**
@@ -315,13 +329,22 @@ export function serveStage(
     await admit(conn, reader, nonces);
   }
 
-  /** Serves an authenticated client: HELLO, then its requests until it leaves. */
+  /**
+   * Serves an authenticated client: HELLO, then its requests until it leaves. Replies go out in
+   * request order, but a RUN starts as soon as it is read, while the ones before it still run
+   * (up to one per slot): a head driving several sequences through this worker finds the next
+   * one's step queued on the GPU behind the last, instead of waiting for its reply to be
+   * written and the next frame read. Other requests are answered alone, after everything
+   * before them and before anything after them.
+   */
   async function serve(
     conn: Deno.TcpConn,
     reader: FrameReader,
     nonces: { nonceC: Uint8Array; nonceS: Uint8Array },
   ): Promise<void> {
     const who = nameOf(conn);
+    /** The next frame being read, while it is. */
+    let reading: Promise<Frame | null> | undefined;
     try {
       await options.next?.connect();
       const proof = options.key
@@ -330,21 +353,47 @@ export function serveStage(
       await writeFrame(conn, { op: Op.Hello, info, proof });
       log(`${who} connected`);
       const session: Session = { seen: new Array(info.slots).fill(0), saved: new Map() };
+      /** Answers not yet written, in request order. */
+      const answering: Promise<Frame | undefined>[] = [];
+      /** Writes the oldest answer; false once the client closed. */
+      const reply = async (): Promise<boolean> => {
+        const frame = await answering.shift()!;
+        if (frame === undefined) {
+          log(`${who} closed`);
+          return false;
+        }
+        await writeFrame(conn, frame);
+        return true;
+      };
       while (true) {
-        const frame = await reader.readFrame(limits);
+        if (!reading && answering.length < info.slots) {
+          reading = reader.readFrame(limits);
+          // Settled through `reading` below; a read cut short by a failure is nobody's error.
+          reading.catch(() => {});
+        }
+        if (answering.length && (!reading || await firstIsOlder(answering[0], reading))) {
+          if (!await reply()) return;
+          continue;
+        }
+        const next = reading!;
+        reading = undefined;
+        const frame = await next;
         if (frame === null) {
           log(`${who} went away`);
           return;
         }
-        const reply = await answer(frame, session);
-        if (reply === undefined) {
-          log(`${who} closed`);
-          return;
+        const alone = frame.op !== Op.Run;
+        if (alone) {
+          while (answering.length) if (!await reply()) return;
         }
-        await writeFrame(conn, reply);
+        const answered = answer(frame, session);
+        // Settled through `answering` by reply(); its failure is caught there.
+        answered.catch(() => {});
+        answering.push(answered);
+        if (alone && !await reply()) return;
       }
     } catch (e) {
-      await fail(conn, who, e);
+      await fail(conn, who, e, reading !== undefined);
     } finally {
       options.next?.disconnect();
       closeQuietly(conn);

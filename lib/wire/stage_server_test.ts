@@ -17,9 +17,13 @@ import {
   Op,
 } from "./frame.ts";
 import { FrameReader, writeAll } from "./frame_stream.ts";
-import { freshNonce, importKey, NO_PROOF } from "./hello.ts";
+import { freshNonce, importKey, modelFingerprint, NO_PROOF } from "./hello.ts";
 import { connectRemoteStage } from "./remote_stage.ts";
-import { MAX_HANDSHAKES } from "./stage_server.ts";
+import { MAX_HANDSHAKES, serveStage } from "./stage_server.ts";
+import { connectPeer } from "./peer.ts";
+import { readHParams } from "../../engine/hparams.ts";
+import type { Stage } from "../../engine/stage.ts";
+
 import { fuzzRuns, fuzzSeed, Random } from "../../tests/_fuzz.ts";
 
 const model = await openGguf(await testModel({ arch: "qwen35moe", quant: "q4_k_m" }));
@@ -204,5 +208,60 @@ Deno.test("seeded mutated greetings and AUTH frames are each refused or dropped;
   } finally {
     head.close();
     await worker.stop();
+  }
+});
+
+Deno.test("a RUN starts while the one before it still runs; replies keep request order", async () => {
+  const hp = readHParams(model.metadata);
+  const options = { first: 1, end: hp.nLayer, slots: 2, ctx: CTX };
+  const inner = await openReferenceStage(model, options);
+  const direct = await openReferenceStage(model, options);
+  // Slot 0's run waits for `gate`; `started` records each run as the worker begins it.
+  const gate = Promise.withResolvers<void>();
+  const started: number[] = [];
+  const slot1Started = Promise.withResolvers<void>();
+  const stage: Stage = new Proxy(inner, {
+    get(target, key) {
+      if (key !== "run") return Reflect.get(target, key, target);
+      return async (...args: Parameters<Stage["run"]>) => {
+        started.push(args[0]);
+        if (args[0] === 1) slot1Started.resolve();
+        if (args[0] === 0) await gate.promise;
+        return await target.run(...args);
+      };
+    },
+  });
+  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const server = serveStage(listener, { stage, fingerprint: await modelFingerprint(model) });
+  const peer = await connectPeer(`127.0.0.1:${(listener.addr as Deno.NetAddr).port}`, undefined);
+  try {
+    const rows = (seed: number) =>
+      Float32Array.from({ length: 2 * hp.D }, (_, i) => Math.sin(seed + i));
+    const order: number[] = [];
+    const runs = [0, 1].map((slot) =>
+      peer.run(slot, rows(slot), 2, 0, { topk: 4 }).then((r) => (order.push(slot), r))
+    );
+    // Slot 1's run begins while slot 0's is held: the worker read it without waiting.
+    const overlapped = await Promise.race([
+      slot1Started.promise.then(() => true),
+      new Promise<boolean>((r) => setTimeout(() => r(false), 2000)),
+    ]);
+    gate.resolve();
+    const got = await Promise.all(runs);
+    assert.ok(overlapped, `runs started in order ${started.join(", ")} only after slot 0's ended`);
+    assert.deepEqual(order, [0, 1]);
+    for (const slot of [0, 1]) {
+      const want = await direct.run(slot, { kind: "hidden", rows: rows(slot) }, 2, 0, { topk: 4 });
+      assert.ok(want.kind === "ids");
+      assert.deepEqual(got[slot].ids, want.ids);
+      assert.deepEqual(got[slot].top, want.top);
+    }
+  } finally {
+    gate.resolve();
+    peer.close();
+    server.close();
+    await server.finished;
+    inner.close();
+    direct.close();
   }
 });
