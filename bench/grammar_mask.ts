@@ -57,6 +57,17 @@ const GRAMMARS: Readonly<Record<string, () => Grammar>> = {
       required: ["sku", "slug", "title", "when"],
       additionalProperties: false,
     }),
+  "counted-pattern": () =>
+    schema({
+      type: "object",
+      properties: {
+        title: { type: "string", pattern: "^[A-Za-z ,.]{1,40}$" },
+        handle: { type: "string", pattern: "^[a-z0-9_]{3,16}$" },
+        note: { type: "string", pattern: "^.{0,80}$", minLength: 5 },
+      },
+      required: ["title", "handle", "note"],
+      additionalProperties: false,
+    }),
   enum: () =>
     schema({
       type: "object",

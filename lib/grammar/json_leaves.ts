@@ -182,6 +182,15 @@ export class StringLeaf implements Leaf<StringState> {
   }
 
   /**
+   * The state of a body of `count` characters read as plain ones (plainBody() undone), its
+   * patterns' states at sets[at], sets[at + 1], ….
+   */
+  bodyState(count: number, sets: ArrayLike<number>, at: number): StringState {
+    const states = Array.from({ length: this.rules.patterns.length }, (_, i) => sets[at + i]);
+    return { phase: 1, esc: 0, hex: 0, count, sets: states, prefix: null };
+  }
+
+  /**
    * Fewest bytes that close a body of `count` characters, quote included, its patterns' states
    * at sets[at], sets[at + 1], ….
    */

@@ -328,9 +328,10 @@ export class Pattern {
   readonly #next = new Map<number, number>();
   /** Per DFA state (the first ASCII_TABLES): its steps on ASCII, -1 until taken. */
   readonly #ascii: Int32Array[] = [];
-  /** Per DFA state: distance() and reads(), once asked. */
+  /** Per DFA state: distance(), reads() and uniform(), once asked. */
   readonly #distances: number[] = [];
   readonly #reads: CharSet[] = [];
+  readonly #uniform: (CharSet | null)[] = [];
   /**
    * Per DFA state: lengths(), from when it is made (mask walks ask at every character; a dense
    * array stays a fast one where one filled as asked could turn into a dictionary).
@@ -375,6 +376,29 @@ export class Pattern {
     const out = this.#intern(this.#closure(next));
     if (this.#next.size < MAX_TRANSITIONS) this.#next.set(key, out);
     return out;
+  }
+
+  /**
+   * The one set that every NFA state of `id` reading a character reads (EMPTY when none reads
+   * one), so that each code point of it steps `id` to the same DFA state: `[a-z]{1,40}` is such a
+   * state at every character. Null when the states read different sets.
+   */
+  uniform(id: number): CharSet | null {
+    let one = this.#uniform[id];
+    if (one === undefined) {
+      one = CharSet.EMPTY;
+      for (const s of this.#sets[id]) {
+        const set = this.states[s].set;
+        if (!set || set.empty || set === one) continue;
+        if (!one.empty && !one.equals(set)) {
+          one = null;
+          break;
+        }
+        one = set;
+      }
+      this.#uniform[id] = one;
+    }
+    return one;
   }
 
   /** Whether some NFA state of `id` reads a code point in [lo, hi]. */

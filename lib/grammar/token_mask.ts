@@ -3,6 +3,7 @@
 
 import type { TokenConstraint } from "../scheduler/sequence.ts";
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
+import { CharSet } from "./charset.ts";
 import { type Grammar, GrammarError, type LeafCursor, type ParseState } from "./grammar.ts";
 import { StringLeaf } from "./json_leaves.ts";
 import { type Utf8Partial, utf8Range, utf8Step } from "./utf8.ts";
@@ -24,10 +25,7 @@ interface TokenTrie {
   readonly roots: Uint32Array;
 }
 
-/**
- * The trie of `entries`, sorted by their symbols (a token's symbols must order as its bytes do:
- * the vocabulary is sorted once, bytewise, for every trie).
- */
+/** The trie of `entries`, sorted by their symbols (tokens with one text side by side). */
 function buildTrie(entries: readonly { id: number; symbols: ArrayLike<number> }[]): TokenTrie {
   // At most one node per symbol: fill typed arrays of that size, then keep the nodes made.
   const most = entries.reduce((n, e) => n + e.symbols.length, 0);
@@ -100,6 +98,38 @@ function plainSymbols(text: { cps: number[]; partial: Utf8Partial | null }): num
   return symbols;
 }
 
+/** Lexicographic order of symbol lists, a prefix first. */
+function compareSymbols(a: readonly number[], b: readonly number[]): number {
+  for (let i = 0; i < a.length && i < b.length; i++) if (a[i] !== b[i]) return a[i] - b[i];
+  return a.length - b.length;
+}
+
+/**
+ * A token that is not plain text as a string body reads it: its leading plain characters as
+ * CHAR + code point (a walk steps them as numbers, as plain tokens), then its bytes from the first
+ * one that is not part of a plain character ('"', '\\', a control byte, invalid UTF-8).
+ */
+const CHAR = 0x100;
+
+function specialSymbols(bytes: Uint8Array): number[] {
+  const symbols: number[] = [];
+  let p: Utf8Partial | null = null;
+  let read = 0; // Bytes of whole plain characters.
+  for (let i = 0; i < bytes.length; i++) {
+    const b = bytes[i];
+    if (b < 0x20 || b === 0x22 || b === 0x5c) break;
+    const next = utf8Step(p, b);
+    if (next === null) break;
+    p = typeof next === "number" ? null : next;
+    if (typeof next === "number") {
+      symbols.push(CHAR + next);
+      read = i + 1;
+    }
+  }
+  for (let i = read; i < bytes.length; i++) symbols.push(bytes[i]);
+  return symbols;
+}
+
 /** The code points [lo, hi] an incomplete-character symbol may become, and the bytes it lacks. */
 function partialOf(symbol: number): { lo: number; hi: number; need: number } {
   const lo = symbol >>> 3;
@@ -154,6 +184,24 @@ class MaskCache {
 
 /** Plain tokens up to this many characters get masks by length (most tokens are shorter). */
 const SHORT_CHARS = 32;
+/** Character classes whose tokens are kept by length (about 1 MB each). */
+const CLASS_CACHE = 16;
+
+/**
+ * The plain tokens whose whole characters all lie in every one of some classes (those a counted
+ * pattern such as `[A-Za-z ,.]{1,40}` reads, or none: every plain token), by length.
+ */
+interface ClassTokens {
+  /** Per c up to SHORT_CHARS: the tokens of at most c whole characters, as a mask. */
+  readonly upTo: readonly Uint32Array[];
+  /** The tokens of whole characters, how many of each length. */
+  readonly counts: Uint32Array;
+  /** The tokens of more than SHORT_CHARS whole characters. */
+  readonly long: Uint32Array;
+  /** The tokens that end in an incomplete character, and that character's symbol. */
+  readonly partial: Uint32Array;
+  readonly partialSymbol: Uint32Array;
+}
 
 /** The vocabulary as the mask walks need it, built once per tokenizer. */
 export class VocabIndex {
@@ -161,7 +209,10 @@ export class VocabIndex {
   readonly eos: readonly number[];
   /** Every token with bytes (control tokens have none). */
   readonly all: TokenTrie;
-  /** The tokens that are not plain string text: what a walk inside a string body still reads. */
+  /**
+   * The tokens that are not plain string text, by specialSymbols(): what a walk inside a string
+   * body still reads.
+   */
   readonly special: TokenTrie;
   /** Plain string text tokens by their characters, as a string body reads them. */
   readonly plainTrie: TokenTrie;
@@ -173,14 +224,12 @@ export class VocabIndex {
   readonly plainChars: Uint16Array;
   readonly plainNeed: Uint8Array;
   readonly maxPlainChars: number;
-  /** Per c up to SHORT_CHARS: the plain tokens of at most c characters, as a mask. */
-  readonly plainUpTo: Uint32Array[] = [];
-  /** The plain tokens of more than SHORT_CHARS characters. */
-  readonly longPlainIds: Uint32Array;
   /** The longest token's bytes: no token holds more characters (mask keys rely on it). */
   readonly maxBytes: number;
   /** Masks computed over this vocabulary, for every constraint. */
   readonly masks = new MaskCache();
+  /** classTokens() by classes, least recently used out first. */
+  readonly #classes = new Map<string, ClassTokens>();
   /** Each id's bytes (empty for control tokens). */
   readonly #bytes: Uint8Array[];
 
@@ -199,13 +248,13 @@ export class VocabIndex {
     }
     // Bytes as a Latin-1 string: strings compare by code unit, which is byte order here.
     all.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
-    const special: { id: number; symbols: Uint8Array }[] = [];
+    const special: { id: number; symbols: number[] }[] = [];
     const plain: { id: number; symbols: number[] }[] = [];
     let maxChars = 0;
     for (const { id, bytes } of all) {
       const text = plainText(bytes);
       if (!text) {
-        special.push({ id, symbols: bytes });
+        special.push({ id, symbols: specialSymbols(bytes) });
         continue;
       }
       const symbols = plainSymbols(text);
@@ -216,25 +265,79 @@ export class VocabIndex {
       plain.push({ id, symbols });
     }
     this.all = buildTrie(all.map((e) => ({ id: e.id, symbols: e.bytes })));
-    this.special = buildTrie(special);
+    this.special = buildTrie(special.sort((a, b) => compareSymbols(a.symbols, b.symbols)));
     this.plainTrie = buildTrie(plain);
     this.plainIds = Uint32Array.from(plain, (e) => e.id);
     this.partialRoots = this.plainTrie.roots.filter((n) =>
       (this.plainTrie.symbol[n] & 7) !== WHOLE
     );
     this.maxPlainChars = maxChars;
-    for (let c = 0; c <= SHORT_CHARS; c++) this.plainUpTo.push(new Uint32Array(this.plain.length));
-    for (const id of this.plainIds) {
-      const chars = this.plainChars[id];
-      for (let c = chars; c <= SHORT_CHARS; c++) this.plainUpTo[c][id >>> 5] |= 1 << (id & 31);
-    }
-    this.longPlainIds = this.plainIds.filter((id) => this.plainChars[id] > SHORT_CHARS);
     this.maxBytes = all.reduce((most, e) => Math.max(most, e.bytes.length), 0);
   }
 
   /** The bytes of token `id` (none for control tokens). */
   bytesOf(id: number): Uint8Array {
     return this.#bytes[id] ?? new Uint8Array();
+  }
+
+  /**
+   * The plain tokens whose whole characters lie in every one of `classes`, built once per classes
+   * (a walk of the plain trie that skips a refused character's subtree).
+   */
+  classTokens(classes: readonly CharSet[]): ClassTokens {
+    const key = classes.map((c) => `[${c.ranges.join(",")}]`).join("");
+    let tokens = this.#classes.get(key);
+    if (tokens) {
+      this.#classes.delete(key);
+    } else {
+      tokens = this.#buildClass(classes);
+      if (this.#classes.size >= CLASS_CACHE) {
+        this.#classes.delete(this.#classes.keys().next().value!);
+      }
+    }
+    this.#classes.set(key, tokens);
+    return tokens;
+  }
+
+  #buildClass(classes: readonly CharSet[]): ClassTokens {
+    const { symbol, depth, end, first, ids } = this.plainTrie;
+    const upTo = Array.from({ length: SHORT_CHARS + 1 }, () => new Uint32Array(this.plain.length));
+    const counts = new Uint32Array(this.maxPlainChars + 1);
+    const long: number[] = [];
+    const partial: number[] = [];
+    const partialSymbol: number[] = [];
+    for (let n = 0; n < symbol.length;) {
+      const whole = (symbol[n] & 7) === WHOLE;
+      let fits = true;
+      for (let i = 0; fits && whole && i < classes.length; i++) {
+        fits = classes[i].has(symbol[n] >>> 3);
+      }
+      if (!fits) {
+        n = end[n];
+        continue;
+      }
+      const d = depth[n];
+      for (let t = first[n]; t < first[n + 1]; t++) {
+        const id = ids[t];
+        if (!whole) {
+          partial.push(id);
+          partialSymbol.push(symbol[n]);
+        } else if (d > SHORT_CHARS) long.push(id);
+        else upTo[d][id >>> 5] |= 1 << (id & 31);
+        if (whole) counts[d]++;
+      }
+      n++;
+    }
+    for (let c = 1; c <= SHORT_CHARS; c++) {
+      for (let w = 0; w < upTo[c].length; w++) upTo[c][w] |= upTo[c - 1][w];
+    }
+    return {
+      upTo,
+      counts,
+      long: Uint32Array.from(long),
+      partial: Uint32Array.from(partial),
+      partialSymbol: Uint32Array.from(partialSymbol),
+    };
   }
 
   static #cache = new WeakMap<TextTokenizer, VocabIndex>();
@@ -499,12 +602,18 @@ export class GrammarConstraint implements TokenConstraint {
     const { leaf, after } = cursor;
     let reach = -1;
     let trie = v.all;
-    const body = leaf instanceof StringLeaf ? leaf.plainBody(cursor.state as never) : null;
-    if (body) {
-      reach = (leaf as StringLeaf).rules.patterns.length
-        ? await this.#bodyWalk(leaf as StringLeaf, body, after, budget, mask, slices)
-        : this.#lengthOnly(leaf as StringLeaf, body.count, after, budget, mask);
+    const string = leaf instanceof StringLeaf ? leaf : null;
+    const body = string?.plainBody(cursor.state as never) ?? null;
+    // In a body, the special tokens' leading plain characters step the patterns' states, k at a
+    // time per depth, as the plain tokens do; a leaf state is made for them only at the first
+    // byte that is not one (leafStates holds undefined until then).
+    const k = string?.rules.patterns.length ?? 0;
+    const sets = new Int32Array(body ? (v.maxBytes + 1) * k : 0);
+    if (string && body) {
+      reach = this.#byClass(string, body, after, budget, mask) ??
+        await this.#bodyWalk(string, body, after, budget, mask, slices);
       trie = v.special;
+      sets.set(body.sets);
     }
     // Per depth: the leaf's state and a half-read character, or the grammar's state once the
     // leaf has ended (generic) inside the token.
@@ -516,13 +625,19 @@ export class GrammarConstraint implements TokenConstraint {
     await walkTrie(trie, slices, (n) => {
       const d = trie.depth[n] - 1;
       const b = trie.symbol[n];
+      if (b >= CHAR) {
+        leafStates[d + 1] = undefined;
+        pendings[d + 1] = null;
+        generic[d + 1] = null;
+        return readChar(string!, body!.count, sets, k, d + 1, b - CHAR);
+      }
       const gs = generic[d];
       if (gs) {
         const next = g.feed(gs, b);
         generic[d + 1] = next;
         return next !== null;
       }
-      const ls = leafStates[d];
+      const ls = leafStates[d] ??= string!.bodyState(body!.count + d, sets, d * k);
       const p = pendings[d];
       // Once the leaf may end, the grammar goes on from it (it may read more or move on).
       if (p === null && leaf.done(ls)) {
@@ -553,45 +668,82 @@ export class GrammarConstraint implements TokenConstraint {
   }
 
   /**
-   * The plain text tokens a string body without patterns reads from `count` characters: those
-   * that fit its maxLength, each leaving the string open (its closing quote, the characters
-   * minLength still lacks, and what follows remain). A reach that bounds them all is enough.
+   * The plain text tokens a string body reads from `body` by length, when every pattern runs
+   * through states of one class each for as many characters as a token holds (a counted pattern
+   * such as `[A-Za-z ,.]{1,40}`, or no pattern): a token of L whole characters of the class is
+   * read as any other of that length is, so the states, bounds and distance are stepped once per
+   * length instead of per token. Null, and the tokens are walked, when some state is not one class.
    */
-  #lengthOnly(
+  #byClass(
     leaf: StringLeaf,
-    count: number,
+    body: { readonly count: number; readonly sets: readonly number[] },
     after: number,
     budget: number,
     mask: Uint32Array,
-  ): number {
+  ): number | null {
     const v = this.#vocab;
-    const room = leaf.rules.maxLength - count;
-    const most = 1 + Math.max(0, leaf.rules.minLength - count) + after + 3;
-    if (budget !== Infinity && budget < most) {
-      let reach = -1;
-      for (const id of v.plainIds) {
-        const chars = v.plainChars[id];
-        if (chars > room) continue;
-        const need = v.plainNeed[id];
-        const left = leaf.closeDistance(count + (need ? chars - 1 : chars), []) + after + need;
-        reach = this.#allow(mask, id, left, budget, reach);
+    const { patterns } = leaf.rules;
+    const k = patterns.length;
+    const classes: CharSet[] = [];
+    for (let i = 0; i < k; i++) {
+      const one = patterns[i].uniform(body.sets[i]);
+      if (one === null) return null;
+      classes.push(one);
+    }
+    const most = v.maxPlainChars;
+    // The patterns' states after each length, k at a time; `longest`: the most characters the
+    // string reads from here, as far as a token can tell.
+    const sets = new Int32Array((most + 1) * k);
+    sets.set(body.sets);
+    // Any character of every class steps the states as each other one does.
+    const one = CharSet.common(classes);
+    let longest = 0;
+    for (let l = 1; l <= most && one >= 0 && readChar(leaf, body.count, sets, k, l, one); l++) {
+      longest = l;
+      // A longer token reads on from here: the states must still be of the same classes (a state
+      // that reads nothing ends the string's run at the next step).
+      for (let i = 0; l < most && i < k; i++) {
+        const one = patterns[i].uniform(sets[l * k + i]);
+        if (one === null || (!one.empty && !one.equals(classes[i]))) return null;
       }
-      return reach;
     }
-    let any = false;
-    const fits = room >= v.maxPlainChars ? v.plain : v.plainUpTo[Math.min(room, SHORT_CHARS)];
-    for (let w = 0; w < mask.length; w++) {
-      mask[w] |= fits[w];
-      any ||= fits[w] !== 0;
+    const tokens = v.classTokens(classes);
+    const fits = new Uint8Array(longest + 1);
+    let reach = -1;
+    for (let l = 1; l <= longest; l++) {
+      const left = budget === Infinity
+        ? 0
+        : leaf.closeDistance(body.count + l, sets, l * k) + after;
+      if (left > budget) continue;
+      fits[l] = 1;
+      if (tokens.counts[l]) reach = Math.max(reach, budget === Infinity ? UNCHECKED_REACH : left);
     }
-    if (room > SHORT_CHARS && room < v.maxPlainChars) {
-      for (const id of v.longPlainIds) {
-        if (v.plainChars[id] > room) continue;
-        mask[id >>> 5] |= 1 << (id & 31);
-        any = true;
-      }
+    // Runs of lengths that fit, as differences of the masks by length.
+    for (let a = 1; a <= Math.min(longest, SHORT_CHARS); a++) {
+      if (!fits[a]) continue;
+      let b = a;
+      while (b < Math.min(longest, SHORT_CHARS) && fits[b + 1]) b++;
+      const upper = tokens.upTo[b];
+      const lower = tokens.upTo[a - 1];
+      for (let w = 0; w < mask.length; w++) mask[w] |= upper[w] & ~lower[w];
+      a = b;
     }
-    return !any ? -1 : budget === Infinity ? UNCHECKED_REACH : most;
+    for (const id of tokens.long) {
+      const l = v.plainChars[id];
+      if (l <= longest && fits[l]) mask[id >>> 5] |= 1 << (id & 31);
+    }
+    // A token that ends in an incomplete character: some completion must fit, as the walk checks.
+    tokens.partial.forEach((id, t) => {
+      const whole = v.plainChars[id] - 1;
+      if (whole > longest) return;
+      const { lo, hi, need } = partialOf(tokens.partialSymbol[t]);
+      if (!leaf.fits(body.count + whole, sets, lo, hi, whole * k)) return;
+      const left = budget === Infinity
+        ? 0
+        : leaf.closeDistance(body.count + whole, sets, whole * k) + after + need;
+      reach = this.#allow(mask, id, left, budget, reach);
+    });
+    return reach;
   }
 
   /**
@@ -608,8 +760,7 @@ export class GrammarConstraint implements TokenConstraint {
     slices: Slices,
   ): Promise<number> {
     const trie = this.#vocab.plainTrie;
-    const { patterns, maxLength } = leaf.rules;
-    const { bound } = leaf;
+    const { patterns } = leaf.rules;
     const k = patterns.length;
     // The patterns' states per depth, k at a time.
     const sets = new Int32Array((this.#vocab.maxPlainChars + 1) * k);
@@ -617,21 +768,12 @@ export class GrammarConstraint implements TokenConstraint {
     let reach = -1;
     const step = (n: number) => {
       const d = trie.depth[n];
-      if (body.count + d - 1 >= maxLength) return false;
       const symbol = trie.symbol[n];
-      const from = (d - 1) * k;
-      const partial = (symbol & 7) === WHOLE ? null : partialOf(symbol);
-      for (let i = 0; i < k; i++) {
-        const set = sets[from + i];
-        if (partial === null) {
-          const next = patterns[i].step(set, symbol >>> 3);
-          if (next === 0) return false;
-          sets[from + k + i] = next;
-        } else sets[from + k + i] = set;
-      }
-      return partial === null
-        ? !bound || leaf.closable(body.count + d, sets, from + k)
-        : leaf.fits(body.count + d - 1, sets, partial.lo, partial.hi, from);
+      if ((symbol & 7) === WHOLE) return readChar(leaf, body.count, sets, k, d, symbol >>> 3);
+      // An incomplete last character leaves the states as they were (spelt reads them at d).
+      const { lo, hi } = partialOf(symbol);
+      sets.copyWithin(d * k, (d - 1) * k, d * k);
+      return leaf.fits(body.count + d - 1, sets, lo, hi, (d - 1) * k);
     };
     const spelt = (n: number) => {
       const d = trie.depth[n];
@@ -658,6 +800,29 @@ export class GrammarConstraint implements TokenConstraint {
     for (const n of this.#vocab.partialRoots) if (step(n)) spelt(n);
     return reach;
   }
+}
+
+/**
+ * Reads whole character `cp`, the d-th of a token, into a string body that had `count` characters
+ * before the token, as StringLeaf.step would: the patterns' states (k of them) go from
+ * sets[(d − 1)k…] to sets[dk…]. Whether the string reads it and can still close after it.
+ */
+function readChar(
+  leaf: StringLeaf,
+  count: number,
+  sets: Int32Array,
+  k: number,
+  d: number,
+  cp: number,
+): boolean {
+  if (count + d - 1 >= leaf.rules.maxLength) return false;
+  const from = (d - 1) * k;
+  for (let i = 0; i < k; i++) {
+    const next = leaf.rules.patterns[i].step(sets[from + i], cp);
+    if (next === 0) return false;
+    sets[from + k + i] = next;
+  }
+  return !leaf.bound || leaf.closable(count + d, sets, from + k);
 }
 
 /** One byte of UTF-8 into a leaf: its next state and half-read character, or null. */

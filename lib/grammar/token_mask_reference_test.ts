@@ -57,6 +57,27 @@ const PATTERNS = [
   "^[\\u4e00-\\u9fff]+x?$",
   "^[а-яё ]{0,8}$",
   "^\\w+@\\w+\\.com$",
+  "^[a-z]{5}$",
+  "^[a-z ]{0,6}$",
+  "^(ab|[a-c]{2,5})$",
+];
+
+/**
+ * Counted patterns, whose masks are taken by length (token_mask.ts #byClass): bounds at the edges
+ * ({0,n}, {n}, {n,}), nested, in alternations and beside loops, classes with non-ASCII members
+ * (tokens that end in half a character); each with length bounds that cut into its lengths.
+ */
+const COUNTED: readonly [string, readonly Record<string, number>[]][] = [
+  ["^[a-z]{0,3}$", [{}, { minLength: 3 }, { maxLength: 2 }]],
+  ["^[a-z]{4}$", [{}, { minLength: 4, maxLength: 9 }]],
+  ["^[a-e ]{2,}$", [{}, { minLength: 5 }, { maxLength: 3 }, { minLength: 2, maxLength: 2 }]],
+  ["^([a-z]{2}){1,3}$", [{}, { minLength: 3 }, { maxLength: 5 }]],
+  ["^(x[0-9]{0,3}|[a-z]{4})y?$", [{}, { minLength: 4 }, { maxLength: 2 }]],
+  ["^[a-z]{2,4}-[0-9]{1,2}$", [{}, { maxLength: 5 }, { minLength: 6 }]],
+  ["^.{0,2}$", [{}, { minLength: 1, maxLength: 1 }]],
+  ["^[^a]{1,5}$", [{}, { minLength: 3 }, { maxLength: 2 }]],
+  ["^[а-яё]{2,3}$", [{}, { maxLength: 2 }]],
+  ["^[ab]{3}|c$", [{}, { maxLength: 3 }, { minLength: 4 }]],
 ];
 
 /** A random schema of at most `depth` levels: strings with bounds or patterns, numbers, objects. */
@@ -169,6 +190,22 @@ Deno.test("masks equal the brute-force reference: random schemas and GBNF, tiny 
   assert.ok(steps > 1200, `only ${steps} steps checked`);
 });
 
+Deno.test("masks of counted patterns equal the brute-force reference, with length bounds and formats", async () => {
+  const vocab = VocabIndex.of(tinyTokenizer("qwen35").tokenizer);
+  const r = new Random(20261202);
+  let steps = 0;
+  for (const [pattern, bounds] of COUNTED) {
+    for (const bound of bounds) {
+      const g = schemaGrammar({ type: "string", pattern, ...bound });
+      for (let i = 0; i < 3; i++) steps += await checkWalk(g, vocab, r, 4 + r.int(12), pattern);
+    }
+  }
+  // Two patterns at once, each in a counted run of its own class: their classes meet.
+  const uuid = schemaGrammar({ type: "string", pattern: "^[0-9a-f-]{36}$", format: "uuid" });
+  for (let i = 0; i < 3; i++) steps += await checkWalk(uuid, vocab, r, 20 + r.int(30), "uuid");
+  assert.ok(steps > 500, `only ${steps} steps checked`);
+});
+
 Deno.test("masks equal the brute-force reference on a 248,320-token vocabulary", async () => {
   const vocab = VocabIndex.of(bigTokenizer());
   const r = new Random(7);
@@ -176,13 +213,14 @@ Deno.test("masks equal the brute-force reference on a 248,320-token vocabulary",
     type: "object",
     properties: {
       title: { type: "string", pattern: "^[A-Za-z ,.]{1,40}$" },
+      line: { type: "string", pattern: "^.{0,30}$", minLength: 2 },
       han: { type: "string", pattern: "^[\\u4e00-\\u9fff]+$", maxLength: 6 },
       note: { type: "string", minLength: 3, maxLength: 20 },
       // A '-' at the 6th character would leave the slug no room to close.
       tag: { type: "string", pattern: "^[a-z0-9]+(-[a-z0-9]+)*$", maxLength: 6 },
     },
-    required: ["title", "han", "note", "tag"],
+    required: ["title", "line", "han", "note", "tag"],
     additionalProperties: false,
   };
-  await checkWalk(schemaGrammar(schema), vocab, r, 24, "big vocabulary");
+  await checkWalk(schemaGrammar(schema), vocab, r, 30, "big vocabulary");
 });
