@@ -235,21 +235,17 @@ export class JsonGrammarBuilder {
       throw new SchemaError(join(p, "pattern"), "the pattern matches no string");
     }
     if (!leaf.closable(0, leaf.start.sets)) {
-      // Lengths are what can contradict here: say each keyword's.
-      const parts = used.map(([name, pattern]) => {
-        const [fewest, most] = pattern.lengths(pattern.start);
-        const span = most === Infinity
-          ? `${fewest} or more`
-          : fewest === most
-          ? `${fewest}`
-          : `${fewest} to ${most}`;
-        return `${name} (${span} characters)`;
-      });
+      // Say each keyword's lengths: with one pattern, they are what contradicts.
+      const parts = used.map(([name, pattern]) =>
+        `${name} (${pattern.describeLengths(pattern.start)} characters)`
+      );
       if (minLength > 0) parts.push(`minLength ${minLength}`);
       if (maxLength !== Infinity) parts.push(`maxLength ${maxLength}`);
+      // Two patterns may agree on lengths and still not on characters.
+      const clash = used.length > 1 ? " (their characters or lengths clash)" : "";
       throw new SchemaError(
         p,
-        `no string fits ${parts.join(" and ")} at once; loosen one of them`,
+        `no string fits ${parts.join(" and ")} at once${clash}; loosen one of them`,
       );
     }
     return { kind: "leaf", leaf };

@@ -234,6 +234,18 @@ Deno.test("unsupported keywords and unusable schemas are refused, naming the pat
       { type: "string", pattern: "abc", minLength: 1, maxLength: 2 },
       /\(3 or more characters\) and minLength 1 and maxLength 2 at once; loosen one of them/,
     ],
+    [
+      { type: "string", pattern: "^(ab|abcdef)$", minLength: 3, maxLength: 5 },
+      /\(2 or 6 characters\) and minLength 3 and maxLength 5 at once; loosen one of them/,
+    ],
+    [
+      { type: "string", pattern: "^(ab)+$", minLength: 3, maxLength: 3 },
+      /\(2, 4, 6, 8, … characters\) and minLength 3 and maxLength 3 at once/,
+    ],
+    [
+      { type: "string", pattern: "^20[a-z]{8}$", format: "date" },
+      /^no string fits pattern .* \(10 characters\) and format "date" \(10 characters\) at once \(their characters or lengths clash\); loosen one of them/,
+    ],
     [{ type: "array", minItems: 3, maxItems: 1 }, /^minItems 3 is above the 1 items allowed/],
     [{ enum: [] }, /^enum: an empty enum allows no value/],
     [{ type: "string", enum: [1, 2] }, /^enum: no value of the enum fits/],

@@ -2,7 +2,13 @@
 // names), a JSON number within bounds, and free text up to a marker. Built by json_grammar.ts.
 
 import type { Leaf } from "./grammar.ts";
-import type { Pattern } from "./regex.ts";
+import { MAX_CODE_POINT } from "./charset.ts";
+import { LENGTH_HORIZON, LENGTH_WORDS, type Pattern } from "./regex.ts";
+
+/** Sets of patterns' states whose joint lengths a string leaf keeps (then it starts afresh). */
+const JOINT_CACHE = 4096;
+/** Most states of patterns read together that one joint-lengths search visits. */
+const JOINT_WORK = 20_000;
 
 const QUOTE = 0x22;
 const BACKSLASH = 0x5c;
@@ -59,6 +65,8 @@ export class StringLeaf implements Leaf<StringState> {
    * which skip it when this is false).
    */
   readonly bound: boolean;
+  /** #jointBits() by the patterns' states. */
+  readonly #joint = new Map<string, Uint32Array>();
 
   constructor(readonly rules: StringRules, id: string) {
     this.id = id;
@@ -107,34 +115,124 @@ export class StringLeaf implements Leaf<StringState> {
    */
   fits(count: number, sets: ArrayLike<number>, lo: number, hi: number, at = 0): boolean {
     if (count >= this.rules.maxLength) return false;
-    if (!this.bound) return sets.length === 0 || this.rules.patterns[0].meets(sets[at], lo, hi);
-    let least = this.rules.minLength - count - 1;
-    let room = this.rules.maxLength - count - 1;
-    for (let i = 0; i < this.rules.patterns.length; i++) {
-      const [fewest, most] = this.rules.patterns[i].lengthsAfter(sets[at + i], lo, hi);
-      least = Math.max(least, fewest);
-      room = Math.min(room, most);
+    const { patterns } = this.rules;
+    if (!this.bound) return sets.length === 0 || patterns[0].meets(sets[at], lo, hi);
+    if (patterns.length < 2) {
+      return this.#lengthIn(
+        count + 1,
+        (i) => patterns[i].lengthsAfter(sets[at + i], lo, hi),
+        () => patterns[0].lengthBitsAfter(sets[at], lo, hi),
+      );
     }
-    return Math.max(0, least) <= room;
+    // Patterns together: each character they may read, one per stretch that steps them alike.
+    const from = Array.from(patterns, (_, i) => sets[at + i]);
+    return this.#stretches(from, lo, hi).some((cp) => {
+      const next = from.map((set, i) => patterns[i].step(set, cp));
+      return !next.includes(0) && this.closable(count + 1, next);
+    });
+  }
+
+  /**
+   * The first code point of each stretch of [lo, hi] over which the patterns' states `sets` all
+   * step alike.
+   */
+  #stretches(sets: readonly number[], lo: number, hi: number): number[] {
+    const edges = sets.flatMap((set, i) => this.rules.patterns[i].edges(set));
+    return [...new Set([lo, ...edges.filter((e) => e > lo && e <= hi)])];
+  }
+
+  /**
+   * The numbers of characters more after which the patterns' states `sets` all accept at once
+   * (as Pattern.lengthBits gives one pattern's): the strings they read together, layer by layer
+   * (a format's pattern is short, so these are few). Past JOINT_WORK states each pattern's own
+   * lengths stand in, as they did before.
+   */
+  #jointBits(sets: readonly number[]): Uint32Array {
+    const key = sets.join(",");
+    let bits = this.#joint.get(key);
+    if (bits) return bits;
+    const { patterns } = this.rules;
+    bits = new Uint32Array(LENGTH_WORDS);
+    let layer = [sets];
+    for (let l = 0, work = 0; l <= LENGTH_HORIZON && layer.length; l++) {
+      const next = new Map<string, number[]>();
+      for (const t of layer) {
+        if (t.every((set, i) => patterns[i].accepts(set))) bits[l >>> 5] |= 1 << (l & 31);
+        for (const cp of this.#stretches(t, 0, MAX_CODE_POINT)) {
+          const u = t.map((set, i) => patterns[i].step(set, cp));
+          if (!u.includes(0)) next.set(u.join(","), u);
+        }
+      }
+      layer = [...next.values()];
+      work += layer.length;
+      if (work > JOINT_WORK) {
+        bits.fill(-1);
+        for (let i = 0; i < patterns.length; i++) {
+          const own = patterns[i].lengthBits(sets[i]);
+          for (let w = 0; w < LENGTH_WORDS; w++) bits[w] &= own[w];
+        }
+        break;
+      }
+    }
+    if (this.#joint.size >= JOINT_CACHE) this.#joint.clear();
+    this.#joint.set(key, bits);
+    return bits;
   }
 
   /**
    * Whether a body of `count` characters, its patterns' states at sets[at], sets[at + 1], …, can
-   * still close within minLength and maxLength: a length every pattern may still take (between
-   * its fewest and most characters) fits the bounds. A pattern and a maxLength that leave no such
-   * length would strand the string: no character may lead there.
+   * still close within minLength and maxLength: a length every pattern may still take fits the
+   * bounds. A pattern and a maxLength that leave no such length would strand the string: no
+   * character may lead there.
    */
   closable(count: number, sets: ArrayLike<number>, at = 0): boolean {
     if (!this.bound) return true;
-    const { patterns, minLength, maxLength } = this.rules;
-    let least = Math.max(0, minLength - count);
-    let room = maxLength - count;
-    for (let i = 0; i < patterns.length; i++) {
-      const bounds = patterns[i].lengths(sets[at + i]);
-      if (bounds[0] > least) least = bounds[0];
-      if (bounds[1] < room) room = bounds[1];
+    const { patterns } = this.rules;
+    return this.#lengthIn(
+      count,
+      (i) => patterns[i].lengths(sets[at + i]),
+      () =>
+        patterns.length === 1
+          ? patterns[0].lengthBits(sets[at])
+          : this.#jointBits(Array.from(patterns, (_, i) => sets[at + i])),
+    );
+  }
+
+  /**
+   * Whether a body of `count` characters can take some number of characters more that its
+   * patterns may take together (`lengths(i)`: pattern i's fewest and most; `bits()`: the lengths
+   * they share, as Pattern.lengthBits gives one's) within minLength and maxLength. One pattern's
+   * fewest and most are lengths it takes, so its bits are read only where the bounds cut between
+   * them (`(ab|abcdef)` with minLength 3 and maxLength 5); past LENGTH_HORIZON by fewest and
+   * most alone.
+   */
+  #lengthIn(
+    count: number,
+    lengths: (i: number) => readonly [number, number],
+    bits: () => Uint32Array,
+  ): boolean {
+    const k = this.rules.patterns.length;
+    let least = Math.max(0, this.rules.minLength - count);
+    let room = this.rules.maxLength - count;
+    let fewest = 0;
+    let most = 0;
+    for (let i = 0; i < k; i++) {
+      [fewest, most] = lengths(i);
+      if (fewest > least) least = fewest;
+      if (most < room) room = most;
     }
-    return least <= room;
+    if (least > room) return false;
+    if (k === 0 || (k === 1 && (fewest === least || most === room))) return true;
+    const top = Math.min(room, LENGTH_HORIZON);
+    if (least > top) return true;
+    const shared = bits();
+    for (let w = least >>> 5; w <= top >>> 5; w++) {
+      let word = shared[w];
+      if (w === least >>> 5) word &= -1 << (least & 31);
+      if (w === top >>> 5 && (top & 31) !== 31) word &= (1 << ((top & 31) + 1)) - 1;
+      if (word !== 0) return true;
+    }
+    return room > top;
   }
 
   /** A \u escape with `digits` hex digits read (value `hex`) can still end in a character. */

@@ -293,6 +293,13 @@ interface State {
   next?: number;
 }
 
+/**
+ * Remaining lengths are known one by one up to this many characters (a length check past it goes
+ * by fewest and most only).
+ */
+export const LENGTH_HORIZON = 1023;
+export const LENGTH_WORDS = (LENGTH_HORIZON + 1) / 32;
+
 /** Most sets of NFA states (DFA states) one pattern may meet while it runs. */
 const MAX_DFA_STATES = 65_536;
 /** Most cached transitions per pattern; past it transitions are recomputed, not stored. */
@@ -332,6 +339,11 @@ export class Pattern {
   readonly #distances: number[] = [];
   readonly #reads: CharSet[] = [];
   readonly #uniform: (CharSet | null)[] = [];
+  readonly #edges: (readonly number[])[] = [];
+  /** Per NFA state: the lengths of its paths to the accepting one, as pathLengths() gives them. */
+  #paths: Uint32Array | null = null;
+  /** Per DFA state: lengthBits(), once asked. */
+  readonly #lengthBits: Uint32Array[] = [];
   /**
    * Per DFA state: lengths(), from when it is made (mask walks ask at every character; a dense
    * array stays a fast one where one filled as asked could turn into a dictionary).
@@ -417,6 +429,19 @@ export class Pattern {
     );
   }
 
+  /**
+   * Where what `id` reads changes: the first code point of each range its NFA states read and the
+   * one after it, sorted. Between two of them, every code point steps `id` the same way.
+   */
+  edges(id: number): readonly number[] {
+    return this.#edges[id] ??= [
+      ...new Set(this.#sets[id].flatMap((s) => {
+        const r = this.states[s].set?.ranges ?? [];
+        return r.flatMap((x, i) => (i % 2 ? [x + 1] : [x]));
+      })),
+    ].sort((a, b) => a - b);
+  }
+
   /** Fewest text units until `id` can accept. */
   distance(id: number): number {
     let best = this.#distances[id];
@@ -445,6 +470,57 @@ export class Pattern {
    */
   lengths(id: number): readonly [number, number] {
     return this.#lengths[id];
+  }
+
+  /**
+   * Every number of characters up to LENGTH_HORIZON after which `id` can accept, as bits of
+   * 32-bit words (bit l of word l >> 5): between fewest and most, lengths may have gaps.
+   */
+  lengthBits(id: number): Uint32Array {
+    return this.#lengthBits[id] ??= this.#pathsOf(this.#sets[id]);
+  }
+
+  /** The lengths `id` can still take, in words: "2 or 6", "3 to 5", "4 or more", "2, 4, 6, …". */
+  describeLengths(id: number): string {
+    const [fewest, most] = this.lengths(id);
+    const bits = this.lengthBits(id);
+    const has = (l: number) => ((bits[l >>> 5] >>> (l & 31)) & 1) === 1;
+    const runs: string[] = [];
+    for (let l = fewest; l <= Math.min(most, LENGTH_HORIZON) && runs.length <= 4; l++) {
+      if (!has(l)) continue;
+      let end = l;
+      while (end < LENGTH_HORIZON && has(end + 1)) end++;
+      runs.push(
+        end === LENGTH_HORIZON && most === Infinity
+          ? `${l} or more`
+          : end === l
+          ? `${l}`
+          : `${l} to ${end}`,
+      );
+      l = end;
+    }
+    if (runs.length > 4 || (most === Infinity && !runs.at(-1)!.endsWith("more"))) {
+      return `${runs.slice(0, 4).join(", ")}, …`;
+    }
+    return runs.length === 1 ? runs[0] : `${runs.slice(0, -1).join(", ")} or ${runs.at(-1)}`;
+  }
+
+  /** lengthBits() once `id` has read one code point in [lo, hi]. */
+  lengthBitsAfter(id: number, lo: number, hi: number): Uint32Array {
+    const next = this.#sets[id].flatMap((s) =>
+      this.states[s].set?.meets(lo, hi) ? [this.states[s].next!] : []
+    );
+    return this.#pathsOf(next);
+  }
+
+  /** The lengths of the paths from any of `from` to the accepting state, as bits. */
+  #pathsOf(from: readonly number[]): Uint32Array {
+    const paths = this.#paths ??= pathLengths(this.states, this.accept);
+    const out = new Uint32Array(LENGTH_WORDS);
+    for (const s of from) {
+      for (let w = 0; w < LENGTH_WORDS; w++) out[w] |= paths[s * LENGTH_WORDS + w];
+    }
+    return out;
   }
 
   /** lengths() once `id` has read one code point in [lo, hi]; [Infinity, -Infinity] if none. */
@@ -508,6 +584,47 @@ export class Pattern {
     }
     return out.sort((a, b) => a - b);
   }
+}
+
+/**
+ * The numbers of characters on the paths from each state to `accept`, up to LENGTH_HORIZON: state
+ * s's as bits in words s·LENGTH_WORDS on. Layer l holds the states l characters from the end:
+ * those that read a character into layer l − 1, and the states that reach them without one.
+ */
+function pathLengths(states: readonly State[], accept: number): Uint32Array {
+  const byEps = states.map((): number[] => []);
+  const byChar = states.map((): number[] => []);
+  states.forEach((st, s) => {
+    for (const e of st.eps) byEps[e].push(s);
+    if (st.set && !st.set.empty) byChar[st.next!].push(s);
+  });
+  const bits = new Uint32Array(states.length * LENGTH_WORDS);
+  const mark = new Int32Array(states.length).fill(-1);
+  let layer = [accept];
+  for (let l = 0; l <= LENGTH_HORIZON && layer.length; l++) {
+    // The layer's states and those that reach one of them without reading.
+    const stack: number[] = [];
+    for (const s of layer) {
+      if (mark[s] !== l) {
+        mark[s] = l;
+        stack.push(s);
+      }
+    }
+    const members: number[] = [];
+    while (stack.length) {
+      const s = stack.pop()!;
+      members.push(s);
+      bits[s * LENGTH_WORDS + (l >>> 5)] |= 1 << (l & 31);
+      for (const t of byEps[s]) {
+        if (mark[t] !== l) {
+          mark[t] = l;
+          stack.push(t);
+        }
+      }
+    }
+    layer = members.flatMap((s) => byChar[s]);
+  }
+  return bits;
 }
 
 /** Shortest weighted paths to `accept` over reversed edges (Dial's buckets: weights are small). */

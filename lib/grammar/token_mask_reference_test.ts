@@ -190,7 +190,7 @@ Deno.test("masks equal the brute-force reference: random schemas and GBNF, tiny 
   assert.ok(steps > 1200, `only ${steps} steps checked`);
 });
 
-Deno.test("masks of counted patterns equal the brute-force reference, with length bounds and formats", async () => {
+Deno.test("masks of counted patterns, length gaps and two patterns equal the brute-force reference", async () => {
   const vocab = VocabIndex.of(tinyTokenizer("qwen35").tokenizer);
   const r = new Random(20261202);
   let steps = 0;
@@ -200,9 +200,18 @@ Deno.test("masks of counted patterns equal the brute-force reference, with lengt
       for (let i = 0; i < 3; i++) steps += await checkWalk(g, vocab, r, 4 + r.int(12), pattern);
     }
   }
-  // Two patterns at once, each in a counted run of its own class: their classes meet.
-  const uuid = schemaGrammar({ type: "string", pattern: "^[0-9a-f-]{36}$", format: "uuid" });
-  for (let i = 0; i < 3; i++) steps += await checkWalk(uuid, vocab, r, 20 + r.int(30), "uuid");
+  // Lengths with gaps that the bounds cut between; two patterns at once, each in a counted run of
+  // its own class (their classes meet), or with branches that only one of them can finish.
+  const joint: Json[] = [
+    { type: "string", pattern: "^(ab|abcdef|xyz)$", minLength: 3, maxLength: 5 },
+    { type: "string", pattern: "^[0-9a-f-]{36}$", format: "uuid" },
+    { type: "string", pattern: "^(.{9}[a-z]|2024-01-01)$", format: "date" },
+  ];
+  for (const schema of joint) {
+    const g = schemaGrammar(schema);
+    const label = JSON.stringify(schema);
+    for (let i = 0; i < 3; i++) steps += await checkWalk(g, vocab, r, 12 + r.int(30), label);
+  }
   assert.ok(steps > 500, `only ${steps} steps checked`);
 });
 

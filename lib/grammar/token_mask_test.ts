@@ -94,6 +94,26 @@ Deno.test("any logit order yields a value the schema validates, within the token
   }
 });
 
+Deno.test("a pattern with gaps in its lengths, or beside a format, never strands a string", async () => {
+  // Lengths {2, 3, 6} within 3..5: only "xyz" fits; "a" once led to "ab", a dead end.
+  const gaps = grammarOf({
+    type: "string",
+    pattern: "^(ab|abcdef|xyz)$",
+    minLength: 3,
+    maxLength: 5,
+  });
+  // Alone, each allows "2025-": together only "2024-01-01" (the pattern's other branch ends in a
+  // letter, the date in a digit).
+  const clash = grammarOf({ type: "string", pattern: "^(.{9}[a-z]|2024-01-01)$", format: "date" });
+  for (let seed = 1n; seed <= 6n; seed++) {
+    for (const [g, want] of [[gaps, "xyz"], [clash, "2024-01-01"]] as const) {
+      const { text, ended } = await generate(g, seed, 80);
+      assert.ok(ended, `seed ${seed}: no end: ${text}`);
+      assert.equal(JSON.parse(text), want, `seed ${seed}: ${text}`);
+    }
+  }
+});
+
 Deno.test("the mask allows exactly the tokens whose text keeps a valid prefix", async () => {
   const g = grammarOf({
     type: "object",
