@@ -51,23 +51,9 @@ export class CharSet {
     return false;
   }
 
-  /** The least code point in every one of `sets` (0 when there are none), or -1. */
-  static common(sets: readonly CharSet[]): number {
-    let cp = 0;
-    for (let agreed = 0; agreed < sets.length;) {
-      const next = sets[agreed].#from(cp);
-      if (next < 0) return -1;
-      agreed = next === cp ? agreed + 1 : 0;
-      cp = next;
-    }
-    return cp;
-  }
-
-  /** The least member from `cp` on, or -1. */
-  #from(cp: number): number {
-    const r = this.ranges;
-    for (let i = 0; i < r.length; i += 2) if (r[i + 1] >= cp) return Math.max(r[i], cp);
-    return -1;
+  /** The code points in every one of `sets` (all of them when there are none). */
+  static common(sets: readonly CharSet[]): CharSet {
+    return sets.reduce((a, b) => a.union(b.negate()), CharSet.EMPTY).negate();
   }
 
   equals(other: CharSet): boolean {

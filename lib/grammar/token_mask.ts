@@ -686,9 +686,9 @@ export class GrammarConstraint implements TokenConstraint {
     const k = patterns.length;
     const classes: CharSet[] = [];
     for (let i = 0; i < k; i++) {
-      const one = patterns[i].uniform(body.sets[i]);
-      if (one === null) return null;
-      classes.push(one);
+      const own = patterns[i].uniform(body.sets[i]);
+      if (own === null) return null;
+      classes.push(own);
     }
     const most = v.maxPlainChars;
     // The patterns' states after each length, k at a time; `longest`: the most characters the
@@ -696,15 +696,15 @@ export class GrammarConstraint implements TokenConstraint {
     const sets = new Int32Array((most + 1) * k);
     sets.set(body.sets);
     // Any character of every class steps the states as each other one does.
-    const one = CharSet.common(classes);
+    const one = CharSet.common(classes).ranges[0] ?? -1;
     let longest = 0;
     for (let l = 1; l <= most && one >= 0 && readChar(leaf, body.count, sets, k, l, one); l++) {
       longest = l;
       // A longer token reads on from here: the states must still be of the same classes (a state
       // that reads nothing ends the string's run at the next step).
       for (let i = 0; l < most && i < k; i++) {
-        const one = patterns[i].uniform(sets[l * k + i]);
-        if (one === null || (!one.empty && !one.equals(classes[i]))) return null;
+        const own = patterns[i].uniform(sets[l * k + i]);
+        if (own === null || (!own.empty && !own.equals(classes[i]))) return null;
       }
     }
     const tokens = v.classTokens(classes);
@@ -787,11 +787,11 @@ export class GrammarConstraint implements TokenConstraint {
       reach = this.#allowAll(trie, n, mask, left, budget, reach);
     };
     // A pattern reads few of the vocabulary's tens of thousands of first characters: start only
-    // at those it reads (the step still checks each). A token of one incomplete character may
+    // at those they all read (the step still checks each). A token of one incomplete character may
     // sort outside them yet become one of them: those few are each checked.
     const { roots } = trie;
     const nodeOf = (r: number) => (r < roots.length ? roots[r] : trie.symbol.length);
-    const reads = patterns[0].reads(body.sets[0]).ranges;
+    const reads = CharSet.common(patterns.map((p, i) => p.reads(body.sets[i]))).ranges;
     for (let i = 0; i < reads.length; i += 2) {
       const a = rootFrom(trie, 8 * reads[i]);
       const b = rootFrom(trie, 8 * (reads[i + 1] + 1));
