@@ -31,6 +31,8 @@ interface Span {
 class RecordingStage implements Stage {
   readonly spans: Span[] = [];
   beforeRun: ((slot: number, base: number) => void) | undefined;
+  /** How long each run waits after its work, as a GPU stage waits for its step to finish. */
+  waitMs = 0;
   constructor(readonly inner: Stage) {}
   get first() {
     return this.inner.first;
@@ -66,6 +68,7 @@ class RecordingStage implements Stage {
     this.beforeRun?.(slot, base);
     const start = performance.now();
     const out = await this.inner.run(slot, input, n, base, options);
+    if (this.waitMs) await new Promise((r) => setTimeout(r, this.waitMs));
     this.spans.push({ slot, n, start, end: performance.now() });
     return out;
   }
@@ -164,6 +167,45 @@ Deno.test("split driver: one slot's local layers run while the other's frame is 
     local.close();
     model.close();
     await worker.stop();
+  }
+});
+
+Deno.test("the lane starts one slot's step while another's still waits on its stage", async () => {
+  const model = await openGguf(modelPath);
+  const tokenizer = TextTokenizer.fromGguf(model.metadata);
+  const local = new RecordingStage(
+    await openReferenceStage(model, { first: 0, end: 4, slots: 2, ctx: 128 }),
+  );
+  const scheduler = new Scheduler({ local, tokenizer, slots: 2, queue: 0, snapshots: 0 });
+  try {
+    const prompts = [tokenizer.encode("The river runs"), tokenizer.encode("Seven small stones")];
+    const sampled = (p: number[]) => ({
+      ...request(p, 12),
+      sampling: { temperature: 0.8, topK: 40, topP: 0.9, seed: 7n },
+    });
+    const solo = [];
+    for (const p of prompts) {
+      solo.push((await drain((await scheduler.admit(sampled(p))).events)).ids);
+    }
+    local.spans.length = 0;
+    local.waitMs = 15;
+    const both = await Promise.all(
+      prompts.map(async (p) => (await drain((await scheduler.admit(sampled(p))).events)).ids),
+    );
+    assert.deepEqual(both, solo);
+    // A lane that held each job until its wait ended would give no two slots' runs in common.
+    const steps = local.spans.filter((s) => s.n === 1);
+    const overlapped = steps.filter((s) =>
+      local.spans.some((o) => o.slot !== s.slot && o.start < s.end && s.start < o.end)
+    );
+    assert.ok(
+      overlapped.length >= steps.length / 2,
+      `${overlapped.length} of ${steps.length} steps overlapped the other slot's`,
+    );
+  } finally {
+    await scheduler.close();
+    local.close();
+    model.close();
   }
 });
 

@@ -1,10 +1,10 @@
 // Sequences on the head: bounded admission, slots, prefix cache, and the split driver that runs
 // each slot's steps through the local stage and then the rest of the chain.
 //
-// Every active slot runs its own loop: local layers (one at a time, through `Lane`) → remote
-// layers (frames pipelined on the one connection) → sample → next step. While slot A's frame is
-// on the worker, slot B takes the lane for its local layers, so with two or more active slots
-// neither the head nor the worker waits for the other's round trip.
+// Every active slot runs its own loop: local layers (started one at a time, through `Lane`) →
+// remote layers (frames pipelined on the one connection) → sample → next step. While slot A's
+// frame is on the worker, slot B takes the lane for its local layers, so with two or more active
+// slots neither the head nor the worker waits for the other's round trip.
 //
 // A sequence that loses its next stage (the worker died, restarted, or the connection broke)
 // waits for the stage to answer again, replays its prompt and the tokens it generated so far on
@@ -109,11 +109,15 @@ interface Progress {
 }
 
 /**
- * Runs jobs one at a time in call order. A CPU-bound stage resolves its promise at once, so an
- * unsplit generation loop could run as microtasks alone and starve HTTP, timers and client
- * cancellation; a split loop turns the event loop on every network reply. So a job waits for a
- * macrotask only when the event loop has not turned for STARVE_MS: never in the split driver,
- * where that wait would delay one slot's local layers past the other's round trip.
+ * Starts jobs one at a time in call order: a job starts once the one before it has started and
+ * returned its promise. A GPU stage records and submits its step synchronously when called and
+ * then waits for the GPU, so the next slot's step is queued on the GPU behind it instead of
+ * waiting out its readback; a CPU stage does all its work in that call, so its jobs still run
+ * one at a time. A CPU-bound stage resolves its promise at once, so an unsplit generation loop
+ * could run as microtasks alone and starve HTTP, timers and client cancellation; a split loop
+ * turns the event loop on every network reply. So a job waits for a macrotask only when the
+ * event loop has not turned for STARVE_MS: never in the split driver, where that wait would
+ * delay one slot's local layers past the other's round trip.
  */
 class Lane {
   #tail: Promise<unknown> = Promise.resolve();
@@ -121,11 +125,18 @@ class Lane {
   #tickAt = 0;
 
   run<T>(job: () => Promise<T>): Promise<T> {
+    const started = Promise.withResolvers<void>();
     const result = this.#tail.then(async () => {
-      await this.#turn();
-      return await job();
+      try {
+        await this.#turn();
+        const running = job();
+        started.resolve();
+        return await running;
+      } finally {
+        started.resolve();
+      }
     });
-    this.#tail = result.catch(() => undefined);
+    this.#tail = started.promise;
     return result;
   }
 
