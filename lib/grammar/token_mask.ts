@@ -224,6 +224,8 @@ export class VocabIndex {
   readonly plainChars: Uint16Array;
   readonly plainNeed: Uint8Array;
   readonly maxPlainChars: number;
+  /** The most plain characters a token starts with (all of a plain one's, or a special's first). */
+  readonly maxRun: number;
   /** The longest token's bytes: no token holds more characters (mask keys rely on it). */
   readonly maxBytes: number;
   /** Masks computed over this vocabulary, for every constraint. */
@@ -272,6 +274,10 @@ export class VocabIndex {
       (this.plainTrie.symbol[n] & 7) !== WHOLE
     );
     this.maxPlainChars = maxChars;
+    this.maxRun = special.reduce((most, e) => {
+      const run = e.symbols.findIndex((symbol) => symbol < CHAR);
+      return Math.max(most, run < 0 ? e.symbols.length : run);
+    }, maxChars);
     this.maxBytes = all.reduce((most, e) => Math.max(most, e.bytes.length), 0);
   }
 
@@ -302,7 +308,7 @@ export class VocabIndex {
   #buildClass(classes: readonly CharSet[]): ClassTokens {
     const { symbol, depth, end, first, ids } = this.plainTrie;
     const upTo = Array.from({ length: SHORT_CHARS + 1 }, () => new Uint32Array(this.plain.length));
-    const counts = new Uint32Array(this.maxPlainChars + 1);
+    const counts = new Uint32Array(this.maxRun + 1);
     const long: number[] = [];
     const partial: number[] = [];
     const partialSymbol: number[] = [];
@@ -608,13 +614,22 @@ export class GrammarConstraint implements TokenConstraint {
     // time per depth, as the plain tokens do; a leaf state is made for them only at the first
     // byte that is not one (leafStates holds undefined until then).
     const k = string?.rules.patterns.length ?? 0;
-    const sets = new Int32Array(body ? (v.maxBytes + 1) * k : 0);
+    const sets = new Int32Array(body ? (v.maxRun + 1) * k : 0);
+    // A body of one class per pattern: its states after each number of characters (in sets) and
+    // the most it reads, which every token's leading characters share.
+    let run: { readonly classes: readonly CharSet[]; readonly longest: number } | null = null;
     if (string && body) {
-      reach = this.#byClass(string, body, after, budget, mask) ??
-        await this.#bodyWalk(string, body, after, budget, mask, slices);
-      trie = v.special;
       sets.set(body.sets);
+      run = this.#run(string, body.count, sets);
+      reach = run
+        ? this.#byClass(string, body.count, run, sets, after, budget, mask)
+        : await this.#bodyWalk(string, body, after, budget, mask, slices);
+      trie = v.special;
     }
+    // The body's state after d characters of the run, and where it goes on each first byte that
+    // is not a plain character, by d·256 + byte (tokens of one run share them).
+    const runStates: unknown[] = [];
+    const runSteps = new Map<number, ReturnType<typeof readByte>>();
     // Per depth: the leaf's state and a half-read character, or the grammar's state once the
     // leaf has ended (generic) inside the token.
     const leafStates: unknown[] = [cursor.state];
@@ -629,7 +644,10 @@ export class GrammarConstraint implements TokenConstraint {
         leafStates[d + 1] = undefined;
         pendings[d + 1] = null;
         generic[d + 1] = null;
-        return readChar(string!, body!.count, sets, k, d + 1, b - CHAR);
+        if (!run) return readChar(string!, body!.count, sets, k, d + 1, b - CHAR);
+        if (d + 1 > run.longest) return false;
+        for (const c of run.classes) if (!c.has(b - CHAR)) return false;
+        return true;
       }
       const gs = generic[d];
       if (gs) {
@@ -637,7 +655,18 @@ export class GrammarConstraint implements TokenConstraint {
         generic[d + 1] = next;
         return next !== null;
       }
-      const ls = leafStates[d] ??= string!.bodyState(body!.count + d, sets, d * k);
+      let ls = leafStates[d];
+      if (ls === undefined && run) {
+        ls = leafStates[d] = runStates[d] ??= string!.bodyState(body!.count + d, sets, d * k);
+        let step = runSteps.get(d * 256 + b);
+        if (step === undefined) runSteps.set(d * 256 + b, step = readByte(leaf, ls, null, b));
+        if (step === null) return false;
+        leafStates[d + 1] = step.state;
+        pendings[d + 1] = step.pending;
+        generic[d + 1] = null;
+        return true;
+      }
+      ls ??= leafStates[d] = string!.bodyState(body!.count + d, sets, d * k);
       const p = pendings[d];
       // Once the leaf may end, the grammar goes on from it (it may read more or move on).
       if (p === null && leaf.done(ls)) {
@@ -668,37 +697,29 @@ export class GrammarConstraint implements TokenConstraint {
   }
 
   /**
-   * The plain text tokens a string body reads from `body` by length, when every pattern runs
-   * through states of one class each for as many characters as a token holds (a counted pattern
-   * such as `[A-Za-z ,.]{1,40}`, or no pattern): a token of L whole characters of the class is
-   * read as any other of that length is, so the states, bounds and distance are stepped once per
-   * length instead of per token. Null, and the tokens are walked, when some state is not one class.
+   * Whether a string body of `count` characters, its patterns' states at sets[0…k], reads one
+   * class per pattern for as many characters as a token holds (a counted pattern such as
+   * `[A-Za-z ,.]{1,40}`, or none): then the classes, and the most characters it reads from here
+   * as far as a token can tell, with the patterns' states after each number in sets. Else null.
    */
-  #byClass(
+  #run(
     leaf: StringLeaf,
-    body: { readonly count: number; readonly sets: readonly number[] },
-    after: number,
-    budget: number,
-    mask: Uint32Array,
-  ): number | null {
-    const v = this.#vocab;
+    count: number,
+    sets: Int32Array,
+  ): { readonly classes: readonly CharSet[]; readonly longest: number } | null {
     const { patterns } = leaf.rules;
     const k = patterns.length;
     const classes: CharSet[] = [];
     for (let i = 0; i < k; i++) {
-      const own = patterns[i].uniform(body.sets[i]);
+      const own = patterns[i].uniform(sets[i]);
       if (own === null) return null;
       classes.push(own);
     }
-    const most = v.maxPlainChars;
-    // The patterns' states after each length, k at a time; `longest`: the most characters the
-    // string reads from here, as far as a token can tell.
-    const sets = new Int32Array((most + 1) * k);
-    sets.set(body.sets);
+    const most = this.#vocab.maxRun;
     // Any character of every class steps the states as each other one does.
     const one = CharSet.common(classes).ranges[0] ?? -1;
     let longest = 0;
-    for (let l = 1; l <= most && one >= 0 && readChar(leaf, body.count, sets, k, l, one); l++) {
+    for (let l = 1; l <= most && one >= 0 && readChar(leaf, count, sets, k, l, one); l++) {
       longest = l;
       // A longer token reads on from here: the states must still be of the same classes (a state
       // that reads nothing ends the string's run at the next step).
@@ -707,13 +728,32 @@ export class GrammarConstraint implements TokenConstraint {
         if (own === null || (!own.empty && !own.equals(classes[i]))) return null;
       }
     }
-    const tokens = v.classTokens(classes);
+    return { classes, longest };
+  }
+
+  /**
+   * The plain text tokens a string body of `count` characters reads through `run` (#run), by
+   * length: a token of L whole characters of its classes is read as any other of that length is,
+   * so the bounds and distance are asked once per length instead of per token, and the mask is a
+   * difference of the classes' masks of tokens by length.
+   */
+  #byClass(
+    leaf: StringLeaf,
+    count: number,
+    run: { readonly classes: readonly CharSet[]; readonly longest: number },
+    sets: Int32Array,
+    after: number,
+    budget: number,
+    mask: Uint32Array,
+  ): number {
+    const v = this.#vocab;
+    const k = leaf.rules.patterns.length;
+    const { longest } = run;
+    const tokens = v.classTokens(run.classes);
     const fits = new Uint8Array(longest + 1);
     let reach = -1;
     for (let l = 1; l <= longest; l++) {
-      const left = budget === Infinity
-        ? 0
-        : leaf.closeDistance(body.count + l, sets, l * k) + after;
+      const left = budget === Infinity ? 0 : leaf.closeDistance(count + l, sets, l * k) + after;
       if (left > budget) continue;
       fits[l] = 1;
       if (tokens.counts[l]) reach = Math.max(reach, budget === Infinity ? UNCHECKED_REACH : left);
@@ -737,10 +777,10 @@ export class GrammarConstraint implements TokenConstraint {
       const whole = v.plainChars[id] - 1;
       if (whole > longest) return;
       const { lo, hi, need } = partialOf(tokens.partialSymbol[t]);
-      if (!leaf.fits(body.count + whole, sets, lo, hi, whole * k)) return;
+      if (!leaf.fits(count + whole, sets, lo, hi, whole * k)) return;
       const left = budget === Infinity
         ? 0
-        : leaf.closeDistance(body.count + whole, sets, whole * k) + after + need;
+        : leaf.closeDistance(count + whole, sets, whole * k) + after + need;
       reach = this.#allow(mask, id, left, budget, reach);
     });
     return reach;
