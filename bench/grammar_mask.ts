@@ -68,6 +68,17 @@ const GRAMMARS: Readonly<Record<string, () => Grammar>> = {
       required: ["title", "handle", "note"],
       additionalProperties: false,
     }),
+  "loop-exit": () =>
+    schema({
+      type: "object",
+      properties: {
+        sentence: { type: "string", pattern: "^[A-Za-z ]{1,40}\\.$" },
+        name: { type: "string", pattern: "^[A-Z][a-z]{1,30}$" },
+        user: { type: "string", pattern: "^[a-z0-9_]{3,16}(@[a-z]{2,8})?$" },
+      },
+      required: ["sentence", "name", "user"],
+      additionalProperties: false,
+    }),
   enum: () =>
     schema({
       type: "object",

@@ -335,10 +335,10 @@ export class Pattern {
   readonly #next = new Map<number, number>();
   /** Per DFA state (the first ASCII_TABLES): its steps on ASCII, -1 until taken. */
   readonly #ascii: Int32Array[] = [];
-  /** Per DFA state: distance(), reads() and uniform(), once asked. */
+  /** Per DFA state: distance() and reads(), once asked, and alike() by its `within`. */
   readonly #distances: number[] = [];
   readonly #reads: CharSet[] = [];
-  readonly #uniform: (CharSet | null)[] = [];
+  readonly #alike: Map<string, CharSet>[] = [];
   readonly #edges: (readonly number[])[] = [];
   /** Per NFA state: the lengths of its paths to the accepting one, as pathLengths() gives them. */
   #paths: Uint32Array | null = null;
@@ -391,26 +391,30 @@ export class Pattern {
   }
 
   /**
-   * The one set that every NFA state of `id` reading a character reads (EMPTY when none reads
-   * one), so that each code point of it steps `id` to the same DFA state: `[a-z]{1,40}` is such a
-   * state at every character. Null when the states read different sets.
+   * The largest part of `within` whose code points all step `id` alike (to one state, or all to
+   * the dead one): each NFA state of `id` reads all of it or none. In `[A-Za-z ]{1,40}\.` that is
+   * the loop's class beside its exit, and in `[a-z.]{1,40}\.` the class less its exit, `[a-z]`.
+   * EMPTY when `within` is.
    */
-  uniform(id: number): CharSet | null {
-    let one = this.#uniform[id];
-    if (one === undefined) {
-      one = CharSet.EMPTY;
+  alike(id: number, within: CharSet): CharSet {
+    const byWithin = this.#alike[id] ??= new Map();
+    const key = within.ranges.join();
+    let part = byWithin.get(key);
+    if (part === undefined) {
+      // Split `within` by each state's set; the parts read by the same states step alike.
+      let parts = within.empty ? [] : [within];
       for (const s of this.#sets[id]) {
         const set = this.states[s].set;
-        if (!set || set.empty || set === one) continue;
-        if (!one.empty && !one.equals(set)) {
-          one = null;
-          break;
-        }
-        one = set;
+        if (!set || set.empty) continue;
+        const out = set.negate();
+        parts = parts.flatMap((p) =>
+          [CharSet.common([p, set]), CharSet.common([p, out])].filter((q) => !q.empty)
+        );
       }
-      this.#uniform[id] = one;
+      part = parts.reduce((a, b) => (codePoints(b) > codePoints(a) ? b : a), CharSet.EMPTY);
+      byWithin.set(key, part);
     }
-    return one;
+    return part;
   }
 
   /** Whether some NFA state of `id` reads a code point in [lo, hi]. */
@@ -584,6 +588,13 @@ export class Pattern {
     }
     return out.sort((a, b) => a - b);
   }
+}
+
+/** How many code points `set` holds. */
+function codePoints(set: CharSet): number {
+  let n = 0;
+  for (let i = 0; i < set.ranges.length; i += 2) n += set.ranges[i + 1] - set.ranges[i] + 1;
+  return n;
 }
 
 /**

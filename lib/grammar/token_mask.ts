@@ -21,8 +21,6 @@ interface TokenTrie {
   /** Node n's path spells tokens ids[first[n]] up to ids[first[n + 1]] (first has one more). */
   readonly first: Uint32Array;
   readonly ids: Uint32Array;
-  /** The nodes of depth 1, by symbol: a walk may start at those a state can read. */
-  readonly roots: Uint32Array;
 }
 
 /** The trie of `entries`, sorted by their symbols (tokens with one text side by side). */
@@ -53,15 +51,12 @@ function buildTrie(entries: readonly { id: number; symbols: ArrayLike<number> }[
   });
   while (path.length) end[path.pop()!] = nodes;
   first[nodes] = entries.length;
-  const roots: number[] = [];
-  for (let n = 0; n < nodes; n++) if (depth[n] === 1) roots.push(n);
   return {
     symbol: symbol.slice(0, nodes),
     depth: depth.slice(0, nodes),
     end: end.slice(0, nodes),
     first: first.slice(0, nodes + 1),
     ids: Uint32Array.from(entries, (e) => e.id),
-    roots: Uint32Array.from(roots),
   };
 }
 
@@ -188,8 +183,8 @@ const SHORT_CHARS = 32;
 const CLASS_CACHE = 16;
 
 /**
- * The plain tokens whose whole characters all lie in every one of some classes (those a counted
- * pattern such as `[A-Za-z ,.]{1,40}` reads, or none: every plain token), by length.
+ * The plain tokens whose whole characters all lie in one class (the one a counted pattern such as
+ * `[A-Za-z ,.]{1,40}` reads, or every character), by length, and where the others leave it.
  */
 interface ClassTokens {
   /** Per c up to SHORT_CHARS: the tokens of at most c whole characters, as a mask. */
@@ -201,6 +196,12 @@ interface ClassTokens {
   /** The tokens that end in an incomplete character, and that character's symbol. */
   readonly partial: Uint32Array;
   readonly partialSymbol: Uint32Array;
+  /**
+   * The plain trie's nodes of a whole character outside the class after r inside it (their
+   * subtrees are every other plain token), by r and then symbol: r's from exitFrom[r] on.
+   */
+  readonly exits: Uint32Array;
+  readonly exitFrom: Uint32Array;
 }
 
 /** The vocabulary as the mask walks need it, built once per tokenizer. */
@@ -216,21 +217,18 @@ export class VocabIndex {
   readonly special: TokenTrie;
   /** Plain string text tokens by their characters, as a string body reads them. */
   readonly plainTrie: TokenTrie;
-  /** The plain tokens that are one incomplete character: walks check each against the patterns. */
-  readonly partialRoots: Uint32Array;
   /** Plain string text tokens as a mask, and their characters and missing bytes by id. */
   readonly plain: Uint32Array;
   readonly plainIds: Uint32Array;
   readonly plainChars: Uint16Array;
   readonly plainNeed: Uint8Array;
-  readonly maxPlainChars: number;
   /** The most plain characters a token starts with (all of a plain one's, or a special's first). */
   readonly maxRun: number;
   /** The longest token's bytes: no token holds more characters (mask keys rely on it). */
   readonly maxBytes: number;
   /** Masks computed over this vocabulary, for every constraint. */
   readonly masks = new MaskCache();
-  /** classTokens() by classes, least recently used out first. */
+  /** classTokens() by class, least recently used out first. */
   readonly #classes = new Map<string, ClassTokens>();
   /** Each id's bytes (empty for control tokens). */
   readonly #bytes: Uint8Array[];
@@ -270,10 +268,6 @@ export class VocabIndex {
     this.special = buildTrie(special.sort((a, b) => compareSymbols(a.symbols, b.symbols)));
     this.plainTrie = buildTrie(plain);
     this.plainIds = Uint32Array.from(plain, (e) => e.id);
-    this.partialRoots = this.plainTrie.roots.filter((n) =>
-      (this.plainTrie.symbol[n] & 7) !== WHOLE
-    );
-    this.maxPlainChars = maxChars;
     this.maxRun = special.reduce((most, e) => {
       const run = e.symbols.findIndex((symbol) => symbol < CHAR);
       return Math.max(most, run < 0 ? e.symbols.length : run);
@@ -287,16 +281,16 @@ export class VocabIndex {
   }
 
   /**
-   * The plain tokens whose whole characters lie in every one of `classes`, built once per classes
-   * (a walk of the plain trie that skips a refused character's subtree).
+   * The plain tokens whose whole characters lie in `chars`, built once per class (a walk of the
+   * plain trie that skips a refused character's subtree).
    */
-  classTokens(classes: readonly CharSet[]): ClassTokens {
-    const key = classes.map((c) => `[${c.ranges.join(",")}]`).join("");
+  classTokens(chars: CharSet): ClassTokens {
+    const key = chars.ranges.join();
     let tokens = this.#classes.get(key);
     if (tokens) {
       this.#classes.delete(key);
     } else {
-      tokens = this.#buildClass(classes);
+      tokens = this.#buildClass(chars);
       if (this.#classes.size >= CLASS_CACHE) {
         this.#classes.delete(this.#classes.keys().next().value!);
       }
@@ -305,24 +299,23 @@ export class VocabIndex {
     return tokens;
   }
 
-  #buildClass(classes: readonly CharSet[]): ClassTokens {
+  #buildClass(chars: CharSet): ClassTokens {
     const { symbol, depth, end, first, ids } = this.plainTrie;
     const upTo = Array.from({ length: SHORT_CHARS + 1 }, () => new Uint32Array(this.plain.length));
     const counts = new Uint32Array(this.maxRun + 1);
     const long: number[] = [];
     const partial: number[] = [];
     const partialSymbol: number[] = [];
+    // Exits by r, each as symbol·2³² + node: a numeric sort orders them by symbol.
+    const exits = Array.from({ length: this.maxRun + 1 }, (): number[] => []);
     for (let n = 0; n < symbol.length;) {
       const whole = (symbol[n] & 7) === WHOLE;
-      let fits = true;
-      for (let i = 0; fits && whole && i < classes.length; i++) {
-        fits = classes[i].has(symbol[n] >>> 3);
-      }
-      if (!fits) {
+      const d = depth[n];
+      if (whole && !chars.has(symbol[n] >>> 3)) {
+        exits[d - 1].push(symbol[n] * 2 ** 32 + n);
         n = end[n];
         continue;
       }
-      const d = depth[n];
       for (let t = first[n]; t < first[n + 1]; t++) {
         const id = ids[t];
         if (!whole) {
@@ -337,12 +330,18 @@ export class VocabIndex {
     for (let c = 1; c <= SHORT_CHARS; c++) {
       for (let w = 0; w < upTo[c].length; w++) upTo[c][w] |= upTo[c - 1][w];
     }
+    const exitFrom = new Uint32Array(exits.length + 1);
+    exits.forEach((list, r) => exitFrom[r + 1] = exitFrom[r] + list.length);
+    const sorted = new Float64Array(exitFrom[exits.length]);
+    exits.forEach((list, r) => sorted.set(Float64Array.from(list).sort(), exitFrom[r]));
     return {
       upTo,
       counts,
       long: Uint32Array.from(long),
       partial: Uint32Array.from(partial),
       partialSymbol: Uint32Array.from(partialSymbol),
+      exits: Uint32Array.from(sorted, (x) => x % 2 ** 32),
+      exitFrom,
     };
   }
 
@@ -401,40 +400,31 @@ class Slices {
   }
 }
 
-/** The first of `trie`'s roots whose symbol is `symbol` or more (roots.length when none). */
-function rootFrom(trie: TokenTrie, symbol: number): number {
-  let lo = 0;
-  let hi = trie.roots.length;
-  while (lo < hi) {
-    const mid = (lo + hi) >> 1;
-    if (trie.symbol[trie.roots[mid]] < symbol) lo = mid + 1;
-    else hi = mid;
-  }
-  return lo;
-}
-
 /**
- * Walks `trie` in preorder, from node `from` to `to` (whole subtrees): `step(n)` reads node n's
- * symbol from the state its parent left (at depth[n] - 1) and keeps the result at depth[n], or
- * returns false, and the subtree is skipped; `spelt(n)` then comes for each node that ends tokens.
+ * Walks `trie` in preorder, over each span of nodes [spans[2i], spans[2i + 1]) (whole subtrees):
+ * `step(n)` reads node n's symbol from the state its parent left (at depth[n] - 1) and keeps the
+ * result at depth[n], or returns false, and the subtree is skipped; `spelt(n)` then comes for each
+ * node that ends tokens.
  */
 async function walkTrie(
   trie: TokenTrie,
   slices: Slices,
   step: (n: number) => boolean,
   spelt: (n: number) => void,
-  from = 0,
-  to = trie.symbol.length,
+  spans: readonly number[] = [0, trie.symbol.length],
 ): Promise<void> {
   const { end, first } = trie;
-  for (let n = from, stepped = 0; n < to; stepped++) {
-    if ((stepped & (CLOCK_EVERY - 1)) === 0 && slices.due) await slices.pause();
-    if (!step(n)) {
-      n = end[n];
-      continue;
+  let stepped = 0;
+  for (let i = 0; i < spans.length; i += 2) {
+    for (let n = spans[i]; n < spans[i + 1]; stepped++) {
+      if ((stepped & (CLOCK_EVERY - 1)) === 0 && slices.due) await slices.pause();
+      if (!step(n)) {
+        n = end[n];
+        continue;
+      }
+      if (first[n] !== first[n + 1]) spelt(n);
+      n++;
     }
-    if (first[n] !== first[n + 1]) spelt(n);
-    n++;
   }
 }
 
@@ -610,22 +600,27 @@ export class GrammarConstraint implements TokenConstraint {
     let trie = v.all;
     const string = leaf instanceof StringLeaf ? leaf : null;
     const body = string?.plainBody(cursor.state as never) ?? null;
-    // In a body, the special tokens' leading plain characters step the patterns' states, k at a
-    // time per depth, as the plain tokens do; a leaf state is made for them only at the first
-    // byte that is not one (leafStates holds undefined until then).
     const k = string?.rules.patterns.length ?? 0;
+    // In a body, the patterns' states after each number of characters of its run (#run), k at a
+    // time, which every token's leading characters in its class share.
     const sets = new Int32Array(body ? (v.maxRun + 1) * k : 0);
-    // A body of one class per pattern: its states after each number of characters (in sets) and
-    // the most it reads, which every token's leading characters share.
-    let run: { readonly classes: readonly CharSet[]; readonly longest: number } | null = null;
+    let run: Run = { chars: CharSet.EMPTY, longest: 0 };
     if (string && body) {
       sets.set(body.sets);
       run = this.#run(string, body.count, sets);
-      reach = run
-        ? this.#byClass(string, body.count, run, sets, after, budget, mask)
-        : await this.#bodyWalk(string, body, after, budget, mask, slices);
+      reach = Math.max(
+        this.#byClass(string, body.count, run, sets, after, budget, mask),
+        await this.#exitWalk(string, body.count, run, sets, after, budget, mask, slices),
+      );
       trie = v.special;
     }
+    // The special tokens' leading plain characters: per depth, whether all are of the run (its
+    // states in sets), else the patterns' states in chars, stepped as the plain tokens' are. A
+    // leaf state is made for them only at the first byte that is not one (leafStates holds
+    // undefined until then).
+    const onRun = new Uint8Array(v.maxRun + 2);
+    onRun[0] = 1;
+    const chars = sets.slice();
     // The body's state after d characters of the run, and where it goes on each first byte that
     // is not a plain character, by d·256 + byte (tokens of one run share them).
     const runStates: unknown[] = [];
@@ -644,10 +639,11 @@ export class GrammarConstraint implements TokenConstraint {
         leafStates[d + 1] = undefined;
         pendings[d + 1] = null;
         generic[d + 1] = null;
-        if (!run) return readChar(string!, body!.count, sets, k, d + 1, b - CHAR);
-        if (d + 1 > run.longest) return false;
-        for (const c of run.classes) if (!c.has(b - CHAR)) return false;
-        return true;
+        onRun[d + 1] = onRun[d] && run.chars.has(b - CHAR) ? 1 : 0;
+        if (onRun[d + 1]) return d + 1 <= run.longest;
+        // The token leaves the run here: its states so far are the run's.
+        if (onRun[d]) chars.set(sets.subarray(d * k, d * k + k), d * k);
+        return readChar(string!, body!.count, chars, k, d + 1, b - CHAR);
       }
       const gs = generic[d];
       if (gs) {
@@ -656,7 +652,7 @@ export class GrammarConstraint implements TokenConstraint {
         return next !== null;
       }
       let ls = leafStates[d];
-      if (ls === undefined && run) {
+      if (ls === undefined && onRun[d]) {
         ls = leafStates[d] = runStates[d] ??= string!.bodyState(body!.count + d, sets, d * k);
         let step = runSteps.get(d * 256 + b);
         if (step === undefined) runSteps.set(d * 256 + b, step = readByte(leaf, ls, null, b));
@@ -666,7 +662,7 @@ export class GrammarConstraint implements TokenConstraint {
         generic[d + 1] = null;
         return true;
       }
-      ls ??= leafStates[d] = string!.bodyState(body!.count + d, sets, d * k);
+      ls ??= leafStates[d] = string!.bodyState(body!.count + d, chars, d * k);
       const p = pendings[d];
       // Once the leaf may end, the grammar goes on from it (it may read more or move on).
       if (p === null && leaf.done(ls)) {
@@ -697,50 +693,36 @@ export class GrammarConstraint implements TokenConstraint {
   }
 
   /**
-   * Whether a string body of `count` characters, its patterns' states at sets[0…k], reads one
-   * class per pattern for as many characters as a token holds (a counted pattern such as
-   * `[A-Za-z ,.]{1,40}`, or none): then the classes, and the most characters it reads from here
-   * as far as a token can tell, with the patterns' states after each number in sets. Else null.
+   * The run of a string body of `count` characters, its patterns' states at sets[0…k]: its
+   * states after each number of characters in sets, k at a time, from the most it reads down.
    */
-  #run(
-    leaf: StringLeaf,
-    count: number,
-    sets: Int32Array,
-  ): { readonly classes: readonly CharSet[]; readonly longest: number } | null {
+  #run(leaf: StringLeaf, count: number, sets: Int32Array): Run {
     const { patterns } = leaf.rules;
     const k = patterns.length;
-    const classes: CharSet[] = [];
-    for (let i = 0; i < k; i++) {
-      const own = patterns[i].uniform(sets[i]);
-      if (own === null) return null;
-      classes.push(own);
-    }
+    let chars = CharSet.common(patterns.map((p, i) => p.reads(sets[i])));
+    for (let i = 0; i < k; i++) chars = patterns[i].alike(sets[i], chars);
     const most = this.#vocab.maxRun;
-    // Any character of every class steps the states as each other one does.
-    const one = CharSet.common(classes).ranges[0] ?? -1;
     let longest = 0;
-    for (let l = 1; l <= most && one >= 0 && readChar(leaf, count, sets, k, l, one); l++) {
+    for (let l = 1; l <= most && !chars.empty; l++) {
+      if (!readChar(leaf, count, sets, k, l, chars.ranges[0])) break;
       longest = l;
-      // A longer token reads on from here: the states must still be of the same classes (a state
-      // that reads nothing ends the string's run at the next step).
-      for (let i = 0; l < most && i < k; i++) {
-        const own = patterns[i].uniform(sets[l * k + i]);
-        if (own === null || (!own.empty && !own.equals(classes[i]))) return null;
-      }
+      // A longer token reads on from here: keep to the characters that step every state alike
+      // (a part of the class steps as the rest did before, so the states so far still hold).
+      for (let i = 0; l < most && i < k; i++) chars = patterns[i].alike(sets[l * k + i], chars);
     }
-    return { classes, longest };
+    return { chars, longest };
   }
 
   /**
-   * The plain text tokens a string body of `count` characters reads through `run` (#run), by
-   * length: a token of L whole characters of its classes is read as any other of that length is,
-   * so the bounds and distance are asked once per length instead of per token, and the mask is a
-   * difference of the classes' masks of tokens by length.
+   * The plain text tokens of a string body of `count` characters whose characters are all of its
+   * run (#run), by length: a token of L of them is read as any other of that length is, so the
+   * bounds and distance are asked once per length instead of per token, and the mask is a
+   * difference of the class's masks of tokens by length.
    */
   #byClass(
     leaf: StringLeaf,
     count: number,
-    run: { readonly classes: readonly CharSet[]; readonly longest: number },
+    run: Run,
     sets: Int32Array,
     after: number,
     budget: number,
@@ -749,7 +731,7 @@ export class GrammarConstraint implements TokenConstraint {
     const v = this.#vocab;
     const k = leaf.rules.patterns.length;
     const { longest } = run;
-    const tokens = v.classTokens(run.classes);
+    const tokens = v.classTokens(run.chars);
     const fits = new Uint8Array(longest + 1);
     let reach = -1;
     for (let l = 1; l <= longest; l++) {
@@ -787,59 +769,88 @@ export class GrammarConstraint implements TokenConstraint {
   }
 
   /**
-   * The plain text tokens a string body with patterns reads from `body`: each character counts
-   * and steps the patterns (an incomplete last one must still fit them), and the string must
-   * still be closable after it, as StringLeaf.step would, on numbers.
+   * The other plain text tokens of that body: those that leave its run, walked from where they
+   * leave it, each character counting and stepping the patterns (an incomplete last one must
+   * still fit them) and the string still closable after it, as StringLeaf.step would, on numbers.
    */
-  async #bodyWalk(
+  async #exitWalk(
     leaf: StringLeaf,
-    body: { readonly count: number; readonly sets: readonly number[] },
+    count: number,
+    run: Run,
+    sets: Int32Array,
     after: number,
     budget: number,
     mask: Uint32Array,
     slices: Slices,
   ): Promise<number> {
-    const trie = this.#vocab.plainTrie;
+    const v = this.#vocab;
+    const trie = v.plainTrie;
     const { patterns } = leaf.rules;
     const k = patterns.length;
-    // The patterns' states per depth, k at a time.
-    const sets = new Int32Array((this.#vocab.maxPlainChars + 1) * k);
-    sets.set(body.sets);
+    const { exits, exitFrom } = v.classTokens(run.chars);
+    const states = sets.slice();
+    // A pattern reads few of the vocabulary's tens of thousands of characters: after r characters
+    // of the run, walk only the exits the states there read. Longest runs first: a walk writes
+    // only the states deeper than its run's, which those walks have done with.
+    const spans: number[] = [];
+    for (let r = run.longest; r >= 0; r--) {
+      const reads = CharSet.common(patterns.map((p, i) => p.reads(sets[r * k + i]))).ranges;
+      for (let i = 0; i < reads.length; i += 2) {
+        const to = exitAt(trie, exits, exitFrom[r], exitFrom[r + 1], 8 * (reads[i + 1] + 1));
+        for (let e = exitAt(trie, exits, exitFrom[r], to, 8 * reads[i]); e < to; e++) {
+          // Exits side by side in the trie walk as one span.
+          const n = exits[e];
+          if (spans.length && spans.at(-1) === n) spans[spans.length - 1] = trie.end[n];
+          else spans.push(n, trie.end[n]);
+        }
+      }
+    }
     let reach = -1;
-    const step = (n: number) => {
+    await walkTrie(trie, slices, (n) => {
       const d = trie.depth[n];
       const symbol = trie.symbol[n];
-      if ((symbol & 7) === WHOLE) return readChar(leaf, body.count, sets, k, d, symbol >>> 3);
+      if ((symbol & 7) === WHOLE) return readChar(leaf, count, states, k, d, symbol >>> 3);
       // An incomplete last character leaves the states as they were (spelt reads them at d).
       const { lo, hi } = partialOf(symbol);
-      sets.copyWithin(d * k, (d - 1) * k, d * k);
-      return leaf.fits(body.count + d - 1, sets, lo, hi, (d - 1) * k);
-    };
-    const spelt = (n: number) => {
+      states.copyWithin(d * k, (d - 1) * k, d * k);
+      return leaf.fits(count + d - 1, states, lo, hi, (d - 1) * k);
+    }, (n) => {
       const d = trie.depth[n];
       const symbol = trie.symbol[n];
       let left = 0;
       if (budget !== Infinity) {
         const whole = (symbol & 7) === WHOLE;
         const need = whole ? 0 : partialOf(symbol).need;
-        left = leaf.closeDistance(body.count + (whole ? d : d - 1), sets, d * k) + after + need;
+        left = leaf.closeDistance(count + (whole ? d : d - 1), states, d * k) + after + need;
       }
       reach = this.#allowAll(trie, n, mask, left, budget, reach);
-    };
-    // A pattern reads few of the vocabulary's tens of thousands of first characters: start only
-    // at those they all read (the step still checks each). A token of one incomplete character may
-    // sort outside them yet become one of them: those few are each checked.
-    const { roots } = trie;
-    const nodeOf = (r: number) => (r < roots.length ? roots[r] : trie.symbol.length);
-    const reads = CharSet.common(patterns.map((p, i) => p.reads(body.sets[i]))).ranges;
-    for (let i = 0; i < reads.length; i += 2) {
-      const a = rootFrom(trie, 8 * reads[i]);
-      const b = rootFrom(trie, 8 * (reads[i + 1] + 1));
-      if (a < b) await walkTrie(trie, slices, step, spelt, nodeOf(a), nodeOf(b));
-    }
-    for (const n of this.#vocab.partialRoots) if (step(n)) spelt(n);
+    }, spans);
     return reach;
   }
+}
+
+/** A string body's run: the characters that step its states alike, for up to `longest` of them. */
+interface Run {
+  readonly chars: CharSet;
+  readonly longest: number;
+}
+
+/** The first of exits[from…to) whose node's symbol is `symbol` or more (`to` when none). */
+function exitAt(
+  trie: TokenTrie,
+  exits: Uint32Array,
+  from: number,
+  to: number,
+  symbol: number,
+): number {
+  let lo = from;
+  let hi = to;
+  while (lo < hi) {
+    const mid = (lo + hi) >> 1;
+    if (trie.symbol[exits[mid]] < symbol) lo = mid + 1;
+    else hi = mid;
+  }
+  return lo;
 }
 
 /**
