@@ -306,13 +306,12 @@ export class VocabIndex {
     const long: number[] = [];
     const partial: number[] = [];
     const partialSymbol: number[] = [];
-    // Exits by r, each as symbol·2³² + node: a numeric sort orders them by symbol.
     const exits = Array.from({ length: this.maxRun + 1 }, (): number[] => []);
     for (let n = 0; n < symbol.length;) {
       const whole = (symbol[n] & 7) === WHOLE;
       const d = depth[n];
       if (whole && !chars.has(symbol[n] >>> 3)) {
-        exits[d - 1].push(symbol[n] * 2 ** 32 + n);
+        exits[d - 1].push(n);
         n = end[n];
         continue;
       }
@@ -332,15 +331,25 @@ export class VocabIndex {
     }
     const exitFrom = new Uint32Array(exits.length + 1);
     exits.forEach((list, r) => exitFrom[r + 1] = exitFrom[r] + list.length);
-    const sorted = new Float64Array(exitFrom[exits.length]);
-    exits.forEach((list, r) => sorted.set(Float64Array.from(list).sort(), exitFrom[r]));
+    const sorted = new Uint32Array(exitFrom[exits.length]);
+    exits.forEach((list, r) => {
+      // The roots come in order; deeper exits come by parent, sorted as symbol·2³² + node.
+      if (list.every((n, i) => i === 0 || symbol[list[i - 1]] <= symbol[n])) {
+        sorted.set(list, exitFrom[r]);
+        return;
+      }
+      const keys = new Float64Array(list.length);
+      for (let i = 0; i < list.length; i++) keys[i] = symbol[list[i]] * 2 ** 32 + list[i];
+      keys.sort();
+      for (let i = 0; i < keys.length; i++) sorted[exitFrom[r] + i] = keys[i] % 2 ** 32;
+    });
     return {
       upTo,
       counts,
       long: Uint32Array.from(long),
       partial: Uint32Array.from(partial),
       partialSymbol: Uint32Array.from(partialSymbol),
-      exits: Uint32Array.from(sorted, (x) => x % 2 ** 32),
+      exits: sorted,
       exitFrom,
     };
   }
@@ -710,7 +719,9 @@ export class GrammarConstraint implements TokenConstraint {
       // (a part of the class steps as the rest did before, so the states so far still hold).
       for (let i = 0; l < most && i < k; i++) chars = patterns[i].alike(sets[l * k + i], chars);
     }
-    return { chars, longest };
+    // A run of one character saves no walk (its tokens' subtrees are the exits from it), and its
+    // class would be built for it alone: the empty run serves every such state.
+    return longest < 2 ? { chars: CharSet.EMPTY, longest: 0 } : { chars, longest };
   }
 
   /**
