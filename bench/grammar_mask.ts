@@ -26,81 +26,55 @@ import { rng } from "../tests/_fuzz.ts";
 const schema = (s: Json): Grammar =>
   replyGrammar({ format: { type: "json_schema", schema: s, path: "schema" }, reasoning: false })!;
 
+/** An object of `properties`, all required and no others. */
+const objectOf = (properties: Record<string, Json>): Grammar =>
+  schema({
+    type: "object",
+    properties,
+    required: Object.keys(properties),
+    additionalProperties: false,
+  });
+
 /** The grammars timed: what structured-output requests commonly ask for. */
 const GRAMMARS: Readonly<Record<string, () => Grammar>> = {
   "free-strings": () =>
-    schema({
-      type: "object",
-      properties: { name: { type: "string" }, city: { type: "string" }, bio: { type: "string" } },
-      required: ["name", "city", "bio"],
-      additionalProperties: false,
-    }),
+    objectOf({ name: { type: "string" }, city: { type: "string" }, bio: { type: "string" } }),
   "bounded-strings": () =>
-    schema({
-      type: "object",
-      properties: {
-        name: { type: "string", maxLength: 40 },
-        bio: { type: "string", minLength: 10, maxLength: 300 },
-      },
-      required: ["name", "bio"],
-      additionalProperties: false,
+    objectOf({
+      name: { type: "string", maxLength: 40 },
+      bio: { type: "string", minLength: 10, maxLength: 300 },
     }),
   pattern: () =>
-    schema({
-      type: "object",
-      properties: {
-        sku: { type: "string", pattern: "^[A-Z]{2}-\\d{3}$" },
-        slug: { type: "string", pattern: "^[a-z0-9]+(-[a-z0-9]+)*$" },
-        title: { type: "string", pattern: "^[A-Za-z ,.]{1,40}$" },
-        when: { type: "string", format: "date" },
-      },
-      required: ["sku", "slug", "title", "when"],
-      additionalProperties: false,
+    objectOf({
+      sku: { type: "string", pattern: "^[A-Z]{2}-\\d{3}$" },
+      slug: { type: "string", pattern: "^[a-z0-9]+(-[a-z0-9]+)*$" },
+      title: { type: "string", pattern: "^[A-Za-z ,.]{1,40}$" },
+      when: { type: "string", format: "date" },
     }),
   "counted-pattern": () =>
-    schema({
-      type: "object",
-      properties: {
-        title: { type: "string", pattern: "^[A-Za-z ,.]{1,40}$" },
-        handle: { type: "string", pattern: "^[a-z0-9_]{3,16}$" },
-        note: { type: "string", pattern: "^.{0,80}$", minLength: 5 },
-      },
-      required: ["title", "handle", "note"],
-      additionalProperties: false,
+    objectOf({
+      title: { type: "string", pattern: "^[A-Za-z ,.]{1,40}$" },
+      handle: { type: "string", pattern: "^[a-z0-9_]{3,16}$" },
+      note: { type: "string", pattern: "^.{0,80}$", minLength: 5 },
     }),
   "loop-exit": () =>
-    schema({
-      type: "object",
-      properties: {
-        sentence: { type: "string", pattern: "^[A-Za-z ]{1,40}\\.$" },
-        name: { type: "string", pattern: "^[A-Z][a-z]{1,30}$" },
-        user: { type: "string", pattern: "^[a-z0-9_]{3,16}(@[a-z]{2,8})?$" },
-      },
-      required: ["sentence", "name", "user"],
-      additionalProperties: false,
+    objectOf({
+      sentence: { type: "string", pattern: "^[A-Za-z ]{1,40}\\.$" },
+      name: { type: "string", pattern: "^[A-Z][a-z]{1,30}$" },
+      user: { type: "string", pattern: "^[a-z0-9_]{3,16}(@[a-z]{2,8})?$" },
     }),
   enum: () =>
-    schema({
-      type: "object",
-      properties: {
-        color: { enum: ["red", "green", "blue", "dark purple"] },
-        size: { enum: ["small", "medium", "large"] },
-        tags: { type: "array", items: { enum: ["new", "sale", "gift"] }, maxItems: 3 },
-      },
-      required: ["color", "size", "tags"],
-      additionalProperties: false,
+    objectOf({
+      color: { enum: ["red", "green", "blue", "dark purple"] },
+      size: { enum: ["small", "medium", "large"] },
+      tags: { type: "array", items: { enum: ["new", "sale", "gift"] }, maxItems: 3 },
     }),
   numbers: () =>
-    schema({
-      type: "object",
-      properties: {
-        qty: { type: "integer", minimum: 1, maximum: 99 },
-        price: { type: "number", exclusiveMinimum: 0, maximum: 1000 },
-        lat: { type: "number", minimum: -90, maximum: 90 },
-        points: { type: "array", items: { type: "integer" }, maxItems: 4 },
-      },
-      required: ["qty", "price", "lat", "points"],
-      additionalProperties: false,
+    objectOf({
+      qty: { type: "integer", minimum: 1, maximum: 99 },
+      price: { type: "number", exclusiveMinimum: 0, maximum: 1000 },
+      lat: { type: "number", minimum: -90, maximum: 90 },
+      points: { type: "array", items: { type: "integer" }, maxItems: 4 },
     }),
   "tool-call": () =>
     replyGrammar({
