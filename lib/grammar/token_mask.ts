@@ -183,8 +183,9 @@ const SHORT_CHARS = 32;
 const CLASS_CACHE = 16;
 
 /**
- * The plain tokens whose whole characters all lie in one class (the one a counted pattern such as
- * `[A-Za-z ,.]{1,40}` reads, or every character), by length, and where the others leave it.
+ * The plain tokens whose first whole character lies in one class and the others in another (a
+ * run's, such as `[A-Z][a-z]{1,30}` or, the same class twice, `[A-Za-z ,.]{1,40}`; or every
+ * character), by length, and where the others leave them.
  */
 interface ClassTokens {
   /** Per c up to SHORT_CHARS: the tokens of at most c whole characters, as a mask. */
@@ -197,7 +198,7 @@ interface ClassTokens {
   readonly partial: Uint32Array;
   readonly partialSymbol: Uint32Array;
   /**
-   * The plain trie's nodes of a whole character outside the class after r inside it (their
+   * The plain trie's nodes of a whole character outside the classes after r inside them (their
    * subtrees are every other plain token), by r and then symbol: r's from exitFrom[r] on.
    */
   readonly exits: Uint32Array;
@@ -281,16 +282,16 @@ export class VocabIndex {
   }
 
   /**
-   * The plain tokens whose whole characters lie in `chars`, built once per class (a walk of the
-   * plain trie that skips a refused character's subtree).
+   * The plain tokens whose first whole character lies in `head` and the others in `chars`, built
+   * once per classes (a walk of the plain trie that skips a refused character's subtree).
    */
-  classTokens(chars: CharSet): ClassTokens {
-    const key = chars.ranges.join();
+  classTokens(head: CharSet, chars: CharSet): ClassTokens {
+    const key = `${head.ranges}|${chars.ranges}`;
     let tokens = this.#classes.get(key);
     if (tokens) {
       this.#classes.delete(key);
     } else {
-      tokens = this.#buildClass(chars);
+      tokens = this.#buildClass(head, chars);
       if (this.#classes.size >= CLASS_CACHE) {
         this.#classes.delete(this.#classes.keys().next().value!);
       }
@@ -299,7 +300,7 @@ export class VocabIndex {
     return tokens;
   }
 
-  #buildClass(chars: CharSet): ClassTokens {
+  #buildClass(head: CharSet, chars: CharSet): ClassTokens {
     const { symbol, depth, end, first, ids } = this.plainTrie;
     const upTo = Array.from({ length: SHORT_CHARS + 1 }, () => new Uint32Array(this.plain.length));
     const counts = new Uint32Array(this.maxRun + 1);
@@ -310,7 +311,7 @@ export class VocabIndex {
     for (let n = 0; n < symbol.length;) {
       const whole = (symbol[n] & 7) === WHOLE;
       const d = depth[n];
-      if (whole && !chars.has(symbol[n] >>> 3)) {
+      if (whole && !(d === 1 ? head : chars).has(symbol[n] >>> 3)) {
         exits[d - 1].push(n);
         n = end[n];
         continue;
@@ -613,7 +614,7 @@ export class GrammarConstraint implements TokenConstraint {
     // In a body, the patterns' states after each number of characters of its run (#run), k at a
     // time, which every token's leading characters in its class share.
     const sets = new Int32Array(body ? (v.maxRun + 1) * k : 0);
-    let run: Run = { chars: CharSet.EMPTY, longest: 0 };
+    let run = NO_RUN;
     if (string && body) {
       sets.set(body.sets);
       run = this.#run(string, body.count, sets);
@@ -648,7 +649,7 @@ export class GrammarConstraint implements TokenConstraint {
         leafStates[d + 1] = undefined;
         pendings[d + 1] = null;
         generic[d + 1] = null;
-        onRun[d + 1] = onRun[d] && run.chars.has(b - CHAR) ? 1 : 0;
+        onRun[d + 1] = onRun[d] && (d === 0 ? run.head : run.chars).has(b - CHAR) ? 1 : 0;
         if (onRun[d + 1]) return d + 1 <= run.longest;
         // The token leaves the run here: its states so far are the run's.
         if (onRun[d]) chars.set(sets.subarray(d * k, d * k + k), d * k);
@@ -708,20 +709,25 @@ export class GrammarConstraint implements TokenConstraint {
   #run(leaf: StringLeaf, count: number, sets: Int32Array): Run {
     const { patterns } = leaf.rules;
     const k = patterns.length;
-    let chars = CharSet.common(patterns.map((p, i) => p.reads(sets[i])));
-    for (let i = 0; i < k; i++) chars = patterns[i].alike(sets[i], chars);
+    // The part of `within` that steps every pattern's state after l characters alike.
+    const alike = (l: number, within: CharSet) =>
+      patterns.reduce((part, p, i) => p.alike(sets[l * k + i], part), within);
+    const readsAt = (l: number) => CharSet.common(patterns.map((p, i) => p.reads(sets[l * k + i])));
+    const head = alike(0, readsAt(0));
+    let chars = head;
     const most = this.#vocab.maxRun;
     let longest = 0;
     for (let l = 1; l <= most && !chars.empty; l++) {
       if (!readChar(leaf, count, sets, k, l, chars.ranges[0])) break;
       longest = l;
-      // A longer token reads on from here: keep to the characters that step every state alike
-      // (a part of the class steps as the rest did before, so the states so far still hold).
-      for (let i = 0; l < most && i < k; i++) chars = patterns[i].alike(sets[l * k + i], chars);
+      // A longer token reads on from here: after the first character, the class that steps the
+      // states alike; then the part of it that still does (a part of a class steps as the rest
+      // did before, so the states so far still hold).
+      if (l < most) chars = alike(l, l === 1 ? readsAt(1) : chars);
     }
     // A run of one character saves no walk (its tokens' subtrees are the exits from it), and its
-    // class would be built for it alone: the empty run serves every such state.
-    return longest < 2 ? { chars: CharSet.EMPTY, longest: 0 } : { chars, longest };
+    // classes would be built for it alone: the empty run serves every such state.
+    return longest < 2 ? NO_RUN : { head, chars, longest };
   }
 
   /**
@@ -742,7 +748,7 @@ export class GrammarConstraint implements TokenConstraint {
     const v = this.#vocab;
     const k = leaf.rules.patterns.length;
     const { longest } = run;
-    const tokens = v.classTokens(run.chars);
+    const tokens = v.classTokens(run.head, run.chars);
     const fits = new Uint8Array(longest + 1);
     let reach = -1;
     for (let l = 1; l <= longest; l++) {
@@ -798,7 +804,7 @@ export class GrammarConstraint implements TokenConstraint {
     const trie = v.plainTrie;
     const { patterns } = leaf.rules;
     const k = patterns.length;
-    const { exits, exitFrom } = v.classTokens(run.chars);
+    const { exits, exitFrom } = v.classTokens(run.head, run.chars);
     const states = sets.slice();
     // A pattern reads few of the vocabulary's tens of thousands of characters: after r characters
     // of the run, walk only the exits the states there read. Longest runs first: a walk writes
@@ -840,11 +846,17 @@ export class GrammarConstraint implements TokenConstraint {
   }
 }
 
-/** A string body's run: the characters that step its states alike, for up to `longest` of them. */
+/**
+ * A string body's run: its first character from `head` and the others from `chars`, each class
+ * stepping the states alike, for up to `longest` characters.
+ */
 interface Run {
+  readonly head: CharSet;
   readonly chars: CharSet;
   readonly longest: number;
 }
+
+const NO_RUN: Run = { head: CharSet.EMPTY, chars: CharSet.EMPTY, longest: 0 };
 
 /** The first of exits[from…to) whose node's symbol is `symbol` or more (`to` when none). */
 function exitAt(
