@@ -593,9 +593,9 @@ export class GrammarConstraint implements TokenConstraint {
 
   /**
    * The walk inside one leaf (a string or number being written): tokens step the leaf itself
-   * until it ends, and only then the grammar. In a string body, plain text tokens step its
-   * patterns by character (or, without patterns, are allowed by length), and only the others are
-   * walked byte by byte.
+   * until it ends, and only then the grammar. In a string body, the plain text tokens of its run
+   * are allowed by length, the other plain ones step its patterns by character from where they
+   * leave the run, and only the tokens that are not plain text are walked byte by byte.
    */
   async #leafWalk(
     cursor: LeafCursor,
@@ -612,7 +612,7 @@ export class GrammarConstraint implements TokenConstraint {
     const body = string?.plainBody(cursor.state as never) ?? null;
     const k = string?.rules.patterns.length ?? 0;
     // In a body, the patterns' states after each number of characters of its run (#run), k at a
-    // time, which every token's leading characters in its class share.
+    // time, which every token's leading characters of the run's classes share.
     const sets = new Int32Array(body ? (v.maxRun + 1) * k : 0);
     let run = NO_RUN;
     if (string && body) {
@@ -725,9 +725,10 @@ export class GrammarConstraint implements TokenConstraint {
       // did before, so the states so far still hold).
       if (l < most) chars = alike(l, l === 1 ? readsAt(1) : chars);
     }
-    // A run of one character saves no walk (its tokens' subtrees are the exits from it), and its
-    // classes would be built for it alone: the empty run serves every such state.
-    return longest < 2 ? NO_RUN : { head, chars, longest };
+    // A run of one character saves no walk (its tokens' subtrees are the exits from it), one of two
+    // little (few tokens have more characters than their first two), and their classes would be
+    // built for such a run alone (a date's "-0", "01", …): the empty run serves every such state.
+    return longest < 3 ? NO_RUN : { head, chars, longest };
   }
 
   /**
