@@ -725,10 +725,10 @@ export class GrammarConstraint implements TokenConstraint {
       // did before, so the states so far still hold).
       if (l < most) chars = alike(l, l === 1 ? readsAt(1) : chars);
     }
-    // A run of one character saves no walk (its tokens' subtrees are the exits from it), one of two
-    // little (few tokens have more characters than their first two), and their classes would be
-    // built for such a run alone (a date's "-0", "01", …): the empty run serves every such state.
-    return longest < 3 ? NO_RUN : { head, chars, longest };
+    // A loop's class (the same after the first character) serves every length of it. A first
+    // character of one class and one or two of another would have their classes built for that
+    // alone (a date's "-0", "01", a sentence's "x."), to save little: the empty run serves them.
+    return longest < 3 && !head.equals(chars) ? NO_RUN : { head, chars, longest };
   }
 
   /**
