@@ -53,6 +53,8 @@ export class CharSet {
 
   /** The code points in every one of `sets` (all of them when there are none). */
   static common(sets: readonly CharSet[]): CharSet {
+    // One set is itself (mask walks ask for one pattern's at every character).
+    if (sets.length === 1) return sets[0];
     return sets.reduce((a, b) => a.union(b.negate()), CharSet.EMPTY).negate();
   }
 
