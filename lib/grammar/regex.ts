@@ -370,7 +370,8 @@ export class Pattern {
       if (table[cp] < 0) table[cp] = this.#stepOf(id, cp);
       return table[cp];
     }
-    return this.#stepOf(id, cp);
+    // A character no state reads is dead at once (dead ends are not cached: see #stepOf).
+    return this.reads(id).has(cp) ? this.#stepOf(id, cp) : 0;
   }
 
   #stepOf(id: number, cp: number): number {
