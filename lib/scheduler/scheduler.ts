@@ -127,14 +127,14 @@ class Lane {
   run<T>(job: () => Promise<T>): Promise<T> {
     const started = Promise.withResolvers<void>();
     const result = this.#tail.then(async () => {
+      let running: Promise<T>;
       try {
         await this.#turn();
-        const running = job();
-        started.resolve();
-        return await running;
+        running = job();
       } finally {
         started.resolve();
       }
+      return await running;
     });
     this.#tail = started.promise;
     return result;
