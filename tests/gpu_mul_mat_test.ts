@@ -1,5 +1,6 @@
 // GPU matrix products (engine/gpu/kernels/mul_mat.ts) against the CPU dequantizer and float64 dots.
-// Covers every weight type, decode and prefill tiles, split parts, expert ids, SwiGLU input, add.
+// Covers every weight type, decode and prefill tiles, split parts, expert ids, SwiGLU input, add,
+// and the decode epilogues (pair, conv, MoE sum) against the kernels they replace, bit for bit.
 
 import assert from "node:assert/strict";
 import { createStorage } from "../engine/gpu/buffers.ts";
@@ -14,7 +15,9 @@ import {
   type TileShape,
 } from "../engine/gpu/kernels/mul_mat.ts";
 import type { MatVecLayout } from "../engine/gpu/kernels/mul_mat_vec.ts";
+import { moeSum } from "../engine/gpu/kernels/moe_sum.ts";
 import { rmsNorm } from "../engine/gpu/kernels/rms_norm.ts";
+import { ssmConv } from "../engine/gpu/kernels/ssm_conv.ts";
 import { dequantize } from "../engine/quant/dequant.ts";
 import { randomBlocks } from "../tools/synth/quantize.ts";
 import { GgmlType, rowBytes, typeName } from "../engine/quant/ggml_types.ts";
@@ -543,3 +546,92 @@ gpuTest("mulMatPair() gives both products the bits mulMat gives each alone", asy
     }
   }
 });
+
+gpuTest(
+  "mulMat()'s conv epilogue gives u, the conv state and y the bits of mulMat then ssmConv",
+  async (ctx) => {
+    // A DeltaNet projection of 70 rows whose first 40 are conv channels, written at column 0 of
+    // a 75-wide row, a normed input, three tokens in a row so the state carries; maxPartBytes
+    // splits W so a part's rows start past the channels' end and inside them.
+    const [K, M, C, Kc, width, eps] = [256, 70, 40, 4, 75, 1e-6];
+    const r = rng(43);
+    const norm = { w: upload(ctx, randomF32(K, r)), eps };
+    const cw = upload(ctx, randomF32(C * Kc, r));
+    const state0 = randomF32((Kc - 1) * C, r);
+    const w = await uploadWeights(
+      ctx,
+      { name: "qkvz", type: GgmlType.Q8_0, shape: [K, M] },
+      randomBlocks(GgmlType.Q8_0, K * M, 0.5, r),
+      { maxPartBytes: 24 * rowBytes(GgmlType.Q8_0, K) },
+    );
+    assert.ok(w.parts.length > 2, "the weights are split into parts");
+    const [fusedState, apartState] = [upload(ctx, state0), upload(ctx, state0)];
+    for (let t = 0; t < 3; t++) {
+      const x = upload(ctx, randomF32(K, r, 3));
+      const [y, yApart] = [0, 1].map(() => createStorage(ctx, "y", width * 4));
+      const [u, uApart] = [0, 1].map(() => createStorage(ctx, "u", C * 4));
+      await submit(ctx, (enc) => {
+        mulMat(enc, { w, x, y }, {
+          tokens: 1,
+          norm,
+          yStrideT: width,
+          conv: { w: cw, state: fusedState, u, channels: C, kc: Kc },
+        });
+        mulMat(enc, { w, x, y: yApart }, { tokens: 1, norm, yStrideT: width });
+        ssmConv(enc, { x: yApart, w: cw, state: apartState, u: uApart }, {
+          channels: C,
+          kc: Kc,
+          tokens: 1,
+          xStrideT: width,
+          uStrideT: C,
+        });
+      });
+      // (assertSameBits names "in a batch" the fused outputs, "alone" the kernels apart.)
+      assertSameBits(await readF32(ctx, yApart, M), await readF32(ctx, y, M), M, `token ${t} y`);
+      assertSameBits(await readF32(ctx, uApart, C), await readF32(ctx, u, C), C, `token ${t} u`);
+      assertSameBits(
+        await readF32(ctx, apartState, (Kc - 1) * C),
+        await readF32(ctx, fusedState, (Kc - 1) * C),
+        C,
+        `token ${t} state`,
+      );
+    }
+  },
+);
+
+gpuTest(
+  "mulMat()'s MoE-sum epilogue adds to x the bits of the shared expert's down then moeSum",
+  async (ctx) => {
+    // The shared expert's down (Q8_0, 96 rows, SwiGLU over 2·64 inputs) of 2 tokens, 3 routed
+    // experts' outputs and their weights, into a residual; W split so parts start mid-way.
+    const [Fs, D, k, T] = [64, 96, 3, 2];
+    const r = rng(47);
+    const w = await uploadWeights(
+      ctx,
+      { name: "shared down", type: GgmlType.Q8_0, shape: [Fs, D] },
+      randomBlocks(GgmlType.Q8_0, Fs * D, 0.5, r),
+      { maxPartBytes: 40 * rowBytes(GgmlType.Q8_0, Fs) },
+    );
+    assert.ok(w.parts.length > 1, "the weights are split into parts");
+    const gateUp = upload(ctx, randomF32(T * 2 * Fs, r, 2));
+    const experts = upload(ctx, randomF32(T * k * D, r));
+    const weights = upload(ctx, randomF32(T * (k + 1), r));
+    const residual = randomF32(T * D, r);
+    const [x, xApart] = [upload(ctx, residual), upload(ctx, residual)];
+    const shared = createStorage(ctx, "shared", T * D * 4);
+    const down = { tokens: T, xStrideT: 2 * Fs, upOffset: Fs, swiglu: true };
+    await submit(ctx, (enc) => {
+      mulMat(enc, { w, x: gateUp, y: x }, { ...down, moeSum: { experts, weights, k } });
+      mulMat(enc, { w, x: gateUp, y: shared }, down);
+      moeSum(enc, { o: experts, s: shared, weights, x: xApart }, {
+        d: D,
+        k,
+        tokens: T,
+        sharedExpert: true,
+      });
+    });
+    const got = await readF32(ctx, x, T * D);
+    assert.ok(got.some((v, i) => v !== residual[i]), "the sum changed x");
+    assertSameBits(await readF32(ctx, xApart, T * D), got, D, "x, fused (batch) or apart (alone)");
+  },
+);

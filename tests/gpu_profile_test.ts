@@ -10,12 +10,11 @@ import { formatSteps, kernelRows, profileModel, type StepReport } from "../bench
 
 /**
  * Families every qwen35moe step dispatches (DeltaNet and attention layers, MoE, the head);
- * one-token steps fold rms_norm and moe_sum into their products.
+ * one-token steps fold rms_norm, ssm_conv and moe_sum into their products.
  */
 const FAMILIES = [
   "get_rows",
   "mul_mat",
-  "ssm_conv",
   "gated_delta_net",
   "qk_norm_rope",
   "attention",
@@ -67,10 +66,15 @@ gpuTest("bench/profile: per-kernel GPU times of a prefill chunk and decode steps
       assert.match(formatSteps("prefill", [report.prefill]), /wall times only/);
       return;
     }
-    checkStep(gpu, report.prefill, "prefill", [...FAMILIES, "rms_norm", "moe_sum"]);
+    checkStep(gpu, report.prefill, "prefill", [...FAMILIES, "rms_norm", "ssm_conv", "moe_sum"]);
     report.decode.forEach((s, i) => checkStep(gpu, s, `decode ${i}`, FAMILIES));
     const table = formatSteps("decode", report.decode);
-    for (const r of kernelRows(report.decode.map((s) => s.gpu!))) {
+    const decodeRows = kernelRows(report.decode.map((s) => s.gpu!));
+    for (const folded of ["rms_norm", "ssm_conv", "moe_sum"]) {
+      const left = decodeRows.find((r) => r.kernel.startsWith(folded));
+      assert.equal(left, undefined, `a decode step dispatches ${folded} on its own`);
+    }
+    for (const r of decodeRows) {
       assert.match(table, new RegExp(`\\n  ${r.kernel} +${r.dispatches / 2} `), r.kernel);
     }
   });

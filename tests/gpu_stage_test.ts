@@ -348,7 +348,7 @@ gpuTest(
       // Two prefill calls (5 + 1 tokens) and two decode calls.
       assert.deepEqual(samples.map((p) => p.tokens), [5, 1, 1, 1]);
       for (const p of samples) {
-        assert.ok(p.dispatches > 4 * 10, `${p.dispatches} dispatches for 4 blocks and the head`);
+        assert.ok(p.dispatches >= 4 * 8, `${p.dispatches} dispatches for 4 blocks and the head`);
         assert.ok(p.encodeMs >= 0 && p.waitMs >= 0);
         assert.equal(p.gpuMs === undefined, !gpu.features.timestamps);
         if (p.gpuMs !== undefined) {

@@ -5,7 +5,9 @@
 // engine/quant/dequant.ts rows.
 // Bindings: 0 w: weight bytes of one part | 1 x (f32) | 2 ids (u32 expert ids (T, ids_stride)
 //   under ID, a dummy otherwise) | 3 nw (k) f32 RMSNorm weight under NORM, a dummy otherwise
-//   | 4 y (f32) | under PAIR_F32: 5 w2 (an F32 matrix of rows2 rows) | 6 y2 (f32) | then params.
+//   | 4 y (f32) | under PAIR_F32: 5 w2 (an F32 matrix of rows2 rows) | 6 y2 (f32) | under CONV:
+//   5 cw (channels, kc) f32 | 6 cstate (kc − 1, channels) f32 | 7 u (channels) f32 | under
+//   MOE_SUM: 5 eo (T, sum_k, sum_d) f32 expert outputs | 6 ew (T, sum_k + 1) f32 | then params.
 // Dispatch: (row_tiles folded to 2-D, z): a workgroup takes ROWS = (WG / CU)·RPT rows of one
 //   token (z = T) or of one (token, rank) slot (ID: z = T·n_used).
 // Work: the products s_c of one chunk (32 values of k) are independent of one another, so the
@@ -25,7 +27,13 @@
 //   shuffles in class order), W_VEC4 (F32: w bound as vec4s, one load each), PAIR_F32 (a second
 //   product y2 = W2·x on the same input in the same dispatch, W2 F32: tiles past row_tiles take
 //   its rows, with the same layout and order, so each output has the bits it has alone; the MoE
-//   router beside the shared expert's gate|up; not with ID, X_SWIGLU or ADD).
+//   router beside the shared expert's gate|up; not with ID, X_SWIGLU or ADD), CONV (one token:
+//   outputs below conv_channels are also the DeltaNet's raw conv inputs; each goes through the
+//   causal conv + SiLU into u and shifts its channel's state, as wgsl/ssm_conv.wgsl computes one
+//   token), MOE_SUM (y += Σ_i ew_i·eo_i + ew_k·(this product), wgsl/moe_sum.wgsl's sum in its
+//   order: the shared expert's down closing a MoE layer; not with ID or ADD). Both epilogues use
+//   the same explicit fmas as the kernels they replace, so an output has the same bits either way
+//   and a decode step matches a prefill run.
 // NORM with XSTAGE and k ≤ 32·WIN reads x once: staged raw, its squares summed from workgroup
 //   memory (rms_finish: the same order, the same scale), then normed in place.
 //
@@ -58,7 +66,20 @@ enable subgroups;
 @group(0) @binding(6) var<storage, read_write> y2: array<f32>;
 @group(0) @binding(7) var<uniform> params: Params;
 #else
+#ifdef CONV
+@group(0) @binding(5) var<storage, read> cw: array<f32>;
+@group(0) @binding(6) var<storage, read_write> cstate: array<f32>;
+@group(0) @binding(7) var<storage, read_write> u: array<f32>;
+@group(0) @binding(8) var<uniform> params: Params;
+#else
+#ifdef MOE_SUM
+@group(0) @binding(5) var<storage, read> eo: array<f32>;
+@group(0) @binding(6) var<storage, read> ew: array<f32>;
+@group(0) @binding(7) var<uniform> params: Params;
+#else
 @group(0) @binding(5) var<uniform> params: Params;
+#endif
+#endif
 #endif
 
 // Chunk classes (the order's partial sums per output).
@@ -106,6 +127,39 @@ fn input4(xo: u32, c: u32, v: u32, scale: f32) -> vec4<f32> {
   return x4(xo + col);
 #endif
 }
+
+#ifdef CONV
+// Channel c's conv output from its state (the kc − 1 inputs before, oldest first) and this token's
+// input `raw`, then the state shifted by one: wgsl/ssm_conv.wgsl's taps, fmas and SiLU.
+fn conv_token(c: u32, raw: f32) {
+  let C = params.conv_channels;
+  let kc = params.conv_kc;
+  var s = 0.0;
+  for (var j = 0u; j + 1u < kc; j++) {
+    s = fma(cw[c * kc + j], cstate[j * C + c], s);
+  }
+  s = fma(cw[c * kc + kc - 1u], raw, s);
+  u[c] = s / (1.0 + exp(-s));
+  for (var j = 0u; j + 2u < kc; j++) {
+    cstate[j * C + c] = cstate[(j + 1u) * C + c];
+  }
+  cstate[(kc - 2u) * C + c] = raw;
+}
+#endif
+
+#ifdef MOE_SUM
+// Token t's MoE output at `row`, `own` the shared expert's: wgsl/moe_sum.wgsl's sum.
+fn moe_mix(t: u32, row: u32, own: f32) -> f32 {
+  let k = params.sum_k;
+  let d = params.sum_d;
+  let wo = t * (k + 1u);
+  var acc = eo[(t * k) * d + row] * ew[wo];
+  for (var i = 1u; i < k; i++) {
+    acc = fma(eo[(t * k + i) * d + row], ew[wo + i], acc);
+  }
+  return fma(own, ew[wo + k], acc);
+}
+#endif
 
 fn put(i: u32, v: f32) {
 #ifdef ADD
@@ -436,7 +490,17 @@ fn main(
         continue;
       }
 #endif
+#ifdef MOE_SUM
+      y[yo + row] = y[yo + row] + moe_mix(wid.z, params.row_base + row, total[r]);
+#else
       put(yo + row, total[r]);
+#endif
+#ifdef CONV
+      // One token (z = 0): the output's column in y is its channel.
+      if (yo + row < params.conv_channels) {
+        conv_token(yo + row, total[r]);
+      }
+#endif
     }
   }
 }

@@ -1,6 +1,7 @@
 // ssm_conv: the DeltaNet causal depthwise conv + SiLU over a run of tokens, with the conv state
 // (the last kc−1 raw inputs, oldest first) read at the start and written back at the end.
-// Matches engine/reference/deltanet.ts convStep applied token by token (f32 sum, taps in order).
+// Matches engine/reference/deltanet.ts convStep applied token by token (f32 sum, taps in order,
+// explicit fmas: mul_mat_vec's CONV epilogue computes a decode token's the same way, same bits).
 // Bindings: 0 x: raw qkv of token t at x_offset + t·x_stride_t, f32 | 1 w (channels, kc) f32
 //   | 2 state (kc−1, channels) f32 | 3 u (t·u_stride_t + c) f32 | 4 params.
 // Dispatch: (channel tiles, 1, token groups of RUN); a thread per channel walks the RUN tokens of
@@ -54,9 +55,9 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
     let first = i32(t) - i32(kc) + 1;
     var s = 0.0;
     for (var j = 0u; j + 1u < kc; j++) {
-      s += w[c * kc + j] * input(first + i32(j), c);
+      s = fma(w[c * kc + j], input(first + i32(j), c), s);
     }
-    s += w[c * kc + kc - 1u] * x[params.x_offset + t * params.x_stride_t + c];
+    s = fma(w[c * kc + kc - 1u], x[params.x_offset + t * params.x_stride_t + c], s);
     u[t * params.u_stride_t + c] = s / (1.0 + exp(-s));
   }
   // The state after the run: its last kc − 1 inputs. Row j reads row j + tokens of the old state

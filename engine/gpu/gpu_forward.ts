@@ -124,16 +124,29 @@ function deltaNetBlock(
   const { C, Nk, Nv, Dk, Dv } = hp;
   const baOffset = C + Nv * Dv;
   const width = baOffset + 2 * Nv;
-  // projections: [q | k | v | z | b | a]
-  project(enc, w.qkvzba, h, act.qkvzba, width, { tokens: T });
-  // causal conv over the raw qkv history, SiLU
-  ssmConv(enc, { x: act.qkvzba, w: w.conv, state: s.conv, u: act.u }, {
-    channels: C,
-    kc: hp.Kc,
-    tokens: T,
-    xStrideT: width,
-    uStrideT: C,
-  });
+  // projections: [q | k | v | z | b | a]; then the causal conv over the raw qkv history, SiLU
+  // (a decode step's in the projections' epilogue)
+  if (T === 1) {
+    const conv = { w: w.conv, state: s.conv, u: act.u, channels: C, kc: hp.Kc };
+    for (const p of w.qkvzba) {
+      mulMat(enc, { w: p.w, x: h.x, y: act.qkvzba }, {
+        tokens: T,
+        norm: h.norm,
+        yOffset: p.offset,
+        yStrideT: width,
+        conv: p.offset < C ? conv : undefined,
+      });
+    }
+  } else {
+    project(enc, w.qkvzba, h, act.qkvzba, width, { tokens: T });
+    ssmConv(enc, { x: act.qkvzba, w: w.conv, state: s.conv, u: act.u }, {
+      channels: C,
+      kc: hp.Kc,
+      tokens: T,
+      xStrideT: width,
+      uStrideT: C,
+    });
+  }
   // L2 norms, gates, recurrence per value head, RMSNorm(o)·ssm_norm·silu(z)
   const qkvzba = act.qkvzba;
   gatedDeltaNet(enc, { u: act.u, ba: qkvzba, z: qkvzba, p: w.params, state: s.ssm, y: act.o }, {
@@ -255,15 +268,25 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
       yStrideI: 2 * Fe,
     });
   }
-  // shared expert
   if (!paired) project(enc, w.sharedGateUp, h, act.sharedGateUp, 2 * Fs, { tokens: T });
-  mulMat(enc, { w: w.sharedDown, x: act.sharedGateUp, y: act.sharedOut }, {
-    tokens: T,
-    xStrideT: 2 * Fs,
-    upOffset: Fs,
-    swiglu: true,
-  });
-  // down of silu(gate)·up; Σ weight·expert in rank order + gate·shared, residual
+  const down = { xStrideT: Ku * 2 * Fe, xStrideI: 2 * Fe, upOffset: Fe, swiglu: true };
+  const sharedDown = { tokens: T, xStrideT: 2 * Fs, upOffset: Fs, swiglu: true };
+  if (T === 1) {
+    // down of silu(gate)·up per expert; then the shared expert's down, whose epilogue adds
+    // Σ weight·expert in rank order + gate·shared to the residual
+    mulMat(enc, { w: w.down, x: act.gateUp, ids, y: act.expertOut }, {
+      ...down,
+      tokens: T,
+      nUsed: Ku,
+    });
+    mulMat(enc, { w: w.sharedDown, x: act.sharedGateUp, y: act.x }, {
+      ...sharedDown,
+      moeSum: { experts: act.expertOut, weights: act.routeW, k: Ku },
+    });
+    return;
+  }
+  // shared expert; down of silu(gate)·up; Σ weight·expert in rank order + gate·shared, residual
+  mulMat(enc, { w: w.sharedDown, x: act.sharedGateUp, y: act.sharedOut }, sharedDown);
   moeDownSum(enc, {
     w: w.down,
     x: act.gateUp,
@@ -272,15 +295,7 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
     shared: act.sharedOut,
     o: act.expertOut,
     y: act.x,
-  }, {
-    tokens: T,
-    nUsed: Ku,
-    gatherTiles: tiles,
-    xStrideT: Ku * 2 * Fe,
-    xStrideI: 2 * Fe,
-    upOffset: Fe,
-    swiglu: true,
-  });
+  }, { ...down, tokens: T, nUsed: Ku, gatherTiles: tiles });
 }
 
 /** Dense SwiGLU FFN on h, added into x (qwen35). */

@@ -2,7 +2,8 @@
 // wgsl/mul_mat_vec.wgsl (decode), which engine/gpu/kernels/mul_mat.ts fills from one set of values
 // so a token's product reads the same operands in either kernel. Offsets and strides count f32
 // elements, per token (_t) and per expert rank (_i); row_tiles is the grid's real row tiles. eps is
-// a folded RMSNorm's (mul_mat_vec NORM; 0 elsewhere); the PAIR_F32 fields are mul_mat_vec's only.
+// a folded RMSNorm's (mul_mat_vec NORM; 0 elsewhere); the PAIR_F32, CONV and MOE_SUM fields are
+// mul_mat_vec's only.
 
 struct Params {
   k: u32,
@@ -27,5 +28,13 @@ struct Params {
   row_tiles2: u32,
   y2_offset: u32,
   y2_stride_t: u32,
+#endif
+#ifdef CONV
+  conv_channels: u32,
+  conv_kc: u32,
+#endif
+#ifdef MOE_SUM
+  sum_k: u32,
+  sum_d: u32,
 #endif
 }

@@ -41,7 +41,8 @@ export function moeSum(
 /**
  * The end of a MoE FFN: every token's expert products y_i = W_{ids[t,i]}·x[t][i] (mulMat with
  * ids) into `o`, then summed into x[t] by routing weight with the gated shared expert (moeSum).
- * Two dispatches also for one token: the products then run every rank at once, which beat one
+ * A decode step instead runs the products, then the shared expert's down with the sum as its
+ * epilogue (mulMat's moeSum, the same bits): the products run every rank at once, which beat one
  * dispatch looping over the ranks on both providers (docs/PERFORMANCE.md).
  */
 export function moeDownSum(

@@ -169,6 +169,10 @@ export interface MulMatOptions {
    * rms_norm.ts, the same bits): decode products only, not gathered experts or prefill tiles.
    */
   readonly norm?: RmsNormInput;
+  /** Decode of one token, no ids: the DeltaNet conv as the product's epilogue. */
+  readonly conv?: ConvEpilogue;
+  /** Decode, no ids, no add: the MoE layer's sum as the product's epilogue. */
+  readonly moeSum?: MoeSumEpilogue;
   /** The decode layout instead of decodeLayout's (bench/kernels/decode_matvec.ts). */
   readonly decode?: MatVecLayout;
   /** Prefill tiles: whether to prefetch (default yes; bench/kernels/prefill_mul_mat.ts compares). */
@@ -181,6 +185,35 @@ export interface MulMatOptions {
 export interface RmsNormInput {
   readonly w: BufferRef;
   readonly eps: number;
+}
+
+/**
+ * A one-token DeltaNet projection's outputs at columns below `channels` are the raw conv inputs:
+ * the product also runs the causal conv + SiLU on them into u and advances the conv state, as
+ * ssmConv would (engine/gpu/kernels/ssm_conv.ts, the same bits), a dispatch fewer.
+ */
+export interface ConvEpilogue {
+  /** (channels, kc) f32 taps. */
+  readonly w: BufferRef;
+  /** (kc − 1, channels) f32, the inputs before this token, oldest first. */
+  readonly state: BufferRef;
+  /** (channels) f32 outputs. */
+  readonly u: BufferRef;
+  readonly channels: number;
+  readonly kc: number;
+}
+
+/**
+ * The product is the shared expert's down of a MoE layer: y += Σ_i weights[t,i]·experts[t,i] in
+ * rank order + weights[t,k]·(this product), as moeSum adds it (engine/gpu/kernels/moe_sum.ts, the
+ * same bits), a dispatch fewer.
+ */
+export interface MoeSumEpilogue {
+  /** (T, k, rows) f32: each token's routed experts' down products. */
+  readonly experts: BufferRef;
+  /** (T, k + 1) f32: their routing weights, then the shared expert's gate. */
+  readonly weights: BufferRef;
+  readonly k: number;
 }
 
 /**
@@ -213,6 +246,16 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
   const decode = id ? !gathered : o.tokens <= DECODE_MAX_TOKENS;
   if (o.norm && (!decode || o.swiglu)) {
     throw new RangeError("Cannot fold RMSNorm into a prefill tile or a SwiGLU input");
+  }
+  if ((o.conv || o.moeSum) && (!decode || id || o.add)) {
+    throw new RangeError(
+      "Cannot run the conv or the MoE sum as the epilogue of a prefill, expert or accumulating product",
+    );
+  }
+  if (o.conv && (o.tokens !== 1 || o.conv.kc < 2)) {
+    throw new RangeError(
+      `Cannot run a conv of ${o.conv.kc} taps over ${o.tokens} tokens as an epilogue: one token, 2 or more taps`,
+    );
   }
   if (w.cols % 32 !== 0) {
     throw new RangeError(
@@ -248,13 +291,28 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
       const z = id ? o.tokens * nUsed : o.tokens;
       const layout = o.decode ?? decodeLayout(rows, id);
       const tiles = Math.ceil(rows / layoutRows(layout));
-      const key = { type: w.type, layout, id, swiglu: o.swiglu, add: o.add, norm: !!o.norm };
+      const key = {
+        type: w.type,
+        layout,
+        id,
+        swiglu: o.swiglu,
+        add: o.add,
+        norm: !!o.norm,
+        conv: !!o.conv,
+        moeSum: !!o.moeSum,
+      };
       const nw = o.norm?.w ?? dummyStorage(enc.ctx);
-      enc.dispatch(MUL_MAT_VEC, key, { w: part.buffer, x: b.x, ids, nw, y: b.y }, {
-        ...base,
-        ...at,
-        row_tiles: tiles,
-      }, { tiles, z });
+      const buffers: Record<string, BufferRef> = { w: part.buffer, x: b.x, ids, nw, y: b.y };
+      const params: Record<string, number> = { ...base, ...at, row_tiles: tiles };
+      if (o.conv) {
+        Object.assign(buffers, { cw: o.conv.w, cstate: o.conv.state, u: o.conv.u });
+        Object.assign(params, { conv_channels: o.conv.channels, conv_kc: o.conv.kc });
+      }
+      if (o.moeSum) {
+        Object.assign(buffers, { eo: o.moeSum.experts, ew: o.moeSum.weights });
+        Object.assign(params, { sum_k: o.moeSum.k, sum_d: w.matrixRows });
+      }
+      enc.dispatch(MUL_MAT_VEC, key, buffers, params, { tiles, z });
     } else {
       const tile = o.tile ?? tileFor(enc.ctx, rows, id);
       const tiles = Math.ceil(rows / tile.rows);

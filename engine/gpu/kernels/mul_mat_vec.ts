@@ -30,6 +30,10 @@ export interface MulMatVecKey {
   readonly norm?: boolean;
   /** A second product y2 = W2·x, W2 F32, in the same dispatch (mulMatPair). */
   readonly pairF32?: boolean;
+  /** One token: the outputs below the conv's channels also run the DeltaNet conv (ConvEpilogue). */
+  readonly conv?: boolean;
+  /** y += the MoE layer's weighted experts and this product as the shared expert (MoeSumEpilogue). */
+  readonly moeSum?: boolean;
 }
 
 /** Rows one workgroup of a layout computes. */
@@ -117,12 +121,28 @@ export const MUL_MAT_VEC: KernelFamily<MulMatVecKey> = {
       }
       defines.PAIR_F32 = true;
     }
+    const epilogues = [v.pairF32, v.conv, v.moeSum].filter(Boolean).length;
+    if (epilogues > 1) throw new RangeError("Cannot give one product more than one epilogue");
+    if (v.conv) {
+      if (v.id || v.add) {
+        throw new RangeError("Cannot run the conv on expert or accumulated outputs");
+      }
+      defines.CONV = true;
+    }
+    if (v.moeSum) {
+      if (v.id || v.add) {
+        throw new RangeError(
+          "Cannot close a MoE layer from an expert product or with accumulation",
+        );
+      }
+      defines.MOE_SUM = true;
+    }
     if (subgroups) defines.SUBGROUPS = true;
     const name = `mul_mat_vec_${typeName(v.type)}_${layoutName(layout)}${v.id ? "_id" : ""}${
       v.swiglu ? "_swiglu" : ""
     }${v.add ? "_add" : ""}${v.norm ? "_norm" : ""}${v.pairF32 ? "_pairf32" : ""}${
-      subgroups ? "_sg" : ""
-    }`;
+      v.conv ? "_conv" : ""
+    }${v.moeSum ? "_moesum" : ""}${subgroups ? "_sg" : ""}`;
     return { name, defines };
   },
 };
