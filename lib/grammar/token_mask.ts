@@ -5,6 +5,7 @@ import type { TokenConstraint } from "../scheduler/sequence.ts";
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
 import { CharSet } from "./charset.ts";
 import { type Grammar, GrammarError, type LeafCursor, type ParseState } from "./grammar.ts";
+import { Lru } from "./lru.ts";
 import { StringLeaf } from "./json_leaves.ts";
 import { type Utf8Partial, utf8Range, utf8Step } from "./utf8.ts";
 
@@ -153,30 +154,6 @@ function grammarKey(grammar: Grammar): string {
   return key;
 }
 
-/**
- * Masks by grammar and state key, shared by every constraint over one vocabulary, least recently
- * used out first: a grammar revisits few states (inside a string, between keys), and agents send
- * the same schemas and tools again with every request (tool_grammar.ts keeps their grammars).
- */
-class MaskCache {
-  readonly #masks = new Map<string, CachedMask>();
-
-  get(key: string): CachedMask | undefined {
-    const hit = this.#masks.get(key);
-    if (hit) {
-      this.#masks.delete(key);
-      this.#masks.set(key, hit);
-    }
-    return hit;
-  }
-
-  set(key: string, mask: CachedMask): void {
-    this.#masks.delete(key);
-    if (this.#masks.size >= MASK_CACHE) this.#masks.delete(this.#masks.keys().next().value!);
-    this.#masks.set(key, mask);
-  }
-}
-
 /** Plain tokens up to this many characters get masks by length (most tokens are shorter). */
 const SHORT_CHARS = 32;
 /** Character classes whose tokens are kept by length (about 1 MB each). */
@@ -227,10 +204,14 @@ export class VocabIndex {
   readonly maxRun: number;
   /** The longest token's bytes: no token holds more characters (mask keys rely on it). */
   readonly maxBytes: number;
-  /** Masks computed over this vocabulary, for every constraint. */
-  readonly masks = new MaskCache();
-  /** classTokens() by class, least recently used out first. */
-  readonly #classes = new Map<string, ClassTokens>();
+  /**
+   * Masks by grammar and state key, shared by every constraint over this vocabulary: a grammar
+   * revisits few states (inside a string, between keys), and agents send the same schemas and
+   * tools again with every request (tool_grammar.ts keeps their grammars).
+   */
+  readonly masks = new Lru<CachedMask>(MASK_CACHE);
+  /** classTokens() by class. */
+  readonly #classes = new Lru<ClassTokens>(CLASS_CACHE);
   /** Each id's bytes (empty for control tokens). */
   readonly #bytes: Uint8Array[];
 
@@ -287,17 +268,7 @@ export class VocabIndex {
    */
   classTokens(head: CharSet, chars: CharSet): ClassTokens {
     const key = `${head.ranges}|${chars.ranges}`;
-    let tokens = this.#classes.get(key);
-    if (tokens) {
-      this.#classes.delete(key);
-    } else {
-      tokens = this.#buildClass(head, chars);
-      if (this.#classes.size >= CLASS_CACHE) {
-        this.#classes.delete(this.#classes.keys().next().value!);
-      }
-    }
-    this.#classes.set(key, tokens);
-    return tokens;
+    return this.#classes.getOrBuild(key, () => this.#buildClass(head, chars));
   }
 
   #buildClass(head: CharSet, chars: CharSet): ClassTokens {

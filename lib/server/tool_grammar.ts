@@ -3,6 +3,7 @@
 
 import { type Element, Grammar, GrammarError, type Rule } from "../grammar/grammar.ts";
 import { parseGbnf } from "../grammar/gbnf.ts";
+import { Lru } from "../grammar/lru.ts";
 import {
   JsonGrammarBuilder,
   literal,
@@ -22,20 +23,7 @@ export type ReplyFormat =
   | { readonly type: "gbnf"; readonly grammar: string; readonly path: string };
 
 /** Compiled grammars by request shape: agents resend the same tools and formats every turn. */
-const cache = new Map<string, Grammar>();
-const CACHE_SIZE = 32;
-
-function cached(key: string, build: () => Grammar): Grammar {
-  let g = cache.get(key);
-  if (g) {
-    cache.delete(key);
-  } else {
-    g = build();
-    if (cache.size >= CACHE_SIZE) cache.delete(cache.keys().next().value!);
-  }
-  cache.set(key, g);
-  return g;
-}
+const cache = new Lru<Grammar>(32);
 
 /** Runs a grammar build, turning its refusals into 400s that name the request field. */
 function checked<T>(path: string, build: () => T): T {
@@ -109,7 +97,7 @@ export function replyGrammar(options: ReplyGrammarOptions): Grammar | undefined 
     format,
     reasoning,
   });
-  return cached(key, () => {
+  return cache.getOrBuild(key, () => {
     const alts: Element[][] = [];
     if (forced?.length) alts.push(toolCall(forced));
     else if (format) {
@@ -129,7 +117,7 @@ export function replyGrammar(options: ReplyGrammarOptions): Grammar | undefined 
  */
 export function checkToolSchemas(tools: readonly ToolSpec[]): void {
   for (const t of tools) {
-    cached(
+    cache.getOrBuild(
       `check ${JSON.stringify([t.inputSchema, t.schemaPath])}`,
       () => new Grammar(schemaRule(t.inputSchema, t.schemaPath, false)),
     );
