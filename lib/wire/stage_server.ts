@@ -64,9 +64,15 @@ const GONE = [
 export const HANDSHAKE_MS = 2000;
 /**
  * Handshakes in flight at once. A newcomer past it takes the place of the oldest one, so silent
- * sockets cannot keep a head out: it would have to be outnumbered during its own few-ms handshake.
+ * sockets cannot keep a head out, once that one has had a quarter of the handshake deadline: a
+ * younger one is never dropped. Dropping at once let strangers that reconnect as soon as they are
+ * dropped churn through every place faster than a head, sharing their event loop or CPU, finished
+ * its three messages (CI saw it). Meanwhile the newcomer waits, unaccepted, in the listener's
+ * backlog, in arrival order, so a head dialling in takes the next place that ages out.
  */
 export const MAX_HANDSHAKES = 64;
+/** The share of the handshake deadline during which a handshake place cannot be taken over. */
+const HANDSHAKE_HELD_SHARE = 0.25;
 /** How long an authenticated newcomer waits for the current client to finish before it is busy. */
 const BUSY_GRACE_MS = 1000;
 /** Authenticated newcomers waiting at once; more are refused as busy straight away. */
@@ -159,8 +165,11 @@ export function serveStage(
   const log = options.log ?? (() => undefined);
   const handshakeMs = options.handshakeTimeoutMs ?? HANDSHAKE_MS;
   const limits = { nEmbd: info.nEmbd, maxBatch: info.maxBatch };
-  /** Connections in their handshake, oldest first, with their names for the log. */
-  const handshakes = new Map<Deno.TcpConn, string>();
+  const heldMs = handshakeMs * HANDSHAKE_HELD_SHARE;
+  /** Connections in their handshake, oldest first, with their names and start times. */
+  const handshakes = new Map<Deno.TcpConn, { who: string; since: number }>();
+  /** Settled whenever a handshake place frees up (or the server closes), then renewed. */
+  let placeFreed = Promise.withResolvers<void>();
   let client: Deno.Conn | undefined;
   let idle = Promise.withResolvers<void>();
   let waiting = 0;
@@ -295,12 +304,12 @@ export function serveStage(
   async function greet(conn: Deno.TcpConn): Promise<void> {
     const who = nameOf(conn);
     if (handshakes.size >= MAX_HANDSHAKES) {
-      const [oldest, oldestName] = handshakes.entries().next().value!;
+      const [oldest, { who: oldestName }] = handshakes.entries().next().value!;
       handshakes.delete(oldest);
       log(`dropped ${oldestName}: ${MAX_HANDSHAKES} handshakes are in flight and it is the oldest`);
       closeQuietly(oldest);
     }
-    handshakes.set(conn, who);
+    handshakes.set(conn, { who, since: performance.now() });
     conn.setNoDelay(true);
     conn.setKeepAlive(true);
     const reader = new FrameReader(conn);
@@ -318,10 +327,10 @@ export function serveStage(
     } catch (e) {
       // A connection dropped for a newer one is already closed: its read fails, nothing to say.
       if (!handshakes.has(conn)) return;
-      handshakes.delete(conn);
+      leavePlace(conn);
       return await fail(conn, who, e);
     }
-    handshakes.delete(conn);
+    leavePlace(conn);
     if (nonces === null) {
       log(`${who} left during the hello`);
       return closeQuietly(conn);
@@ -441,10 +450,32 @@ export function serveStage(
     }
   }
 
+  function leavePlace(conn: Deno.TcpConn): void {
+    handshakes.delete(conn);
+    placeFreed.resolve();
+    placeFreed = Promise.withResolvers<void>();
+  }
+
+  /** Waits until a newcomer may have a handshake place: a free one, or the oldest held long enough. */
+  async function placeForNewcomer(): Promise<void> {
+    while (!closed && handshakes.size >= MAX_HANDSHAKES) {
+      const [{ since }] = handshakes.values();
+      const wait = since + heldMs - performance.now();
+      if (wait <= 0) return;
+      let timer: ReturnType<typeof setTimeout> | undefined;
+      const aged = new Promise<void>((resolve) => timer = setTimeout(resolve, wait));
+      await Promise.race([aged, placeFreed.promise]);
+      clearTimeout(timer);
+    }
+  }
+
   async function acceptAll(): Promise<void> {
     const running = new Set<Promise<void>>();
     try {
-      for await (const conn of listener) {
+      for (;;) {
+        await placeForNewcomer();
+        if (closed) break;
+        const conn = await listener.accept();
         const task = greet(conn).finally(() => running.delete(task));
         running.add(task);
       }
@@ -467,6 +498,7 @@ export function serveStage(
       }
       if (client) closeQuietly(client);
       for (const conn of handshakes.keys()) closeQuietly(conn);
+      placeFreed.resolve();
     },
   };
 }

@@ -67,7 +67,8 @@ Deno.test("greeting-only sockets renewed past the handshake places never keep th
   const key = await importKey(new TextEncoder().encode("a shared key of the chain"), "test");
   const worker = await serveLocal(model, { first: 2, end: 4, slots: 1, ctx: CTX }, {
     key,
-    handshakeTimeoutMs: 400,
+    // Places are held for 250 ms: room for the head's handshake on a loaded 2-core machine.
+    handshakeTimeoutMs: 1000,
   });
   const head = await openReferenceStage(model, { first: 0, end: 2, slots: 1, ctx: CTX });
   let attacking = true;
@@ -98,6 +99,40 @@ Deno.test("greeting-only sockets renewed past the handshake places never keep th
     attacking = false;
     await Promise.all(crowd);
     head.close();
+    await worker.stop();
+  }
+});
+
+Deno.test("a newcomer past the handshake places waits until the oldest has held its place long enough", async () => {
+  const handshakeTimeoutMs = 2000;
+  // A place is held for a quarter of the deadline before a newcomer may take it over.
+  const heldMs = handshakeTimeoutMs / 4;
+  const worker = await serveLocal(model, { first: 2, end: 4, slots: 1, ctx: CTX }, {
+    handshakeTimeoutMs,
+  });
+  /** Dials, greets and reads the challenge: a stranger holding a handshake place. */
+  const challenged = async () => {
+    const conn = await dial(worker.address);
+    await writeAll(conn, encodeGreeting(freshNonce(), MAGIC));
+    const frame = await new FrameReader(conn).readFrame(NO_LIMITS);
+    assert.equal(frame?.op, Op.Challenge);
+    return conn;
+  };
+  const holders: Deno.TcpConn[] = [];
+  try {
+    const firstHeld = performance.now();
+    for (let i = 0; i < MAX_HANDSHAKES; i++) holders.push(await challenged());
+    const oldestGone = answers(holders[0]).then(() => performance.now());
+    const newcomer = await challenged();
+    const admitted = performance.now();
+    holders.push(newcomer);
+    assert.ok(
+      admitted - firstHeld >= heldMs,
+      `the newcomer was challenged ${admitted - firstHeld} ms after the oldest, before ${heldMs}`,
+    );
+    assert.ok((await oldestGone) <= admitted, "the oldest handshake was not the one dropped");
+  } finally {
+    holders.forEach(closeQuietly);
     await worker.stop();
   }
 });
