@@ -4,7 +4,12 @@
 
 import assert from "node:assert/strict";
 import { createStorage } from "../engine/gpu/buffers.ts";
-import { gatherTiles, gatherWords, moeGather } from "../engine/gpu/kernels/moe_gather.ts";
+import {
+  gatherTableWords,
+  gatherTiles,
+  gatherWords,
+  moeGather,
+} from "../engine/gpu/kernels/moe_gather.ts";
 import { moeRoute } from "../engine/gpu/kernels/moe_route.ts";
 import { moeSum } from "../engine/gpu/kernels/moe_sum.ts";
 import { moeRoute as refRoute } from "../engine/reference/ffn.ts";
@@ -86,7 +91,7 @@ gpuTest("moeSum() adds the weighted experts and the gated shared expert to x", a
 /** The gather table of moe_gather.wgsl's contract, built by one pass over the slots. */
 function serialGather(ids: Uint32Array, experts: number, tt: number): Uint32Array {
   const maxTiles = gatherTiles(ids.length, experts, tt);
-  const table = new Uint32Array(gatherWords(ids.length, experts, tt));
+  const table = new Uint32Array(gatherTableWords(ids.length, experts, tt));
   const counts = new Array<number>(experts).fill(0);
   for (const e of ids) counts[e]++;
   const cursor: number[] = [];
@@ -107,9 +112,10 @@ function serialGather(ids: Uint32Array, experts: number, tt: number): Uint32Arra
 gpuTest(
   "moeGather() builds the serial counting sort's table, tiles and slot order",
   async (ctx) => {
-    // Slots over several blocks of the kernel's 256 threads; 5 distinct experts a token, skewed
-    // towards low ids so some experts take several tiles and some none; 1000 experts: every
-    // thread's share of the scan.
+    // Slots over several blocks of the kernel's 256 slots, the last one partial; 5 or 8 distinct
+    // experts a token, skewed towards low ids so some experts take several tiles and some none;
+    // 1000 experts: every thread's share of the scan. The buffer is sized for more slots than
+    // the run has, as the engine's is for its longest run.
     const r = rng(77);
     for (const [T, k, E, tt] of [[130, 5, 40, 32], [301, 8, 1000, 16], [3, 2, 4, 63]]) {
       const ids = new Uint32Array(T * k);
@@ -119,7 +125,7 @@ gpuTest(
         ids.set([...chosen], t * k);
       }
       const want = serialGather(ids, E, tt);
-      const table = createStorage(ctx, "table", 4 * want.length);
+      const table = createStorage(ctx, "table", 4 * gatherWords(2 * T * k, E, tt));
       await submit(
         ctx,
         (enc) => moeGather(enc, { ids: upload(ctx, ids), table }, { slots: T * k, experts: E, tt }),

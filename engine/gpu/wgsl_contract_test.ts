@@ -19,6 +19,7 @@ import { ATTENTION } from "./kernels/attention.ts";
 import { ATTENTION_COMBINE } from "./kernels/attention_combine.ts";
 import { GATED_DELTA_NET } from "./kernels/gated_delta_net.ts";
 import { GET_ROWS } from "./kernels/get_rows.ts";
+import { MOE_GATHER } from "./kernels/moe_gather.ts";
 import { MUL_MAT, MUL_MAT_TYPES } from "./kernels/mul_mat.ts";
 import { MUL_MAT_VEC } from "./kernels/mul_mat_vec.ts";
 import { RMS_NORM } from "./kernels/rms_norm.ts";
@@ -92,6 +93,7 @@ const KEYS = new Map<string, readonly unknown[] | ((t: KernelTarget) => readonly
     ),
   ],
   [GET_ROWS.file, MUL_MAT_TYPES],
+  [MOE_GATHER.file, ["count", "scan", "place"]],
   [TOPK.file, [false, true]],
   [ATTENTION.file, [64, 128, 256].flatMap((dh) => [{ dh, tq: 1 }, { dh, tq: 4 }])],
   [ATTENTION_COMBINE.file, [64, 256].map((dh) => ({ dh, block: 64 }))],
