@@ -106,7 +106,15 @@ function project(
   o: Omit<MulMatOptions, "yOffset" | "yStrideT" | "norm">,
 ): void {
   for (const p of projections) {
-    mulMat(enc, { w: p.w, x: h.x, y }, { ...o, norm: h.norm, yOffset: p.offset, yStrideT: width });
+    // A conv epilogue goes to the parts that hold conv channels (the columns below its channels).
+    const conv = o.conv && p.offset < o.conv.channels ? o.conv : undefined;
+    mulMat(enc, { w: p.w, x: h.x, y }, {
+      ...o,
+      conv,
+      norm: h.norm,
+      yOffset: p.offset,
+      yStrideT: width,
+    });
   }
 }
 
@@ -128,15 +136,7 @@ function deltaNetBlock(
   // (a decode step's in the projections' epilogue)
   if (T === 1) {
     const conv = { w: w.conv, state: s.conv, u: act.u, channels: C, kc: hp.Kc };
-    for (const p of w.qkvzba) {
-      mulMat(enc, { w: p.w, x: h.x, y: act.qkvzba }, {
-        tokens: T,
-        norm: h.norm,
-        yOffset: p.offset,
-        yStrideT: width,
-        conv: p.offset < C ? conv : undefined,
-      });
-    }
+    project(enc, w.qkvzba, h, act.qkvzba, width, { tokens: T, conv });
   } else {
     project(enc, w.qkvzba, h, act.qkvzba, width, { tokens: T });
     ssmConv(enc, { x: act.qkvzba, w: w.conv, state: s.conv, u: act.u }, {
