@@ -15,6 +15,7 @@ import {
   type TileShape,
 } from "../engine/gpu/kernels/mul_mat.ts";
 import type { MatVecLayout } from "../engine/gpu/kernels/mul_mat_vec.ts";
+import type { GpuTensor } from "../engine/gpu/tensor.ts";
 import { moeSum } from "../engine/gpu/kernels/moe_sum.ts";
 import { rmsNorm } from "../engine/gpu/kernels/rms_norm.ts";
 import { ssmConv } from "../engine/gpu/kernels/ssm_conv.ts";
@@ -547,6 +548,23 @@ gpuTest("mulMatPair() gives both products the bits mulMat gives each alone", asy
   }
 });
 
+/** Random Q8_0 weights of M rows of K values, uploaded in parts of `rowsAPart` rows. */
+function splitQ8Weights(
+  ctx: GpuContext,
+  name: string,
+  K: number,
+  M: number,
+  rowsAPart: number,
+  r: () => number,
+): Promise<GpuTensor> {
+  return uploadWeights(
+    ctx,
+    { name, type: GgmlType.Q8_0, shape: [K, M] },
+    randomBlocks(GgmlType.Q8_0, K * M, 0.5, r),
+    { maxPartBytes: rowsAPart * rowBytes(GgmlType.Q8_0, K) },
+  );
+}
+
 gpuTest(
   "mulMat()'s conv epilogue gives u, the conv state and y the bits of mulMat then ssmConv",
   async (ctx) => {
@@ -558,12 +576,7 @@ gpuTest(
     const norm = { w: upload(ctx, randomF32(K, r)), eps };
     const cw = upload(ctx, randomF32(C * Kc, r));
     const state0 = randomF32((Kc - 1) * C, r);
-    const w = await uploadWeights(
-      ctx,
-      { name: "qkvz", type: GgmlType.Q8_0, shape: [K, M] },
-      randomBlocks(GgmlType.Q8_0, K * M, 0.5, r),
-      { maxPartBytes: 24 * rowBytes(GgmlType.Q8_0, K) },
-    );
+    const w = await splitQ8Weights(ctx, "qkvz", K, M, 24, r);
     assert.ok(w.parts.length > 2, "the weights are split into parts");
     const [fusedState, apartState] = [upload(ctx, state0), upload(ctx, state0)];
     for (let t = 0; t < 3; t++) {
@@ -606,12 +619,7 @@ gpuTest(
     // experts' outputs and their weights, into a residual; W split so parts start mid-way.
     const [Fs, D, k, T] = [64, 96, 3, 2];
     const r = rng(47);
-    const w = await uploadWeights(
-      ctx,
-      { name: "shared down", type: GgmlType.Q8_0, shape: [Fs, D] },
-      randomBlocks(GgmlType.Q8_0, Fs * D, 0.5, r),
-      { maxPartBytes: 40 * rowBytes(GgmlType.Q8_0, Fs) },
-    );
+    const w = await splitQ8Weights(ctx, "shared down", Fs, D, 40, r);
     assert.ok(w.parts.length > 1, "the weights are split into parts");
     const gateUp = upload(ctx, randomF32(T * 2 * Fs, r, 2));
     const experts = upload(ctx, randomF32(T * k * D, r));
