@@ -1,6 +1,7 @@
 // Gates of the WebGPU stage (engine/gpu/gpu_stage.ts) on the generated tiny models:
 // greedy ids and logits against the float64 CPU reference, split == unsplit at every layer
-// boundary, interleaved slots == solo runs, snapshot/restore, split weight parts, request errors.
+// boundary, interleaved slots == solo runs, shared steps of several slots == solo runs,
+// snapshot/restore, split weight parts, request errors.
 
 import assert from "node:assert/strict";
 import { type GpuStage, openGpuStage, type StepProfile } from "../engine/gpu/gpu_stage.ts";
@@ -247,6 +248,92 @@ gpuTest("GPU stage: two and four interleaved slots equal solo runs", async (gpu)
     }
   });
 });
+
+/** What a slot's greedy decode gave: the first stage's hidden rows and the last stage's ids. */
+interface Decoded {
+  readonly hidden: Float32Array[];
+  readonly ids: number[];
+}
+
+/** Prefills `p` (if any) into `slot` of the two-stage `chain`; the id to decode from. */
+async function prefill(
+  chain: readonly GpuStage[],
+  slot: number,
+  p: Uint32Array,
+  first: number,
+): Promise<number> {
+  if (p.length === 0) return first;
+  const out = await runPipeline(chain, slot, p, 0, { logits: "last" });
+  return out.ids[0];
+}
+
+/** One greedy step of `slot` at `pos` through the two-stage `chain`, recorded in `d`. */
+async function greedyStep(
+  chain: readonly GpuStage[],
+  slot: number,
+  id: number,
+  pos: number,
+  d: Decoded,
+): Promise<number> {
+  const mid = await chain[0].run(slot, { kind: "ids", ids: Uint32Array.of(id) }, 1, pos);
+  if (mid.kind !== "hidden") throw new TypeError("the first stage returns hidden rows");
+  d.hidden.push(mid.rows);
+  const last = await chain[1].run(slot, { kind: "hidden", rows: mid.rows }, 1, pos);
+  if (last.kind !== "ids") throw new TypeError("the last stage returns ids");
+  d.ids.push(last.ids[0]);
+  return last.ids[0];
+}
+
+gpuTest(
+  "GPU stage: greedy one-token runs of several slots share a step, each with its solo bits",
+  async (gpu) => {
+    await withModel({ arch: "qwen35moe" }, async (model) => {
+      // Three slots at different positions, one starting from position 0 inside the shared step
+      // (its DeltaNet state is cleared there, the others' not), through a split so both the
+      // hidden rows and the ids of a shared step are checked.
+      const prompts = [prompt(model, 7, 31), prompt(model, 3, 32), new Uint32Array(0)];
+      const steps = 5;
+      const want: Decoded[] = [];
+      for (const p of prompts) {
+        const solo = await openChain(gpu, model, [2]);
+        const d: Decoded = { hidden: [], ids: [] };
+        let id = await prefill(solo, 0, p, 17);
+        for (let t = 0; t < steps; t++) id = await greedyStep(solo, 0, id, p.length + t, d);
+        want.push(d);
+        closeAll(solo);
+      }
+      const shared: number[] = [];
+      const chain = await openChain(gpu, model, [2], {
+        slots: 3,
+        profile: (p) => shared.push(p.tokens),
+      });
+      const got: Decoded[] = prompts.map(() => ({ hidden: [], ids: [] }));
+      const ids = await Promise.all(prompts.map((p, s) => prefill(chain, s, p, 17)));
+      shared.length = 0;
+      for (let t = 0; t < steps; t++) {
+        await Promise.all(prompts.map(async (p, s) => {
+          ids[s] = await greedyStep(chain, s, ids[s], p.length + t, got[s]);
+        }));
+      }
+      closeAll(chain);
+      got.forEach((g, s) => {
+        assert.deepEqual(g.ids, want[s].ids, `slot ${s}: greedy ids`);
+        g.hidden.forEach((rows, t) => {
+          const alone = want[s].hidden[t];
+          for (let i = 0; i < rows.length; i++) {
+            if (!Object.is(rows[i], alone[i])) {
+              throw new Error(
+                `slot ${s} step ${t}: hidden value ${i} is ${rows[i]} shared, ${alone[i]} alone`,
+              );
+            }
+          }
+        });
+      });
+      // Every step of both stages ran the three slots at once.
+      assert.deepEqual(shared, new Array(2 * steps).fill(3));
+    });
+  },
+);
 
 gpuTest(
   "GPU stage: snapshot, other work, restore and continue equals uninterrupted",

@@ -3,7 +3,7 @@
 // each token's block partial m = max s, l = Σ exp(s − m), acc = Σ exp(s − m)·V with
 // s = q·K/√dh. Matches engine/reference/gqa_attention.ts once wgsl/attention_combine.wgsl folds
 // the blocks.
-// Bindings: 0 q: head h of token t at t·q_stride_t + h·q_stride_h, f32 | 1 kc, 2 vc: caches
+// Bindings: 0 q: head h of token t at q_offset + t·q_stride_t + h·q_stride_h, f32 | 1 kc, 2 vc: caches
 //   (pos, hkv, DH) f16 pairs in u32, read as vec4s | 3 part: slot s = (tl·hq + h)·nbs + b holds
 //   (m, l) at 2s and acc[DH] at 2·tokens·hq·nbs + s·DH | 4 params. Token t = t0 + tl sees
 //   0 ..= pos0 + t.
@@ -33,6 +33,7 @@ struct Params {
   t0: u32,
   pos0: u32,
   nbs: u32,
+  q_offset: u32,
   q_stride_t: u32,
   q_stride_h: u32,
   scale: f32,
@@ -103,7 +104,8 @@ fn q_fetch(t: Tile, k: u32, c: u32) -> vec4<f32> {
   let g = pair % GMAX;
   let d = 2u * c * KW + 4u * (k % QV);
   if (k < TG * QV && j < t.live && g < t.gq && d < DH) {
-    let a = (params.t0 + t.tl0 + j) * params.q_stride_t + (t.h0 + g) * params.q_stride_h + d;
+    let a = params.q_offset + (params.t0 + t.tl0 + j) * params.q_stride_t +
+      (t.h0 + g) * params.q_stride_h + d;
     return vec4(q[a], q[a + 1u], q[a + 2u], q[a + 3u]);
   }
   return vec4(0.0);

@@ -4,8 +4,9 @@
 // engine/reference/gqa_attention.ts. The token's block count ⌈npos/B⌉ and every summation order
 // depend only on its position, so results do not depend on how tokens are grouped into calls.
 // Bindings: 0 part: slot s = (tl·hq + h)·nbs + b holds (m, l) at 2s and acc[DH] at
-//   2·tokens·hq·nbs + s·DH | 1 q: gate of head h of token t at t·q_stride_t + h·q_stride_h +
-//   gate_offset, f32 | 2 o (t·o_stride_t + h·DH) f32 | 3 params. Token t = t0 + tl.
+//   2·tokens·hq·nbs + s·DH | 1 q: gate of head h of token t at q_offset + t·q_stride_t +
+//   h·q_stride_h + gate_offset, f32 | 2 o (o_offset + t·o_stride_t + h·DH) f32 | 3 params. Token
+//   t = t0 + tl.
 // Dispatch: tiles = tokens·hq·⌈⌈DH/DC⌉/dcs⌉: a workgroup per (token, head, dcs runs of DC dims);
 //   thread (bl, dl) sums blocks bl, bl + BL, ... of a dim, 4 loads ahead; lanes add in order.
 // WG = 256, DC = 16 (64-byte runs, whole 32-byte sectors), BL = 16. Variants: DH (even, ≤ 512), B.
@@ -18,9 +19,11 @@ struct Params {
   t0: u32,
   pos0: u32,
   nbs: u32,
+  q_offset: u32,
   q_stride_t: u32,
   q_stride_h: u32,
   gate_offset: u32,
+  o_offset: u32,
   o_stride_t: u32,
   dcs: u32,
 }
@@ -99,8 +102,9 @@ fn main(
       for (var k = 0u; k < BL; k++) {
         sum += lanes[k * DC + dl];
       }
-      let g = q[t * params.q_stride_t + h * params.q_stride_h + params.gate_offset + d];
-      o[t * params.o_stride_t + h * DH + d] = sum / l / (1.0 + exp(-g));
+      let gi = params.q_offset + t * params.q_stride_t + h * params.q_stride_h + params.gate_offset;
+      let g = q[gi + d];
+      o[params.o_offset + t * params.o_stride_t + h * DH + d] = sum / l / (1.0 + exp(-g));
     }
     workgroupBarrier();
   }

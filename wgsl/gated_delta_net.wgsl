@@ -3,11 +3,11 @@
 // state by exp(g), delta-rule update with beta, read out with q/√dk, y = RMSNorm(o)·w·silu(z).
 // Matches engine/reference/norms.ts l2NormHeads, engine/reference/deltanet.ts deltaNetGates and
 // deltaNetStep, engine/reference/norms.ts gatedRmsNorm, token by token (f32).
-// Bindings: 0 u: conv output of token t at t·u_stride_t: [q (nk·dk) | k (nk·dk) | v (nv·dv)]
-//   | 1 ba: [b (nv) | a (nv)] at ba_offset + t·ba_stride_t | 2 z: gate of head h at z_offset +
-//   t·z_stride_t + h·dv | 3 p: [dt_bias (nv) | ssm_a (nv) | norm weight (dv)] f32
-//   | 4 state (nv, dk, dv) f32, S_h[i][j] at (h·dk + i)·dv + j | 5 y (t·y_stride_t + h·dv + j)
-//   | 6 params.
+// Bindings: 0 u: conv output of token t at u_offset + t·u_stride_t: [q (nk·dk) | k (nk·dk)
+//   | v (nv·dv)] | 1 ba: [b (nv) | a (nv)] at ba_offset + t·ba_stride_t | 2 z: gate of head h at
+//   z_offset + t·z_stride_t + h·dv | 3 p: [dt_bias (nv) | ssm_a (nv) | norm weight (dv)] f32
+//   | 4 state (nv, dk, dv) f32, S_h[i][j] at (h·dk + i)·dv + j | 5 y (y_offset + t·y_stride_t +
+//   h·dv + j) | 6 params.
 // Dispatch: (nv·DV/COLS); WG = COLS·R threads, thread (c, r) = (col0 + lid mod COLS, lid / COLS)
 //   owns rows r·RPT … r·RPT + RPT − 1 of column c of head h, the workgroup's columns col0 …
 //   col0 + COLS − 1. NORM_FUSED (COLS = DV: one workgroup a head, a decode step): the same
@@ -36,11 +36,13 @@ struct Params {
   nv: u32,
   tokens: u32,
   interleave: u32,
+  u_offset: u32,
   u_stride_t: u32,
   ba_offset: u32,
   ba_stride_t: u32,
   z_offset: u32,
   z_stride_t: u32,
+  y_offset: u32,
   y_stride_t: u32,
   eps: f32,
 }
@@ -85,7 +87,7 @@ struct TokenIn {
 }
 
 fn load_token(t: u32, h: u32, kh: u32, c: u32, lid: u32) -> TokenIn {
-  let at = t * params.u_stride_t;
+  let at = params.u_offset + t * params.u_stride_t;
   var x: TokenIn;
   for (var n = 0u; n < QK_PER; n++) {
     let e = lid + n * WG;
@@ -122,7 +124,7 @@ fn norm_round(h: u32, tb: u32, lid: u32, odd: bool) {
   let g = lid % NG;
   var sq = 0.0;
   if (tb + tl < tokens) {
-    let yo = (tb + tl) * params.y_stride_t + h * DV + g * GS;
+    let yo = params.y_offset + (tb + tl) * params.y_stride_t + h * DV + g * GS;
     for (var i = 0u; i < GS; i++) {
       let o = y[yo + i];
       sq = fma(o, o, sq);
@@ -145,7 +147,7 @@ fn norm_round(h: u32, tb: u32, lid: u32, odd: bool) {
         let at = (e / DV) * NG + j;
         ss += select(part_kv[at], part_o[at], odd);
       }
-      let yi = t * params.y_stride_t + h * DV + col;
+      let yi = params.y_offset + t * params.y_stride_t + h * DV + col;
       let zv = z[params.z_offset + t * params.z_stride_t + h * DV + col];
       let inv_rms = 1.0 / sqrt(ss / f32(DV) + params.eps);
       y[yi] = y[yi] * inv_rms * p[2u * params.nv + col] * (zv / (1.0 + exp(-zv)));
@@ -257,7 +259,7 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       for (var i = 0u; i < R; i++) {
         o += part_o[i * COLS + cl];
       }
-      y[t * params.y_stride_t + h * DV + c] = o * rq * out_scale;
+      y[params.y_offset + t * params.y_stride_t + h * DV + c] = o * rq * out_scale;
     }
     cur = ahead;
   }

@@ -2,7 +2,7 @@
 // the q and k heads of attention, in one dispatch. q is rewritten in place; k is written as f16
 // into the KV cache together with the matching v head. Matches engine/reference/norms.ts rmsNorm
 // then engine/reference/rope.ts ropeNeox / ropeImrope with positions [p, p, p, 0].
-// Bindings: 0 x: token t's row at t·x_stride_t: q head h at h·q_stride_h (in place), k head h at
+// Bindings: 0 x: token t's row at x_offset + t·x_stride_t: q head h at h·q_stride_h (in place), k head h at
 //   k_offset + h·k_stride_h, its v head at v_offset + h·k_stride_h, f32 | 1 wq, 2 wk (dh) f32
 //   norm weights | 3 kc, 4 vc: caches (pos, k_heads, dh) f16 pairs in u32 (dummies without k
 //   heads) | 5 params.
@@ -18,6 +18,7 @@ struct Params {
   q_heads: u32,
   k_heads: u32,
   tokens: u32,
+  x_offset: u32,
   x_stride_t: u32,
   q_stride_h: u32,
   k_offset: u32,
@@ -89,7 +90,7 @@ fn main(
   let h = select(rowi % heads, rowi % heads - params.q_heads, store);
   let dh = params.dh;
   let kxo = params.k_offset + h * params.k_stride_h;
-  let xo = t * params.x_stride_t + select(h * params.q_stride_h, kxo, store);
+  let xo = params.x_offset + t * params.x_stride_t + select(h * params.q_stride_h, kxo, store);
   var ss = 0.0;
   for (var i = lid; i < dh; i += WG) {
     let v = x[xo + i];
@@ -132,7 +133,7 @@ fn main(
     return;
   }
   let cw = ((params.pos0 + t) * params.k_heads + h) * dh / 2u;
-  let vo = params.v_offset + t * params.x_stride_t + h * params.k_stride_h;
+  let vo = params.x_offset + params.v_offset + t * params.x_stride_t + h * params.k_stride_h;
   for (var i = lid; i < dh / 2u; i += WG) {
     kc[cw + i] = pack2x16float(vec2<f32>(outv[2u * i], outv[2u * i + 1u]));
     vc[cw + i] = pack2x16float(vec2<f32>(x[vo + 2u * i], x[vo + 2u * i + 1u]));

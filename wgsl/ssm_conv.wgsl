@@ -3,7 +3,7 @@
 // Matches engine/reference/deltanet.ts convStep applied token by token (f32 sum, taps in order,
 // explicit fmas: mul_mat_vec's CONV epilogue computes a decode token's the same way, same bits).
 // Bindings: 0 x: raw qkv of token t at x_offset + t·x_stride_t, f32 | 1 w (channels, kc) f32
-//   | 2 state (kc−1, channels) f32 | 3 u (t·u_stride_t + c) f32 | 4 params.
+//   | 2 state (kc−1, channels) f32 | 3 u (u_offset + t·u_stride_t + c) f32 | 4 params.
 // Dispatch: (channel tiles, 1, token groups of RUN); a thread per channel walks the RUN tokens of
 //   its group. WG = 64; kc ≤ RUN + 1 = 9. Variants: none.
 //
@@ -20,6 +20,7 @@ struct Params {
   tokens: u32,
   x_offset: u32,
   x_stride_t: u32,
+  u_offset: u32,
   u_stride_t: u32,
 }
 
@@ -58,7 +59,7 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
       s = fma(w[c * kc + j], input(first + i32(j), c), s);
     }
     s = fma(w[c * kc + kc - 1u], x[params.x_offset + t * params.x_stride_t + c], s);
-    u[t * params.u_stride_t + c] = s / (1.0 + exp(-s));
+    u[params.u_offset + t * params.u_stride_t + c] = s / (1.0 + exp(-s));
   }
   // The state after the run: its last kc − 1 inputs. Row j reads row j + tokens of the old state
   // or x, never a row already rewritten.

@@ -15,6 +15,7 @@ import { gatherTiles, moeGather } from "./kernels/moe_gather.ts";
 import { moeRoute } from "./kernels/moe_route.ts";
 import { moeDownSum } from "./kernels/moe_sum.ts";
 import {
+  DECODE_MAX_TOKENS,
   mulMat,
   type MulMatOptions,
   mulMatPair,
@@ -64,6 +65,18 @@ export interface Activations {
   readonly topScratch: GPUBuffer; // per-chunk top-k and log-sum-exp partials (topKScratchWords)
 }
 
+/**
+ * One sequence's rows of a step: rows [row, row + n) of the activations are its positions
+ * [base, base + n), run against its slot's state. A prefill or a single decode is one; a step
+ * that decodes several slots at once has a one-row sequence for each.
+ */
+export interface StepSeq {
+  readonly states: readonly GpuLayerState[];
+  readonly base: number;
+  readonly row: number;
+  readonly n: number;
+}
+
 /** Per-slot state of one block. */
 export type GpuLayerState =
   | { readonly kind: "attention"; readonly kc: GPUBuffer; readonly vc: GPUBuffer } // (ctx, Hkv, Dh) f16
@@ -86,12 +99,13 @@ interface Normed {
 }
 
 /**
- * RMSNorm(x)·w as the input of the projections that follow: folded into them when one token
- * runs (decode; _include/rms.wgsl gives both the same bits), else written to h by a dispatch.
+ * RMSNorm(x)·w as the input of the projections that follow: folded into them when the decode
+ * kernels run (a few rows; _include/rms.wgsl gives both the same bits), else written to h by a
+ * dispatch.
  */
 function normed(enc: StepEncoder, plan: ForwardPlan, w: GPUBuffer, T: number): Normed {
   const { act, hp } = plan;
-  if (T === 1) return { x: act.x, norm: { w, eps: hp.eps } };
+  if (T <= DECODE_MAX_TOKENS) return { x: act.x, norm: { w, eps: hp.eps } };
   rmsNorm(enc, { x: act.x, w, y: act.h }, { n: hp.D, rows: T, eps: hp.eps });
   return { x: act.h };
 }
@@ -118,100 +132,134 @@ function project(
   }
 }
 
+/** Layer il's state of a sequence, which must be of `kind`. */
+function stateOf<K extends GpuLayerState["kind"]>(
+  seq: StepSeq,
+  il: number,
+  kind: K,
+): Extract<GpuLayerState, { kind: K }> {
+  const s = seq.states[il];
+  if (s.kind !== kind) throw new TypeError(`Cannot run a ${kind} block on ${s.kind} state`);
+  return s as Extract<GpuLayerState, { kind: K }>;
+}
+
 /** Gated DeltaNet block on h, added into x (docs/model_arch.md §4.6). */
 function deltaNetBlock(
   enc: StepEncoder,
   plan: ForwardPlan,
   w: DeltaNetWeights,
-  s: GpuLayerState,
+  seqs: readonly StepSeq[],
+  il: number,
   h: Normed,
   T: number,
 ): void {
-  if (s.kind !== "deltanet") throw new TypeError("Cannot run a DeltaNet block on attention state");
   const { hp, act } = plan;
   const { C, Nk, Nv, Dk, Dv } = hp;
   const baOffset = C + Nv * Dv;
   const width = baOffset + 2 * Nv;
   // projections: [q | k | v | z | b | a]; then the causal conv over the raw qkv history, SiLU
-  // (a decode step's in the projections' epilogue)
+  // (a lone decode step's in the projections' epilogue), per sequence
   if (T === 1) {
-    const conv = { w: w.conv, state: s.conv, u: act.u, channels: C, kc: hp.Kc };
+    const conv = {
+      w: w.conv,
+      state: stateOf(seqs[0], il, "deltanet").conv,
+      u: act.u,
+      channels: C,
+      kc: hp.Kc,
+    };
     project(enc, w.qkvzba, h, act.qkvzba, width, { tokens: T, conv });
   } else {
     project(enc, w.qkvzba, h, act.qkvzba, width, { tokens: T });
-    ssmConv(enc, { x: act.qkvzba, w: w.conv, state: s.conv, u: act.u }, {
-      channels: C,
-      kc: hp.Kc,
-      tokens: T,
-      xStrideT: width,
-      uStrideT: C,
-    });
+    for (const seq of seqs) {
+      ssmConv(
+        enc,
+        { x: act.qkvzba, w: w.conv, state: stateOf(seq, il, "deltanet").conv, u: act.u },
+        {
+          channels: C,
+          kc: hp.Kc,
+          tokens: seq.n,
+          xOffset: seq.row * width,
+          xStrideT: width,
+          uOffset: seq.row * C,
+          uStrideT: C,
+        },
+      );
+    }
   }
   // L2 norms, gates, recurrence per value head, RMSNorm(o)·ssm_norm·silu(z)
   const qkvzba = act.qkvzba;
-  gatedDeltaNet(enc, { u: act.u, ba: qkvzba, z: qkvzba, p: w.params, state: s.ssm, y: act.o }, {
-    nk: Nk,
-    nv: Nv,
-    dk: Dk,
-    dv: Dv,
-    tokens: T,
-    interleave: hp.arch === "qwen3next",
-    uStrideT: C,
-    baOffset,
-    baStrideT: width,
-    zOffset: C,
-    zStrideT: width,
-    yStrideT: Nv * Dv,
-    eps: hp.eps,
-  });
+  for (const seq of seqs) {
+    const state = stateOf(seq, il, "deltanet").ssm;
+    gatedDeltaNet(enc, { u: act.u, ba: qkvzba, z: qkvzba, p: w.params, state, y: act.o }, {
+      nk: Nk,
+      nv: Nv,
+      dk: Dk,
+      dv: Dv,
+      tokens: seq.n,
+      interleave: hp.arch === "qwen3next",
+      uOffset: seq.row * C,
+      uStrideT: C,
+      baOffset: seq.row * width + baOffset,
+      baStrideT: width,
+      zOffset: seq.row * width + C,
+      zStrideT: width,
+      yOffset: seq.row * Nv * Dv,
+      yStrideT: Nv * Dv,
+      eps: hp.eps,
+    });
+  }
   // out_proj, residual
   mulMat(enc, { w: w.out, x: act.o, y: act.x }, { tokens: T, add: true });
 }
 
-/** Gated full attention on h at positions base.., added into x (docs/model_arch.md §4.5). */
+/** Gated full attention on h, each sequence at its positions, added into x (docs/model_arch.md §4.5). */
 function attentionBlock(
   enc: StepEncoder,
   plan: ForwardPlan,
   w: AttentionWeights,
-  s: GpuLayerState,
+  seqs: readonly StepSeq[],
+  il: number,
   h: Normed,
   T: number,
-  base: number,
 ): void {
-  if (s.kind !== "attention") {
-    throw new TypeError("Cannot run an attention block on DeltaNet state");
-  }
   const { hp, act } = plan;
   const { Hq, Hkv, Dh } = hp;
   const qDim = 2 * Hq * Dh;
   const width = qDim + 2 * Hkv * Dh;
   // [q | gate] per head, k, v
   project(enc, w.qkv, h, act.attn, width, { tokens: T });
-  // per-head RMSNorm and partial RoPE (NEOX, or IMROPE with text positions); k, v into the cache
-  qkNormRope(enc, { x: act.attn, wq: w.qNorm, wk: w.kNorm, kc: s.kc, vc: s.vc }, {
-    tokens: T,
-    dh: Dh,
-    nRot: hp.nRot,
-    thetaScale: ropeThetaScale(hp.ropeBase, hp.nRot),
-    sections: hp.ropeSections,
-    eps: hp.eps,
-    pos0: base,
-    xStrideT: width,
-    q: { heads: Hq, strideH: 2 * Dh },
-    k: { heads: Hkv, offset: qDim, strideH: Dh, vOffset: qDim + Hkv * Dh },
-  });
-  // causal GQA over positions 0..base+t, ⊙ sigmoid(gate)
-  attention(enc, { q: act.attn, kc: s.kc, vc: s.vc, part: act.attnPart, o: act.o }, {
-    tokens: T,
-    hq: Hq,
-    hkv: Hkv,
-    dh: Dh,
-    pos0: base,
-    qStrideT: width,
-    qStrideH: 2 * Dh,
-    gateOffset: Dh,
-    oStrideT: Hq * Dh,
-  });
+  for (const seq of seqs) {
+    const { kc, vc } = stateOf(seq, il, "attention");
+    // per-head RMSNorm and partial RoPE (NEOX, or IMROPE with text positions); k, v into the
+    // cache
+    qkNormRope(enc, { x: act.attn, wq: w.qNorm, wk: w.kNorm, kc, vc }, {
+      tokens: seq.n,
+      dh: Dh,
+      nRot: hp.nRot,
+      thetaScale: ropeThetaScale(hp.ropeBase, hp.nRot),
+      sections: hp.ropeSections,
+      eps: hp.eps,
+      pos0: seq.base,
+      xOffset: seq.row * width,
+      xStrideT: width,
+      q: { heads: Hq, strideH: 2 * Dh },
+      k: { heads: Hkv, offset: qDim, strideH: Dh, vOffset: qDim + Hkv * Dh },
+    });
+    // causal GQA over positions 0..base+t, ⊙ sigmoid(gate)
+    attention(enc, { q: act.attn, kc, vc, part: act.attnPart, o: act.o }, {
+      tokens: seq.n,
+      hq: Hq,
+      hkv: Hkv,
+      dh: Dh,
+      pos0: seq.base,
+      qOffset: seq.row * width,
+      oOffset: seq.row * Hq * Dh,
+      qStrideT: width,
+      qStrideH: 2 * Dh,
+      gateOffset: Dh,
+      oStrideT: Hq * Dh,
+    });
+  }
   // o_proj, residual
   mulMat(enc, { w: w.out, x: act.o, y: act.x }, { tokens: T, add: true });
 }
@@ -247,7 +295,8 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
   // prefill: the (token, rank) slots grouped by expert, so weights are read once per token tile
   let ids = act.route;
   let tiles: number | undefined;
-  if (T > 1) {
+  const decode = T <= DECODE_MAX_TOKENS;
+  if (!decode) {
     moeGather(enc, { ids: act.route, table: act.gather }, {
       slots: T * Ku,
       experts: E,
@@ -271,7 +320,7 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
   if (!paired) project(enc, w.sharedGateUp, h, act.sharedGateUp, 2 * Fs, { tokens: T });
   const down = { xStrideT: Ku * 2 * Fe, xStrideI: 2 * Fe, upOffset: Fe, swiglu: true };
   const sharedDown = { tokens: T, xStrideT: 2 * Fs, upOffset: Fs, swiglu: true };
-  if (T === 1) {
+  if (decode) {
     // down of silu(gate)·up per expert; then the shared expert's down, whose epilogue adds
     // Σ weight·expert in rank order + gate·shared to the residual
     mulMat(enc, { w: w.down, x: act.gateUp, ids, y: act.expertOut }, {
@@ -318,18 +367,18 @@ function denseBlock(
 }
 
 /**
- * Records the owned blocks for positions [base, base+T) of one slot, starting from the token
- * ids in act.ids from `idsOffset` (first stage) or the hidden rows already in act.x.
+ * Records the owned blocks for the T rows of `seqs` (each sequence's rows at its positions
+ * against its slot's state), starting from the token ids in act.ids from `idsOffset` (first
+ * stage) or the hidden rows already in act.x.
  */
 export function encodeLayers(
   enc: StepEncoder,
   plan: ForwardPlan,
-  states: readonly GpuLayerState[],
-  T: number,
-  base: number,
+  seqs: readonly StepSeq[],
   idsOffset = 0,
 ): void {
   const { act, weights } = plan;
+  const T = seqs.reduce((n, s) => n + s.n, 0);
   // 1. embed
   if (weights.embedding) {
     getRows(enc, { w: weights.embedding, ids: act.ids, y: act.x }, { tokens: T, idsOffset });
@@ -338,8 +387,8 @@ export function encodeLayers(
     // a. pre-mixer RMSNorm
     const h = normed(enc, plan, lw.attnNorm, T);
     // b, c. token mixer, residual
-    if (lw.mixer.kind === "deltanet") deltaNetBlock(enc, plan, lw.mixer, states[i], h, T);
-    else attentionBlock(enc, plan, lw.mixer, states[i], h, T, base);
+    if (lw.mixer.kind === "deltanet") deltaNetBlock(enc, plan, lw.mixer, seqs, i, h, T);
+    else attentionBlock(enc, plan, lw.mixer, seqs, i, h, T);
     // d. pre-FFN RMSNorm (post_attention_norm)
     const h2 = normed(enc, plan, lw.postNorm, T);
     // e, f. MoE or dense SwiGLU, residual

@@ -18,7 +18,7 @@ import type { GgufModel } from "../gguf/gguf_model.ts";
 import { argmaxScratchWords } from "./kernels/argmax.ts";
 import { attentionPartialFloats } from "./kernels/attention.ts";
 import { gatherWords } from "./kernels/moe_gather.ts";
-import { DENSE_TT, PREFILL_TT } from "./kernels/mul_mat.ts";
+import { DECODE_MAX_TOKENS, DENSE_TT, PREFILL_TT } from "./kernels/mul_mat.ts";
 import { topKScratchWords, topKWords } from "./kernels/topk.ts";
 import { type HParams, readHParams } from "../hparams.ts";
 import {
@@ -55,6 +55,7 @@ import {
   encodeLayers,
   type ForwardPlan,
   type GpuLayerState,
+  type StepSeq,
 } from "./gpu_forward.ts";
 
 export interface GpuStageOptions extends StageOpenOptions {
@@ -238,6 +239,43 @@ function runKey(n: number, base: number, head: HeadPlan): string {
   return `run ${n} ${base} ${head.k} ${head.adjust.words} ${head.adjust.pairs} ${head.logits}`;
 }
 
+/** What a submission runs: its slots, its tokens (rows) and, for errors, what that is. */
+interface Submission {
+  readonly slots: readonly number[];
+  readonly tokens: number;
+  readonly what: string;
+}
+
+function positions(slot: number, base: number, n: number): Submission {
+  return { slots: [slot], tokens: n, what: `positions ${base}..${base + n} of slot ${slot}` };
+}
+
+/** A step of one-token runs of several slots: the slots and their positions, in row order. */
+function batchKey(runs: readonly { readonly slot: number; readonly base: number }[]): string {
+  return `batch ${runs.map((r) => `${r.slot}@${r.base}`).join(" ")}`;
+}
+
+/**
+ * A greedy one-token run waiting to share a step with other slots' (GpuStage.run): several
+ * sequences decoding at once read each weight once a step instead of once each.
+ */
+interface Waiting {
+  readonly slot: number;
+  readonly base: number;
+  readonly input: StageInput;
+  readonly started: number;
+  readonly resolve: (out: StageOutput) => void;
+  readonly reject: (e: unknown) => void;
+}
+
+/**
+ * How long a slot that ran recently counts as active (its next run is expected), and how long
+ * a waiting run waits for the active slots that are not on the GPU before its step goes without
+ * them (they are then taken as idle until they run again).
+ */
+const ACTIVE_MS = 200;
+const WAIT_MS = 5;
+
 /** decodeGreedy's step s at position pos; only its last step depends on steps and k. */
 function fusedKey(pos: number, s: number, steps: number, k: number): string {
   return s === steps - 1 ? `fused ${pos} ${s} last ${steps} ${k}` : `fused ${pos} ${s}`;
@@ -264,6 +302,16 @@ export class GpuStage implements Stage {
   readonly #dispatchProfiler: DispatchProfiler | undefined;
   /** The last wait (ms from submit to outputs back) per slot and shape of submission. */
   readonly #waits = new Map<string, number>();
+  /** Greedy one-token runs not yet submitted, in call order (run, #flush). */
+  #waiting: Waiting[] = [];
+  #flushTimer: ReturnType<typeof setTimeout> | undefined;
+  #flushQueued = false;
+  /** The next step of the last batch, encoded while the GPU ran it. */
+  #aheadBatch: Prepared | undefined;
+  /** Slots with a step on the GPU. */
+  readonly #inFlight = new Set<number>();
+  /** When each slot's last greedy one-token run came back (slots that ran otherwise: absent). */
+  readonly #active = new Map<number, number>();
   #closed = false;
 
   constructor(
@@ -326,11 +374,133 @@ export class GpuStage implements Stage {
 
   /** Validates a run and writes its input rows or ids. */
   #input(slot: number, input: StageInput, n: number, base: number): void {
+    this.#check(slot, input, n, base);
+    this.#write(input, 0);
+  }
+
+  #check(slot: number, input: StageInput, n: number, base: number): void {
     this.#checkSlot(slot);
     checkRun(this, slot, input, n, base, this.#pos[slot], this.#hp.V);
+  }
+
+  /** Writes a run's ids or hidden rows at row `row` of the step's input. */
+  #write(input: StageInput, row: number): void {
     const act = this.#plan.act;
-    if (input.kind === "ids") writeBytes(this.#gpu, act.ids, 0, input.ids);
-    else writeBytes(this.#gpu, act.x, 0, input.rows);
+    if (input.kind === "ids") writeBytes(this.#gpu, act.ids, 4 * row, input.ids);
+    else writeBytes(this.#gpu, act.x, 4 * row * this.#hp.D, input.rows);
+  }
+
+  /**
+   * A greedy one-token run joins the runs waiting for a step. The step goes once every slot
+   * that is active and not on the GPU has joined (they return together, so they come back
+   * together), at the latest after WAIT_MS; runs arriving in one turn of the event loop share it.
+   */
+  #wait(slot: number, input: StageInput, base: number, started: number): Promise<StageOutput> {
+    if (this.#waiting.some((w) => w.slot === slot)) this.#flush();
+    this.#check(slot, input, 1, base);
+    this.#pos[slot] = base + 1;
+    const out = new Promise<StageOutput>((resolve, reject) => {
+      this.#waiting.push({ slot, base, input, started, resolve, reject });
+    });
+    const now = performance.now();
+    const expected = [...this.#active].some(([s, at]) =>
+      now - at < ACTIVE_MS && !this.#inFlight.has(s) && !this.#waiting.some((w) => w.slot === s)
+    );
+    if (!expected || this.#waiting.length === Math.min(this.slots, DECODE_MAX_TOKENS)) {
+      if (!this.#flushQueued) {
+        this.#flushQueued = true;
+        queueMicrotask(() => this.#flush());
+      }
+    } else if (this.#flushTimer === undefined) {
+      this.#flushTimer = setTimeout(() => {
+        // The slots that did not come are idle until they run again.
+        const came = new Set(this.#waiting.map((w) => w.slot));
+        for (const s of [...this.#active.keys()]) {
+          if (!came.has(s) && !this.#inFlight.has(s)) this.#active.delete(s);
+        }
+        this.#flush();
+      }, WAIT_MS);
+    }
+    return out;
+  }
+
+  /** Submits the waiting runs: alone as a run, or a step of one row a slot. */
+  #flush(): void {
+    this.#flushQueued = false;
+    if (this.#flushTimer !== undefined) clearTimeout(this.#flushTimer);
+    this.#flushTimer = undefined;
+    while (this.#waiting.length) {
+      const runs = this.#waiting.splice(0, DECODE_MAX_TOKENS);
+      const settle = (done: Promise<StageOutput[]>) =>
+        done.then(
+          (outs) =>
+            runs.forEach((w, i) => {
+              this.#active.set(w.slot, performance.now());
+              w.resolve(outs[i]);
+            }),
+          (e) => runs.forEach((w) => w.reject(e)),
+        );
+      try {
+        settle(runs.length === 1 ? this.#single(runs[0]).then((o) => [o]) : this.#batch(runs));
+      } catch (e) {
+        // Nothing was submitted: the slots stay where they were.
+        for (const w of runs) {
+          this.#pos[w.slot] = w.base;
+          w.reject(e);
+        }
+      }
+    }
+  }
+
+  /** A waiting run alone: the run it would have been (its next step encoded ahead). */
+  #single(w: Waiting): Promise<StageOutput> {
+    this.#write(w.input, 0);
+    const head: HeadPlan = { k: 0, adjust: NO_ADJUST, logits: "last" };
+    const step = this.#ahead(w.slot, runKey(1, w.base, head)) ??
+      this.#prepareRun(w.slot, 1, w.base, head);
+    const done = this.#submit(1, () => step, w.started, positions(w.slot, w.base, 1));
+    if (w.base + 2 <= this.ctx) {
+      this.#encodeAhead(w.slot, () => this.#prepareRun(w.slot, 1, w.base + 1, head));
+    }
+    return done.then((data) => this.#output(data, 0));
+  }
+
+  /** Waiting runs of 2..DECODE_MAX_TOKENS slots as one step, a row each (the same bits alone). */
+  #batch(runs: readonly Waiting[]): Promise<StageOutput[]> {
+    runs.forEach((w, row) => this.#write(w.input, row));
+    const key = batchKey(runs);
+    const ahead = this.#aheadBatch;
+    this.#aheadBatch = undefined;
+    let step = ahead;
+    if (ahead && (ahead.key !== key || ahead.step.stale)) {
+      this.#drop(ahead);
+      step = undefined;
+    }
+    step ??= this.#prepareBatch(runs);
+    const started = Math.min(...runs.map((w) => w.started));
+    const done = this.#submit(1, () => step, started, {
+      slots: runs.map((w) => w.slot),
+      tokens: runs.length,
+      what: `one position each of slots ${runs.map((w) => `${w.slot} (at ${w.base})`).join(", ")}`,
+    });
+    const next = runs.map((w) => ({ ...w, base: w.base + 1 }));
+    if (next.every((w) => w.base + 1 <= this.ctx) && !this.#dispatchProfiler) {
+      try {
+        this.#aheadBatch = this.#prepareBatch(next);
+      } catch {
+        // As #encodeAhead: the step that needs it encodes it again and fails there.
+      }
+    }
+    return done.then((data) => runs.map((_, row) => this.#output(data, row)));
+  }
+
+  /** Row `row` of a step read back: its hidden row, or its greedy id. */
+  #output(data: ArrayBuffer, row: number): StageOutput {
+    if (!this.#last) {
+      const D = this.#hp.D;
+      return { kind: "hidden", rows: new Float32Array(data.slice(4 * row * D, 4 * (row + 1) * D)) };
+    }
+    return { kind: "ids", ids: new Uint32Array(data, 4 * row, 1).slice(), top: [], lse: NaN };
   }
 
   #takeReadback(bytes: number): GPUBuffer {
@@ -346,17 +516,25 @@ export class GpuStage implements Stage {
     base: number,
     options: StageRunOptions = {},
   ): Promise<StageOutput> {
-    // Everything up to submit runs synchronously, so concurrent runs reach the queue in call order.
+    // Everything up to submit runs synchronously, so concurrent runs reach the queue in call order
+    // (runs waiting to share a step are submitted first).
     const started = performance.now();
     const k = this.#topk(options);
     const logits = checkLogits(options);
     if (this.#last) checkAdjust(options.adjust, this.#hp.V);
+    const adjusted = !!options.adjust?.mask || !!options.adjust?.bias?.length;
+    if (n === 1 && k === 0 && !adjusted && logits !== "none" && this.slots > 1) {
+      return this.#wait(slot, input, base, started);
+    }
+    this.#active.delete(slot);
+    this.#flush();
     this.#input(slot, input, n, base);
     const adjust = this.#last ? this.#uploadAdjust(options.adjust) : NO_ADJUST;
     const head = { k, adjust, logits };
     const step = this.#ahead(slot, runKey(n, base, head)) ??
       this.#prepareRun(slot, n, base, head);
-    const done = this.#submit(1, () => step, started, slot, base, n);
+    const done = this.#submit(1, () => step, started, positions(slot, base, n));
+    this.#pos[slot] = base + n;
     // The next token's step, encoded while the GPU runs this one: the id it embeds is written
     // before it is submitted, so only its position and what the head returns must match.
     if (n === 1 && base + 2 <= this.ctx) {
@@ -393,6 +571,8 @@ export class GpuStage implements Stage {
       );
     }
     const k = this.#topk(options);
+    this.#active.delete(slot);
+    this.#flush();
     this.#input(slot, { kind: "ids", ids: Uint32Array.of(id) }, 1, base);
     if (!Number.isInteger(steps) || steps < 1 || steps > this.maxBatch || base + steps > this.ctx) {
       throw new RangeError(
@@ -403,7 +583,8 @@ export class GpuStage implements Stage {
     // Each step is submitted before the next is encoded.
     const prepare = (s: number) =>
       (s === 0 ? first : undefined) ?? this.#prepareFused(slot, base, s, steps, k);
-    const done = this.#submit(steps, prepare, started, slot, base, steps);
+    const done = this.#submit(steps, prepare, started, positions(slot, base, steps));
+    this.#pos[slot] = base + steps;
     // The next call's first step, for a caller that goes on decoding this sequence.
     if (base + steps + 2 <= this.ctx) {
       this.#encodeAhead(slot, () => this.#prepareFused(slot, base + steps, 0, 2, 0));
@@ -427,11 +608,12 @@ export class GpuStage implements Stage {
     return { words: mask?.length ?? 0, pairs: bias.length };
   }
 
-  /** A step encoder for `slot`; a run from position 0 first zeroes its DeltaNet states. */
-  #begin(slot: number, base: number): StepEncoder {
+  /** A step encoder; a sequence from position 0 first zeroes its slot's DeltaNet states. */
+  #begin(seqs: readonly StepSeq[]): StepEncoder {
     const enc = new StepEncoder(this.#gpu, this.#arena);
-    if (base === 0) {
-      for (const s of this.#sets[slot]) {
+    for (const seq of seqs) {
+      if (seq.base !== 0) continue;
+      for (const s of seq.states) {
         if (s.kind === "deltanet") {
           enc.clear(s.conv);
           enc.clear(s.ssm);
@@ -465,8 +647,9 @@ export class GpuStage implements Stage {
       : logits === "none"
       ? []
       : [[act.greedy, 0, 4 * greedyCount(logits, n)], [act.top, 0, k ? 4 * topKWords(k) : 0]];
-    return this.#prepare(runKey(n, base, head), slot, base, outputs, ALL_MARKS, (enc) => {
-      encodeLayers(enc, this.#plan, this.#sets[slot], n, base);
+    const seqs = [{ states: this.#sets[slot], base, row: 0, n }];
+    return this.#prepare(runKey(n, base, head), seqs, outputs, ALL_MARKS, (enc) => {
+      encodeLayers(enc, this.#plan, seqs);
       if (this.#last && logits !== "none") {
         encodeHead(enc, this.#plan, n, k, { buffer: act.greedy, offset: 0 }, adjust, logits);
       }
@@ -484,9 +667,24 @@ export class GpuStage implements Stage {
       ? [[act.ids, 4, 4 * steps], [act.top, 0, k ? 4 * topKWords(k) : 0]]
       : [];
     const marks = { start: s === 0, end: last };
-    return this.#prepare(fusedKey(base + s, s, steps, k), slot, base + s, outputs, marks, (enc) => {
-      encodeLayers(enc, this.#plan, this.#sets[slot], 1, base + s, s);
+    const seqs = [{ states: this.#sets[slot], base: base + s, row: 0, n: 1 }];
+    return this.#prepare(fusedKey(base + s, s, steps, k), seqs, outputs, marks, (enc) => {
+      encodeLayers(enc, this.#plan, seqs, s);
       encodeHead(enc, this.#plan, 1, last ? k : 0, { buffer: act.ids, offset: s + 1 });
+    });
+  }
+
+  /** The step of one-token runs of several slots, a row each, with the greedy id of each row. */
+  #prepareBatch(runs: readonly { readonly slot: number; readonly base: number }[]): Prepared {
+    const { act } = this.#plan;
+    const T = runs.length;
+    const outputs: Outputs = this.#last
+      ? [[act.greedy, 0, 4 * T]]
+      : [[act.x, 0, 4 * T * this.#hp.D]];
+    const seqs = runs.map((w, row) => ({ states: this.#sets[w.slot], base: w.base, row, n: 1 }));
+    return this.#prepare(batchKey(runs), seqs, outputs, ALL_MARKS, (enc) => {
+      encodeLayers(enc, this.#plan, seqs);
+      if (this.#last) encodeHead(enc, this.#plan, T, 0, { buffer: act.greedy, offset: 0 });
     });
   }
 
@@ -497,13 +695,12 @@ export class GpuStage implements Stage {
    */
   #prepare(
     key: string,
-    slot: number,
-    base: number,
+    seqs: readonly StepSeq[],
     outputs: Outputs,
     marks: { readonly start: boolean; readonly end: boolean },
     record: (enc: StepEncoder) => void,
   ): Prepared {
-    const enc = this.#begin(slot, base);
+    const enc = this.#begin(seqs);
     record(enc);
     const bytes = outputs.reduce((s, [, , size]) => s + size, 0);
     const timer = this.#timer;
@@ -562,16 +759,13 @@ export class GpuStage implements Stage {
 
   /**
    * Submits `count` steps, each encoded by `prepare(i)` right before it is submitted (the last
-   * one reads back), advances the slot over the n positions from base and returns the last
-   * step's outputs once they are back.
+   * one reads back), and returns the last step's outputs once they are back.
    */
   #submit(
     count: number,
     prepare: (i: number) => Prepared,
     started: number,
-    slot: number,
-    base: number,
-    n: number,
+    run: Submission,
   ): Promise<ArrayBuffer> {
     const { device } = this.#gpu;
     const errors: Promise<GPUError | null>[] = [];
@@ -588,25 +782,23 @@ export class GpuStage implements Stage {
       dispatches += p.step.dispatches;
       last = p;
     }
-    this.#pos[slot] = base + n;
+    for (const slot of run.slots) this.#inFlight.add(slot);
     const submitted = performance.now();
     const times = { started, submitted, submitMs, dispatches };
-    return this.#collect(last!, errors, slot, n, base, times);
+    return this.#collect(last!, errors, run, times);
   }
 
   async #collect(
     p: Prepared,
     errors: readonly Promise<GPUError | null>[],
-    slot: number,
-    n: number,
-    base: number,
+    run: Submission,
     t: { started: number; submitted: number; submitMs: number; dispatches: number },
   ): Promise<ArrayBuffer> {
     const { readback } = p;
     try {
       // The last wait of the same shape says when this one should end, so a provider that
       // polls (Dawn) can poll finely around then.
-      const shape = `${slot} ${t.dispatches} ${n} ${p.total}`;
+      const shape = `${run.slots.join(",")} ${t.dispatches} ${run.tokens} ${p.total}`;
       const last = this.#waits.get(shape);
       if (last !== undefined) this.#gpu.expectDone(t.submitted + last);
       // A step that reads nothing back is done when the queue says so.
@@ -617,7 +809,7 @@ export class GpuStage implements Stage {
       if (this.#profile) {
         const ns = this.#timer ? new BigUint64Array(all, p.timeAt, 2) : undefined;
         this.#profile({
-          tokens: n,
+          tokens: run.tokens,
           dispatches: t.dispatches,
           encodeMs: t.submitted - t.started,
           submitMs: t.submitMs,
@@ -628,15 +820,14 @@ export class GpuStage implements Stage {
       for (const error of await Promise.all(errors)) {
         if (error) {
           throw new Error(
-            `Cannot run positions ${base}..${
-              base + n
-            } on stage ${this.first}..${this.end}: the GPU rejected the step: ${error.message}`,
+            `Cannot run ${run.what} on stage ${this.first}..${this.end}: the GPU rejected the step: ${error.message}`,
           );
         }
       }
       return all.slice(0, p.bytes);
     } finally {
       if (readback) this.#readbacks.push(readback);
+      for (const slot of run.slots) this.#inFlight.delete(slot);
     }
   }
 
@@ -658,6 +849,7 @@ export class GpuStage implements Stage {
   save(slot: number, idx: number): Promise<void> {
     return new Promise((resolve) => {
       this.#checkSlot(slot);
+      this.#flush();
       const snap = this.#snapshot(idx);
       this.#copy(slot, snap, this.#pos[slot]);
       this.#pos[snap] = this.#pos[slot];
@@ -668,6 +860,8 @@ export class GpuStage implements Stage {
   restore(slot: number, idx: number): Promise<number> {
     return new Promise((resolve) => {
       this.#checkSlot(slot);
+      this.#flush();
+      this.#active.delete(slot);
       const snap = this.#snapshot(idx);
       const pos = this.#pos[snap];
       if (pos < 0) {
@@ -682,8 +876,12 @@ export class GpuStage implements Stage {
   close(): void {
     if (this.#closed) return;
     this.#closed = true;
+    if (this.#flushTimer !== undefined) clearTimeout(this.#flushTimer);
+    const closed = new RangeError(`Cannot run on stage ${this.first}..${this.end}: it was closed`);
+    for (const w of this.#waiting.splice(0)) w.reject(closed);
     for (const p of this.#aheadBySlot.values()) this.#drop(p);
     this.#aheadBySlot.clear();
+    if (this.#aheadBatch) this.#drop(this.#aheadBatch);
     this.#memory.destroy();
   }
 }
@@ -766,7 +964,7 @@ function recordSteps(
   maxBatch: number,
 ): void {
   for (const T of new Set([1, Math.min(2, maxBatch), maxBatch])) {
-    encodeLayers(enc, plan, states, T, 0);
+    encodeLayers(enc, plan, [{ states, base: 0, row: 0, n: T }]);
     if (plan.weights.output) {
       // One word and one pair make logit_adjust record both of its passes.
       const adjust = { words: 1, pairs: 1 };

@@ -77,6 +77,9 @@ export interface AttentionOptions {
   readonly dh: number;
   /** Position of the first token; token t attends to positions 0 ..= pos0 + t. */
   readonly pos0: number;
+  /** Where token 0's queries and outputs start in q and o (default 0). */
+  readonly qOffset?: number;
+  readonly oOffset?: number;
   readonly qStrideT: number;
   readonly qStrideH: number;
   readonly gateOffset: number;
@@ -123,6 +126,7 @@ export function attention(
       t0,
       pos0: o.pos0,
       nbs,
+      q_offset: o.qOffset ?? 0,
       q_stride_t: o.qStrideT,
       q_stride_h: o.qStrideH,
       scale: 1 / Math.sqrt(o.dh),

@@ -39,6 +39,8 @@ export function attentionCombine(
     readonly t0: number;
     readonly pos0: number;
     readonly nbs: number;
+    readonly qOffset?: number;
+    readonly oOffset?: number;
     readonly qStrideT: number;
     readonly qStrideH: number;
     readonly gateOffset: number;
@@ -53,9 +55,11 @@ export function attentionCombine(
     t0: o.t0,
     pos0: o.pos0,
     nbs: o.nbs,
+    q_offset: o.qOffset ?? 0,
     q_stride_t: o.qStrideT,
     q_stride_h: o.qStrideH,
     gate_offset: o.gateOffset,
+    o_offset: o.oOffset ?? 0,
     o_stride_t: o.oStrideT,
     dcs,
   }, { tiles: o.tokens * o.hq * Math.ceil(runs / dcs) });

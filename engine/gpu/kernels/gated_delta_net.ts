@@ -68,11 +68,15 @@ export interface GatedDeltaNetOptions {
   readonly tokens: number;
   /** Value head h reads key head ⌊h/(Nv/Nk)⌋ (qwen3next) instead of h mod Nk (qwen35*). */
   readonly interleave: boolean;
+  /** Where token 0's conv outputs start in u (default 0). */
+  readonly uOffset?: number;
   readonly uStrideT: number;
   readonly baOffset?: number;
   readonly baStrideT: number;
   readonly zOffset: number;
   readonly zStrideT: number;
+  /** Where token 0's outputs start in y (default 0). */
+  readonly yOffset?: number;
   readonly yStrideT: number;
   readonly eps: number;
 }
@@ -98,11 +102,13 @@ export function gatedDeltaNet(
     nv: o.nv,
     tokens: o.tokens,
     interleave: o.interleave ? 1 : 0,
+    u_offset: o.uOffset ?? 0,
     u_stride_t: o.uStrideT,
     ba_offset: o.baOffset ?? 0,
     ba_stride_t: o.baStrideT,
     z_offset: o.zOffset,
     z_stride_t: o.zStrideT,
+    y_offset: o.yOffset ?? 0,
     y_stride_t: o.yStrideT,
     eps: o.eps,
   };

@@ -50,7 +50,7 @@ export interface TileShape {
  * Plain products of at most this many tokens run the decode kernel, a grid layer (z) a token:
  * a tile walks all of k in 32-value steps, which costs more than re-reading W a few times.
  */
-const DECODE_MAX_TOKENS = 4;
+export const DECODE_MAX_TOKENS = 4;
 
 /** A prefill tile variant. */
 export interface MulMatKey {

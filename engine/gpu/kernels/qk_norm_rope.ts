@@ -24,7 +24,8 @@ export interface QkNormRopeOptions {
   readonly sections: readonly number[];
   readonly eps: number;
   readonly pos0: number;
-  /** Token t's row starts at t·xStrideT. */
+  /** Token t's row starts at xOffset + t·xStrideT (xOffset default 0). */
+  readonly xOffset?: number;
   readonly xStrideT: number;
   /** q heads at h·strideH of the row, rotated in place. */
   readonly q?: { readonly heads: number; readonly strideH: number };
@@ -72,6 +73,7 @@ export function qkNormRope(
     q_heads: qHeads,
     k_heads: kHeads,
     tokens: o.tokens,
+    x_offset: o.xOffset ?? 0,
     x_stride_t: o.xStrideT,
     q_stride_h: o.q?.strideH ?? 0,
     k_offset: o.k?.offset ?? 0,

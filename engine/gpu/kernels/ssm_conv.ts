@@ -29,6 +29,8 @@ export function ssmConv(
     readonly tokens: number;
     readonly xOffset?: number;
     readonly xStrideT: number;
+    /** Where token 0's outputs start in u (default 0). */
+    readonly uOffset?: number;
     readonly uStrideT: number;
   },
 ): void {
@@ -43,6 +45,7 @@ export function ssmConv(
     tokens: o.tokens,
     x_offset: o.xOffset ?? 0,
     x_stride_t: o.xStrideT,
+    u_offset: o.uOffset ?? 0,
     u_stride_t: o.uStrideT,
   }, { tiles: Math.ceil(o.channels / 64), z: Math.ceil(o.tokens / CONV_RUN) });
 }
