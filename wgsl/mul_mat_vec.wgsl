@@ -33,7 +33,10 @@
 //   token), MOE_SUM (y += Σ_i ew_i·eo_i + ew_k·(this product), wgsl/moe_sum.wgsl's sum in its
 //   order: the shared expert's down closing a MoE layer; not with ID or ADD). Both epilogues use
 //   the same explicit fmas as the kernels they replace, so an output has the same bits either way
-//   and a decode step matches a prefill run.
+//   and a decode step matches a prefill run. T2 (with REG_CLASSES; not with ID, PAIR_F32 or CONV):
+//   a workgroup takes tokens 2z and 2z + 1 (the second if below tokens), multiplying each weight
+//   chunk it loads with both inputs: a step of several sequences reads the weights once, and each
+//   token's sums are the ones it gets alone.
 // NORM with XSTAGE and k ≤ 32·WIN reads x once: staged raw, its squares summed from workgroup
 //   memory (rms_finish: the same order, the same scale), then normed in place.
 //
@@ -96,9 +99,16 @@ var<workgroup> pbuf: array<f32, ROWS * CLASSES>;
 // distinct banks when folded).
 var<workgroup> sbuf: array<f32, ROWS * (WIN + 1u)>;
 #endif
+#ifdef T2
+const TOKS = 2u;
+#else
+const TOKS = 1u;
+#endif
+// Where token j of the workgroup's inputs starts in xs.
+const XB = WIN * 9u;
 #ifdef XSTAGE
-// A window's x, 9 vec4 a chunk (padded so neighbouring chunks fall in distinct banks).
-var<workgroup> xs: array<vec4<f32>, WIN * 9u>;
+// A window's x per token, 9 vec4 a chunk (padded so neighbouring chunks fall in distinct banks).
+var<workgroup> xs: array<vec4<f32>, XB * TOKS>;
 #endif
 #ifdef ID
 var<workgroup> chosen: u32;
@@ -232,60 +242,60 @@ fn chunk_sum(wv: array<vec4<f32>, 8>, x: Chunk) -> f32 {
   return fma4(wv[7], x.v7, s);
 }
 
-// vec4 v of chunk c0 + cc's input (cc within the window), staged or from x.
-fn in4(xo: u32, c0: u32, cc: u32, v: u32, scale: f32) -> vec4<f32> {
+// vec4 v of chunk c0 + cc's input (cc within the window), staged (from xs at xb) or from x.
+fn in4(xo: u32, c0: u32, cc: u32, v: u32, scale: f32, xb: u32) -> vec4<f32> {
 #ifdef XSTAGE
-  return xs[9u * cc + v];
+  return xs[xb + 9u * cc + v];
 #else
   return input4(xo, c0 + cc, v, scale);
 #endif
 }
 
-fn chunk_input(xo: u32, c0: u32, cc: u32, scale: f32) -> Chunk {
+fn chunk_input(xo: u32, c0: u32, cc: u32, scale: f32, xb: u32) -> Chunk {
   return Chunk(
-    in4(xo, c0, cc, 0u, scale),
-    in4(xo, c0, cc, 1u, scale),
-    in4(xo, c0, cc, 2u, scale),
-    in4(xo, c0, cc, 3u, scale),
-    in4(xo, c0, cc, 4u, scale),
-    in4(xo, c0, cc, 5u, scale),
-    in4(xo, c0, cc, 6u, scale),
-    in4(xo, c0, cc, 7u, scale),
+    in4(xo, c0, cc, 0u, scale, xb),
+    in4(xo, c0, cc, 1u, scale, xb),
+    in4(xo, c0, cc, 2u, scale, xb),
+    in4(xo, c0, cc, 3u, scale, xb),
+    in4(xo, c0, cc, 4u, scale, xb),
+    in4(xo, c0, cc, 5u, scale, xb),
+    in4(xo, c0, cc, 6u, scale, xb),
+    in4(xo, c0, cc, 7u, scale, xb),
   );
 }
 
 #ifdef NORM
 #ifdef XSTAGE
 // Slot q (chunk q / 8, vec4 q % 8) of a single window's xs: the raw x written, nw returned.
-fn stage_raw(xo: u32, q: u32, wn: u32) -> vec4<f32> {
+fn stage_raw(xo: u32, q: u32, wn: u32, xb: u32) -> vec4<f32> {
   if (q >= wn * 8u) {
     return vec4<f32>(0.0);
   }
   let col = 32u * (q / 8u) + 4u * (q % 8u);
-  xs[9u * (q / 8u) + q % 8u] = x4(xo + col);
+  xs[xb + 9u * (q / 8u) + q % 8u] = x4(xo + col);
   return vec4<f32>(nw[col], nw[col + 1u], nw[col + 2u], nw[col + 3u]);
 }
 
 // Slot q normed in place, as input4 computes it: (x·scale)·nw.
-fn normalize_slot(q: u32, wn: u32, scale: f32, g: vec4<f32>) {
+fn normalize_slot(q: u32, wn: u32, scale: f32, g: vec4<f32>, xb: u32) {
   if (q < wn * 8u) {
-    let i = 9u * (q / 8u) + q % 8u;
+    let i = xb + 9u * (q / 8u) + q % 8u;
     xs[i] = (xs[i] * scale) * g;
   }
 }
 
 // rms_scale's partial for invocation lid, from the raw x staged in xs (element i is component
 // i % 4 of xs[9·(i / 32) + (i % 32) / 4]).
-fn staged_part(n: u32, lid: u32) -> f32 {
+fn staged_part(n: u32, lid: u32, xb: u32) -> f32 {
   var lo = 0.0;
   var hi = 0.0;
   if (lid < 128u) {
     for (var i = lid; i < n; i += 256u) {
-      let v = xs[9u * (i / 32u) + (i % 32u) / 4u][i % 4u];
+      let v = xs[xb + 9u * (i / 32u) + (i % 32u) / 4u][i % 4u];
       lo = fma(v, v, lo);
     }
     for (var i = lid + 128u; i < n; i += 256u) {
-      let v = xs[9u * (i / 32u) + (i % 32u) / 4u][i % 4u];
+      let v = xs[xb + 9u * (i / 32u) + (i % 32u) / 4u][i % 4u];
       hi = fma(v, v, hi);
     }
   }
@@ -294,24 +304,81 @@ fn staged_part(n: u32, lid: u32) -> f32 {
 #endif
 #endif
 
-// The products of the workgroup's rows (part rows part_row0 + row0 + ...) with the input at xo:
-// rows row0 + g + GROUPS·r (r < RPT ≤ 4, a vector's components) to lane 0 of row group g.
-// Called by every invocation (barriers).
+// The products of the workgroup's rows (part rows part_row0 + row0 + ...) with the input at xo
+// (and under T2 at xo2): rows row0 + g + GROUPS·r (r < RPT ≤ 4, a vector's components) to lane 0
+// of row group g. Called by every invocation (barriers).
+struct Totals {
+  a: vec4<f32>,
+  b: vec4<f32>,
+}
+
+// The RMSNorm scale of the input at xo, its raw x staged at xb when `held` (nw of this
+// invocation's slots into g, which every token shares).
+fn norm_scale(xo: u32, xb: u32, held: bool, lid: u32) -> f32 {
+#ifdef NORM
+#ifdef XSTAGE
+  if (held) {
+    return rms_finish(staged_part(params.k, lid, xb), params.k, params.eps, lid);
+  }
+#endif
+  return rms_scale(xo, params.k, params.eps, lid);
+#else
+  return 1.0;
+#endif
+}
+
+// A row's output from the class partials p of each lane of its row group, in class order;
+// lane 0 of the group gets it. Called by every invocation (barriers).
+fn fold_classes(p: vec4<f32>, cu: u32, g: u32, sid: u32, classes: u32) -> vec4<f32> {
+  var total = vec4<f32>(0.0);
+#ifdef SUBGROUPS
+  // The 16 lanes of a row group sit in one subgroup, lane cu holding class cu (the device
+  // checked that lanes follow local_invocation_index in subgroups of ≥ 16).
+  let first = sid - cu;
+  for (var l = 0u; l < CLASSES; l++) {
+    let pl = subgroupShuffle(p, first + l);
+    if (l < classes) {
+      total = total + pl;
+    }
+  }
+#else
+  workgroupBarrier();
+  for (var r = 0u; r < RPT; r++) {
+    pbuf[CLASSES * (g + GROUPS * r) + cu] = p[r];
+  }
+  workgroupBarrier();
+  if (cu == 0u) {
+    // A fixed trip count: Mesa's lavapipe (CI's adapter) leaks per dispatch when a loop of
+    // data-dependent length follows the last barrier. Same sum, same order.
+    for (var r = 0u; r < RPT; r++) {
+      var t = 0.0;
+      for (var l = 0u; l < CLASSES; l++) {
+        if (l < classes) {
+          t = t + pbuf[CLASSES * (g + GROUPS * r) + l];
+        }
+      }
+      total[r] = t;
+    }
+  }
+#endif
+  return total;
+}
+
 fn rows_product(
   part_row0: u32,
   row0: u32,
   xo: u32,
+  xo2: u32,
   lid: u32,
   sid: u32,
   second: bool,
-) -> vec4<f32> {
+) -> Totals {
   let cu = lid % CU;
   let g = lid / CU;
   let chunks = params.k / 32u;
   let classes = min(chunks, CLASSES);
   let rb = row_bytes(second);
   let last_row = matrix_rows(second) - 1u;
-  var scale = 1.0;
   // With NORM and XSTAGE, a row of x that fits one window is read from memory once: staged raw,
   // summed from workgroup memory, then normed in place (g0..g3: nw of this invocation's slots).
   var held = false;
@@ -323,19 +390,25 @@ fn rows_product(
 #ifdef XSTAGE
   held = chunks <= WIN;
   if (held) {
-    g0 = stage_raw(xo, lid, chunks);
-    g1 = stage_raw(xo, lid + WG, chunks);
-    g2 = stage_raw(xo, lid + 2u * WG, chunks);
-    g3 = stage_raw(xo, lid + 3u * WG, chunks);
+    g0 = stage_raw(xo, lid, chunks, 0u);
+    g1 = stage_raw(xo, lid + WG, chunks, 0u);
+    g2 = stage_raw(xo, lid + 2u * WG, chunks, 0u);
+    g3 = stage_raw(xo, lid + 3u * WG, chunks, 0u);
+    if (TOKS > 1u) {
+      stage_raw(xo2, lid, chunks, XB);
+      stage_raw(xo2, lid + WG, chunks, XB);
+      stage_raw(xo2, lid + 2u * WG, chunks, XB);
+      stage_raw(xo2, lid + 3u * WG, chunks, XB);
+    }
     workgroupBarrier();
-    scale = rms_finish(staged_part(params.k, lid), params.k, params.eps, lid);
-  } else {
-    scale = rms_scale(xo, params.k, params.eps, lid);
   }
-#else
-  scale = rms_scale(xo, params.k, params.eps, lid);
 #endif
 #endif
+  let scale = norm_scale(xo, 0u, held, lid);
+  var scale2 = 1.0;
+  if (TOKS > 1u) {
+    scale2 = norm_scale(xo2, XB, held, lid);
+  }
   // The byte offset of each of this thread's rows; a row past the part reads the last row
   // instead (its output is dropped), so the loads need no branch.
   var at: vec4<u32>;
@@ -344,6 +417,7 @@ fn rows_product(
   }
 #ifdef REG_CLASSES
   var p = vec4<f32>(0.0);
+  var p2 = vec4<f32>(0.0);
 #else
   for (var q = lid; q < ROWS * CLASSES; q += WG) {
     pbuf[q] = 0.0;
@@ -355,24 +429,40 @@ fn rows_product(
     workgroupBarrier();
     if (held) {
 #ifdef NORM
-      normalize_slot(lid, wn, scale, g0);
-      normalize_slot(lid + WG, wn, scale, g1);
-      normalize_slot(lid + 2u * WG, wn, scale, g2);
-      normalize_slot(lid + 3u * WG, wn, scale, g3);
+      normalize_slot(lid, wn, scale, g0, 0u);
+      normalize_slot(lid + WG, wn, scale, g1, 0u);
+      normalize_slot(lid + 2u * WG, wn, scale, g2, 0u);
+      normalize_slot(lid + 3u * WG, wn, scale, g3, 0u);
+      if (TOKS > 1u) {
+        normalize_slot(lid, wn, scale2, g0, XB);
+        normalize_slot(lid + WG, wn, scale2, g1, XB);
+        normalize_slot(lid + 2u * WG, wn, scale2, g2, XB);
+        normalize_slot(lid + 3u * WG, wn, scale2, g3, XB);
+      }
 #endif
     } else {
       for (var q = lid; q < wn * 8u; q += WG) {
         xs[9u * (q / 8u) + q % 8u] = input4(xo, c0 + q / 8u, q % 8u, scale);
+        if (TOKS > 1u) {
+          xs[XB + 9u * (q / 8u) + q % 8u] = input4(xo2, c0 + q / 8u, q % 8u, scale2);
+        }
       }
     }
     workgroupBarrier();
 #endif
     for (var cc = cu; cc < wn; cc += CU) {
-      let xv = chunk_input(xo, c0, cc, scale);
+      let xv = chunk_input(xo, c0, cc, scale, 0u);
+#ifdef T2
+      let xv2 = chunk_input(xo2, c0, cc, scale2, XB);
+#endif
       for (var r = 0u; r < RPT; r++) {
-        let s = chunk_sum(weights32(second, at[r], c0 + cc), xv);
+        let wv = weights32(second, at[r], c0 + cc);
+        let s = chunk_sum(wv, xv);
 #ifdef REG_CLASSES
         p[r] = p[r] + s;
+#ifdef T2
+        p2[r] = p2[r] + chunk_sum(wv, xv2);
+#endif
 #else
         sbuf[(WIN + 1u) * (g + GROUPS * r) + cc] = s;
 #endif
@@ -393,24 +483,13 @@ fn rows_product(
 #endif
   }
   // Each row's output, in order over its classes; lane 0 of the row group gets it.
-  var total = vec4<f32>(0.0);
-#ifdef SUBGROUPS
-  // The 16 lanes of a row group sit in one subgroup, lane cu holding class cu (the device
-  // checked that lanes follow local_invocation_index in subgroups of ≥ 16).
-  let first = sid - cu;
-  for (var l = 0u; l < CLASSES; l++) {
-    let pl = subgroupShuffle(p, first + l);
-    if (l < classes) {
-      total = total + pl;
-    }
+  var out: Totals;
+#ifdef REG_CLASSES
+  out.a = fold_classes(p, cu, g, sid, classes);
+  if (TOKS > 1u) {
+    out.b = fold_classes(p2, cu, g, sid, classes);
   }
 #else
-#ifdef REG_CLASSES
-  for (var r = 0u; r < RPT; r++) {
-    pbuf[CLASSES * (g + GROUPS * r) + cu] = p[r];
-  }
-  workgroupBarrier();
-#endif
   if (cu == 0u) {
     // A fixed trip count: Mesa's lavapipe (CI's adapter) leaks per dispatch when a loop of
     // data-dependent length follows the last barrier. Same sum, same order.
@@ -421,11 +500,11 @@ fn rows_product(
           t = t + pbuf[CLASSES * (g + GROUPS * r) + l];
         }
       }
-      total[r] = t;
+      out.a[r] = t;
     }
   }
 #endif
-  return total;
+  return out;
 }
 
 @compute @workgroup_size(WG)
@@ -475,23 +554,36 @@ fn main(
   let xo = params.x_offset + t * params.x_stride_t + i * params.x_stride_i;
   let yo = params.y_offset + t * params.y_stride_t + i * params.y_stride_i;
   let part_row0 = (e - params.expert_first) * params.rows;
+  let xo2 = xo;
+  write_rows(row0, g, writer, second, t, yo, rows_product(part_row0, row0, xo, xo2, lid, sid, second).a);
 #else
-  let xo = params.x_offset + wid.z * params.x_stride_t;
-  let yo = params.y_offset + wid.z * params.y_stride_t + params.row_base;
-  let part_row0 = 0u;
+  // Tokens t and (T2) t + 1: a missing second token reads the first's input, writes nothing.
+  let t = wid.z * TOKS;
+  let t2 = min(t + 1u, params.tokens - 1u);
+  let xo = params.x_offset + t * params.x_stride_t;
+  let xo2 = params.x_offset + t2 * params.x_stride_t;
+  let yo = params.y_offset + t * params.y_stride_t + params.row_base;
+  let totals = rows_product(0u, row0, xo, xo2, lid, sid, second);
+  write_rows(row0, g, writer, second, t, yo, totals.a);
+  if (TOKS > 1u && t + 1u < params.tokens) {
+    write_rows(row0, g, writer, second, t + 1u, yo + params.y_stride_t, totals.b);
+  }
 #endif
-  let total = rows_product(part_row0, row0, xo, lid, sid, second);
+}
+
+// Token t's outputs of the workgroup's rows (yo: where row 0 of its part goes in y).
+fn write_rows(row0: u32, g: u32, writer: bool, second: bool, t: u32, yo: u32, total: vec4<f32>) {
   for (var r = 0u; r < RPT; r++) {
     let row = row0 + g + GROUPS * r;
     if (writer && row < matrix_rows(second)) {
 #ifdef PAIR_F32
       if (second) {
-        y2[params.y2_offset + wid.z * params.y2_stride_t + row] = total[r];
+        y2[params.y2_offset + t * params.y2_stride_t + row] = total[r];
         continue;
       }
 #endif
 #ifdef MOE_SUM
-      y[yo + row] = y[yo + row] + moe_mix(wid.z, params.row_base + row, total[r]);
+      y[yo + row] = y[yo + row] + moe_mix(t, params.row_base + row, total[r]);
 #else
       put(yo + row, total[r]);
 #endif

@@ -11,7 +11,13 @@ import type { StepEncoder } from "../encoder.ts";
 import type { KernelFamily, KernelTarget } from "../kernel.ts";
 import type { GpuTensor } from "../tensor.ts";
 import { GgmlType, typeName } from "../../quant/ggml_types.ts";
-import { decodeLayout, layoutRows, type MatVecLayout, MUL_MAT_VEC } from "./mul_mat_vec.ts";
+import {
+  decodeLayout,
+  layoutRows,
+  type MatVecLayout,
+  MUL_MAT_VEC,
+  workgroupBytes,
+} from "./mul_mat_vec.ts";
 
 /** Weight types the kernels decode (docs/model_arch.md §6). */
 export const MUL_MAT_TYPES: readonly GgmlType[] = [
@@ -287,8 +293,8 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
       expert_count: id ? part.rows / w.matrixRows : 0,
     };
     if (decode) {
-      // A grid layer per token, or per (token, rank) slot of an expert stack.
-      const z = id ? o.tokens * nUsed : o.tokens;
+      // A grid layer per token, or per (token, rank) slot of an expert stack; where a
+      // workgroup can take two tokens (t2), per pair of tokens, reading each weight once.
       const layout = o.decode ?? decodeLayout(rows, id);
       const tiles = Math.ceil(rows / layoutRows(layout));
       const key = {
@@ -300,7 +306,12 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
         norm: !!o.norm,
         conv: !!o.conv,
         moeSum: !!o.moeSum,
+        t2: o.tokens > 1 && !id && layout.cu === 16 && !o.conv,
       };
+      if (key.t2 && workgroupBytes(key) > enc.ctx.limits.maxComputeWorkgroupStorageSize) {
+        key.t2 = false;
+      }
+      const z = id ? o.tokens * nUsed : key.t2 ? Math.ceil(o.tokens / 2) : o.tokens;
       const nw = o.norm?.w ?? dummyStorage(enc.ctx);
       const buffers: Record<string, BufferRef> = { w: part.buffer, x: b.x, ids, nw, y: b.y };
       const params: Record<string, number> = { ...base, ...at, row_tiles: tiles };

@@ -34,6 +34,8 @@ export interface MulMatVecKey {
   readonly conv?: boolean;
   /** y += the MoE layer's weighted experts and this product as the shared expert (MoeSumEpilogue). */
   readonly moeSum?: boolean;
+  /** A workgroup takes two tokens, each weight chunk loaded once for both (cu 16 layouts). */
+  readonly t2?: boolean;
 }
 
 /** Rows one workgroup of a layout computes. */
@@ -49,7 +51,7 @@ export function workgroupBytes(key: MulMatVecKey): number {
   const rows = layoutRows(key.layout);
   let bytes = 4 * rows * 16 + 4;
   if (key.layout.cu !== 16) bytes += 4 * rows * (WINDOW + 1);
-  if (key.layout.xstage) bytes += 16 * WINDOW * 9;
+  if (key.layout.xstage) bytes += 16 * WINDOW * 9 * (key.t2 ? 2 : 1);
   if (key.norm) bytes += 4 * 128;
   if (key.type === GgmlType.IQ4_NL || key.type === GgmlType.IQ4_XS) bytes += 64;
   return bytes;
@@ -137,12 +139,20 @@ export const MUL_MAT_VEC: KernelFamily<MulMatVecKey> = {
       }
       defines.MOE_SUM = true;
     }
+    if (v.t2) {
+      if (!regClasses || v.id || v.pairF32 || v.conv) {
+        throw new RangeError(
+          "Cannot give a workgroup two tokens but in a cu 16 layout of a plain product without the conv",
+        );
+      }
+      defines.T2 = true;
+    }
     if (subgroups) defines.SUBGROUPS = true;
     const name = `mul_mat_vec_${typeName(v.type)}_${layoutName(layout)}${v.id ? "_id" : ""}${
       v.swiglu ? "_swiglu" : ""
     }${v.add ? "_add" : ""}${v.norm ? "_norm" : ""}${v.pairF32 ? "_pairf32" : ""}${
       v.conv ? "_conv" : ""
-    }${v.moeSum ? "_moesum" : ""}${subgroups ? "_sg" : ""}`;
+    }${v.moeSum ? "_moesum" : ""}${v.t2 ? "_t2" : ""}${subgroups ? "_sg" : ""}`;
     return { name, defines };
   },
 };
