@@ -336,6 +336,39 @@ gpuTest(
 );
 
 gpuTest(
+  "GPU stage: a slot that stopped holds no other run, a sampled run goes alone, close refuses waiting runs",
+  async (gpu) => {
+    await withModel({ arch: "qwen35moe" }, async (model) => {
+      const tokens: number[] = [];
+      const [stage] = await openChain(gpu, model, [], {
+        slots: 2,
+        profile: (p) => tokens.push(p.tokens),
+      });
+      const id = (n: number) => ({ kind: "ids" as const, ids: Uint32Array.of(n) });
+      // Both slots decode together, then slot 1 stops: slot 0's next run waits for it (the stage
+      // cannot know it stopped) and then goes alone, as do the ones after it.
+      await Promise.all([stage.run(0, id(5), 1, 0), stage.run(1, id(6), 1, 0)]);
+      await stage.run(0, id(7), 1, 1);
+      await stage.run(0, id(8), 1, 2);
+      // A sampled run (top-k) never waits: it runs alone, and so does a greedy run beside it.
+      const [sampled, greedy] = await Promise.all([
+        stage.run(1, id(9), 1, 1, { topk: 4 }),
+        stage.run(0, id(10), 1, 3),
+      ]);
+      assert.equal(sampled.kind, "ids");
+      assert.equal(greedy.kind, "ids");
+      if (sampled.kind === "ids") assert.equal(sampled.top.length, 4);
+      assert.deepEqual(tokens, [2, 1, 1, 1, 1]);
+      // A run still waiting when the stage closes is refused, not left hanging.
+      await Promise.all([stage.run(0, id(11), 1, 4), stage.run(1, id(12), 1, 2)]);
+      const left = stage.run(0, id(13), 1, 5);
+      stage.close();
+      await assert.rejects(left, /closed/);
+    });
+  },
+);
+
+gpuTest(
   "GPU stage: snapshot, other work, restore and continue equals uninterrupted",
   async (gpu) => {
     await withModel({ arch: "qwen3next" }, async (model) => {
