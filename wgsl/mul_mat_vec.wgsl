@@ -327,6 +327,23 @@ fn norm_scale(xo: u32, xb: u32, held: bool, lid: u32) -> f32 {
 #endif
 }
 
+// The outputs of row group g's rows from their class partials in pbuf, in class order (for its
+// lane 0). A fixed trip count: Mesa's lavapipe (CI's adapter) leaks per dispatch when a loop of
+// data-dependent length follows the last barrier. Same sum, same order.
+fn sum_classes(g: u32, classes: u32) -> vec4<f32> {
+  var total = vec4<f32>(0.0);
+  for (var r = 0u; r < RPT; r++) {
+    var t = 0.0;
+    for (var l = 0u; l < CLASSES; l++) {
+      if (l < classes) {
+        t = t + pbuf[CLASSES * (g + GROUPS * r) + l];
+      }
+    }
+    total[r] = t;
+  }
+  return total;
+}
+
 // A row's output from the class partials p of each lane of its row group, in class order;
 // lane 0 of the group gets it. Called by every invocation (barriers).
 fn fold_classes(p: vec4<f32>, cu: u32, g: u32, sid: u32, classes: u32) -> vec4<f32> {
@@ -348,17 +365,7 @@ fn fold_classes(p: vec4<f32>, cu: u32, g: u32, sid: u32, classes: u32) -> vec4<f
   }
   workgroupBarrier();
   if (cu == 0u) {
-    // A fixed trip count: Mesa's lavapipe (CI's adapter) leaks per dispatch when a loop of
-    // data-dependent length follows the last barrier. Same sum, same order.
-    for (var r = 0u; r < RPT; r++) {
-      var t = 0.0;
-      for (var l = 0u; l < CLASSES; l++) {
-        if (l < classes) {
-          t = t + pbuf[CLASSES * (g + GROUPS * r) + l];
-        }
-      }
-      total[r] = t;
-    }
+    total = sum_classes(g, classes);
   }
 #endif
   return total;
@@ -491,17 +498,7 @@ fn rows_product(
   }
 #else
   if (cu == 0u) {
-    // A fixed trip count: Mesa's lavapipe (CI's adapter) leaks per dispatch when a loop of
-    // data-dependent length follows the last barrier. Same sum, same order.
-    for (var r = 0u; r < RPT; r++) {
-      var t = 0.0;
-      for (var l = 0u; l < CLASSES; l++) {
-        if (l < classes) {
-          t = t + pbuf[CLASSES * (g + GROUPS * r) + l];
-        }
-      }
-      out.a[r] = t;
-    }
+    out.a = sum_classes(g, classes);
   }
 #endif
   return out;
