@@ -523,10 +523,16 @@ export class GpuStage implements Stage {
     const logits = checkLogits(options);
     if (this.#last) checkAdjust(options.adjust, this.#hp.V);
     const adjusted = !!options.adjust?.mask || !!options.adjust?.bias?.length;
-    if (n === 1 && k === 0 && !adjusted && logits !== "none" && this.slots > 1) {
-      return this.#wait(slot, input, base, started);
-    }
-    this.#active.delete(slot);
+    // A stage before the last computes no logits whatever it is asked, so its one-token runs
+    // can share a step however the caller asks for them.
+    const shareable = n === 1 && k === 0 && !adjusted && (logits !== "none" || !this.#last) &&
+      this.slots > 1;
+    // A slot decoding alone (it ran last, no other slot is active and no run waits) goes as it
+    // would without sharing, its submit not put off to the end of the event loop's turn.
+    const alone = this.#active.has(slot) && this.#waiting.length === 0 &&
+      !this.#othersActive(slot);
+    if (shareable && !alone) return this.#wait(slot, input, base, started);
+    if (!shareable) this.#active.delete(slot);
     this.#flush();
     this.#input(slot, input, n, base);
     const adjust = this.#last ? this.#uploadAdjust(options.adjust) : NO_ADJUST;
@@ -541,8 +547,15 @@ export class GpuStage implements Stage {
       this.#encodeAhead(slot, () => this.#prepareRun(slot, 1, base + 1, head));
     }
     const data = await done;
+    if (shareable) this.#active.set(slot, performance.now());
     if (!this.#last) return { kind: "hidden", rows: new Float32Array(data) };
     return { kind: "ids", ...this.#lastOutput(data, greedyCount(logits, n), k) };
+  }
+
+  /** Whether a slot other than `slot` came back from a shareable run within ACTIVE_MS. */
+  #othersActive(slot: number): boolean {
+    const now = performance.now();
+    return [...this.#active].some(([s, at]) => s !== slot && now - at < ACTIVE_MS);
   }
 
   /**
