@@ -402,9 +402,15 @@ export class GpuStage implements Stage {
     const out = new Promise<StageOutput>((resolve, reject) => {
       this.#waiting.push({ slot, base, input, started, resolve, reject });
     });
+    // Slots not back for ACTIVE_MS are taken as idle: not waited for, and not kept in #active,
+    // where they would keep a slot decoding alone from going at once (run).
     const now = performance.now();
-    const expected = [...this.#active].some(([s, at]) =>
-      now - at < ACTIVE_MS && !this.#inFlight.has(s) && !this.#waiting.some((w) => w.slot === s)
+    for (const [s, at] of [...this.#active]) {
+      const here = this.#inFlight.has(s) || this.#waiting.some((w) => w.slot === s);
+      if (!here && now - at >= ACTIVE_MS) this.#active.delete(s);
+    }
+    const expected = [...this.#active.keys()].some((s) =>
+      !this.#inFlight.has(s) && !this.#waiting.some((w) => w.slot === s)
     );
     if (!expected || this.#waiting.length === Math.min(this.slots, DECODE_MAX_TOKENS)) {
       if (!this.#flushQueued) {
@@ -527,10 +533,9 @@ export class GpuStage implements Stage {
     // can share a step however the caller asks for them.
     const shareable = n === 1 && k === 0 && !adjusted && (logits !== "none" || !this.#last) &&
       this.slots > 1;
-    // A slot decoding alone (it ran last, no other slot is active and no run waits) goes as it
-    // would without sharing, its submit not put off to the end of the event loop's turn.
-    const alone = this.#active.has(slot) && this.#waiting.length === 0 &&
-      !this.#othersActive(slot);
+    // A slot decoding alone (the only active one, no run waiting) goes as it would without
+    // sharing, its submit not put off to the end of the event loop's turn.
+    const alone = this.#waiting.length === 0 && this.#active.has(slot) && this.#active.size === 1;
     if (shareable && !alone) return this.#wait(slot, input, base, started);
     if (!shareable) this.#active.delete(slot);
     this.#flush();
@@ -550,12 +555,6 @@ export class GpuStage implements Stage {
     if (shareable) this.#active.set(slot, performance.now());
     if (!this.#last) return { kind: "hidden", rows: new Float32Array(data) };
     return { kind: "ids", ...this.#lastOutput(data, greedyCount(logits, n), k) };
-  }
-
-  /** Whether a slot other than `slot` came back from a shareable run within ACTIVE_MS. */
-  #othersActive(slot: number): boolean {
-    const now = performance.now();
-    return [...this.#active].some(([s, at]) => s !== slot && now - at < ACTIVE_MS);
   }
 
   /**
