@@ -51,6 +51,7 @@ async function openChain(
     snapshots?: number;
     maxPartBytes?: number;
     profile?: (p: StepProfile) => void;
+    shareSteps?: boolean;
   } = {},
 ): Promise<GpuStage[]> {
   const nLayer = readHParams(model.metadata).nLayer;
@@ -67,6 +68,7 @@ async function openChain(
         snapshots: opts.snapshots,
         maxPartBytes: opts.maxPartBytes,
         profile: opts.profile,
+        shareSteps: opts.shareSteps,
         log: () => {},
       }),
     );
@@ -305,6 +307,7 @@ gpuTest(
       const shared: number[] = [];
       const chain = await openChain(gpu, model, [2], {
         slots: 3,
+        shareSteps: true,
         profile: (p) => shared.push(p.tokens),
       });
       const got: Decoded[] = prompts.map(() => ({ hidden: [], ids: [] }));
@@ -342,6 +345,7 @@ gpuTest(
       const tokens: number[] = [];
       const [stage] = await openChain(gpu, model, [], {
         slots: 2,
+        shareSteps: true,
         profile: (p) => tokens.push(p.tokens),
       });
       const id = (n: number) => ({ kind: "ids" as const, ids: Uint32Array.of(n) });
@@ -364,6 +368,27 @@ gpuTest(
       const left = stage.run(0, id(13), 1, 5);
       stage.close();
       await assert.rejects(left, /closed/);
+    });
+  },
+);
+
+gpuTest(
+  "GPU stage: slots share steps by default only where an awaited map is cheap (not Deno's builtin)",
+  async (gpu) => {
+    await withModel({ arch: "qwen35" }, async (model) => {
+      const tokens: number[] = [];
+      const [stage] = await openChain(gpu, model, [], {
+        slots: 2,
+        profile: (p) => tokens.push(p.tokens),
+      });
+      try {
+        const id = (n: number) => ({ kind: "ids" as const, ids: Uint32Array.of(n) });
+        await Promise.all([stage.run(0, id(5), 1, 0), stage.run(1, id(6), 1, 0)]);
+        assert.deepEqual(tokens, gpu.provider === "builtin" ? [1, 1] : [2]);
+        assert.equal(gpu.mapFloorMs >= 1, gpu.provider === "builtin");
+      } finally {
+        stage.close();
+      }
     });
   },
 );

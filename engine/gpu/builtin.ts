@@ -36,5 +36,5 @@ export function builtinProvider(): GpuProvider {
       "Cannot start the builtin GPU provider: navigator.gpu is missing in this Deno; use --gpu=dawn",
     );
   }
-  return { name: "builtin", gpu };
+  return { name: "builtin", gpu, mapFloorMs: 11 };
 }

@@ -47,6 +47,8 @@ export interface GpuContext {
   readonly summary: string;
   /** When the GPU work about to be awaited should end (performance.now() ms); see GpuProvider. */
   readonly expectDone: (at: number) => void;
+  /** The least an awaited map costs, ms; see GpuProvider. */
+  readonly mapFloorMs: number;
 }
 
 export interface OpenGpuOptions {
@@ -203,5 +205,6 @@ export async function openGpu(options: OpenGpuOptions = {}): Promise<GpuContext>
     limits,
     summary,
     expectDone,
+    mapFloorMs: provider.mapFloorMs ?? 0,
   };
 }

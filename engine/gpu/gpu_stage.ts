@@ -67,6 +67,11 @@ export interface GpuStageOptions extends StageOpenOptions {
   readonly profile?: (p: StepProfile) => void;
   /** Times every dispatch of every run (bench/profile.ts); collect it after each run. */
   readonly dispatchProfiler?: DispatchProfiler;
+  /**
+   * Greedy one-token runs of several slots share a step (default: where an awaited map costs
+   * less than SHARE_MAX_MAP_FLOOR_MS).
+   */
+  readonly shareSteps?: boolean;
 }
 
 /** Where one run's time went. */
@@ -275,6 +280,13 @@ interface Waiting {
  */
 const ACTIVE_MS = 200;
 const WAIT_MS = 5;
+/**
+ * Shared steps pay where a step's time is the GPU's. Where every awaited map costs ≥ 11 ms
+ * (Deno's builtin provider), two slots' own steps run side by side, each one's map overlapping
+ * the other's, and beat one shared step: on the H200 two sequences ran 102 tok/s apart (e8cbdcd)
+ * and 91 shared (e8ec441), through the split 63.9 and 49.8.
+ */
+const SHARE_MAX_MAP_FLOOR_MS = 1;
 
 /** decodeGreedy's step s at position pos; only its last step depends on steps and k. */
 function fusedKey(pos: number, s: number, steps: number, k: number): string {
@@ -300,6 +312,8 @@ export class GpuStage implements Stage {
   readonly #profile: ((p: StepProfile) => void) | undefined;
   readonly #timer: StepTimer | undefined;
   readonly #dispatchProfiler: DispatchProfiler | undefined;
+  /** Whether greedy one-token runs of several slots share steps (GpuStageOptions.shareSteps). */
+  readonly #shares: boolean;
   /** The last wait (ms from submit to outputs back) per slot and shape of submission. */
   readonly #waits = new Map<string, number>();
   /** Greedy one-token runs not yet submitted, in call order (run, #flush). */
@@ -325,12 +339,14 @@ export class GpuStage implements Stage {
     readonly slots: number,
     readonly ctx: number,
     readonly maxBatch: number,
-    timing: Pick<GpuStageOptions, "profile" | "dispatchProfiler">,
+    timing: Pick<GpuStageOptions, "profile" | "dispatchProfiler" | "shareSteps">,
   ) {
     this.#gpu = memory.ctx;
     this.#memory = memory;
     this.#profile = timing.profile;
     this.#dispatchProfiler = timing.dispatchProfiler;
+    this.#shares = slots > 1 &&
+      (timing.shareSteps ?? memory.ctx.mapFloorMs < SHARE_MAX_MAP_FLOOR_MS);
     this.#timer = timing.profile ? createStepTimer(memory) : undefined;
     this.#hp = hp;
     this.#plan = plan;
@@ -531,8 +547,8 @@ export class GpuStage implements Stage {
     const adjusted = !!options.adjust?.mask || !!options.adjust?.bias?.length;
     // A stage before the last computes no logits whatever it is asked, so its one-token runs
     // can share a step however the caller asks for them.
-    const shareable = n === 1 && k === 0 && !adjusted && (logits !== "none" || !this.#last) &&
-      this.slots > 1;
+    const shareable = this.#shares && n === 1 && k === 0 && !adjusted &&
+      (logits !== "none" || !this.#last);
     // A slot decoding alone (the only active one, no run waiting) goes as it would without
     // sharing, its submit not put off to the end of the event loop's turn.
     const alone = this.#waiting.length === 0 && this.#active.has(slot) && this.#active.size === 1;

@@ -18,6 +18,11 @@ export interface GpuProvider {
    * polls for it (Dawn polls finely around then).
    */
   readonly expectDone?: (at: number) => void;
+  /**
+   * The least an awaited mapAsync costs, ms (default 0): Deno's builtin provider polls the
+   * device and then sleeps 10 ms, so ≥ 11; Dawn answers in ~0.1.
+   */
+  readonly mapFloorMs?: number;
 }
 
 /** Adapter descriptions of CPU rasterisers that pretend to be GPUs. */
