@@ -1,8 +1,9 @@
 // Kernel bench of the prefill products (engine/gpu/kernels/mul_mat.ts tiles, wgsl/mul_mat.wgsl)
 // with and without prefetching and in each tile shape (rows × token slots), on the bench model's
 // shapes for a run of tokens: each checked bit for bit against the decode kernel token by token
-// (the batch invariance the engine needs), then timed. Prints shape | variant (p: prefetching,
-// rows x slots, * the engine's choice) | µs a product | TFLOPS, and the adapter's feature list.
+// (the batch invariance the engine needs), then timed in rounds of every variant. Prints shape |
+// variant (p: prefetching, rows x slots, * the engine's choice) | µs a product (median) | TFLOPS |
+// slowest pass / fastest, and the adapter's feature list.
 //
 //   deno run -A bench/kernels/prefill_mul_mat.ts --gpu dawn [--tokens 512] [--out r.json]
 //   deno run -A bench/kernels/prefill_mul_mat.ts --gpu builtin --shapes tiny --allow-software-gpu
@@ -250,12 +251,16 @@ interface TileResult {
   readonly variant: string;
   readonly us?: number;
   readonly tflops?: number;
+  /** The slowest timed pass over the fastest. */
+  readonly spread?: number;
   readonly check: string;
 }
 
 function line(r: TileResult): string {
-  const us = r.us === undefined ? "" : `${r.us.toFixed(1)} µs  ${r.tflops!.toFixed(2)} TFLOPS`;
-  return `${r.shape.padEnd(22)} ${r.variant.padEnd(10)} ${us.padEnd(28)} ${r.check}`;
+  const us = r.us === undefined
+    ? ""
+    : `${r.us.toFixed(1)} µs  ${r.tflops!.toFixed(2)} TFLOPS  ×${r.spread!.toFixed(2)}`;
+  return `${r.shape.padEnd(22)} ${r.variant.padEnd(10)} ${us.padEnd(36)} ${r.check}`;
 }
 
 const PREFILL_MUL_MAT = {
@@ -272,7 +277,7 @@ const PREFILL_MUL_MAT = {
     ),
     tokens: flag(whole(1), "tokens a product takes (the prefill length)", 512),
     dispatches: flag(whole(1), "back-to-back dispatches a timed pass", 4),
-    runs: flag(whole(1), "timed passes per variant (the median is kept)", 5),
+    runs: flag(whole(1), "rounds of timed passes, one per variant each (the median is kept)", 5),
     variant: flag(text("NAME,..."), "variants (e.g. p64x64) to time instead of all"),
     only: flag(text("NAME,..."), "shapes whose name contains one of these"),
     out: flag(text("FILE"), "write every result here as JSON"),
@@ -308,26 +313,34 @@ async function main(values: FlagValues<typeof PREFILL_MUL_MAT.flags>): Promise<v
     const checked = [...new Set([0, 1, Math.floor(tokens / 2), tokens - 1])];
     const chosen = tileFor(ctx, shape.rows, !!shape.experts);
     const wanted = values.variant?.split(",");
+    const timed: { v: Variant; result: TileResult; us: number[] }[] = [];
     for (const v of variantsOf(shape, chosen)) {
       const variant = variantName(v, chosen);
       if (wanted && !wanted.includes(variant.replace("*", ""))) continue;
       const verdict = await check(ctx, arena, s, v, checked);
-      let result: TileResult = { shape: shape.name, variant, check: verdict };
-      if (verdict === "ok") {
-        const pass = (n: number) => (enc: StepEncoder) => {
-          for (let i = 0; i < n; i++) recordTile(enc, s, v);
-        };
-        await timeDispatches(ctx, arena, timer, pass(1));
-        const us: number[] = [];
-        for (let i = 0; i < values.runs; i++) {
-          const n = values.dispatches;
-          us.push((await timeDispatches(ctx, arena, timer, pass(n))) / n);
-        }
-        const mid = median(us);
-        result = { ...result, us: mid, tflops: flops / mid / 1e6 };
+      timed.push({ v, result: { shape: shape.name, variant, check: verdict }, us: [] });
+    }
+    const ok = timed.filter((t) => t.result.check === "ok");
+    const pass = (v: Variant, n: number) => (enc: StepEncoder) => {
+      for (let i = 0; i < n; i++) recordTile(enc, s, v);
+    };
+    for (const t of ok) await timeDispatches(ctx, arena, timer, pass(t.v, 1));
+    // Rounds of every variant once each: whatever drifts while a shape is timed (the GPU's clocks,
+    // how its memory is mapped) falls on all variants alike, not on whichever ran first. Timed one
+    // after another, the same product measured 2-4× apart (docs/PERFORMANCE.md "Prefill tiles").
+    for (let r = 0; r < values.runs; r++) {
+      for (const t of ok) {
+        const n = values.dispatches;
+        t.us.push((await timeDispatches(ctx, arena, timer, pass(t.v, n))) / n);
       }
-      results.push(result);
-      console.log(line(result));
+    }
+    for (const { result, us } of timed) {
+      const mid = median(us);
+      const timing = us.length
+        ? { us: mid, tflops: flops / mid / 1e6, spread: Math.max(...us) / Math.min(...us) }
+        : {};
+      results.push({ ...result, ...timing });
+      console.log(line({ ...result, ...timing }));
     }
     shapeMem.destroy();
   }
