@@ -244,15 +244,18 @@ function runKey(n: number, base: number, head: HeadPlan): string {
   return `run ${n} ${base} ${head.k} ${head.adjust.words} ${head.adjust.pairs} ${head.logits}`;
 }
 
-/** What a submission runs: its slots, its tokens (rows) and, for errors, what that is. */
+/**
+ * What a submission runs: its slots, its tokens (rows) and, for errors, what that is (built only
+ * when one is reported, not every step).
+ */
 interface Submission {
   readonly slots: readonly number[];
   readonly tokens: number;
-  readonly what: string;
+  readonly what: () => string;
 }
 
 function positions(slot: number, base: number, n: number): Submission {
-  return { slots: [slot], tokens: n, what: `positions ${base}..${base + n} of slot ${slot}` };
+  return { slots: [slot], tokens: n, what: () => `positions ${base}..${base + n} of slot ${slot}` };
 }
 
 /** A step of one-token runs of several slots: the slots and their positions, in row order. */
@@ -474,17 +477,36 @@ export class GpuStage implements Stage {
     }
   }
 
-  /** A waiting run alone: the run it would have been (its next step encoded ahead). */
+  /** A waiting run alone: the run it would have been. */
   #single(w: Waiting): Promise<StageOutput> {
     this.#write(w.input, 0);
     const head: HeadPlan = { k: 0, adjust: NO_ADJUST, logits: "last" };
-    const step = this.#ahead(w.slot, runKey(1, w.base, head)) ??
-      this.#prepareRun(w.slot, 1, w.base, head);
-    const done = this.#submit(1, () => step, w.started, positions(w.slot, w.base, 1));
-    if (w.base + 2 <= this.ctx) {
-      this.#encodeAhead(w.slot, () => this.#prepareRun(w.slot, 1, w.base + 1, head));
+    return this.#submitRun(w.slot, 1, w.base, head, w.started).then((data) =>
+      this.#output(data, 0)
+    );
+  }
+
+  /**
+   * Submits a run of n positions of `slot` from `base` whose input is written (its step encoded
+   * ahead if it was), advances the slot, and encodes the next token's step ahead.
+   */
+  #submitRun(
+    slot: number,
+    n: number,
+    base: number,
+    head: HeadPlan,
+    started: number,
+  ): Promise<ArrayBuffer> {
+    const step = this.#ahead(slot, runKey(n, base, head)) ??
+      this.#prepareRun(slot, n, base, head);
+    const done = this.#submit(1, () => step, started, positions(slot, base, n));
+    this.#pos[slot] = base + n;
+    // The next token's step, encoded while the GPU runs this one: the id it embeds is written
+    // before it is submitted, so only its position and what the head returns must match.
+    if (n === 1 && base + 2 <= this.ctx) {
+      this.#encodeAhead(slot, () => this.#prepareRun(slot, 1, base + 1, head));
     }
-    return done.then((data) => this.#output(data, 0));
+    return done;
   }
 
   /** Waiting runs of 2..DECODE_MAX_TOKENS slots as one step, a row each (the same bits alone). */
@@ -503,7 +525,8 @@ export class GpuStage implements Stage {
     const done = this.#submit(1, () => step, started, {
       slots: runs.map((w) => w.slot),
       tokens: runs.length,
-      what: `one position each of slots ${runs.map((w) => `${w.slot} (at ${w.base})`).join(", ")}`,
+      what: () =>
+        `one position each of slots ${runs.map((w) => `${w.slot} (at ${w.base})`).join(", ")}`,
     });
     const next = runs.map((w) => ({ ...w, base: w.base + 1 }));
     if (next.every((w) => w.base + 1 <= this.ctx) && !this.#dispatchProfiler) {
@@ -557,17 +580,7 @@ export class GpuStage implements Stage {
     this.#flush();
     this.#input(slot, input, n, base);
     const adjust = this.#last ? this.#uploadAdjust(options.adjust) : NO_ADJUST;
-    const head = { k, adjust, logits };
-    const step = this.#ahead(slot, runKey(n, base, head)) ??
-      this.#prepareRun(slot, n, base, head);
-    const done = this.#submit(1, () => step, started, positions(slot, base, n));
-    this.#pos[slot] = base + n;
-    // The next token's step, encoded while the GPU runs this one: the id it embeds is written
-    // before it is submitted, so only its position and what the head returns must match.
-    if (n === 1 && base + 2 <= this.ctx) {
-      this.#encodeAhead(slot, () => this.#prepareRun(slot, 1, base + 1, head));
-    }
-    const data = await done;
+    const data = await this.#submitRun(slot, n, base, { k, adjust, logits }, started);
     if (shareable) this.#active.set(slot, performance.now());
     if (!this.#last) return { kind: "hidden", rows: new Float32Array(data) };
     return { kind: "ids", ...this.#lastOutput(data, greedyCount(logits, n), k) };
@@ -848,7 +861,7 @@ export class GpuStage implements Stage {
       for (const error of await Promise.all(errors)) {
         if (error) {
           throw new Error(
-            `Cannot run ${run.what} on stage ${this.first}..${this.end}: the GPU rejected the step: ${error.message}`,
+            `Cannot run ${run.what()} on stage ${this.first}..${this.end}: the GPU rejected the step: ${error.message}`,
           );
         }
       }
