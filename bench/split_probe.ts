@@ -1,12 +1,14 @@
 // Where a split decode step's time goes: the whole model in one stage, then layers 0:k and k:n
-// both in this process (no wire), then k:n in a worker over loopback; median ms per step and half.
+// both in this process (no wire), then k:n in a worker over loopback; median ms per step and half,
+// and for each GPU stage of this process where its run went (encode, submit, wait, GPU span).
 //
 //   deno run -A bench/split_probe.ts --model M.gguf [--gpu dawn|builtin] [--steps 128]
 
 import { openGguf } from "../engine/gguf/read.ts";
 import { readHParams } from "../engine/hparams.ts";
 import { type Backend, BACKENDS, openLocalStage } from "../engine/open_stage.ts";
-import { PROVIDER_CHOICES } from "../engine/gpu/provider.ts";
+import { PROVIDER_CHOICES, type ProviderChoice } from "../engine/gpu/provider.ts";
+import type { StepProfile } from "../engine/gpu/gpu_stage.ts";
 import type { Stage } from "../engine/stage.ts";
 import {
   type Command,
@@ -30,6 +32,31 @@ export interface ProbeRow {
   readonly stepMs: number;
   /** Per stage, in order (one entry for the unsplit stage). */
   readonly stageMs: readonly number[];
+  /** Per stage, the medians of its runs' profiles (GPU stages of this process only). */
+  readonly profiles: readonly (RunBreakdown | undefined)[];
+}
+
+/** Medians over a stage's timed runs, ms: where a run's time went (engine/gpu/gpu_stage.ts). */
+export interface RunBreakdown {
+  /** From the call to submit's return: input written, step taken, submitted. */
+  readonly encodeMs: number;
+  /** Of encodeMs, handing the step to the provider and queue.submit. */
+  readonly submitMs: number;
+  /** From submit until the outputs were read back. */
+  readonly waitMs: number;
+  /** The GPU's span of the step (timestamps). */
+  readonly gpuMs: number;
+}
+
+function breakdown(samples: readonly StepProfile[]): RunBreakdown | undefined {
+  if (!samples.length) return undefined;
+  const of = (f: (p: StepProfile) => number) => median(samples.map(f));
+  return {
+    encodeMs: of((p) => p.encodeMs),
+    submitMs: of((p) => p.submitMs),
+    waitMs: of((p) => p.waitMs),
+    gpuMs: of((p) => p.gpuMs ?? NaN),
+  };
 }
 
 /**
@@ -41,6 +68,7 @@ export async function timeSteps(
   stages: readonly Stage[],
   steps: number,
   what: string,
+  profiles: ReadonlyMap<Stage, StepProfile[]> = new Map(),
 ): Promise<ProbeRow> {
   const times: number[][] = stages.map(() => []);
   const timed = stages.map((stage, i) =>
@@ -58,9 +86,15 @@ export async function timeSteps(
   );
   await timeDecode(timed, 1, steps);
   for (const t of times) t.length = 0;
+  for (const samples of profiles.values()) samples.length = 0;
   await timeDecode(timed, 1, steps);
   const step = times[0].map((_, s) => times.reduce((sum, t) => sum + t[s], 0));
-  return { what, stepMs: median(step), stageMs: times.map(median) };
+  return {
+    what,
+    stepMs: median(step),
+    stageMs: times.map(median),
+    profiles: stages.map((stage) => breakdown(profiles.get(stage) ?? [])),
+  };
 }
 
 const PROBE = {
@@ -85,6 +119,7 @@ export async function probeSplit(
 ): Promise<ProbeRow[]> {
   const model = await openGguf(flags.model);
   const stages: Stage[] = [];
+  const profiles = new Map<Stage, StepProfile[]>();
   let worker;
   try {
     const { nLayer } = readHParams(model.metadata);
@@ -96,8 +131,12 @@ export async function probeSplit(
       allowSoftwareGpu: flags["allow-software-gpu"],
     };
     const open = async (first: number, end: number) => {
-      const stage = await openLocalStage(model, { engine, first, end, slots: 1, ctx });
+      const samples: StepProfile[] = [];
+      const stage = engine.backend === "gpu"
+        ? await openProfiled(model, engine, { first, end, ctx }, samples)
+        : await openLocalStage(model, { engine, first, end, slots: 1, ctx });
       stages.push(stage);
+      profiles.set(stage, samples);
       return stage;
     };
     worker = await startWorker({
@@ -118,9 +157,19 @@ export async function probeSplit(
     stages.push(remote);
     const { steps } = flags;
     return [
-      await timeSteps([whole], steps, `layers 0:${nLayer} in one stage`),
-      await timeSteps([head, tail], steps, `0:${k} + ${k}:${nLayer}, both in this process`),
-      await timeSteps([head, remote], steps, `0:${k} + ${k}:${nLayer} in a worker over loopback`),
+      await timeSteps([whole], steps, `layers 0:${nLayer} in one stage`, profiles),
+      await timeSteps(
+        [head, tail],
+        steps,
+        `0:${k} + ${k}:${nLayer}, both in this process`,
+        profiles,
+      ),
+      await timeSteps(
+        [head, remote],
+        steps,
+        `0:${k} + ${k}:${nLayer} in a worker over loopback`,
+        profiles,
+      ),
     ];
   } finally {
     for (const stage of stages.reverse()) stage.close();
@@ -129,12 +178,39 @@ export async function probeSplit(
   }
 }
 
+/** A GPU stage of one slot on its own device, reporting every run's profile into `samples`. */
+async function openProfiled(
+  model: Awaited<ReturnType<typeof openGguf>>,
+  engine: { gpu: ProviderChoice; allowSoftwareGpu: boolean },
+  range: { first: number; end: number; ctx: number },
+  samples: StepProfile[],
+): Promise<Stage> {
+  const { openGpu } = await import("../engine/gpu/device.ts");
+  const { openGpuStage } = await import("../engine/gpu/gpu_stage.ts");
+  const gpu = await openGpu({ gpu: engine.gpu, allowSoftware: engine.allowSoftwareGpu });
+  return await openGpuStage(model, gpu, {
+    ...range,
+    slots: 1,
+    profile: (p) => samples.push(p),
+  });
+}
+
+const ms = (v: number) => v.toFixed(3);
+
 async function main(flags: FlagValues<typeof PROBE.flags>): Promise<void> {
   for (const row of await probeSplit(flags, (line) => console.error(line))) {
-    const parts = row.stageMs.length > 1
-      ? ` (${row.stageMs.map((ms) => ms.toFixed(3)).join(" + ")})`
-      : "";
-    console.log(`${row.what}: ${row.stepMs.toFixed(3)} ms a step${parts}`);
+    const parts = row.stageMs.length > 1 ? ` (${row.stageMs.map(ms).join(" + ")})` : "";
+    console.log(`${row.what}: ${ms(row.stepMs)} ms a step${parts}`);
+    row.profiles.forEach((p, i) => {
+      if (!p) return;
+      console.log(
+        `  stage ${i}: run ${ms(row.stageMs[i])} = encode ${ms(p.encodeMs)} (submit ${
+          ms(p.submitMs)
+        }) + wait ${ms(p.waitMs)} (GPU span ${ms(p.gpuMs)}) + after ${
+          ms(row.stageMs[i] - p.encodeMs - p.waitMs)
+        }`,
+      );
+    });
   }
 }
 
