@@ -8,6 +8,7 @@ import { openGguf } from "../engine/gguf/read.ts";
 import { readHParams } from "../engine/hparams.ts";
 import { type Backend, BACKENDS, openLocalStage } from "../engine/open_stage.ts";
 import { PROVIDER_CHOICES, type ProviderChoice } from "../engine/gpu/provider.ts";
+import type { GpuContext } from "../engine/gpu/device.ts";
 import type { StepProfile } from "../engine/gpu/gpu_stage.ts";
 import type { Stage } from "../engine/stage.ts";
 import {
@@ -15,6 +16,7 @@ import {
   flag,
   type FlagTable,
   type FlagValues,
+  listOf,
   oneOf,
   requiredFlag,
   runCommand,
@@ -109,6 +111,12 @@ const PROBE = {
     "allow-software-gpu": switchFlag("accept a software (CPU) adapter"),
     split: flag(whole(1), "k: the first stage's layers are 0:k (default n/2)"),
     steps: flag(whole(1), "timed decode steps a figure (after as many untimed)", 128),
+    rows: flag(
+      listOf(oneOf(["whole", "local", "device", "worker"] as const)),
+      "the figures, in order: one stage; two in this process, each on its own device (local) " +
+        "or both on one (device); the second in a worker",
+      ["whole", "local", "worker"],
+    ),
   },
 } satisfies Command<FlagTable>;
 
@@ -130,47 +138,61 @@ export async function probeSplit(
       gpu: flags.gpu,
       allowSoftwareGpu: flags["allow-software-gpu"],
     };
-    const open = async (first: number, end: number) => {
+    if (flags.rows.includes("device") && engine.backend !== "gpu") {
+      throw new RangeError("Cannot put two stages on one device with the reference backend");
+    }
+    // A GPU stage opens its own device unless given one.
+    const open = async (first: number, end: number, device?: GpuContext) => {
       const samples: StepProfile[] = [];
       const stage = engine.backend === "gpu"
-        ? await openProfiled(model, engine, { first, end, ctx }, samples)
+        ? await openProfiled(model, engine, { first, end, ctx }, samples, device)
         : await openLocalStage(model, { engine, first, end, slots: 1, ctx });
       stages.push(stage);
       profiles.set(stage, samples);
       return stage;
     };
-    worker = await startWorker({
-      model: flags.model,
-      first: k,
-      end: nLayer,
-      backend: flags.backend,
-      gpu: flags.gpu,
-      slots: 1,
-      ctx,
-      startTimeoutS: 600,
-      log,
-    });
-    const whole = await open(0, nLayer);
-    const head = await open(0, k);
-    const tail = await open(k, nLayer);
-    const remote = await connectRemoteStage(worker.address, { local: head, model });
-    stages.push(remote);
     const { steps } = flags;
-    return [
-      await timeSteps([whole], steps, `layers 0:${nLayer} in one stage`, profiles),
-      await timeSteps(
-        [head, tail],
-        steps,
-        `0:${k} + ${k}:${nLayer}, both in this process`,
-        profiles,
-      ),
-      await timeSteps(
-        [head, remote],
-        steps,
-        `0:${k} + ${k}:${nLayer} in a worker over loopback`,
-        profiles,
-      ),
-    ];
+    const halves = `0:${k} + ${k}:${nLayer}`;
+    const rows: ProbeRow[] = [];
+    let head: Stage | undefined;
+    for (const row of flags.rows) {
+      if (row === "whole") {
+        const whole = await open(0, nLayer);
+        rows.push(await timeSteps([whole], steps, `layers 0:${nLayer} in one stage`, profiles));
+      } else if (row === "local") {
+        head ??= await open(0, k);
+        const tail = await open(k, nLayer);
+        rows.push(
+          await timeSteps([head, tail], steps, `${halves}, both in this process`, profiles),
+        );
+      } else if (row === "device") {
+        const { openGpu } = await import("../engine/gpu/device.ts");
+        const device = await openGpu({ gpu: engine.gpu, allowSoftware: engine.allowSoftwareGpu });
+        const both = [await open(0, k, device), await open(k, nLayer, device)];
+        rows.push(
+          await timeSteps(both, steps, `${halves}, both on one device of this process`, profiles),
+        );
+      } else {
+        head ??= await open(0, k);
+        worker = await startWorker({
+          model: flags.model,
+          first: k,
+          end: nLayer,
+          backend: flags.backend,
+          gpu: flags.gpu,
+          slots: 1,
+          ctx,
+          startTimeoutS: 600,
+          log,
+        });
+        const remote = await connectRemoteStage(worker.address, { local: head, model });
+        stages.push(remote);
+        rows.push(
+          await timeSteps([head, remote], steps, `${halves} in a worker over loopback`, profiles),
+        );
+      }
+    }
+    return rows;
   } finally {
     for (const stage of stages.reverse()) stage.close();
     await worker?.stop();
@@ -178,16 +200,21 @@ export async function probeSplit(
   }
 }
 
-/** A GPU stage of one slot on its own device, reporting every run's profile into `samples`. */
+/**
+ * A GPU stage of one slot on `device` (default a device of its own), reporting every run's
+ * profile into `samples`.
+ */
 async function openProfiled(
   model: Awaited<ReturnType<typeof openGguf>>,
   engine: { gpu: ProviderChoice; allowSoftwareGpu: boolean },
   range: { first: number; end: number; ctx: number },
   samples: StepProfile[],
+  device?: GpuContext,
 ): Promise<Stage> {
   const { openGpu } = await import("../engine/gpu/device.ts");
   const { openGpuStage } = await import("../engine/gpu/gpu_stage.ts");
-  const gpu = await openGpu({ gpu: engine.gpu, allowSoftware: engine.allowSoftwareGpu });
+  const gpu = device ??
+    await openGpu({ gpu: engine.gpu, allowSoftware: engine.allowSoftwareGpu });
   return await openGpuStage(model, gpu, {
     ...range,
     slots: 1,

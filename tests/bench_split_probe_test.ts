@@ -13,6 +13,7 @@ Deno.test("probeSplit: unsplit, split in process and split over a worker, with e
     "allow-software-gpu": false,
     split: 1,
     steps: 3,
+    rows: ["whole", "local", "worker"],
   });
   assert.deepEqual(rows.map((r) => r.what), [
     "layers 0:4 in one stage",
@@ -20,10 +21,33 @@ Deno.test("probeSplit: unsplit, split in process and split over a worker, with e
     "0:1 + 1:4 in a worker over loopback",
   ]);
   assert.deepEqual(rows.map((r) => r.stageMs.length), [1, 2, 2]);
+  // The reference engine reports no GPU profile.
+  assert.deepEqual(rows.flatMap((r) => r.profiles), [
+    undefined,
+    undefined,
+    undefined,
+    undefined,
+    undefined,
+  ]);
   for (const row of rows) {
     assert.ok(row.stepMs > 0);
     // A step is its stages one after the other: their medians add up to about the step's.
     const sum = row.stageMs.reduce((a, b) => a + b, 0);
     assert.ok(sum <= row.stepMs * 1.5 && sum >= row.stepMs / 1.5, `${sum} vs ${row.stepMs}`);
   }
+});
+
+Deno.test("probeSplit: refuses two stages on one device without a GPU", async () => {
+  await assert.rejects(
+    probeSplit({
+      model: await testModel({ arch: "qwen35moe" }),
+      backend: "reference",
+      gpu: "builtin",
+      "allow-software-gpu": false,
+      split: 1,
+      steps: 3,
+      rows: ["device"],
+    }),
+    /Cannot put two stages on one device with the reference backend/,
+  );
 });
