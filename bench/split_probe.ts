@@ -8,6 +8,7 @@ import { openGguf } from "../engine/gguf/read.ts";
 import { readHParams } from "../engine/hparams.ts";
 import { type Backend, BACKENDS, openLocalStage } from "../engine/open_stage.ts";
 import { PROVIDER_CHOICES, type ProviderChoice } from "../engine/gpu/provider.ts";
+import { paceDawnPolls } from "../engine/gpu/dawn.ts";
 import type { GpuContext } from "../engine/gpu/device.ts";
 import type { StepProfile } from "../engine/gpu/gpu_stage.ts";
 import type { Stage } from "../engine/stage.ts";
@@ -117,6 +118,10 @@ const PROBE = {
         "or both on one (device); the second in a worker",
       ["whole", "local", "worker"],
     ),
+    unpaced: switchFlag(
+      "Dawn polls on every event-loop turn in this process (engine/gpu/dawn.ts paceDawnPolls): " +
+        "what the pacer adds to a wait",
+    ),
   },
 } satisfies Command<FlagTable>;
 
@@ -155,13 +160,17 @@ export async function probeSplit(
     const halves = `0:${k} + ${k}:${nLayer}`;
     const rows: ProbeRow[] = [];
     let head: Stage | undefined;
+    // Dawn turns its pacing on when it loads, so this goes after a row's stages have opened.
+    const unpace = () => flags.unpaced && engine.gpu === "dawn" && paceDawnPolls(false);
     for (const row of flags.rows) {
       if (row === "whole") {
         const whole = await open(0, nLayer);
+        unpace();
         rows.push(await timeSteps([whole], steps, `layers 0:${nLayer} in one stage`, profiles));
       } else if (row === "local") {
         head ??= await open(0, k);
         const tail = await open(k, nLayer);
+        unpace();
         rows.push(
           await timeSteps([head, tail], steps, `${halves}, both in this process`, profiles),
         );
@@ -169,6 +178,7 @@ export async function probeSplit(
         const { openGpu } = await import("../engine/gpu/device.ts");
         const device = await openGpu({ gpu: engine.gpu, allowSoftware: engine.allowSoftwareGpu });
         const both = [await open(0, k, device), await open(k, nLayer, device)];
+        unpace();
         rows.push(
           await timeSteps(both, steps, `${halves}, both on one device of this process`, profiles),
         );
@@ -187,6 +197,7 @@ export async function probeSplit(
         });
         const remote = await connectRemoteStage(worker.address, { local: head, model });
         stages.push(remote);
+        unpace();
         rows.push(
           await timeSteps([head, remote], steps, `${halves} in a worker over loopback`, profiles),
         );

@@ -14,6 +14,7 @@ Deno.test("probeSplit: unsplit, split in process and split over a worker, with e
     split: 1,
     steps: 3,
     rows: ["whole", "local", "worker"],
+    unpaced: false,
   });
   assert.deepEqual(rows.map((r) => r.what), [
     "layers 0:4 in one stage",
@@ -47,6 +48,7 @@ Deno.test("probeSplit: refuses two stages on one device without a GPU", async ()
       split: 1,
       steps: 3,
       rows: ["device"],
+      unpaced: false,
     }),
     /Cannot put two stages on one device with the reference backend/,
   );
