@@ -72,7 +72,9 @@ export async function timeSteps(
   steps: number,
   what: string,
   profiles: ReadonlyMap<Stage, StepProfile[]> = new Map(),
+  onTimedRun: (stage: number, start: number, end: number) => void = () => {},
 ): Promise<ProbeRow> {
+  let timing = false;
   const times: number[][] = stages.map(() => []);
   const timed = stages.map((stage, i) =>
     new Proxy(stage, {
@@ -81,7 +83,9 @@ export async function timeSteps(
         return async (...args: Parameters<Stage["run"]>) => {
           const t = performance.now();
           const out = await target.run(...args);
-          times[i].push(performance.now() - t);
+          const end = performance.now();
+          times[i].push(end - t);
+          if (timing) onTimedRun(i, t, end);
           return out;
         };
       },
@@ -90,6 +94,7 @@ export async function timeSteps(
   await timeDecode(timed, 1, steps);
   for (const t of times) t.length = 0;
   for (const samples of profiles.values()) samples.length = 0;
+  timing = true;
   await timeDecode(timed, 1, steps);
   const step = times[0].map((_, s) => times.reduce((sum, t) => sum + t[s], 0));
   return {
@@ -117,6 +122,12 @@ const PROBE = {
       "the figures, in order: one stage; two in this process, each on its own device (local) " +
         "or both on one (device); the second in a worker",
       ["whole", "local", "worker"],
+    ),
+    "trace-polls": flag(
+      whole(0),
+      "print when Dawn polled during this many timed steps of each row (submit, polls, outputs " +
+        "back), the first stage's runs",
+      0,
     ),
     unpaced: switchFlag(
       "Dawn polls on every event-loop turn in this process (engine/gpu/dawn.ts paceDawnPolls): " +
@@ -157,31 +168,50 @@ export async function probeSplit(
       return stage;
     };
     const { steps } = flags;
+    const traced = flags["trace-polls"];
+    // Installed over the pacer once Dawn has loaded (with the first stage) and unpace() ran.
+    let polls: number[] | undefined;
+    // A row's first-stage runs to trace: start and end (performance.now() ms).
+    let runs: { start: number; end: number }[] = [];
+    const onRun = (stage: number, start: number, end: number) => {
+      if (stage === 0 && runs.length < traced) runs.push({ start, end });
+    };
+    const report = (row: ProbeRow, first: Stage) => {
+      if (polls) printTrace(row.what, runs, profiles.get(first) ?? [], polls, log);
+      runs = [];
+      return row;
+    };
     const halves = `0:${k} + ${k}:${nLayer}`;
     const rows: ProbeRow[] = [];
     let head: Stage | undefined;
     // Dawn turns its pacing on when it loads, so this goes after a row's stages have opened.
-    const unpace = () => flags.unpaced && engine.gpu === "dawn" && paceDawnPolls(false);
+    const unpace = () => {
+      if (flags.unpaced && engine.gpu === "dawn") paceDawnPolls(false);
+      if (traced && engine.gpu === "dawn") polls ??= tracePolls();
+    };
     for (const row of flags.rows) {
       if (row === "whole") {
         const whole = await open(0, nLayer);
         unpace();
-        rows.push(await timeSteps([whole], steps, `layers 0:${nLayer} in one stage`, profiles));
+        rows.push(report(
+          await timeSteps([whole], steps, `layers 0:${nLayer} in one stage`, profiles, onRun),
+          whole,
+        ));
       } else if (row === "local") {
         head ??= await open(0, k);
         const tail = await open(k, nLayer);
         unpace();
-        rows.push(
-          await timeSteps([head, tail], steps, `${halves}, both in this process`, profiles),
-        );
+        rows.push(report(
+          await timeSteps([head, tail], steps, `${halves}, both in this process`, profiles, onRun),
+          head,
+        ));
       } else if (row === "device") {
         const { openGpu } = await import("../engine/gpu/device.ts");
         const device = await openGpu({ gpu: engine.gpu, allowSoftware: engine.allowSoftwareGpu });
         const both = [await open(0, k, device), await open(k, nLayer, device)];
         unpace();
-        rows.push(
-          await timeSteps(both, steps, `${halves}, both on one device of this process`, profiles),
-        );
+        const what = `${halves}, both on one device of this process`;
+        rows.push(report(await timeSteps(both, steps, what, profiles, onRun), both[0]));
       } else {
         head ??= await open(0, k);
         worker = await startWorker({
@@ -198,9 +228,16 @@ export async function probeSplit(
         const remote = await connectRemoteStage(worker.address, { local: head, model });
         stages.push(remote);
         unpace();
-        rows.push(
-          await timeSteps([head, remote], steps, `${halves} in a worker over loopback`, profiles),
-        );
+        rows.push(report(
+          await timeSteps(
+            [head, remote],
+            steps,
+            `${halves} in a worker over loopback`,
+            profiles,
+            onRun,
+          ),
+          head,
+        ));
       }
     }
     return rows;
@@ -209,6 +246,48 @@ export async function probeSplit(
     await worker?.stop();
     model.close();
   }
+}
+
+/**
+ * Every Dawn poll of this process from now on, as performance.now() ms: setImmediate wrapped
+ * over the pacer (engine/gpu/dawn.ts), each poll callback handed on looking as native as before.
+ */
+function tracePolls(): number[] {
+  const times: number[] = [];
+  const paced = globalThis.setImmediate;
+  const traced = (callback: (...args: unknown[]) => void, ...args: unknown[]) => {
+    const native = callback.name === "" && String(callback).endsWith("[native code] }");
+    if (!native) return paced(callback, ...args);
+    const recorded = ((...a: unknown[]) => {
+      times.push(performance.now());
+      callback(...a);
+    }).bind(null);
+    return paced(Object.defineProperty(recorded, "name", { value: "" }), ...args);
+  };
+  (globalThis as { setImmediate: unknown }).setImmediate = traced;
+  return times;
+}
+
+/** Per traced run: when it submitted, each Dawn poll while it ran, when its outputs came back. */
+function printTrace(
+  what: string,
+  runs: readonly { start: number; end: number }[],
+  samples: readonly StepProfile[],
+  polls: readonly number[],
+  log: (line: string) => void,
+): void {
+  log(`polls of the first stage (${what}), ms from the run's call:`);
+  runs.forEach((run, i) => {
+    const at = (t: number) => (t - run.start).toFixed(3);
+    const during = polls.filter((t) => t >= run.start && t <= run.end);
+    const submitted = samples[i] ? ` submitted ${samples[i].encodeMs.toFixed(3)},` : "";
+    const gpu = samples[i]?.gpuMs?.toFixed(3) ?? "?";
+    log(
+      `  run ${i}:${submitted} GPU span ${gpu}, back ${at(run.end)}; polls ${
+        during.map(at).join(" ")
+      }`,
+    );
+  });
 }
 
 /**

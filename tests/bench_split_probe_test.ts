@@ -15,6 +15,7 @@ Deno.test("probeSplit: unsplit, split in process and split over a worker, with e
     steps: 3,
     rows: ["whole", "local", "worker"],
     unpaced: false,
+    "trace-polls": 0,
   });
   assert.deepEqual(rows.map((r) => r.what), [
     "layers 0:4 in one stage",
@@ -49,6 +50,7 @@ Deno.test("probeSplit: refuses two stages on one device without a GPU", async ()
       steps: 3,
       rows: ["device"],
       unpaced: false,
+    "trace-polls": 0,
     }),
     /Cannot put two stages on one device with the reference backend/,
   );
