@@ -50,7 +50,7 @@ Deno.test("probeSplit: refuses two stages on one device without a GPU", async ()
       steps: 3,
       rows: ["device"],
       unpaced: false,
-    "trace-polls": 0,
+      "trace-polls": 0,
     }),
     /Cannot put two stages on one device with the reference backend/,
   );
