@@ -1,5 +1,6 @@
 // bench/split_probe.ts on a tiny model and the CPU reference: the three rows, each stage's share
-// timed, and every stage and the worker closed afterwards (the process would hang otherwise).
+// timed within its step, and every stage and the worker closed afterwards (the process would hang
+// otherwise).
 
 import assert from "node:assert/strict";
 import { probeSplit } from "../bench/split_probe.ts";
@@ -33,9 +34,11 @@ Deno.test("probeSplit: unsplit, split in process and split over a worker, with e
   ]);
   for (const row of rows) {
     assert.ok(row.stepMs > 0);
-    // A step is its stages one after the other: their medians add up to about the step's.
-    const sum = row.stageMs.reduce((a, b) => a + b, 0);
-    assert.ok(sum <= row.stepMs * 1.5 && sum >= row.stepMs / 1.5, `${sum} vs ${row.stepMs}`);
+    // A step is its stages one after the other: each stage's run is within its step, so a stage's
+    // median is at most the step's (medians of three runs need not add up on a busy machine).
+    for (const ms of row.stageMs) {
+      assert.ok(ms > 0 && ms <= row.stepMs, `${ms} vs ${row.stepMs}`);
+    }
   }
 });
 
