@@ -3,6 +3,7 @@
 // and for each GPU stage of this process where its run went (encode, submit, wait, GPU span).
 //
 //   deno run -A bench/split_probe.ts --model M.gguf [--gpu dawn|builtin] [--steps 128]
+//     [--rows whole,local,device,worker] [--unpaced] [--trace-polls N]
 
 import { openGguf } from "../engine/gguf/read.ts";
 import { readHParams } from "../engine/hparams.ts";
@@ -169,7 +170,7 @@ export async function probeSplit(
     };
     const { steps } = flags;
     const traced = flags["trace-polls"];
-    // Installed over the pacer once Dawn has loaded (with the first stage) and unpace() ran.
+    // Installed over the pacer once Dawn has loaded (with the first stage): afterOpen().
     let polls: number[] | undefined;
     // A row's first-stage runs to trace: start and end (performance.now() ms).
     let runs: { start: number; end: number }[] = [];
@@ -185,14 +186,14 @@ export async function probeSplit(
     const rows: ProbeRow[] = [];
     let head: Stage | undefined;
     // Dawn turns its pacing on when it loads, so this goes after a row's stages have opened.
-    const unpace = () => {
+    const afterOpen = () => {
       if (flags.unpaced && engine.gpu === "dawn") paceDawnPolls(false);
       if (traced && engine.gpu === "dawn") polls ??= tracePolls();
     };
     for (const row of flags.rows) {
       if (row === "whole") {
         const whole = await open(0, nLayer);
-        unpace();
+        afterOpen();
         rows.push(report(
           await timeSteps([whole], steps, `layers 0:${nLayer} in one stage`, profiles, onRun),
           whole,
@@ -200,7 +201,7 @@ export async function probeSplit(
       } else if (row === "local") {
         head ??= await open(0, k);
         const tail = await open(k, nLayer);
-        unpace();
+        afterOpen();
         rows.push(report(
           await timeSteps([head, tail], steps, `${halves}, both in this process`, profiles, onRun),
           head,
@@ -209,7 +210,7 @@ export async function probeSplit(
         const { openGpu } = await import("../engine/gpu/device.ts");
         const device = await openGpu({ gpu: engine.gpu, allowSoftware: engine.allowSoftwareGpu });
         const both = [await open(0, k, device), await open(k, nLayer, device)];
-        unpace();
+        afterOpen();
         const what = `${halves}, both on one device of this process`;
         rows.push(report(await timeSteps(both, steps, what, profiles, onRun), both[0]));
       } else {
@@ -227,7 +228,7 @@ export async function probeSplit(
         });
         const remote = await connectRemoteStage(worker.address, { local: head, model });
         stages.push(remote);
-        unpace();
+        afterOpen();
         rows.push(report(
           await timeSteps(
             [head, remote],
