@@ -9,7 +9,7 @@ import { openGguf } from "../engine/gguf/read.ts";
 import { readHParams } from "../engine/hparams.ts";
 import { type Backend, BACKENDS, openLocalStage } from "../engine/open_stage.ts";
 import { PROVIDER_CHOICES, type ProviderChoice } from "../engine/gpu/provider.ts";
-import { paceDawnPolls } from "../engine/gpu/dawn.ts";
+import { isDawnPoll, paceDawnPolls } from "../engine/gpu/dawn.ts";
 import type { GpuContext } from "../engine/gpu/device.ts";
 import type { StepProfile } from "../engine/gpu/gpu_stage.ts";
 import type { Stage } from "../engine/stage.ts";
@@ -207,8 +207,7 @@ export async function probeSplit(
           head,
         ));
       } else if (row === "device") {
-        const { openGpu } = await import("../engine/gpu/device.ts");
-        const device = await openGpu({ gpu: engine.gpu, allowSoftware: engine.allowSoftwareGpu });
+        const device = await openDevice(engine);
         const both = [await open(0, k, device), await open(k, nLayer, device)];
         afterOpen();
         const what = `${halves}, both on one device of this process`;
@@ -257,8 +256,7 @@ function tracePolls(): number[] {
   const times: number[] = [];
   const paced = globalThis.setImmediate;
   const traced = (callback: (...args: unknown[]) => void, ...args: unknown[]) => {
-    const native = callback.name === "" && String(callback).endsWith("[native code] }");
-    if (!native) return paced(callback, ...args);
+    if (!isDawnPoll(callback)) return paced(callback, ...args);
     const recorded = ((...a: unknown[]) => {
       times.push(performance.now());
       callback(...a);
@@ -291,6 +289,14 @@ function printTrace(
   });
 }
 
+/** A device of the chosen provider (imported on demand, as openLocalStage does). */
+async function openDevice(
+  engine: { gpu: ProviderChoice; allowSoftwareGpu: boolean },
+): Promise<GpuContext> {
+  const { openGpu } = await import("../engine/gpu/device.ts");
+  return await openGpu({ gpu: engine.gpu, allowSoftware: engine.allowSoftwareGpu });
+}
+
 /**
  * A GPU stage of one slot on `device` (default a device of its own), reporting every run's
  * profile into `samples`.
@@ -302,10 +308,8 @@ async function openProfiled(
   samples: StepProfile[],
   device?: GpuContext,
 ): Promise<Stage> {
-  const { openGpu } = await import("../engine/gpu/device.ts");
   const { openGpuStage } = await import("../engine/gpu/gpu_stage.ts");
-  const gpu = device ??
-    await openGpu({ gpu: engine.gpu, allowSoftware: engine.allowSoftwareGpu });
+  const gpu = device ?? await openDevice(engine);
   return await openGpuStage(model, gpu, {
     ...range,
     slots: 1,

@@ -6,18 +6,23 @@ import assert from "node:assert/strict";
 import { probeSplit } from "../bench/split_probe.ts";
 import { testModel } from "./_models.ts";
 
-Deno.test("probeSplit: unsplit, split in process and split over a worker, with each stage's share", async () => {
-  const rows = await probeSplit({
+/** The probe's flags for `rows` of the tiny model on the CPU reference, stages split at layer 1. */
+async function referenceFlags(rows: Parameters<typeof probeSplit>[0]["rows"]) {
+  return {
     model: await testModel({ arch: "qwen35moe" }),
-    backend: "reference",
-    gpu: "builtin",
+    backend: "reference" as const,
+    gpu: "builtin" as const,
     "allow-software-gpu": false,
     split: 1,
     steps: 3,
-    rows: ["whole", "local", "worker"],
+    rows,
     unpaced: false,
     "trace-polls": 0,
-  });
+  };
+}
+
+Deno.test("probeSplit: unsplit, split in process and split over a worker, with each stage's share", async () => {
+  const rows = await probeSplit(await referenceFlags(["whole", "local", "worker"]));
   assert.deepEqual(rows.map((r) => r.what), [
     "layers 0:4 in one stage",
     "0:1 + 1:4, both in this process",
@@ -44,17 +49,7 @@ Deno.test("probeSplit: unsplit, split in process and split over a worker, with e
 
 Deno.test("probeSplit: refuses two stages on one device without a GPU", async () => {
   await assert.rejects(
-    probeSplit({
-      model: await testModel({ arch: "qwen35moe" }),
-      backend: "reference",
-      gpu: "builtin",
-      "allow-software-gpu": false,
-      split: 1,
-      steps: 3,
-      rows: ["device"],
-      unpaced: false,
-      "trace-polls": 0,
-    }),
+    probeSplit(await referenceFlags(["device"])),
     /Cannot put two stages on one device with the reference backend/,
   );
 });

@@ -112,7 +112,7 @@ export function expectGpuDone(at: number): void {
 type Immediate = (callback: (...args: unknown[]) => void, ...args: unknown[]) => unknown;
 
 /** Dawn's poll callbacks are unnamed native functions; everything else is left alone. */
-function isDawnPoll(callback: unknown): boolean {
+export function isDawnPoll(callback: unknown): boolean {
   return typeof callback === "function" && callback.name === "" &&
     Function.prototype.toString.call(callback).endsWith("[native code] }");
 }
