@@ -11,7 +11,7 @@
 //   GATHERED, X_SWIGLU (x = silu(g)·u with u at g + up_offset), ADD (y += result),
 //   IQ4_TABLE_WORKGROUP (dequant.wgsl; not with the 64 × 64 dense tile: 16 KB, the WebGPU
 //   default), PREFETCH (types with dequant.wgsl's load32: the next chunk loads during this one's
-//   products).
+//   products), X_PAD (xs rows padded against bank conflicts of the x stores; 1 KB more).
 //
 // Batch invariance: every variant sums an output in one order, so a token's result does not
 // depend on how tokens are grouped into calls. Chunk c (values 32c..32c+31) contributes
@@ -95,7 +95,14 @@ const SPT = 128u / BM;
 // [k][vec4 of rows or slots]: indexed by k (a constant in the unrolled loop) and by the thread's
 // group (the same at every k), the bounds checks a compiler adds to each read fold or hoist.
 var<workgroup> ws: array<array<vec4<f32>, RQ>, 32>;
-var<workgroup> xs: array<array<vec4<f32>, TQ>, 32>;
+#ifdef X_PAD
+// X_PAD: two vec4s after each k row, so the x stores of a warp (4 values of k × 8 slots, rows
+// 4TQ floats apart) fall in 32 distinct banks instead of 4 to a bank.
+const XQ = TQ + 2u;
+#else
+const XQ = TQ;
+#endif
+var<workgroup> xs: array<array<vec4<f32>, XQ>, 32>;
 
 // x and y offsets of the tile's slot `nn`: token base + nn, or gather table entry base + nn.
 fn slot_xy(base: u32, nn: u32) -> vec2<u32> {

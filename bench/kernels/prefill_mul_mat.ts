@@ -175,17 +175,22 @@ async function prepare(
 interface Variant {
   readonly prefetch: boolean;
   readonly tile: Tile;
+  /** false: x rows unpadded (-pad), where the engine pads them if they fit. */
+  readonly pad?: boolean;
 }
 
 function variantName(v: Variant, chosen: Tile): string {
-  const mark = v.prefetch && v.tile.rows === chosen.rows && v.tile.tokens === chosen.tokens;
-  return `${v.prefetch ? "p" : ""}${v.tile.rows}x${v.tile.tokens}${mark ? "*" : ""}`;
+  const mark = v.prefetch && v.pad !== false && v.tile.rows === chosen.rows &&
+    v.tile.tokens === chosen.tokens;
+  return `${v.prefetch ? "p" : ""}${v.tile.rows}x${v.tile.tokens}${mark ? "*" : ""}${
+    v.pad === false ? "-pad" : ""
+  }`;
 }
 
 /**
  * The variants timed: the engine's tile without prefetching, then every tile shape prefetching
- * (a gathered tile takes the gather table's PREFILL_TT slots); without prefetching alone for types
- * that have none.
+ * (a gathered tile takes the gather table's PREFILL_TT slots), then the engine's tile with its x
+ * rows unpadded; without prefetching alone for types that have none.
  */
 function variantsOf(shape: TileShape, chosen: Tile): Variant[] {
   const slots = shape.experts ? [PREFILL_TT as 32] : [64 as const, 32 as const];
@@ -193,7 +198,11 @@ function variantsOf(shape: TileShape, chosen: Tile): Variant[] {
     [64 as const, 128 as const].map((rows) => ({ rows, tokens }))
   );
   if (!PREFETCH_TYPES.includes(shape.type)) return tiles.map((tile) => ({ prefetch: false, tile }));
-  return [{ prefetch: false, tile: chosen }, ...tiles.map((tile) => ({ prefetch: true, tile }))];
+  return [
+    { prefetch: false, tile: chosen },
+    ...tiles.map((tile) => ({ prefetch: true, tile })),
+    { prefetch: true, tile: chosen, pad: false },
+  ];
 }
 
 function recordTile(enc: StepEncoder, s: Setup, v: Variant): void {

@@ -70,6 +70,7 @@ const KEYS = new Map<string, readonly unknown[] | ((t: KernelTarget) => readonly
         { type, id: true },
         { type, id: true, swiglu: true },
         { type, prefetch: true, tile: { rows: 64, tokens: 32 } },
+        { type, prefetch: true, tile: { rows: 64, tokens: 32 }, pad: false },
         ...(t.limits.maxComputeWorkgroupStorageSize < 24576 + 64 ? [] : [
           { type, prefetch: true, tile: { rows: 128, tokens: 64 } },
           { type, id: true, prefetch: true, tile: { rows: 128, tokens: 32 } },

@@ -74,6 +74,8 @@ export interface MulMatKey {
   readonly prefetch?: boolean;
   /** The tile's shape; default 64 rows × (PREFILL_TT gathered, else DENSE_TT) slots. */
   readonly tile?: TileShape;
+  /** Pad the staged x rows (wgsl X_PAD) where the device's workgroup memory holds them; false: never. */
+  readonly pad?: boolean;
 }
 
 /** Weight types whose dequantizer splits into loads and decoding (wgsl PREFETCH). */
@@ -83,6 +85,9 @@ export const PREFETCH_TYPES: readonly GgmlType[] = [GgmlType.F32, GgmlType.Q8_0,
 function tileBytes(t: TileShape): number {
   return 128 * (t.rows + t.tokens);
 }
+
+/** What X_PAD adds to a tile's staging: two vec4s after each of the chunk's 32 x rows. */
+const X_PAD_BYTES = 32 * 2 * 16;
 
 function defaultTile(id: boolean): TileShape {
   return { rows: 64, tokens: id ? PREFILL_TT : DENSE_TT };
@@ -133,9 +138,14 @@ export const MUL_MAT: KernelFamily<MulMatKey> = {
     if (v.add) defines.ADD = true;
     const prefetch = v.prefetch && PREFETCH_TYPES.includes(v.type);
     if (prefetch) defines.PREFETCH = true;
+    // Unpadded, a warp's x stores fall 4 to a bank; padded, the tiles ran the same or up to 3%
+    // faster on an H200 (docs/PERFORMANCE.md "Prefill tiles", tenth session).
+    const pad = v.pad !== false &&
+      bytes + X_PAD_BYTES <= target.limits.maxComputeWorkgroupStorageSize;
+    if (pad) defines.X_PAD = true;
     const name = `mul_mat_${typeName(v.type)}_${bm === 64 ? "" : `r${bm}`}t${tt}${
       prefetch ? "p" : ""
-    }${v.id ? "_id" : ""}${v.swiglu ? "_swiglu" : ""}${v.add ? "_add" : ""}`;
+    }${pad ? "x" : ""}${v.id ? "_id" : ""}${v.swiglu ? "_swiglu" : ""}${v.add ? "_add" : ""}`;
     return { name, defines };
   },
 };
@@ -185,6 +195,8 @@ export interface MulMatOptions {
   readonly prefetch?: boolean;
   /** Prefill tiles: the tile's shape instead of tileFor's (bench/kernels/prefill_mul_mat.ts). */
   readonly tile?: TileShape;
+  /** Prefill tiles: false leaves x unpadded (MulMatKey.pad; the kernel bench compares). */
+  readonly pad?: boolean;
 }
 
 /** The RMSNorm a product folds into its input. */
@@ -334,6 +346,7 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
         add: o.add,
         prefetch: o.prefetch ?? true,
         tile,
+        pad: o.pad,
       };
       enc.dispatch(MUL_MAT, key, { w: part.buffer, x: b.x, ids, y: b.y }, {
         ...base,
