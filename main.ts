@@ -44,7 +44,10 @@ export const HEAD = {
       "prefix-cache places; must not exceed the worker's; 0 turns the cache off (default " +
         "slots × 1..4, four while they hold at most 32768 positions per slot)",
     ),
-    "max-batch": flag(whole(1), "positions per prefill chunk (default the engine's)"),
+    "max-batch": flag(
+      whole(1),
+      "positions per prefill chunk (default 2048, or the context if shorter; fewer take less activation memory and shorter steps beside other slots' decode)",
+    ),
     "api-key-file": flag(text("PATH"), "a file holding the API key clients must send"),
     "max-body-bytes": flag(whole(1), "larger request bodies get 413", 32 * 1024 * 1024),
     "header-timeout": flag(decimal(0.1, 3600), "seconds a client has to send its headers", 10),

@@ -38,7 +38,7 @@ export const WORKER = {
     host: flag(text("HOST"), "the listen address", "127.0.0.1"),
     slots: flag(whole(1), "sequences decoded at once; must equal the head's", 1),
     ctx: flag(whole(1), "positions per slot; at least the head's", 4096),
-    "max-batch": flag(whole(1), "positions per frame (default the engine's)"),
+    "max-batch": flag(whole(1), "positions per frame (default 2048, or the context if shorter)"),
     snapshots: flag(
       whole(0),
       "prefix-cache places; at least the head's (default sized as the head's from --ctx and " +

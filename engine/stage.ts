@@ -155,9 +155,14 @@ export interface StageOpenOptions {
   readonly hp?: HParams;
 }
 
-/** Positions per run when the caller sets none. */
+/**
+ * Positions per run when the caller sets none. 2048, as llama.cpp's batch and vLLM's default token
+ * budget: a prefill's experts get four times the tokens of a 512-position run, so their gathered
+ * tiles run fuller (docs/PERFORMANCE.md "Prefill tiles", tenth session); --max-batch trades it for
+ * activation memory (tools/plan.ts prints it) and shorter steps beside other slots' decode.
+ */
 export function defaultMaxBatch(ctx: number): number {
-  return Math.min(ctx, 512);
+  return Math.min(ctx, 2048);
 }
 
 export interface Stage extends StageShape {

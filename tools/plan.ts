@@ -37,7 +37,10 @@ export const PLAN = {
       whole(0),
       "snapshot places, as the stages' --snapshots (default sized as theirs from --ctx and --slots)",
     ),
-    "max-batch": flag(whole(1), "positions per run, as --max-batch (default the engine's)"),
+    "max-batch": flag(
+      whole(1),
+      "positions per run, as --max-batch (default 2048, or the context if shorter)",
+    ),
   },
 } satisfies Command<FlagTable>;
 
