@@ -151,15 +151,38 @@ Deno.test("timeConcurrentDecode: each slot decodes as it would alone", async () 
   });
 });
 
-Deno.test("repeat: warm-up excluded, runs cut to the deadline, none without time", async () => {
+/** A Deadline on a clock that moves only by what each run returns, as if it took that long. */
+function spentRuns(limit: number, runs: readonly number[]) {
+  let now = 0;
   let calls = 0;
-  const plenty = await repeat(3, () => Promise.resolve([9, 1, 3, 2][calls++]), new Deadline(60));
-  assert.deepEqual(plenty.seconds, [1, 3, 2]);
-  assert.equal(plenty.median, 2);
-  const cut = await repeat(3, () => Promise.resolve(20), new Deadline(50));
-  assert.equal(cut.seconds.length, 2);
+  const once = () => {
+    const s = runs[Math.min(calls++, runs.length - 1)];
+    now += s * 1000;
+    return Promise.resolve(s);
+  };
+  return { deadline: new Deadline(limit, () => now), once, calls: () => calls };
+}
+
+Deno.test("repeat: warm-up excluded, runs cut to the deadline, none without time", async () => {
+  const plenty = spentRuns(60, [9, 1, 3, 2]);
+  const timing = await repeat(3, plenty.once, plenty.deadline);
+  assert.deepEqual(timing.seconds, [1, 3, 2]);
+  assert.equal(timing.median, 2);
+  // 20 s runs in 50 s: the warm-up and one timed run fit, a second would end past the deadline.
+  const cut = spentRuns(50, [20]);
+  assert.equal((await repeat(3, cut.once, cut.deadline)).seconds.length, 1);
+  assert.equal(cut.calls(), 2);
   await assert.rejects(() => repeat(3, () => Promise.resolve(1), new Deadline(-1)), OutOfTime);
-  await assert.rejects(() => repeat(3, () => Promise.resolve(90), new Deadline(60)), OutOfTime);
+  const slow = spentRuns(60, [90]);
+  await assert.rejects(() => repeat(3, slow.once, slow.deadline), OutOfTime);
+});
+
+Deno.test("repeat: a slow warm-up (one-time costs) does not cut the fast runs after it", async () => {
+  // llama.cpp's first pp512 builds its pipelines: 25 s, then 0.1 s a run, in 100 s.
+  const warmSlow = spentRuns(100, [25, 0.1]);
+  const timing = await repeat(5, warmSlow.once, warmSlow.deadline);
+  assert.equal(timing.seconds.length, 5);
+  assert.equal(warmSlow.calls(), 6);
 });
 
 Deno.test("measure keeps a failure as the figure's error instead of throwing", async () => {
