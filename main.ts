@@ -19,6 +19,7 @@ import {
   UsageError,
   whole,
 } from "./lib/cli.ts";
+import { DEFAULT_MAX_BATCH } from "./engine/stage.ts";
 import { freeLoopbackPort, runRole } from "./lib/launch/launch.ts";
 import { startHead } from "./lib/server/head.ts";
 import { loadKeyFile } from "./lib/wire/hello.ts";
@@ -46,7 +47,7 @@ export const HEAD = {
     ),
     "max-batch": flag(
       whole(1),
-      "positions per prefill chunk (default 2048, or the context if shorter; fewer take less activation memory and shorter steps beside other slots' decode)",
+      `positions per prefill chunk (default ${DEFAULT_MAX_BATCH}, or the context if shorter; fewer take less activation memory and shorter steps beside other slots' decode)`,
     ),
     "api-key-file": flag(text("PATH"), "a file holding the API key clients must send"),
     "max-body-bytes": flag(whole(1), "larger request bodies get 413", 32 * 1024 * 1024),

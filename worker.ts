@@ -19,6 +19,7 @@ import {
   UsageError,
   whole,
 } from "./lib/cli.ts";
+import { DEFAULT_MAX_BATCH } from "./engine/stage.ts";
 import { runRole } from "./lib/launch/launch.ts";
 import { loadKeyFile } from "./lib/wire/hello.ts";
 import { defaultSnapshots } from "./lib/scheduler/prefix_cache.ts";
@@ -38,7 +39,10 @@ export const WORKER = {
     host: flag(text("HOST"), "the listen address", "127.0.0.1"),
     slots: flag(whole(1), "sequences decoded at once; must equal the head's", 1),
     ctx: flag(whole(1), "positions per slot; at least the head's", 4096),
-    "max-batch": flag(whole(1), "positions per frame (default 2048, or the context if shorter)"),
+    "max-batch": flag(
+      whole(1),
+      `positions per frame (default ${DEFAULT_MAX_BATCH}, or the context if shorter)`,
+    ),
     snapshots: flag(
       whole(0),
       "prefix-cache places; at least the head's (default sized as the head's from --ctx and " +

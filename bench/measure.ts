@@ -215,16 +215,16 @@ export async function repeat(
 ): Promise<Timing> {
   if (deadline.left <= 0) throw new OutOfTime("no time left for a warm-up");
   const warm = await once();
-  if (deadline.left < warm) {
+  const seconds: number[] = [];
+  let last = warm;
+  while (seconds.length < runs && deadline.left >= last) {
+    last = await once();
+    seconds.push(last);
+  }
+  if (seconds.length === 0) {
     throw new OutOfTime(
       `the warm-up took ${warm.toFixed(1)} s and ${deadline.left.toFixed(1)} s are left`,
     );
-  }
-  const seconds: number[] = [];
-  let last = warm;
-  while (seconds.length < runs && (seconds.length === 0 || deadline.left >= last)) {
-    last = await once();
-    seconds.push(last);
   }
   return timingOf(seconds);
 }

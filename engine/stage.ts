@@ -162,8 +162,11 @@ export interface StageOpenOptions {
  * activation memory (tools/plan.ts prints it) and shorter steps beside other slots' decode.
  */
 export function defaultMaxBatch(ctx: number): number {
-  return Math.min(ctx, 2048);
+  return Math.min(ctx, DEFAULT_MAX_BATCH);
 }
+
+/** defaultMaxBatch's positions where the context holds them (the flags' help quotes it). */
+export const DEFAULT_MAX_BATCH = 2048;
 
 export interface Stage extends StageShape {
   /**

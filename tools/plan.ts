@@ -8,6 +8,7 @@ import { openGguf } from "../engine/gguf/read.ts";
 import { formatBytes } from "../engine/gpu/buffers.ts";
 import { planStage, type StagePlan } from "../engine/gpu/memory_plan.ts";
 import { readHParams } from "../engine/hparams.ts";
+import { DEFAULT_MAX_BATCH } from "../engine/stage.ts";
 import {
   type Command,
   flag,
@@ -39,7 +40,7 @@ export const PLAN = {
     ),
     "max-batch": flag(
       whole(1),
-      "positions per run, as --max-batch (default 2048, or the context if shorter)",
+      `positions per run, as --max-batch (default ${DEFAULT_MAX_BATCH}, or the context if shorter)`,
     ),
   },
 } satisfies Command<FlagTable>;
