@@ -19,7 +19,8 @@ import {
   UsageError,
   whole,
 } from "./lib/cli.ts";
-import { DEFAULT_MAX_BATCH } from "./engine/stage.ts";
+import { DEFAULT_CTX, DEFAULT_MAX_BATCH, DEFAULT_SLOTS } from "./engine/stage.ts";
+import { DEFAULT_PREFILL_CHUNK } from "./lib/scheduler/scheduler.ts";
 import { freeLoopbackPort, runRole } from "./lib/launch/launch.ts";
 import { startHead } from "./lib/server/head.ts";
 import { loadKeyFile } from "./lib/wire/hello.ts";
@@ -37,8 +38,8 @@ export const HEAD = {
     next: flag(address, "the worker serving the layers after --layers"),
     host: flag(text("HOST"), "the HTTP listen address", "127.0.0.1"),
     port: flag(whole(0, 65535), "the HTTP port; 0 picks a free one", 8080),
-    slots: flag(whole(1), "sequences decoded at once", 1),
-    ctx: flag(whole(1), "positions per slot (prompt + reply)", 4096),
+    slots: flag(whole(1), "sequences decoded at once (they share each step)", DEFAULT_SLOTS),
+    ctx: flag(whole(1), "positions per slot (prompt + reply)", DEFAULT_CTX),
     queue: flag(whole(0), "requests that may wait for a slot before 529/429", 16),
     snapshots: flag(
       whole(0),
@@ -48,6 +49,11 @@ export const HEAD = {
     "max-batch": flag(
       whole(1),
       `positions per prefill chunk (default ${DEFAULT_MAX_BATCH}, or the context if shorter; fewer take less activation memory and shorter steps beside other slots' decode)`,
+    ),
+    "prefill-chunk": flag(
+      whole(1),
+      "prompt positions a sequence runs per step while others generate (shorter: their tokens " +
+        "wait less; default " + DEFAULT_PREFILL_CHUNK + ")",
     ),
     "api-key-file": flag(text("PATH"), "a file holding the API key clients must send"),
     "max-body-bytes": flag(whole(1), "larger request bodies get 413", 32 * 1024 * 1024),
@@ -121,6 +127,7 @@ export async function serveHead(flags: FlagValues<typeof HEAD.flags>): Promise<v
     queue: flags.queue,
     snapshots: flags.snapshots,
     maxBatch: flags["max-batch"],
+    prefillChunk: flags["prefill-chunk"],
     apiKey: flags["api-key-file"] ? await readApiKey(flags["api-key-file"]) : undefined,
     maxBodyBytes: flags["max-body-bytes"],
     headerTimeoutMs: flags["header-timeout"] * 1000,

@@ -19,7 +19,7 @@ import {
   UsageError,
   whole,
 } from "./lib/cli.ts";
-import { DEFAULT_MAX_BATCH } from "./engine/stage.ts";
+import { DEFAULT_CTX, DEFAULT_MAX_BATCH, DEFAULT_SLOTS } from "./engine/stage.ts";
 import { runRole } from "./lib/launch/launch.ts";
 import { loadKeyFile } from "./lib/wire/hello.ts";
 import { defaultSnapshots } from "./lib/scheduler/prefix_cache.ts";
@@ -37,8 +37,8 @@ export const WORKER = {
     layers: requiredFlag(layerRange, "the layers served here, a:b with a > 0"),
     port: requiredFlag(whole(0, 65535), "the TCP port; 0 picks a free one"),
     host: flag(text("HOST"), "the listen address", "127.0.0.1"),
-    slots: flag(whole(1), "sequences decoded at once; must equal the head's", 1),
-    ctx: flag(whole(1), "positions per slot; at least the head's", 4096),
+    slots: flag(whole(1), "sequences decoded at once; at least the head's", DEFAULT_SLOTS),
+    ctx: flag(whole(1), "positions per slot; at least the head's", DEFAULT_CTX),
     "max-batch": flag(
       whole(1),
       `positions per frame (default ${DEFAULT_MAX_BATCH}, or the context if shorter)`,

@@ -168,6 +168,18 @@ export function defaultMaxBatch(ctx: number): number {
 /** defaultMaxBatch's positions where the context holds them (the flags' help quotes it). */
 export const DEFAULT_MAX_BATCH = 2048;
 
+/**
+ * Sequences a head and its workers run at once when not told (--slots): concurrent users share
+ * each step's weight reads, so a slot more costs a row of each step and its state, not a step.
+ */
+export const DEFAULT_SLOTS = 4;
+
+/**
+ * Positions per slot when not told (--ctx): an agentic client's system prompt, tools and history
+ * fit; `deno task plan` prints what it takes (about 0.7 GB a slot for Qwen3.5-35B-A3B).
+ */
+export const DEFAULT_CTX = 32768;
+
 export interface Stage extends StageShape {
   /**
    * Runs positions [base, base+n) of `slot`. base == 0 resets the slot; otherwise base must

@@ -11,7 +11,7 @@ import { readHParams } from "../engine/hparams.ts";
 import { runPipeline } from "../engine/pipeline.ts";
 import { argmaxTopK } from "../engine/reference/logits.ts";
 import { openReferenceStage } from "../engine/reference/reference_stage.ts";
-import type { Stage } from "../engine/stage.ts";
+import type { Stage, StageOutput, StageRunOptions } from "../engine/stage.ts";
 import { gpuTest } from "./_gpu.ts";
 import type { TestModelSpec } from "./_models.ts";
 import {
@@ -52,6 +52,7 @@ async function openChain(
     maxPartBytes?: number;
     profile?: (p: StepProfile) => void;
     shareSteps?: boolean;
+    maxBatch?: number;
   } = {},
 ): Promise<GpuStage[]> {
   const nLayer = readHParams(model.metadata).nLayer;
@@ -64,7 +65,7 @@ async function openChain(
         end: bounds[i + 1],
         slots: opts.slots ?? 1,
         ctx: CTX,
-        maxBatch: MAX_BATCH,
+        maxBatch: opts.maxBatch ?? MAX_BATCH,
         snapshots: opts.snapshots,
         maxPartBytes: opts.maxPartBytes,
         profile: opts.profile,
@@ -338,8 +339,102 @@ gpuTest(
   },
 );
 
+/** Whether two stage outputs are the same bits: hidden rows, or ids, candidates and normaliser. */
+function sameBits(a: StageOutput, b: StageOutput, what: string): void {
+  const bits = (x: ArrayLike<number>) => Array.from(new Uint32Array(Float32Array.from(x).buffer));
+  if (a.kind === "hidden" || b.kind === "hidden") {
+    assert.equal(a.kind, b.kind, `${what}: kind`);
+    if (a.kind === "hidden" && b.kind === "hidden") {
+      assert.deepEqual(bits(a.rows), bits(b.rows), `${what}: hidden rows`);
+    }
+    return;
+  }
+  assert.deepEqual([...a.ids], [...b.ids], `${what}: ids`);
+  assert.deepEqual(a.top.map((e) => e.id), b.top.map((e) => e.id), `${what}: candidates`);
+  assert.deepEqual(bits(a.top.map((e) => e.logit)), bits(b.top.map((e) => e.logit)), what);
+  assert.ok(Object.is(a.lse, b.lse), `${what}: log-sum-exp ${a.lse} shared, ${b.lse} alone`);
+}
+
 gpuTest(
-  "GPU stage: a slot that stopped holds no other run, a sampled run goes alone, close refuses waiting runs",
+  "GPU stage: runs of every kind share one step, each with the bits it gets alone",
+  async (gpu) => {
+    await withModel({ arch: "qwen35moe" }, async (model) => {
+      const { V } = readHParams(model.metadata);
+      const mask = new Uint32Array(Math.ceil(V / 32));
+      for (let i = 0; i < V; i += 3) mask[i >>> 5] |= 1 << (i & 31);
+      // Each slot's prefix runs alone in both chains; then one run of each kind shares a step:
+      // a prompt chunk without logits, a prompt's last chunk with candidates, a mask and
+      // penalties, a greedy decode, a sampled decode with biases, and every position of a run
+      // from position 0 (its DeltaNet states cleared inside the shared step).
+      const cases: { prefix: Uint32Array; ids: Uint32Array; options: StageRunOptions }[] = [
+        { prefix: prompt(model, 4, 41), ids: prompt(model, 6, 42), options: { logits: "none" } },
+        {
+          prefix: prompt(model, 3, 43),
+          ids: prompt(model, 5, 44),
+          options: {
+            logits: "last",
+            topk: 8,
+            adjust: {
+              mask,
+              bias: [{ id: 3, bias: 2.5 }, { id: 7, bias: -1, repeat: 1.3, subtract: 0.2 }],
+            },
+          },
+        },
+        { prefix: prompt(model, 7, 45), ids: prompt(model, 1, 46), options: { logits: "last" } },
+        {
+          prefix: prompt(model, 2, 47),
+          ids: prompt(model, 1, 48),
+          options: { logits: "last", topk: 5, adjust: { bias: [{ id: 1, bias: 1 }] } },
+        },
+        {
+          prefix: new Uint32Array(0),
+          ids: prompt(model, 3, 49),
+          options: { logits: "all", topk: 3 },
+        },
+      ];
+      const maxBatch = cases.reduce((n, c) => n + c.ids.length, 0);
+      const through = async (chain: readonly GpuStage[], slot: number, c: (typeof cases)[0]) => {
+        const base = c.prefix.length;
+        const input = { kind: "ids" as const, ids: c.ids };
+        const mid = await chain[0].run(slot, input, c.ids.length, base, c.options);
+        if (mid.kind !== "hidden") throw new TypeError("the first stage returns hidden rows");
+        const last = await chain[1].run(slot, mid, c.ids.length, base, c.options);
+        return [mid, last];
+      };
+      const want: StageOutput[][] = [];
+      for (const c of cases) {
+        const solo = await openChain(gpu, model, [2], { maxBatch });
+        if (c.prefix.length) await prefill(solo, 0, c.prefix, 0);
+        want.push(await through(solo, 0, c));
+        closeAll(solo);
+      }
+      const steps: number[] = [];
+      const chain = await openChain(gpu, model, [2], {
+        slots: cases.length,
+        shareSteps: true,
+        maxBatch,
+        profile: (p) => steps.push(p.tokens),
+      });
+      try {
+        for (const [s, c] of cases.entries()) {
+          if (c.prefix.length) await prefill(chain, s, c.prefix, 0);
+        }
+        steps.length = 0;
+        const got = await Promise.all(cases.map((c, s) => through(chain, s, c)));
+        got.forEach((outs, s) =>
+          outs.forEach((out, i) => sameBits(out, want[s][i], `slot ${s} stage ${i}`))
+        );
+        // One step on each stage ran all five runs.
+        assert.deepEqual(steps, [maxBatch, maxBatch]);
+      } finally {
+        closeAll(chain);
+      }
+    });
+  },
+);
+
+gpuTest(
+  "GPU stage: a slot that stopped holds no other run, a sampled and a greedy run share a step, close refuses waiting runs",
   async (gpu) => {
     await withModel({ arch: "qwen35moe" }, async (model) => {
       const tokens: number[] = [];
@@ -354,7 +449,7 @@ gpuTest(
       await Promise.all([stage.run(0, id(5), 1, 0), stage.run(1, id(6), 1, 0)]);
       await stage.run(0, id(7), 1, 1);
       await stage.run(0, id(8), 1, 2);
-      // A sampled run (top-k) never waits: it runs alone, and so does a greedy run beside it.
+      // A sampled run (top-k) and a greedy run share a step, each with its own outputs.
       const [sampled, greedy] = await Promise.all([
         stage.run(1, id(9), 1, 1, { topk: 4 }),
         stage.run(0, id(10), 1, 3),
@@ -362,7 +457,8 @@ gpuTest(
       assert.equal(sampled.kind, "ids");
       assert.equal(greedy.kind, "ids");
       if (sampled.kind === "ids") assert.equal(sampled.top.length, 4);
-      assert.deepEqual(tokens, [2, 1, 1, 1, 1]);
+      if (greedy.kind === "ids") assert.equal(greedy.top.length, 0);
+      assert.deepEqual(tokens, [2, 1, 1, 2]);
       // A run still waiting when the stage closes is refused, not left hanging.
       await Promise.all([stage.run(0, id(11), 1, 4), stage.run(1, id(12), 1, 2)]);
       const left = stage.run(0, id(13), 1, 5);

@@ -8,7 +8,7 @@ import { openGguf } from "../engine/gguf/read.ts";
 import { formatBytes } from "../engine/gpu/buffers.ts";
 import { planStage, type StagePlan } from "../engine/gpu/memory_plan.ts";
 import { readHParams } from "../engine/hparams.ts";
-import { DEFAULT_MAX_BATCH } from "../engine/stage.ts";
+import { DEFAULT_CTX, DEFAULT_MAX_BATCH, DEFAULT_SLOTS } from "../engine/stage.ts";
 import {
   type Command,
   flag,
@@ -32,8 +32,8 @@ export const PLAN = {
   flags: {
     model: MODEL_FLAG,
     stages: requiredFlag(listOf(layerRange), "the stages' layers, e.g. 0:20,20:40"),
-    ctx: requiredFlag(whole(1), "positions per slot, as the stages' --ctx"),
-    slots: requiredFlag(whole(1), "slots, as the stages' --slots"),
+    ctx: flag(whole(1), "positions per slot, as the stages' --ctx (their default)", DEFAULT_CTX),
+    slots: flag(whole(1), "slots, as the stages' --slots (their default)", DEFAULT_SLOTS),
     snapshots: flag(
       whole(0),
       "snapshot places, as the stages' --snapshots (default sized as theirs from --ctx and --slots)",

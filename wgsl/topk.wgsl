@@ -1,16 +1,18 @@
 // topk: the k largest values of one row with their indices, descending (ties: lower index first),
 // for any k up to MAXK (mode 1), or the row's log-sum-exp (mode 0). Matches
 // engine/reference/logits.ts argmaxTopK and logSumExp.
-// Bindings: 0 src: the row at src_offset + i, n values f32; values ≤ MASKED (logit_adjust's masked
-//   tokens) are no candidates and add nothing to the sum | 1 dst: k (f32 bits, index) u32 pairs
-//   (mode 1), then the log-sum-exp as f32 bits at 2·k (mode 0) | 2 params.
-// Dispatch: (groups); workgroup g takes the chunk [g·chunk, (g+1)·chunk) of the row. With one
-//   group it writes the results; with more, its partials go to dst (scratch): mode 1 its chunk's
-//   top k at 2·k·g, mode 0 its (max, sum of exp) at 2·g. WG = 256. Missing entries (k above the
-//   candidates) are (MASKED, 0xffffffff).
-// Variants: MERGE, one workgroup finishing what `groups` workgroups left in src (u32): mode 1
-//   the top k of their groups·k candidates (n = groups·k), mode 0 the log-sum-exp of their n =
-//   groups partials. Every entry of the row's top k is among its chunk's top k, and the chunks
+// Bindings: 0 src: row r at src_offset + r·src_stride + i, n values f32; values ≤ MASKED
+//   (logit_adjust's masked tokens) are no candidates and add nothing to the sum | 1 dst: row r's
+//   results at dst_offset + r·dst_stride: k (f32 bits, index) u32 pairs (mode 1), then the
+//   log-sum-exp as f32 bits at 2·k (mode 0) | 2 params.
+// Dispatch: (groups, 1, rows); workgroup (g, r) takes the chunk [g·chunk, (g+1)·chunk) of row r.
+//   With one group it writes the results; with more, its partials go to dst (scratch) from
+//   r·scratch_stride: mode 1 its chunk's top k at 2·k·g, mode 0 its (max, sum of exp) at 2·g.
+//   WG = 256. Missing entries (k above the candidates) are (MASKED, 0xffffffff). Rows are
+//   independent: a row's results are the bits it gets alone.
+// Variants: MERGE, one workgroup a row finishing what `groups` workgroups left in src (u32,
+//   row r's from r·scratch_stride): mode 1 the top k of their groups·k candidates (n = groups·k),
+//   mode 0 the log-sum-exp of their n = groups partials. Every entry of the row's top k is among its chunk's top k, and the chunks
 //   come in index order with each sorted, so among equal values the lower position is the lower
 //   index and the merge picks what one pass over the row would.
 //
@@ -28,6 +30,10 @@ struct Params {
   mode: u32,
   chunk: u32,
   groups: u32,
+  src_stride: u32,
+  scratch_stride: u32,
+  dst_offset: u32,
+  dst_stride: u32,
 }
 
 #ifdef MERGE
@@ -77,14 +83,15 @@ fn value_of(key: u32) -> f32 {
   return bitcast<f32>(~key);
 }
 
-// Where this workgroup's entries start in src, and the index of its first one.
+// Where this workgroup's entries start in src (under MERGE, its row's partials), and the index of
+// its first one.
 var<private> off: u32;
 var<private> first_id: u32;
 
 // Entry e of this workgroup: its value and its index in the row.
 fn value_at(e: u32) -> f32 {
 #ifdef MERGE
-  return bitcast<f32>(src[2u * e]);
+  return bitcast<f32>(src[off + 2u * e]);
 #else
   return src[off + e];
 #endif
@@ -92,7 +99,7 @@ fn value_at(e: u32) -> f32 {
 
 fn id_at(e: u32) -> u32 {
 #ifdef MERGE
-  return src[2u * e + 1u];
+  return src[off + 2u * e + 1u];
 #else
   return first_id + e;
 #endif
@@ -108,15 +115,21 @@ fn main(
   @builtin(local_invocation_index) lid: u32,
   @builtin(workgroup_id) wid: vec3<u32>,
 ) {
+  let row = wid.z;
+  let final_at = params.dst_offset + row * params.dst_stride;
 #ifdef MERGE
+  off = row * params.scratch_stride;
   let n = params.n;
-  let out_at = 0u;
+  let out_at = final_at;
+  let partial = false;
 #else
   first_id = wid.x * params.chunk;
-  off = params.src_offset + first_id;
+  off = params.src_offset + row * params.src_stride + first_id;
   let n = min(params.chunk, params.n - first_id);
-  // A group of several writes its partials to its own place in the scratch.
-  let out_at = select(0u, 2u * params.k * wid.x, params.groups > 1u);
+  // A group of several writes its partials to its own place in its row's scratch.
+  let partial = params.groups > 1u;
+  let scratch_at = row * params.scratch_stride;
+  let out_at = select(final_at, scratch_at + 2u * params.k * wid.x, partial);
 #endif
 
   if (params.mode == 0u) {
@@ -125,8 +138,8 @@ fn main(
     var s = 0.0;
 #ifdef MERGE
     for (var g = lid; g < n; g += WG) {
-      let m2 = bitcast<f32>(src[2u * g]);
-      let s2 = bitcast<f32>(src[2u * g + 1u]);
+      let m2 = bitcast<f32>(src[off + 2u * g]);
+      let s2 = bitcast<f32>(src[off + 2u * g + 1u]);
       let mm = max(m, m2);
       s = s * exp(m - mm) + s2 * exp(m2 - mm);
       m = mm;
@@ -157,17 +170,14 @@ fn main(
       workgroupBarrier();
     }
     // No return under lid == 0 (Tint's uniformity analysis would reject the barriers below).
-#ifdef MERGE
-    let partial = false;
-#else
-    let partial = params.groups > 1u;
-#endif
+#ifndef MERGE
     if (lid == 0u && partial) {
-      dst[2u * wid.x] = bitcast<u32>(red_m[0]);
-      dst[2u * wid.x + 1u] = bitcast<u32>(red_s[0]);
+      dst[scratch_at + 2u * wid.x] = bitcast<u32>(red_m[0]);
+      dst[scratch_at + 2u * wid.x + 1u] = bitcast<u32>(red_s[0]);
     }
+#endif
     if (lid == 0u && !partial) {
-      dst[2u * params.k] = bitcast<u32>(red_m[0] + log(red_s[0]));
+      dst[final_at + 2u * params.k] = bitcast<u32>(red_m[0] + log(red_s[0]));
     }
     return;
   }

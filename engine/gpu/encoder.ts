@@ -156,9 +156,16 @@ export interface TimerMarks {
   readonly end: boolean;
 }
 
+/** Words written into a buffer when the step that reads them is submitted (StepEncoder.upload). */
+interface Upload {
+  readonly buffer: GPUBuffer;
+  readonly offset: number;
+  readonly data: Uint32Array<ArrayBuffer>;
+}
+
 /**
- * A step encoded into a command buffer and not yet submitted: its Params go to the arena when
- * it is submitted, so it can be encoded while the GPU still runs the step before it.
+ * A step encoded into a command buffer and not yet submitted: its Params (and its uploads) go to
+ * the GPU when it is submitted, so it can be encoded while the GPU still runs the step before it.
  */
 export class EncodedStep {
   readonly dispatches: number;
@@ -166,6 +173,7 @@ export class EncodedStep {
   readonly #arena: ParamArena;
   readonly #arenaBuffer: GPUBuffer;
   readonly #words: Uint32Array<ArrayBuffer>;
+  readonly #uploads: readonly Upload[];
   readonly #commands: GPUCommandBuffer;
 
   constructor(
@@ -173,6 +181,7 @@ export class EncodedStep {
     arena: ParamArena,
     words: Uint32Array<ArrayBuffer>,
     dispatches: number,
+    uploads: readonly Upload[],
     commands: GPUCommandBuffer,
   ) {
     this.#ctx = ctx;
@@ -180,6 +189,7 @@ export class EncodedStep {
     this.#arenaBuffer = arena.buffer;
     this.#words = words;
     this.dispatches = dispatches;
+    this.#uploads = uploads;
     this.#commands = commands;
   }
 
@@ -188,10 +198,12 @@ export class EncodedStep {
     return this.#arena.buffer !== this.#arenaBuffer;
   }
 
-  /** Uploads the Params and submits; once only. */
+  /** Uploads the Params and the step's uploads, and submits; once only. */
   submit(): void {
     if (this.dispatches) this.#arena.upload(this.#words, this.dispatches);
-    this.#ctx.device.queue.submit([this.#commands]);
+    const { queue } = this.#ctx.device;
+    for (const u of this.#uploads) queue.writeBuffer(u.buffer, u.offset, u.data);
+    queue.submit([this.#commands]);
   }
 }
 
@@ -199,6 +211,7 @@ export class StepEncoder {
   readonly ctx: GpuContext;
   #arena: ParamArena;
   #commands: Command[] = [];
+  #uploads: Upload[] = [];
   /** Packed Params, one arena slot per dispatch; allocated at the first dispatch, arena-sized. */
   #words = new Uint32Array(0);
   #view = new DataView(this.#words.buffer);
@@ -255,6 +268,15 @@ export class StepEncoder {
   /** Records a buffer-to-buffer copy (sizes and offsets multiples of 4). */
   copy(src: GPUBuffer, srcOffset: number, dst: GPUBuffer, dstOffset: number, size: number): void {
     if (size > 0) this.#commands.push({ kind: "copy", src, srcOffset, dst, dstOffset, size });
+  }
+
+  /**
+   * Writes `data` at byte `offset` of `buffer` when the step is submitted, before its commands
+   * run: what a step's dispatches read that its recording decides (a list of rows), written no
+   * earlier, since the step before may still be reading the buffer.
+   */
+  upload(buffer: GPUBuffer, offset: number, data: Uint32Array<ArrayBuffer>): void {
+    if (data.length) this.#uploads.push({ buffer, offset, data });
   }
 
   /** Records zero-filling `size` bytes of `buffer` from `offset`. */
@@ -371,11 +393,19 @@ export class StepEncoder {
       else enc.clearBuffer(c.buffer, c.offset, c.size);
     }
     endPass();
-    const step = new EncodedStep(this.ctx, this.#arena, this.#words, n, enc.finish());
+    const step = new EncodedStep(
+      this.ctx,
+      this.#arena,
+      this.#words,
+      n,
+      this.#uploads,
+      enc.finish(),
+    );
     // The step owns the words now; an encoder that records again starts new ones.
     this.#words = new Uint32Array(0);
     this.#view = new DataView(this.#words.buffer);
     this.#commands = [];
+    this.#uploads = [];
     this.#dispatches = 0;
     return step;
   }

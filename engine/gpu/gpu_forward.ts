@@ -26,8 +26,10 @@ import { qkNormRope } from "./kernels/qk_norm_rope.ts";
 import { rmsNorm } from "./kernels/rms_norm.ts";
 import { ssmConv } from "./kernels/ssm_conv.ts";
 import { logitAdjust } from "./kernels/logit_adjust.ts";
-import { logSumExp, topK } from "./kernels/topk.ts";
+import { logSumExp, topK, topKScratchWords, topKWords } from "./kernels/topk.ts";
 import type { HParams } from "../hparams.ts";
+import { GgmlType } from "../quant/ggml_types.ts";
+import type { GpuTensor } from "./tensor.ts";
 import { ropeThetaScale } from "../reference/rope.ts";
 import type {
   AttentionWeights,
@@ -58,11 +60,13 @@ export interface Activations {
   readonly sharedOut: GPUBuffer; // (T, D)
   readonly logits: GPUBuffer; // (L, V) one chunk of LM-head rows
   readonly greedy: GPUBuffer; // (T) u32 argmax per position
-  readonly mask: GPUBuffer; // (MAX_MASK_WORDS) u32 allowed-token bits of the run's LogitAdjust
-  readonly bias: GPUBuffer; // (MAX_BIAS_PAIRS) (id, bias, repeat, subtract) of the run's LogitAdjust
+  readonly headRows: GPUBuffer; // (T) u32 rows of x whose logits a step computes, when gathered
+  readonly headX: GPUBuffer; // (T, D) those rows of x, gathered
+  readonly mask: GPUBuffer; // u32 allowed-token bits of the step's runs' LogitAdjusts, a run's after another's
+  readonly bias: GPUBuffer; // (id, bias, repeat, subtract) records of the step's runs' LogitAdjusts
   readonly argmaxScratch: GPUBuffer; // argmax candidates of the first pass
-  readonly top: GPUBuffer; // (k) (f32 bits, id) pairs, then the log-sum-exp
-  readonly topScratch: GPUBuffer; // per-chunk top-k and log-sum-exp partials (topKScratchWords)
+  readonly top: GPUBuffer; // per top row: (k) (f32 bits, id) pairs, then the log-sum-exp
+  readonly topScratch: GPUBuffer; // per-chunk top-k and log-sum-exp partials (topKScratchWords a row)
 }
 
 /**
@@ -397,65 +401,147 @@ export function encodeLayers(
   });
 }
 
-/** Words of act.mask and pairs of act.bias that a step's last position applies (0: none). */
-export interface AdjustSizes {
+/** A head row's logit adjustments: words of act.mask and records of act.bias, where they start. */
+export interface HeadAdjust {
+  readonly maskAt: number;
   readonly words: number;
+  readonly biasAt: number;
   readonly pairs: number;
 }
 
 /**
- * Records the last stage's head over `positions` ("all", or the "last" alone) of a T-position
- * step: output RMSNorm, LM head in chunks of plan.lmChunk positions, the last position's logit
- * adjustments, the greedy id of each of those positions into `greedy` (u32, from element
- * `offset`) and the top `topk` and log-sum-exp of the last position into act.top.
+ * A row of a step whose logits the last stage computes (a run's last position, or every position
+ * of a run that asks for "all"): its greedy id always; with `top`, also the step's top-k and the
+ * log-sum-exp of its logits, after its adjustments.
  */
-export function encodeHead(
-  enc: StepEncoder,
-  plan: ForwardPlan,
-  T: number,
-  topk: number,
-  greedy: { readonly buffer: GPUBuffer; readonly offset: number },
-  adjust: AdjustSizes = { words: 0, pairs: 0 },
-  positions: "all" | "last" = "all",
-): void {
+export interface HeadRow {
+  /** Its row of act.x. */
+  readonly row: number;
+  readonly adjust?: HeadAdjust;
+  readonly top?: boolean;
+}
+
+/** What the last stage's head of a step computes and where its results go. */
+export interface StepHead {
+  /** The rows, in the order their greedy ids are written. */
+  readonly rows: readonly HeadRow[];
+  /** Candidates of every top row (1..MAX_TOPK; unused without top rows). */
+  readonly topk: number;
+  /** Greedy id of rows[i] at element offset + i. */
+  readonly greedy: { readonly buffer: GPUBuffer; readonly offset: number };
+}
+
+/** A stage's activation rows (act.x, act.h) as an F32 table, for gathering rows with getRows. */
+function rowTable(buffer: GPUBuffer, cols: number): GpuTensor {
+  const rows = buffer.size / (4 * cols);
+  return {
+    name: "activation rows",
+    type: GgmlType.F32,
+    cols,
+    matrixRows: rows,
+    experts: 1,
+    rowBytes: 4 * cols,
+    bytes: buffer.size,
+    parts: [{ buffer, firstRow: 0, rows }],
+  };
+}
+
+/**
+ * Records the last stage's head over `head.rows` of a step: output RMSNorm, LM head in chunks of
+ * plan.lmChunk rows, each row's adjustments, the greedy id of each row into head.greedy, and the
+ * top head.topk and log-sum-exp of each top row into act.top (the j-th top row's at
+ * j·topKWords(topk)). Every row gets the bits it gets alone: rows are gathered (when not one
+ * contiguous run of act.x) and normed without reading each other.
+ */
+export function encodeHead(enc: StepEncoder, plan: ForwardPlan, head: StepHead): void {
   const { hp, act, weights } = plan;
   const { D, V } = hp;
   if (!weights.output || !weights.outputNorm) {
     throw new RangeError("Cannot run the LM head: this stage does not own the last layer");
   }
-  const from = positions === "last" ? T - 1 : 0;
-  // One row folds the norm into its product, reading row `from` of x (a decode step, or the last
-  // position alone), with the bits a prefill's normed row gets; else every row is normed into h.
-  // Either way position t's input sits at row t of h.x.
-  const h = normed(enc, plan, weights.outputNorm, T - from);
-  for (let t0 = from; t0 < T; t0 += plan.lmChunk) {
-    const rows = Math.min(plan.lmChunk, T - t0);
-    mulMat(enc, { w: weights.output, x: h.x, y: act.logits }, {
+  const R = head.rows.length;
+  if (R === 0) return;
+  // The rows' inputs as one contiguous run from `base` of `src`.
+  const r0 = head.rows[0].row;
+  const contiguous = head.rows.every((h, i) => h.row === r0 + i);
+  let src = act.x;
+  let base = r0;
+  if (!contiguous) {
+    enc.upload(act.headRows, 0, Uint32Array.from(head.rows, (h) => h.row));
+    getRows(enc, { w: rowTable(act.x, D), ids: act.headRows, y: act.headX }, { tokens: R });
+    src = act.headX;
+    base = 0;
+  }
+  // A few rows fold the norm into their products (reading src), else every row is normed into
+  // h from row 0; either way with the bits a prefill's normed row gets.
+  const folded = R <= DECODE_MAX_TOKENS;
+  if (!folded) {
+    rmsNorm(enc, { x: src, w: weights.outputNorm, y: act.h }, {
+      n: D,
+      rows: R,
+      eps: hp.eps,
+      xOffset: base * D,
+    });
+  }
+  const tops: number[] = [];
+  head.rows.forEach((h, i) => {
+    if (h.top) tops.push(i);
+  });
+  const topAt = new Map(tops.map((i, j) => [i, j]));
+  const words = topKWords(head.topk);
+  const perDispatch = Math.max(
+    1,
+    Math.floor(act.topScratch.size / 4 / topKScratchWords(V, head.topk)),
+  );
+  for (let c0 = 0; c0 < R; c0 += plan.lmChunk) {
+    const rows = Math.min(plan.lmChunk, R - c0);
+    mulMat(enc, { w: weights.output, x: folded ? src : act.h, y: act.logits }, {
       tokens: rows,
-      norm: h.norm,
-      xOffset: t0 * D,
+      norm: folded ? { w: weights.outputNorm, eps: hp.eps } : undefined,
+      xOffset: ((folded ? base : 0) + c0) * D,
     });
-    if (t0 + rows === T) {
-      // Biases, then the normaliser (the model's distribution), then the grammar's mask, which
-      // limits the greedy id and the candidates.
-      const row = { n: V, offset: (rows - 1) * V };
-      const logits = { logits: act.logits, mask: act.mask, bias: act.bias };
-      logitAdjust(enc, logits, { ...row, words: 0, pairs: adjust.pairs });
-      const top = { src: act.logits, scratch: act.topScratch, out: act.top };
-      if (topk > 0) logSumExp(enc, top, { ...row, k: topk });
-      logitAdjust(enc, logits, { ...row, words: adjust.words, pairs: 0 });
+    // Per row: biases, then the normaliser (the model's distribution), then the grammar's mask,
+    // which limits the greedy id and the candidates.
+    const logits = { logits: act.logits, mask: act.mask, bias: act.bias };
+    const adjusted = (pick: (a: HeadAdjust) => number) =>
+      head.rows.slice(c0, c0 + rows).flatMap((h, i) =>
+        h.adjust && pick(h.adjust) > 0 ? [{ a: h.adjust, offset: i * V }] : []
+      );
+    for (const { a, offset } of adjusted((a) => a.pairs)) {
+      logitAdjust(enc, logits, { n: V, offset, words: 0, pairs: a.pairs, biasOffset: a.biasAt });
     }
-    argmax(enc, { src: act.logits, scratch: act.argmaxScratch, out: greedy.buffer }, {
+    // The chunk's top rows, in runs of consecutive rows that fit the scratch.
+    const runs: { first: number; count: number }[] = [];
+    for (let i = c0; i < c0 + rows; i++) {
+      if (!head.rows[i].top) continue;
+      const last = runs[runs.length - 1];
+      if (last && last.first + last.count === i && last.count < perDispatch) last.count++;
+      else runs.push({ first: i, count: 1 });
+    }
+    const top = { src: act.logits, scratch: act.topScratch, out: act.top };
+    const rowsOf = (r: { first: number; count: number }) => ({
       n: V,
-      rows,
-      outOffset: greedy.offset + t0 - from,
+      k: head.topk,
+      offset: (r.first - c0) * V,
+      rows: r.count,
+      outOffset: topAt.get(r.first)! * words,
+      outStride: words,
     });
-    if (topk > 0 && t0 + rows === T) {
-      topK(enc, { src: act.logits, scratch: act.topScratch, out: act.top }, {
+    for (const r of runs) logSumExp(enc, top, rowsOf(r));
+    for (const { a, offset } of adjusted((a) => a.words)) {
+      logitAdjust(enc, logits, {
         n: V,
-        k: topk,
-        offset: (rows - 1) * V,
+        offset,
+        words: a.words,
+        pairs: 0,
+        maskOffset: a.maskAt,
       });
     }
+    argmax(enc, { src: act.logits, scratch: act.argmaxScratch, out: head.greedy.buffer }, {
+      n: V,
+      rows,
+      outOffset: head.greedy.offset + c0,
+    });
+    for (const r of runs) topK(enc, top, rowsOf(r));
   }
 }

@@ -50,11 +50,12 @@ import {
 import { loadStageWeights } from "./gpu_weights.ts";
 import {
   type Activations,
-  type AdjustSizes,
   encodeHead,
   encodeLayers,
   type ForwardPlan,
   type GpuLayerState,
+  type HeadRow,
+  type StepHead,
   type StepSeq,
 } from "./gpu_forward.ts";
 
@@ -102,14 +103,20 @@ export interface StageMemory {
 /** Bytes of logits one LM-head chunk may take. */
 const LOGITS_BYTES = 64 * 1024 * 1024;
 
-/** Each activation buffer of a stage running T positions at once: its label and f32 count. */
+/**
+ * Each activation buffer of a stage running T positions of up to `slots` runs at once: its label
+ * and f32 count.
+ */
 export function activationFloats(
   hp: HParams,
   T: number,
+  slots: number,
   lmChunk: number,
   attnPartFloats: number,
 ): Record<keyof Activations, readonly [string, number]> {
   const { D, Hq, Hkv, Dh, C, Nv, Dv, E, Ku, Fe, Fs, F, V } = hp;
+  // Runs a step may carry, each with its own adjustments and candidates.
+  const runs = Math.min(slots, T);
   return {
     ids: ["ids", T + 1],
     x: ["x", T * D],
@@ -129,10 +136,15 @@ export function activationFloats(
     sharedOut: ["shared out", T * D],
     logits: ["logits", lmChunk * V],
     greedy: ["greedy ids", T],
-    mask: ["token mask", Math.ceil(V / 32)],
-    bias: ["logit biases", BIAS_RECORD_BYTES / 4 * MAX_BIAS_PAIRS],
+    headRows: ["head rows", T],
+    headX: ["head rows gathered", T * D],
+    mask: ["token masks", runs * Math.ceil(V / 32)],
+    bias: [
+      "logit biases",
+      BIAS_RECORD_BYTES / 4 * Math.min(runs * MAX_BIAS_PAIRS, STEP_BIAS_PAIRS),
+    ],
     argmaxScratch: ["argmax scratch", argmaxScratchWords(lmChunk)],
-    top: ["top-k", topKWords(MAX_TOPK)],
+    top: ["top-k", runs * topKWords(MAX_TOPK)],
     topScratch: ["top-k scratch", topKScratchWords(V, MAX_TOPK)],
   };
 }
@@ -230,18 +242,26 @@ interface Prepared {
   readonly encoded: Promise<GPUError | null>;
 }
 
-const NO_ADJUST: AdjustSizes = { words: 0, pairs: 0 };
-const ALL_MARKS = { start: true, end: true } as const;
-
-/** What a run's step records besides its slot and positions: its LM head's outputs. */
-interface HeadPlan {
+/**
+ * A run's place in a step: its slot and positions, and what the last stage's head computes for
+ * it (its top-k, which positions, and the sizes of its logit adjustments; all 0 or "none" on a
+ * stage before the last, which computes no logits whatever it is asked).
+ */
+interface StepRun {
+  readonly slot: number;
+  readonly base: number;
+  readonly n: number;
   readonly k: number;
-  readonly adjust: AdjustSizes;
   readonly logits: LogitPositions;
+  /** Words of its mask and records of its biases. */
+  readonly words: number;
+  readonly pairs: number;
 }
 
-function runKey(n: number, base: number, head: HeadPlan): string {
-  return `run ${n} ${base} ${head.k} ${head.adjust.words} ${head.adjust.pairs} ${head.logits}`;
+/** What a step's recording depends on besides its slots' state: its runs, in row order. */
+function stepKey(runs: readonly StepRun[]): string {
+  return runs.map((r) => `${r.slot}@${r.base}+${r.n} ${r.logits} ${r.k} ${r.words} ${r.pairs}`)
+    .join(" | ");
 }
 
 /**
@@ -254,47 +274,75 @@ interface Submission {
   readonly what: () => string;
 }
 
-function positions(slot: number, base: number, n: number): Submission {
-  return { slots: [slot], tokens: n, what: () => `positions ${base}..${base + n} of slot ${slot}` };
-}
-
-/** A step of one-token runs of several slots: the slots and their positions, in row order. */
-function batchKey(runs: readonly { readonly slot: number; readonly base: number }[]): string {
-  return `batch ${runs.map((r) => `${r.slot}@${r.base}`).join(" ")}`;
+function submission(runs: readonly StepRun[]): Submission {
+  return {
+    slots: runs.map((r) => r.slot),
+    tokens: runs.reduce((n, r) => n + r.n, 0),
+    what: () =>
+      runs.map((r) => `positions ${r.base}..${r.base + r.n} of slot ${r.slot}`).join(", "),
+  };
 }
 
 /**
- * A greedy one-token run waiting to share a step with other slots' (GpuStage.run): several
- * sequences decoding at once read each weight once a step instead of once each.
+ * A run waiting to share a step with other slots' (GpuStage.run): several sequences at once read
+ * each weight once a step instead of once each.
  */
-interface Waiting {
-  readonly slot: number;
-  readonly base: number;
+interface Waiting extends StepRun {
   readonly input: StageInput;
+  readonly adjust: LogitAdjust | undefined;
   readonly started: number;
   readonly resolve: (out: StageOutput) => void;
   readonly reject: (e: unknown) => void;
 }
 
+/** A step's runs laid out: their rows, the head, what it reads back, and each run's output. */
+interface StepLayout {
+  readonly seqs: readonly StepSeq[];
+  readonly head: StepHead | undefined;
+  readonly outputs: Outputs;
+  readonly read: (data: ArrayBuffer) => StageOutput[];
+}
+
 /**
- * How long a slot that ran recently counts as active (its next run is expected), and how long
- * a waiting run waits for the active slots that are not on the GPU before its step goes without
- * them (they are then taken as idle until they run again).
+ * How long a slot that ran recently counts as active (its next run is expected), and how long,
+ * once none of this stage's steps is on the GPU, waiting runs wait for the active slots that have
+ * not joined them before their step goes without them (those are then taken as idle until they
+ * run again).
  */
 const ACTIVE_MS = 200;
 const WAIT_MS = 5;
 /**
- * Shared steps pay where a step's time is the GPU's. Where every awaited map costs ≥ 11 ms
- * (Deno's builtin provider), two slots' own steps run side by side, each one's map overlapping
- * the other's, and beat one shared step: on the H200 two sequences ran 102 tok/s apart (e8cbdcd)
- * and 91 shared (e8ec441), through the split 63.9 and 49.8.
+ * Where every awaited map costs ≥ 11 ms (Deno's builtin provider), two slots' own steps run side
+ * by side, each one's map overlapping the other's, and beat one shared step: on the H200 two
+ * sequences ran 102 tok/s apart (e8cbdcd) and 91 shared (e8ec441), through the split 63.9 and
+ * 49.8. From this many slots on, a shared step reads the weights once for all of them and wins
+ * there too.
  */
 const SHARE_MAX_MAP_FLOOR_MS = 1;
+const SHARE_MIN_SLOTS_SLOW_MAPS = 3;
+/** Bias records one step may carry, over all its runs (each run's alone fits: MAX_BIAS_PAIRS). */
+export const STEP_BIAS_PAIRS = 4 * MAX_BIAS_PAIRS;
 
 /** decodeGreedy's step s at position pos; only its last step depends on steps and k. */
 function fusedKey(pos: number, s: number, steps: number, k: number): string {
   return s === steps - 1 ? `fused ${pos} ${s} last ${steps} ${k}` : `fused ${pos} ${s}`;
 }
+
+/** The top-k pairs of a readback's words from `at`, and the log-sum-exp after `stride` pairs. */
+function readTop(data: ArrayBuffer, at: number, k: number, stride: number): Candidates {
+  const words = new Uint32Array(data, 4 * at, 2 * stride + 1);
+  const floats = new Float32Array(data, 4 * at, 2 * stride + 1);
+  const top: TopEntry[] = [];
+  for (let i = 0; i < k; i++) {
+    const id = words[2 * i + 1];
+    if (id !== 0xffffffff) top.push({ id, logit: floats[2 * i] });
+  }
+  return { top, lse: floats[2 * stride] };
+}
+
+type Candidates = Pick<LastOutput, "top" | "lse">;
+const NO_CANDIDATES: Candidates = { top: [], lse: NaN };
+const ALL_MARKS = { start: true, end: true } as const;
 
 /** A Stage on the GPU, plus greedy multi-token decoding where it owns the whole model. */
 export class GpuStage implements Stage {
@@ -315,19 +363,23 @@ export class GpuStage implements Stage {
   readonly #profile: ((p: StepProfile) => void) | undefined;
   readonly #timer: StepTimer | undefined;
   readonly #dispatchProfiler: DispatchProfiler | undefined;
-  /** Whether greedy one-token runs of several slots share steps (GpuStageOptions.shareSteps). */
-  readonly #shares: boolean;
+  /**
+   * From how many active slots on runs of several slots share steps (GpuStageOptions.shareSteps):
+   * 2 where maps are cheap or sharing is asked for, SHARE_MIN_SLOTS_SLOW_MAPS where they are
+   * not, never (Infinity) with one slot or when asked not to.
+   */
+  readonly #shareFrom: number;
   /** The last wait (ms from submit to outputs back) per slot and shape of submission. */
   readonly #waits = new Map<string, number>();
-  /** Greedy one-token runs not yet submitted, in call order (run, #flush). */
+  /** Runs not yet submitted, in call order (run, #flush). */
   #waiting: Waiting[] = [];
   #flushTimer: ReturnType<typeof setTimeout> | undefined;
   #flushQueued = false;
-  /** The next step of the last batch, encoded while the GPU ran it. */
+  /** The next step of the last shared step, encoded while the GPU ran it. */
   #aheadBatch: Prepared | undefined;
   /** Slots with a step on the GPU. */
   readonly #inFlight = new Set<number>();
-  /** When each slot's last greedy one-token run came back (slots that ran otherwise: absent). */
+  /** When each slot's last run came back (slots that decode greedily on the GPU alone: absent). */
   readonly #active = new Map<number, number>();
   #closed = false;
 
@@ -348,8 +400,11 @@ export class GpuStage implements Stage {
     this.#memory = memory;
     this.#profile = timing.profile;
     this.#dispatchProfiler = timing.dispatchProfiler;
-    this.#shares = slots > 1 &&
-      (timing.shareSteps ?? memory.ctx.mapFloorMs < SHARE_MAX_MAP_FLOOR_MS);
+    this.#shareFrom = slots === 1 || timing.shareSteps === false
+      ? Infinity
+      : timing.shareSteps || memory.ctx.mapFloorMs < SHARE_MAX_MAP_FLOOR_MS
+      ? 2
+      : SHARE_MIN_SLOTS_SLOW_MAPS;
     this.#timer = timing.profile ? createStepTimer(memory) : undefined;
     this.#hp = hp;
     this.#plan = plan;
@@ -391,12 +446,6 @@ export class GpuStage implements Stage {
     return this.slots + idx;
   }
 
-  /** Validates a run and writes its input rows or ids. */
-  #input(slot: number, input: StageInput, n: number, base: number): void {
-    this.#check(slot, input, n, base);
-    this.#write(input, 0);
-  }
-
   #check(slot: number, input: StageInput, n: number, base: number): void {
     this.#checkSlot(slot);
     checkRun(this, slot, input, n, base, this.#pos[slot], this.#hp.V);
@@ -410,52 +459,87 @@ export class GpuStage implements Stage {
   }
 
   /**
-   * A greedy one-token run joins the runs waiting for a step. The step goes once every slot
-   * that is active and not on the GPU has joined (they return together, so they come back
-   * together), at the latest after WAIT_MS; runs arriving in one turn of the event loop share it.
+   * A run joins the runs waiting for a step. The step goes once every active slot has joined
+   * (they return together, so they come back together); while one of this stage's steps is on
+   * the GPU its slots count as joining (their next runs come once it is back, and the GPU has
+   * work meanwhile), else the step goes at the latest WAIT_MS after the GPU went idle. Runs
+   * arriving in one turn of the event loop share a step.
    */
-  #wait(slot: number, input: StageInput, base: number, started: number): Promise<StageOutput> {
-    if (this.#waiting.some((w) => w.slot === slot)) this.#flush();
-    this.#check(slot, input, 1, base);
-    this.#pos[slot] = base + 1;
+  #wait(w: Waiting): Promise<StageOutput> {
+    if (this.#waiting.some((o) => o.slot === w.slot)) this.#flush();
+    this.#check(w.slot, w.input, w.n, w.base);
+    this.#pos[w.slot] = w.base + w.n;
     const out = new Promise<StageOutput>((resolve, reject) => {
-      this.#waiting.push({ slot, base, input, started, resolve, reject });
+      this.#waiting.push({ ...w, resolve, reject });
     });
-    // Slots not back for ACTIVE_MS are taken as idle: not waited for, and not kept in #active,
-    // where they would keep a slot decoding alone from going at once (run).
+    this.#schedule();
+    return out;
+  }
+
+  /** Whether every active slot has a run waiting. */
+  get #allJoined(): boolean {
+    // Slots not back for ACTIVE_MS are taken as idle: not waited for, and not kept in #active.
     const now = performance.now();
     for (const [s, at] of [...this.#active]) {
       const here = this.#inFlight.has(s) || this.#waiting.some((w) => w.slot === s);
       if (!here && now - at >= ACTIVE_MS) this.#active.delete(s);
     }
-    const expected = [...this.#active.keys()].some((s) =>
-      !this.#inFlight.has(s) && !this.#waiting.some((w) => w.slot === s)
-    );
-    if (!expected || this.#waiting.length === Math.min(this.slots, DECODE_MAX_TOKENS)) {
+    return [...this.#active.keys()].every((s) => this.#waiting.some((w) => w.slot === s));
+  }
+
+  /** Submits the waiting runs now, when all have joined, or arms the wait for the others. */
+  #schedule(): void {
+    if (this.#waiting.length === 0) return;
+    if (this.#allJoined || this.#waiting.length === this.slots) {
       if (!this.#flushQueued) {
         this.#flushQueued = true;
         queueMicrotask(() => this.#flush());
       }
-    } else if (this.#flushTimer === undefined) {
-      this.#flushTimer = setTimeout(() => {
-        // The slots that did not come are idle until they run again.
-        const came = new Set(this.#waiting.map((w) => w.slot));
-        for (const s of [...this.#active.keys()]) {
-          if (!came.has(s) && !this.#inFlight.has(s)) this.#active.delete(s);
-        }
-        this.#flush();
-      }, WAIT_MS);
+      return;
     }
-    return out;
+    // A step on the GPU brings its slots back: wait for them (re-armed when it is back).
+    if (this.#inFlight.size > 0 || this.#flushTimer !== undefined) return;
+    this.#flushTimer = setTimeout(() => {
+      this.#flushTimer = undefined;
+      // The slots that did not come are idle until they run again.
+      const came = new Set(this.#waiting.map((w) => w.slot));
+      for (const s of [...this.#active.keys()]) {
+        if (!came.has(s) && !this.#inFlight.has(s)) this.#active.delete(s);
+      }
+      this.#flush();
+    }, WAIT_MS);
   }
 
-  /** Submits the waiting runs: alone as a run, or a step of one row a slot. */
+  /**
+   * Submits the waiting runs as steps: one-token runs first, then the others in call order, each
+   * step as many as its rows (maxBatch), its slots' logit adjustments and its biases hold.
+   */
   #flush(): void {
     this.#flushQueued = false;
     if (this.#flushTimer !== undefined) clearTimeout(this.#flushTimer);
     this.#flushTimer = undefined;
-    while (this.#waiting.length) {
-      const runs = this.#waiting.splice(0, DECODE_MAX_TOKENS);
+    const order = [
+      ...this.#waiting.filter((w) => w.n === 1),
+      ...this.#waiting.filter((w) => w.n !== 1),
+    ];
+    this.#waiting = [];
+    while (order.length) {
+      const runs: Waiting[] = [];
+      let rows = 0;
+      let pairs = 0;
+      for (let i = 0; i < order.length;) {
+        const w = order[i];
+        if (rows + w.n > this.maxBatch || pairs + w.pairs > STEP_BIAS_PAIRS) {
+          i++;
+          continue;
+        }
+        runs.push(w);
+        order.splice(i, 1);
+        rows += w.n;
+        pairs += w.pairs;
+      }
+      // Candidates first: their head rows then run together (one top-k dispatch for them all).
+      runs.sort((a, b) => Number(b.k > 0) - Number(a.k > 0));
       const settle = (done: Promise<StageOutput[]>) =>
         done.then(
           (outs) =>
@@ -480,39 +564,36 @@ export class GpuStage implements Stage {
   /** A waiting run alone: the run it would have been. */
   #single(w: Waiting): Promise<StageOutput> {
     this.#write(w.input, 0);
-    const head: HeadPlan = { k: 0, adjust: NO_ADJUST, logits: "last" };
-    return this.#submitRun(w.slot, 1, w.base, head, w.started).then((data) =>
-      this.#output(data, 0)
-    );
+    this.#uploadAdjusts([w]);
+    return this.#submitRun(w, w.started).then((data) => this.#layout([w]).read(data)[0]);
   }
 
   /**
-   * Submits a run of n positions of `slot` from `base` whose input is written (its step encoded
-   * ahead if it was), advances the slot, and encodes the next token's step ahead.
+   * Submits a run of `run.n` positions whose input is written (its step encoded ahead if it
+   * was), advances the slot, and encodes the next token's step ahead.
    */
-  #submitRun(
-    slot: number,
-    n: number,
-    base: number,
-    head: HeadPlan,
-    started: number,
-  ): Promise<ArrayBuffer> {
-    const step = this.#ahead(slot, runKey(n, base, head)) ??
-      this.#prepareRun(slot, n, base, head);
-    const done = this.#submit(1, () => step, started, positions(slot, base, n));
+  #submitRun(run: StepRun, started: number): Promise<ArrayBuffer> {
+    const { slot, n, base } = run;
+    const step = this.#ahead(slot, stepKey([run])) ?? this.#prepareStep([run]);
+    const done = this.#submit(1, () => step, started, submission([run]));
     this.#pos[slot] = base + n;
     // The next token's step, encoded while the GPU runs this one: the id it embeds is written
     // before it is submitted, so only its position and what the head returns must match.
     if (n === 1 && base + 2 <= this.ctx) {
-      this.#encodeAhead(slot, () => this.#prepareRun(slot, 1, base + 1, head));
+      this.#encodeAhead(slot, () => this.#prepareStep([{ ...run, base: base + 1 }]));
     }
     return done;
   }
 
-  /** Waiting runs of 2..DECODE_MAX_TOKENS slots as one step, a row each (the same bits alone). */
+  /** Waiting runs of several slots as one step (each run gets the bits it gets alone). */
   #batch(runs: readonly Waiting[]): Promise<StageOutput[]> {
-    runs.forEach((w, row) => this.#write(w.input, row));
-    const key = batchKey(runs);
+    let row = 0;
+    for (const w of runs) {
+      this.#write(w.input, row);
+      row += w.n;
+    }
+    this.#uploadAdjusts(runs);
+    const key = stepKey(runs);
     const ahead = this.#aheadBatch;
     this.#aheadBatch = undefined;
     let step = ahead;
@@ -520,32 +601,20 @@ export class GpuStage implements Stage {
       this.#drop(ahead);
       step = undefined;
     }
-    step ??= this.#prepareBatch(runs);
+    step ??= this.#prepareStep(runs);
     const started = Math.min(...runs.map((w) => w.started));
-    const done = this.#submit(1, () => step, started, {
-      slots: runs.map((w) => w.slot),
-      tokens: runs.length,
-      what: () =>
-        `one position each of slots ${runs.map((w) => `${w.slot} (at ${w.base})`).join(", ")}`,
-    });
-    const next = runs.map((w) => ({ ...w, base: w.base + 1 }));
+    const done = this.#submit(1, () => step, started, submission(runs));
+    // The next step as it comes if every run decodes one more token the same way.
+    const next = runs.map((w): StepRun => ({ ...w, base: w.base + w.n, n: 1 }));
     if (next.every((w) => w.base + 1 <= this.ctx) && !this.#dispatchProfiler) {
       try {
-        this.#aheadBatch = this.#prepareBatch(next);
+        this.#aheadBatch = this.#prepareStep(next);
       } catch {
         // As #encodeAhead: the step that needs it encodes it again and fails there.
       }
     }
-    return done.then((data) => runs.map((_, row) => this.#output(data, row)));
-  }
-
-  /** Row `row` of a step read back: its hidden row, or its greedy id. */
-  #output(data: ArrayBuffer, row: number): StageOutput {
-    if (!this.#last) {
-      const D = this.#hp.D;
-      return { kind: "hidden", rows: new Float32Array(data.slice(4 * row * D, 4 * (row + 1) * D)) };
-    }
-    return { kind: "ids", ids: new Uint32Array(data, 4 * row, 1).slice(), top: [], lse: NaN };
+    const layout = this.#layout(runs);
+    return done.then((data) => layout.read(data));
   }
 
   #takeReadback(bytes: number): GPUBuffer {
@@ -567,23 +636,33 @@ export class GpuStage implements Stage {
     const k = this.#topk(options);
     const logits = checkLogits(options);
     if (this.#last) checkAdjust(options.adjust, this.#hp.V);
-    const adjusted = !!options.adjust?.mask || !!options.adjust?.bias?.length;
-    // A stage before the last computes no logits whatever it is asked, so its one-token runs
-    // can share a step however the caller asks for them.
-    const shareable = this.#shares && n === 1 && k === 0 && !adjusted &&
-      (logits !== "none" || !this.#last);
-    // A slot decoding alone (the only active one, no run waiting) goes as it would without
-    // sharing, its submit not put off to the end of the event loop's turn.
-    const alone = this.#waiting.length === 0 && this.#active.has(slot) && this.#active.size === 1;
-    if (shareable && !alone) return this.#wait(slot, input, base, started);
-    if (!shareable) this.#active.delete(slot);
+    // A stage before the last computes no logits whatever it is asked.
+    const adjust = this.#last ? options.adjust : undefined;
+    const run: StepRun = {
+      slot,
+      base,
+      n,
+      k: this.#last ? k : 0,
+      logits: this.#last ? logits : "none",
+      words: adjust?.mask?.length ?? 0,
+      pairs: adjust?.bias?.length ?? 0,
+    };
+    // Runs share steps once enough slots are active (on the GPU, waiting, or back from a run
+    // not long ago); a slot running alone goes as it would without sharing, its submit not put
+    // off to the end of the event loop's turn.
+    const active = new Set([...this.#active.keys(), ...this.#inFlight, slot]);
+    for (const w of this.#waiting) active.add(w.slot);
+    const alone = this.#waiting.length === 0 && active.size === 1 && this.#active.has(slot);
+    if (active.size >= this.#shareFrom || (this.#shareFrom === 2 && !alone)) {
+      return this.#wait({ ...run, input, adjust, started, resolve: () => {}, reject: () => {} });
+    }
     this.#flush();
-    this.#input(slot, input, n, base);
-    const adjust = this.#last ? this.#uploadAdjust(options.adjust) : NO_ADJUST;
-    const data = await this.#submitRun(slot, n, base, { k, adjust, logits }, started);
-    if (shareable) this.#active.set(slot, performance.now());
-    if (!this.#last) return { kind: "hidden", rows: new Float32Array(data) };
-    return { kind: "ids", ...this.#lastOutput(data, greedyCount(logits, n), k) };
+    this.#check(slot, input, n, base);
+    this.#write(input, 0);
+    this.#uploadAdjusts([{ ...run, adjust }]);
+    const data = await this.#submitRun(run, started);
+    if (this.#shareFrom !== Infinity) this.#active.set(slot, performance.now());
+    return this.#layout([run]).read(data)[0];
   }
 
   /**
@@ -614,7 +693,8 @@ export class GpuStage implements Stage {
     const k = this.#topk(options);
     this.#active.delete(slot);
     this.#flush();
-    this.#input(slot, { kind: "ids", ids: Uint32Array.of(id) }, 1, base);
+    this.#check(slot, { kind: "ids", ids: Uint32Array.of(id) }, 1, base);
+    this.#write({ kind: "ids", ids: Uint32Array.of(id) }, 0);
     if (!Number.isInteger(steps) || steps < 1 || steps > this.maxBatch || base + steps > this.ctx) {
       throw new RangeError(
         `Cannot decode ${steps} tokens from position ${base}: expected 1..${this.maxBatch} steps within the context of ${this.ctx}`,
@@ -624,13 +704,16 @@ export class GpuStage implements Stage {
     // Each step is submitted before the next is encoded.
     const prepare = (s: number) =>
       (s === 0 ? first : undefined) ?? this.#prepareFused(slot, base, s, steps, k);
-    const done = this.#submit(steps, prepare, started, positions(slot, base, steps));
+    const run = { slot, base, n: steps, k, logits: "all" as const, words: 0, pairs: 0 };
+    const done = this.#submit(steps, prepare, started, submission([run]));
     this.#pos[slot] = base + steps;
     // The next call's first step, for a caller that goes on decoding this sequence.
     if (base + steps + 2 <= this.ctx) {
       this.#encodeAhead(slot, () => this.#prepareFused(slot, base + steps, 0, 2, 0));
     }
-    return this.#lastOutput(await done, steps, k);
+    const data = await done;
+    const ids = new Uint32Array(data, 0, steps).slice();
+    return { ids, ...(k ? readTop(data, steps, k, k) : NO_CANDIDATES) };
   }
 
   #topk(options: Pick<StageRunOptions, "topk">): number {
@@ -639,14 +722,24 @@ export class GpuStage implements Stage {
     return Math.min(topk, this.#hp.V);
   }
 
-  /** Writes a run's (checked) adjustments into act.mask and act.bias; their sizes. */
-  #uploadAdjust(adjust: LogitAdjust | undefined): AdjustSizes {
+  /**
+   * Writes the (checked) adjustments of a step's runs into act.mask and act.bias, one run's after
+   * another's, where #layout places them.
+   */
+  #uploadAdjusts(runs: readonly { readonly adjust: LogitAdjust | undefined }[]): void {
     const { act } = this.#plan;
-    const mask = adjust?.mask;
-    if (mask) writeBytes(this.#gpu, act.mask, 0, mask);
-    const bias = adjust?.bias ?? [];
-    if (bias.length) writeBytes(this.#gpu, act.bias, 0, encodeBias(bias));
-    return { words: mask?.length ?? 0, pairs: bias.length };
+    let maskAt = 0;
+    let biasAt = 0;
+    for (const { adjust } of runs) {
+      const mask = adjust?.mask;
+      if (mask) writeBytes(this.#gpu, act.mask, 4 * maskAt, mask);
+      const bias = adjust?.bias ?? [];
+      if (bias.length) {
+        writeBytes(this.#gpu, act.bias, BIAS_RECORD_BYTES * biasAt, encodeBias(bias));
+      }
+      maskAt += mask?.length ?? 0;
+      biasAt += bias.length;
+    }
   }
 
   /** A step encoder; a sequence from position 0 first zeroes its slot's DeltaNet states. */
@@ -664,36 +757,79 @@ export class GpuStage implements Stage {
     return enc;
   }
 
-  /** The `n` ids, then the top-k pairs and log-sum-exp of a readback. */
-  #lastOutput(data: ArrayBuffer, n: number, k: number): LastOutput {
-    const words = new Uint32Array(data);
-    const floats = new Float32Array(data);
-    const top: TopEntry[] = [];
-    for (let i = 0; i < k; i++) {
-      const id = words[n + 2 * i + 1];
-      if (id !== 0xffffffff) top.push({ id, logit: floats[n + 2 * i] });
+  /**
+   * Where a step's runs go: a run's rows one after another in its order; on the last stage its
+   * head rows (those its `logits` asks for; its adjustments and top-k on its last position), its
+   * greedy ids and its candidates in the readback, at the step's top-k (the largest of its runs',
+   * whose first k entries are each run's own).
+   */
+  #layout(runs: readonly StepRun[]): StepLayout {
+    const { act } = this.#plan;
+    const D = this.#hp.D;
+    let row = 0;
+    const seqs = runs.map((r) => {
+      const seq = { states: this.#sets[r.slot], base: r.base, row, n: r.n };
+      row += r.n;
+      return seq;
+    });
+    if (!this.#last) {
+      return {
+        seqs,
+        head: undefined,
+        outputs: [[act.x, 0, 4 * row * D]],
+        read: (data) =>
+          seqs.map((s) => ({
+            kind: "hidden",
+            rows: new Float32Array(data.slice(4 * s.row * D, 4 * (s.row + s.n) * D)),
+          })),
+      };
     }
-    return { ids: words.slice(0, n), top, lse: k ? floats[n + 2 * k] : NaN };
+    const topk = Math.max(0, ...runs.map((r) => r.k));
+    const rows: HeadRow[] = [];
+    let maskAt = 0;
+    let biasAt = 0;
+    let tops = 0;
+    const places = runs.map((r, i) => {
+      const count = greedyCount(r.logits, r.n);
+      const first = rows.length;
+      for (let t = r.n - count; t < r.n; t++) {
+        const last = t === r.n - 1;
+        const adjusted = last && (r.words > 0 || r.pairs > 0);
+        rows.push({
+          row: seqs[i].row + t,
+          top: last && r.k > 0,
+          adjust: adjusted ? { maskAt, words: r.words, biasAt, pairs: r.pairs } : undefined,
+        });
+      }
+      maskAt += r.words;
+      biasAt += r.pairs;
+      return { first, count, top: count > 0 && r.k > 0 ? tops++ : -1 };
+    });
+    const R = rows.length;
+    const stride = topk ? topKWords(topk) : 0;
+    return {
+      seqs,
+      head: R ? { rows, topk, greedy: { buffer: act.greedy, offset: 0 } } : undefined,
+      outputs: R ? [[act.greedy, 0, 4 * R], [act.top, 0, 4 * tops * stride]] : [],
+      read: (data) =>
+        runs.map((r, i) => {
+          const p = places[i];
+          const ids = new Uint32Array(data, 4 * p.first, p.count).slice();
+          const top = p.top < 0 ? NO_CANDIDATES : readTop(data, R + p.top * stride, r.k, topk);
+          return { kind: "ids", ids, ...top };
+        }),
+    };
   }
 
   /**
-   * The step of a run of n positions of `slot` from `base`, encoded and not yet submitted; on
-   * the last stage, its head as `head` says ("none": no head, and nothing to read back).
+   * The step of `runs` (one after another, a slot each), encoded and not yet submitted; on the
+   * last stage with the head #layout gives it (none: nothing to read back).
    */
-  #prepareRun(slot: number, n: number, base: number, head: HeadPlan): Prepared {
-    const { act } = this.#plan;
-    const { k, adjust, logits } = head;
-    const outputs: Outputs = !this.#last
-      ? [[act.x, 0, 4 * n * this.#hp.D]]
-      : logits === "none"
-      ? []
-      : [[act.greedy, 0, 4 * greedyCount(logits, n)], [act.top, 0, k ? 4 * topKWords(k) : 0]];
-    const seqs = [{ states: this.#sets[slot], base, row: 0, n }];
-    return this.#prepare(runKey(n, base, head), seqs, outputs, ALL_MARKS, (enc) => {
+  #prepareStep(runs: readonly StepRun[]): Prepared {
+    const { seqs, head, outputs } = this.#layout(runs);
+    return this.#prepare(stepKey(runs), seqs, outputs, ALL_MARKS, (enc) => {
       encodeLayers(enc, this.#plan, seqs);
-      if (this.#last && logits !== "none") {
-        encodeHead(enc, this.#plan, n, k, { buffer: act.greedy, offset: 0 }, adjust, logits);
-      }
+      if (head) encodeHead(enc, this.#plan, head);
     });
   }
 
@@ -711,21 +847,11 @@ export class GpuStage implements Stage {
     const seqs = [{ states: this.#sets[slot], base: base + s, row: 0, n: 1 }];
     return this.#prepare(fusedKey(base + s, s, steps, k), seqs, outputs, marks, (enc) => {
       encodeLayers(enc, this.#plan, seqs, s);
-      encodeHead(enc, this.#plan, 1, last ? k : 0, { buffer: act.ids, offset: s + 1 });
-    });
-  }
-
-  /** The step of one-token runs of several slots, a row each, with the greedy id of each row. */
-  #prepareBatch(runs: readonly { readonly slot: number; readonly base: number }[]): Prepared {
-    const { act } = this.#plan;
-    const T = runs.length;
-    const outputs: Outputs = this.#last
-      ? [[act.greedy, 0, 4 * T]]
-      : [[act.x, 0, 4 * T * this.#hp.D]];
-    const seqs = runs.map((w, row) => ({ states: this.#sets[w.slot], base: w.base, row, n: 1 }));
-    return this.#prepare(batchKey(runs), seqs, outputs, ALL_MARKS, (enc) => {
-      encodeLayers(enc, this.#plan, seqs);
-      if (this.#last) encodeHead(enc, this.#plan, T, 0, { buffer: act.greedy, offset: 0 });
+      encodeHead(enc, this.#plan, {
+        rows: [{ row: 0, top: last && k > 0 }],
+        topk: last ? k : 0,
+        greedy: { buffer: act.ids, offset: s + 1 },
+      });
     });
   }
 
@@ -869,6 +995,8 @@ export class GpuStage implements Stage {
     } finally {
       if (readback) this.#readbacks.push(readback);
       for (const slot of run.slots) this.#inFlight.delete(slot);
+      // Runs waiting for this step's slots may now wait out WAIT_MS for them instead.
+      this.#schedule();
     }
   }
 
@@ -942,7 +1070,10 @@ export async function openGpuStage(
   const mem = new GpuMemory(gpu);
   try {
     const { lmChunk, attnPartFloats } = activationShape(hp, { first, end }, ctx, maxBatch);
-    const act = allocActivations(mem, activationFloats(hp, maxBatch, lmChunk, attnPartFloats));
+    const act = allocActivations(
+      mem,
+      activationFloats(hp, maxBatch, slots, lmChunk, attnPartFloats),
+    );
     const sets = Array.from(
       { length: slots + snapshots },
       (_, i) =>
@@ -1004,13 +1135,20 @@ function recordSteps(
   states: readonly GpuLayerState[],
   maxBatch: number,
 ): void {
+  const greedy = { buffer: plan.act.greedy, offset: 0 };
   for (const T of new Set([1, Math.min(2, maxBatch), maxBatch])) {
     encodeLayers(enc, plan, [{ states, base: 0, row: 0, n: T }]);
     if (plan.weights.output) {
       // One word and one pair make logit_adjust record both of its passes.
-      const adjust = { words: 1, pairs: 1 };
-      encodeHead(enc, plan, T, 1, { buffer: plan.act.greedy, offset: 0 }, adjust);
+      const adjust = { maskAt: 0, words: 1, biasAt: 0, pairs: 1 };
+      const rows: HeadRow[] = Array.from({ length: T }, (_, row) => ({ row }));
+      rows[T - 1] = { row: T - 1, top: true, adjust };
+      encodeHead(enc, plan, { rows, topk: 1, greedy });
     }
+  }
+  // Rows of a shared step that are not one run of act.x are gathered first.
+  if (plan.weights.output && maxBatch >= 3) {
+    encodeHead(enc, plan, { rows: [{ row: 0 }, { row: 2 }], topk: 1, greedy });
   }
 }
 

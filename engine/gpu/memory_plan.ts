@@ -149,8 +149,9 @@ export function planStage(
   }
   const maxBatch = options.maxBatch ?? defaultMaxBatch(options.ctx);
   const { lmChunk, attnPartFloats } = activationShape(hp, span, options.ctx, maxBatch);
-  const activations = Object.values(activationFloats(hp, maxBatch, lmChunk, attnPartFloats))
-    .reduce((s, [, n]) => s + paddedSize(4 * n), 0);
+  const activations = Object.values(
+    activationFloats(hp, maxBatch, options.slots, lmChunk, attnPartFloats),
+  ).reduce((s, [, n]) => s + paddedSize(4 * n), 0);
   const weights = [...t.bytes.values()].reduce((s, n) => s + n, 0);
   const slotState = options.slots * slotBytes;
   const snapshots = options.snapshots * slotBytes;

@@ -38,6 +38,12 @@ export interface SchedulerOptions {
    * Default 30 000.
    */
   readonly restartGraceMs?: number;
+  /**
+   * Most prompt positions a sequence runs in one step while other sequences generate: its chunks
+   * share steps with their tokens, and a shorter chunk holds their next tokens back less.
+   * Default DEFAULT_PREFILL_CHUNK; a sequence alone runs chunks of the stages' maxBatch.
+   */
+  readonly prefillChunk?: number;
   readonly log?: (line: string) => void;
   /** Sees every admitted sequence (the head's access log follows them to their end). */
   readonly onAdmit?: (sequence: Sequence) => void;
@@ -74,6 +80,13 @@ export class OverloadedError extends Error {
   /** Seconds to wait before retrying. */
   readonly retryAfter = 1;
 }
+
+/**
+ * Prompt positions a step takes from a sequence while others generate (SchedulerOptions
+ * .prefillChunk): a 256-position chunk beside other slots' decode rows keeps their next token
+ * within a few decode steps' time on an H200 (docs/PERFORMANCE.md, "Continuous batching").
+ */
+export const DEFAULT_PREFILL_CHUNK = 256;
 
 /** The candidates of a fused greedy step: none were read back. */
 const NO_TOP: Candidates = { top: [], lse: NaN };
@@ -190,6 +203,7 @@ export class Scheduler {
   readonly #tokenizer: TextTokenizer;
   readonly #queueLimit: number;
   readonly #graceMs: number;
+  readonly #prefillChunk: number;
   readonly #cache: PrefixCache;
   readonly #log: (line: string) => void;
   readonly #onAdmit: ((sequence: Sequence) => void) | undefined;
@@ -210,6 +224,12 @@ export class Scheduler {
     this.#tokenizer = options.tokenizer;
     this.#queueLimit = options.queue;
     this.#graceMs = options.restartGraceMs ?? 30_000;
+    this.#prefillChunk = options.prefillChunk ?? DEFAULT_PREFILL_CHUNK;
+    if (!Number.isInteger(this.#prefillChunk) || this.#prefillChunk < 1) {
+      throw new RangeError(
+        `Cannot prefill in chunks of ${options.prefillChunk} positions: expected a whole number ≥ 1`,
+      );
+    }
     this.#log = options.log ?? (() => undefined);
     this.#onAdmit = options.onAdmit;
     checkFirstStage(local);
@@ -483,11 +503,13 @@ export class Scheduler {
       this.stats.cachedTokens += pos;
       seq.begin(pos, boundary === undefined ? 0 : boundary - pos);
     }
-    const chunk = Math.min(this.#local.maxBatch, this.#link?.remote.maxBatch ?? Infinity);
+    const full = Math.min(this.#local.maxBatch, this.#link?.remote.maxBatch ?? Infinity);
     let out: LastOutput | undefined;
     // Only the prompt's last position is sampled from: earlier chunks skip the LM head, and the
-    // last chunk computes the logits of its last position alone (as llama.cpp does).
+    // last chunk computes the logits of its last position alone (as llama.cpp does). Chunks are
+    // shorter while other sequences run beside this one: they share its steps.
     while (pos < tokens.length) {
+      const chunk = this.#running.size > 1 ? Math.min(full, this.#prefillChunk) : full;
       let end = Math.min(pos + chunk, tokens.length);
       if (boundary !== undefined && pos < boundary && end > boundary) end = boundary;
       const last = end === tokens.length;
@@ -511,8 +533,9 @@ export class Scheduler {
     let id = seq.pick(out.ids[out.ids.length - 1], out.top);
     if (!this.#accept(seq, progress, id, out, pos)) return;
     if (generated.length === 1) await this.#lane.giveTurn();
-    const fused = this.#fusedGreedy(seq);
     while (true) {
+      // Decided at every step: a sequence that starts alone stops fusing when another joins.
+      const fused = this.#fusedGreedy(seq);
       if (fused) {
         // Several greedy steps per readback, each step's argmax fed to the next on the GPU:
         // the same ids as one step at a time (the stage's bit-exact contract), overshoot past a
@@ -557,14 +580,15 @@ export class Scheduler {
 
   /**
    * The local stage's fused greedy decoding, when it may stand in for per-step runs: the head
-   * holds the whole model and the sequence takes each step's argmax as it is (no sampling,
-   * grammar, per-token probabilities or logit changes).
+   * holds the whole model, the sequence takes each step's argmax as it is (no sampling, grammar,
+   * per-token probabilities or logit changes), and no other sequence runs, whose steps its own
+   * would then not share.
    */
   #fusedGreedy(seq: Sequence): Stage["decodeGreedy"] {
     const { constraint, logprobs, sampling } = seq.request;
     if (
       this.#link || constraint || logprobs !== undefined || sampling.temperature !== 0 ||
-      seq.adjusting
+      seq.adjusting || this.#running.size > 1
     ) {
       return undefined;
     }

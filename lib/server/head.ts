@@ -14,6 +14,7 @@ import { VocabIndex } from "../grammar/token_mask.ts";
 import { modelFingerprint } from "../wire/hello.ts";
 import { remoteStageAfter } from "../wire/remote_stage.ts";
 import { checkChainLink, checkFirstStage } from "../../engine/stage_checks.ts";
+import { DEFAULT_CTX, DEFAULT_SLOTS } from "../../engine/stage.ts";
 import { DEFAULT_TEMPERATURE, type SamplingDefaults } from "./sampling_defaults.ts";
 import { accessLog } from "./access_log.ts";
 import { ApiError, errorResponse } from "./api_error.ts";
@@ -36,6 +37,8 @@ export interface HeadOptions {
   readonly queue?: number;
   readonly snapshots?: number;
   readonly maxBatch?: number;
+  /** Prompt positions a sequence runs per step while others generate (Scheduler). */
+  readonly prefillChunk?: number;
   readonly apiKey?: string;
   /** Request bodies beyond this are refused with 413. Default 32 MiB. */
   readonly maxBodyBytes?: number;
@@ -143,8 +146,8 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
       { ...layers, nLayer: hp.nLayer },
       options.next ? { first: layers.end } : undefined,
     );
-    const slots = options.slots ?? 1;
-    const ctx = options.ctx ?? 4096;
+    const slots = options.slots ?? DEFAULT_SLOTS;
+    const ctx = options.ctx ?? DEFAULT_CTX;
     const snapshots = options.snapshots ?? defaultSnapshots(ctx, slots);
     const local = await openLocalStage(model, {
       hp,
@@ -178,6 +181,7 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
       queue: options.queue ?? 16,
       snapshots,
       restartGraceMs: options.restartGraceMs,
+      prefillChunk: options.prefillChunk,
       log,
       onAdmit: access.onAdmit,
     });

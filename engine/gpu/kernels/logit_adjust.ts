@@ -16,8 +16,8 @@ const WG = 256;
 
 /**
  * Records, on logits[offset .. offset+n): the `pairs` (id, bias, repeat, subtract) records of
- * `bias` applied (engine/stage.ts biasLogit), then, when `words` > 0, every token not allowed by
- * the `words`-word mask set to the masked value.
+ * `bias` from record biasOffset applied (engine/stage.ts biasLogit), then, when `words` > 0,
+ * every token not allowed by the `words`-word mask from word maskOffset set to the masked value.
  */
 export function logitAdjust(
   enc: StepEncoder,
@@ -27,6 +27,8 @@ export function logitAdjust(
     readonly offset: number;
     readonly words: number;
     readonly pairs: number;
+    readonly maskOffset?: number;
+    readonly biasOffset?: number;
   },
 ): void {
   const buffers = {
@@ -34,7 +36,14 @@ export function logitAdjust(
     mask: b.mask ?? dummyStorage(enc.ctx, 0),
     bias: b.bias ?? dummyStorage(enc.ctx, 1),
   };
-  const params = { n: o.n, offset: o.offset, words: o.words, pairs: o.pairs };
+  const params = {
+    n: o.n,
+    offset: o.offset,
+    words: o.words,
+    pairs: o.pairs,
+    mask_offset: o.maskOffset ?? 0,
+    bias_offset: o.biasOffset ?? 0,
+  };
   if (o.pairs > 0) {
     enc.dispatch(LOGIT_ADJUST, undefined, buffers, { ...params, mode: 0 }, {
       tiles: Math.ceil(o.pairs / WG),
