@@ -18,7 +18,7 @@ import type { GgufModel } from "../gguf/gguf_model.ts";
 import { argmaxScratchWords } from "./kernels/argmax.ts";
 import { attentionPartialFloats } from "./kernels/attention.ts";
 import { gatherWords } from "./kernels/moe_gather.ts";
-import { DECODE_MAX_TOKENS, DENSE_TT, PREFILL_TT } from "./kernels/mul_mat.ts";
+import { DENSE_TT, PREFILL_TT } from "./kernels/mul_mat.ts";
 import { topKScratchWords, topKWords } from "./kernels/topk.ts";
 import { type HParams, readHParams } from "../hparams.ts";
 import {
