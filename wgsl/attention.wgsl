@@ -4,9 +4,11 @@
 // s = q·K/√dh. Matches engine/reference/gqa_attention.ts once wgsl/attention_combine.wgsl folds
 // the blocks.
 // Bindings: 0 q: head h of token t at q_offset + t·q_stride_t + h·q_stride_h, f32 | 1 kc, 2 vc: caches
-//   (pos, hkv, DH) f16 pairs in u32, read as vec4s | 3 part: slot s = (tl·hq + h)·nbs + b holds
-//   (m, l) at 2s and acc[DH] at 2·tokens·hq·nbs + s·DH | 4 params. Token t = t0 + tl sees
-//   0 ..= pos0 + t.
+//   (pos, hkv, DH) f16 pairs in u32 from vec4 kv_offset, read as vec4s | 3 part: slot s =
+//   (tl·hq + h)·nbs + b holds (m, l) at 2s and acc[DH] at 2·tokens·hq·nbs + s·DH | under MULTI
+//   4 seqs: the step's sequence table, 4 u32 an entry (state index, row, tokens, position)
+//   | params. Token t = t0 + tl sees 0 ..= pos0 + t; under MULTI token tl is the one token of
+//   entry seq0 + tl: its row of q, its position, its caches from vec4 kv_offset + index·kv_stride.
 // Dispatch: tiles = ⌈tokens/TQ⌉·hkv·groups·nbs, groups = ⌈(hq/hkv)/GMAX⌉; blocks past the
 //   last token's position exit, tokens of a tile that do not reach the block write nothing.
 // Batch invariance: blocks are fixed runs of absolute positions, and a token's partial is the
@@ -24,7 +26,7 @@
 //   memory on the H200's compiler, docs/PERFORMANCE.md).
 // Variants: DH (a multiple of 8, ≤ 256), B (64), TQ (tokens a workgroup: 1 for single-token
 //   calls, else 4 where the device gives ~25 KB of workgroup memory), VR (V rows a round: a
-//   power of two, VR·DH/2 ≤ 2048).
+//   power of two, VR·DH/2 ≤ 2048), MULTI (with TQ = 1).
 
 struct Params {
   hq: u32,
@@ -37,13 +39,21 @@ struct Params {
   q_stride_t: u32,
   q_stride_h: u32,
   scale: f32,
+  kv_offset: u32,
+  kv_stride: u32,
+  seq0: u32,
 }
 
 @group(0) @binding(0) var<storage, read> q: array<f32>;
 @group(0) @binding(1) var<storage, read> kc: array<vec4<u32>>;
 @group(0) @binding(2) var<storage, read> vc: array<vec4<u32>>;
 @group(0) @binding(3) var<storage, read_write> part: array<f32>;
+#ifdef MULTI
+@group(0) @binding(4) var<storage, read> seqs: array<u32>;
+@group(0) @binding(5) var<uniform> params: Params;
+#else
 @group(0) @binding(4) var<uniform> params: Params;
+#endif
 
 const WG = 256u;
 const GMAX = 8u;
@@ -82,6 +92,8 @@ struct Tile {
   nr: u32,
   gq: u32,
   h0: u32,
+  // Row of q of the tile's first token.
+  qrow0: u32,
   // vec4 index of the block's first row of the KV head, and of a row's length.
   kv4: u32,
   row4: u32,
@@ -104,7 +116,7 @@ fn q_fetch(t: Tile, k: u32, c: u32) -> vec4<f32> {
   let g = pair % GMAX;
   let d = 2u * c * KW + 4u * (k % QV);
   if (k < TG * QV && j < t.live && g < t.gq && d < DH) {
-    let a = params.q_offset + (params.t0 + t.tl0 + j) * params.q_stride_t +
+    let a = params.q_offset + (t.qrow0 + j) * params.q_stride_t +
       (t.h0 + g) * params.q_stride_h + d;
     return vec4(q[a], q[a + 1u], q[a + 2u], q[a + 3u]);
   }
@@ -221,7 +233,16 @@ fn main(
   var t: Tile;
   t.tl0 = (i / (params.nbs * groups * params.hkv)) * TQ;
   t.live = min(TQ, params.tokens - t.tl0);
+#ifdef MULTI
+  let e = 4u * (params.seq0 + t.tl0);
+  t.qrow0 = seqs[e + 1u];
+  t.npos0 = seqs[e + 3u] + 1u;
+  let kv0 = params.kv_offset + seqs[e] * params.kv_stride;
+#else
+  t.qrow0 = params.t0 + t.tl0;
   t.npos0 = params.pos0 + params.t0 + t.tl0 + 1u;
+  let kv0 = params.kv_offset;
+#endif
   t.p0 = b * B;
   if (t.p0 >= t.npos0 + t.live - 1u) {
     return;
@@ -230,7 +251,7 @@ fn main(
   t.gq = min(GMAX, G - hg * GMAX);
   t.h0 = kvh * G + hg * GMAX;
   t.row4 = params.hkv * W4;
-  t.kv4 = t.p0 * t.row4 + kvh * W4;
+  t.kv4 = kv0 + t.p0 * t.row4 + kvh * W4;
 
   // Chunk c of K and of the queries is fetched into registers while chunk c − 1 is scored, and
   // the first V rows while the scores are computed.

@@ -5,11 +5,13 @@
 // depend only on its position, so results do not depend on how tokens are grouped into calls.
 // Bindings: 0 part: slot s = (tl·hq + h)·nbs + b holds (m, l) at 2s and acc[DH] at
 //   2·tokens·hq·nbs + s·DH | 1 q: gate of head h of token t at q_offset + t·q_stride_t +
-//   h·q_stride_h + gate_offset, f32 | 2 o (o_offset + t·o_stride_t + h·DH) f32 | 3 params. Token
-//   t = t0 + tl.
+//   h·q_stride_h + gate_offset, f32 | 2 o (o_offset + t·o_stride_t + h·DH) f32 | under MULTI
+//   3 seqs: the step's sequence table | params. Token t = t0 + tl at position pos0 + t; under
+//   MULTI token tl is the one token of table entry seq0 + tl, at its row and position.
 // Dispatch: tiles = tokens·hq·⌈⌈DH/DC⌉/dcs⌉: a workgroup per (token, head, dcs runs of DC dims);
 //   thread (bl, dl) sums blocks bl, bl + BL, ... of a dim, 4 loads ahead; lanes add in order.
-// WG = 256, DC = 16 (64-byte runs, whole 32-byte sectors), BL = 16. Variants: DH (even, ≤ 512), B.
+// WG = 256, DC = 16 (64-byte runs, whole 32-byte sectors), BL = 16. Variants: DH (even, ≤ 512), B,
+//   MULTI.
 
 #include "_include/reduce.wgsl"
 
@@ -26,12 +28,18 @@ struct Params {
   o_offset: u32,
   o_stride_t: u32,
   dcs: u32,
+  seq0: u32,
 }
 
 @group(0) @binding(0) var<storage, read> part: array<f32>;
 @group(0) @binding(1) var<storage, read> q: array<f32>;
 @group(0) @binding(2) var<storage, read_write> o: array<f32>;
+#ifdef MULTI
+@group(0) @binding(3) var<storage, read> seqs: array<u32>;
+@group(0) @binding(4) var<uniform> params: Params;
+#else
 @group(0) @binding(3) var<uniform> params: Params;
+#endif
 
 const WG = 256u;
 const DC = 16u;
@@ -55,8 +63,15 @@ fn main(
   let th = i / per_th;
   let tl = th / params.hq;
   let h = th % params.hq;
+#ifdef MULTI
+  let e = 4u * (params.seq0 + tl);
+  let t = seqs[e + 1u];
+  let pos = seqs[e + 3u];
+#else
   let t = params.t0 + tl;
-  let nb = (params.pos0 + t + B) / B;
+  let pos = params.pos0 + t;
+#endif
+  let nb = (pos + B) / B;
   let s0 = th * params.nbs;
   let acc0 = 2u * params.tokens * params.hq * params.nbs;
 

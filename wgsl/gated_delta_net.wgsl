@@ -6,13 +6,17 @@
 // Bindings: 0 u: conv output of token t at u_offset + t·u_stride_t: [q (nk·dk) | k (nk·dk)
 //   | v (nv·dv)] | 1 ba: [b (nv) | a (nv)] at ba_offset + t·ba_stride_t | 2 z: gate of head h at
 //   z_offset + t·z_stride_t + h·dv | 3 p: [dt_bias (nv) | ssm_a (nv) | norm weight (dv)] f32
-//   | 4 state (nv, dk, dv) f32, S_h[i][j] at (h·dk + i)·dv + j | 5 y (y_offset + t·y_stride_t +
-//   h·dv + j) | 6 params.
+//   | 4 state (nv, dk, dv) f32, S_h[i][j] at state_offset + (h·dk + i)·dv + j | 5 y (y_offset +
+//   t·y_stride_t + h·dv + j) | under MULTI 6 seqs: the step's sequence table, 4 u32 an entry
+//   (state index, row, tokens, position) | params.
 // Dispatch: (nv·DV/COLS); WG = COLS·R threads, thread (c, r) = (col0 + lid mod COLS, lid / COLS)
 //   owns rows r·RPT … r·RPT + RPT − 1 of column c of head h, the workgroup's columns col0 …
 //   col0 + COLS − 1. NORM_FUSED (COLS = DV: one workgroup a head, a decode step): the same
 //   workgroup then normalises. Otherwise a NORM_PASS dispatch follows: (nv, 1, ⌈T/NP⌉), WG = 256.
-// Variants: DK, DV (head dims), R (row slices; 4·R divides DK), GS, COLS, NORM_FUSED, NORM_PASS.
+// Variants: DK, DV (head dims), R (row slices; 4·R divides DK), GS, COLS, NORM_FUSED, NORM_PASS,
+//   MULTI (with NORM_FUSED: dispatch (nv, 1, sequences), workgroup z runs table entry seq0 + z:
+//   its tokens from its row of u, ba, z and y, its state at index·state_stride; the same bits as
+//   that sequence's run alone).
 //
 // Why split rows: one thread per column walked all DK rows per token from a DK-long register
 // array (indexed by a loop variable, so likely in local memory) on only nv workgroups. Here each
@@ -45,6 +49,9 @@ struct Params {
   y_offset: u32,
   y_stride_t: u32,
   eps: f32,
+  state_offset: u32,
+  state_stride: u32,
+  seq0: u32,
 }
 
 @group(0) @binding(0) var<storage, read> u: array<f32>;
@@ -53,7 +60,12 @@ struct Params {
 @group(0) @binding(3) var<storage, read> p: array<f32>;
 @group(0) @binding(4) var<storage, read_write> state: array<f32>;
 @group(0) @binding(5) var<storage, read_write> y: array<f32>;
+#ifdef MULTI
+@group(0) @binding(6) var<storage, read> seqs: array<u32>;
+@group(0) @binding(7) var<uniform> params: Params;
+#else
 @group(0) @binding(6) var<uniform> params: Params;
+#endif
 
 #ifdef NORM_PASS
 const WG = 256u;
@@ -77,6 +89,38 @@ var<workgroup> part_kv: array<f32, WG>;
 var<workgroup> part_o: array<f32, WG>;
 var<workgroup> part_qk: array<vec2<f32>, R>;
 
+// The workgroup's run: where its token 0 sits in u, ba, z and y, its state, its tokens.
+var<private> uo: u32;
+var<private> bao: u32;
+var<private> zo: u32;
+var<private> yo: u32;
+var<private> so: u32;
+var<private> ntok: u32;
+#ifdef MULTI
+var<workgroup> wg_tokens: u32;
+#endif
+
+// Sets the run: the params' one sequence, or under MULTI table entry seq0 + z.
+fn begin_run(z: u32) {
+#ifdef MULTI
+  let e = 4u * (params.seq0 + z);
+  let row = seqs[e + 1u];
+  uo = params.u_offset + row * params.u_stride_t;
+  bao = params.ba_offset + row * params.ba_stride_t;
+  zo = params.z_offset + row * params.z_stride_t;
+  yo = params.y_offset + row * params.y_stride_t;
+  so = params.state_offset + seqs[e] * params.state_stride;
+  ntok = seqs[e + 2u];
+#else
+  uo = params.u_offset;
+  bao = params.ba_offset;
+  zo = params.z_offset;
+  yo = params.y_offset;
+  so = params.state_offset;
+  ntok = params.tokens;
+#endif
+}
+
 // What one thread reads of token t; loaded a token ahead so the global-memory latency overlaps
 // the previous token's arithmetic. qk[n] is element lid + n·WG of [q | k] of the key head.
 struct TokenIn {
@@ -87,7 +131,7 @@ struct TokenIn {
 }
 
 fn load_token(t: u32, h: u32, kh: u32, c: u32, lid: u32) -> TokenIn {
-  let at = params.u_offset + t * params.u_stride_t;
+  let at = uo + t * params.u_stride_t;
   var x: TokenIn;
   for (var n = 0u; n < QK_PER; n++) {
     let e = lid + n * WG;
@@ -97,8 +141,8 @@ fn load_token(t: u32, h: u32, kh: u32, c: u32, lid: u32) -> TokenIn {
       x.qk[n] = u[at + (params.nk + kh) * DK + e - DK];
     }
   }
-  x.b = ba[params.ba_offset + t * params.ba_stride_t + h];
-  x.a = ba[params.ba_offset + t * params.ba_stride_t + params.nv + h];
+  x.b = ba[bao + t * params.ba_stride_t + h];
+  x.a = ba[bao + t * params.ba_stride_t + params.nv + h];
   x.v = u[at + 2u * params.nk * DK + h * DV + c];
   return x;
 }
@@ -119,14 +163,14 @@ fn store_qk(x: array<f32, QK_PER>, half: u32, lid: u32) {
 // tb + NP − 1 of head h, o being what the token loop left in y. The group sums go to part_kv, or
 // to part_o for odd rounds, so consecutive rounds need one barrier. Called by every invocation.
 fn norm_round(h: u32, tb: u32, lid: u32, odd: bool) {
-  let tokens = params.tokens;
+  let tokens = ntok;
   let tl = lid / NG;
   let g = lid % NG;
   var sq = 0.0;
   if (tb + tl < tokens) {
-    let yo = params.y_offset + (tb + tl) * params.y_stride_t + h * DV + g * GS;
+    let ya = yo + (tb + tl) * params.y_stride_t + h * DV + g * GS;
     for (var i = 0u; i < GS; i++) {
-      let o = y[yo + i];
+      let o = y[ya + i];
       sq = fma(o, o, sq);
     }
   }
@@ -147,8 +191,8 @@ fn norm_round(h: u32, tb: u32, lid: u32, odd: bool) {
         let at = (e / DV) * NG + j;
         ss += select(part_kv[at], part_o[at], odd);
       }
-      let yi = params.y_offset + t * params.y_stride_t + h * DV + col;
-      let zv = z[params.z_offset + t * params.z_stride_t + h * DV + col];
+      let yi = yo + t * params.y_stride_t + h * DV + col;
+      let zv = z[zo + t * params.z_stride_t + h * DV + col];
       let inv_rms = 1.0 / sqrt(ss / f32(DV) + params.eps);
       y[yi] = y[yi] * inv_rms * p[2u * params.nv + col] * (zv / (1.0 + exp(-zv)));
     }
@@ -158,24 +202,34 @@ fn norm_round(h: u32, tb: u32, lid: u32, odd: bool) {
 #ifdef NORM_PASS
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  begin_run(0u);
   norm_round(wid.x, wid.z * NP, lid, false);
 }
 #else
 @compute @workgroup_size(WG)
 fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) lid: u32) {
+  begin_run(wid.z);
   let h = wid.x / (DV / COLS);
   let cl = lid % COLS;
   let c = (wid.x % (DV / COLS)) * COLS + cl;
   let r = lid / COLS;
   let nk = params.nk;
   let nv = params.nv;
+#ifdef MULTI
+  // The loops below hold barriers: their bound must be uniform, which a private variable is not.
+  if (lid == 0u) {
+    wg_tokens = ntok;
+  }
+  let tokens = workgroupUniformLoad(&wg_tokens);
+#else
   let tokens = params.tokens;
+#endif
   // Key head of value head h: repeat-interleave (qwen3next) or tiling (qwen35*) (docs/model_arch.md
   // §4.6.5).
   let kh = select(h % nk, h / (nv / nk), params.interleave == 1u);
   var s: array<f32, RPT>;
   for (var m = 0u; m < RPT; m++) {
-    s[m] = state[(h * DK + r * RPT + m) * DV + c];
+    s[m] = state[so + (h * DK + r * RPT + m) * DV + c];
   }
   let dt = p[h];
   let a_log = p[nv + h];
@@ -259,12 +313,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       for (var i = 0u; i < R; i++) {
         o += part_o[i * COLS + cl];
       }
-      y[params.y_offset + t * params.y_stride_t + h * DV + c] = o * rq * out_scale;
+      y[yo + t * params.y_stride_t + h * DV + c] = o * rq * out_scale;
     }
     cur = ahead;
   }
   for (var m = 0u; m < RPT; m++) {
-    state[(h * DK + r * RPT + m) * DV + c] = s[m];
+    state[so + (h * DK + r * RPT + m) * DV + c] = s[m];
   }
 #ifdef NORM_FUSED
   // The o that the loop left in y is read back by other invocations.

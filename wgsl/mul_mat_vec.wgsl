@@ -6,8 +6,9 @@
 // Bindings: 0 w: weight bytes of one part | 1 x (f32) | 2 ids (u32 expert ids (T, ids_stride)
 //   under ID, a dummy otherwise) | 3 nw (k) f32 RMSNorm weight under NORM, a dummy otherwise
 //   | 4 y (f32) | under PAIR_F32: 5 w2 (an F32 matrix of rows2 rows) | 6 y2 (f32) | under CONV:
-//   5 cw (channels, kc) f32 | 6 cstate (kc − 1, channels) f32 | 7 u (channels) f32 | under
-//   MOE_SUM: 5 eo (T, sum_k, sum_d) f32 expert outputs | 6 ew (T, sum_k + 1) f32 | then params.
+//   5 cw (channels, kc) f32 | 6 cstate (kc − 1, channels) f32 from conv_state_offset | 7 u
+//   (channels) f32 | under MOE_SUM: 5 eo (T, sum_k, sum_d) f32 expert outputs | 6 ew (T,
+//   sum_k + 1) f32 | then params.
 // Dispatch: (row_tiles folded to 2-D, z): a workgroup takes ROWS = (WG / CU)·RPT rows of one
 //   token (z = T) or of one (token, rank) slot (ID: z = T·n_used).
 // Work: the products s_c of one chunk (32 values of k) are independent of one another, so the
@@ -144,16 +145,17 @@ fn input4(xo: u32, c: u32, v: u32, scale: f32) -> vec4<f32> {
 fn conv_token(c: u32, raw: f32) {
   let C = params.conv_channels;
   let kc = params.conv_kc;
+  let so = params.conv_state_offset;
   var s = 0.0;
   for (var j = 0u; j + 1u < kc; j++) {
-    s = fma(cw[c * kc + j], cstate[j * C + c], s);
+    s = fma(cw[c * kc + j], cstate[so + j * C + c], s);
   }
   s = fma(cw[c * kc + kc - 1u], raw, s);
   u[c] = s / (1.0 + exp(-s));
   for (var j = 0u; j + 2u < kc; j++) {
-    cstate[j * C + c] = cstate[(j + 1u) * C + c];
+    cstate[so + j * C + c] = cstate[so + (j + 1u) * C + c];
   }
-  cstate[(kc - 2u) * C + c] = raw;
+  cstate[so + (kc - 2u) * C + c] = raw;
 }
 #endif
 

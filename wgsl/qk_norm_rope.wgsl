@@ -4,11 +4,14 @@
 // then engine/reference/rope.ts ropeNeox / ropeImrope with positions [p, p, p, 0].
 // Bindings: 0 x: token t's row at x_offset + t·x_stride_t: q head h at h·q_stride_h (in place), k head h at
 //   k_offset + h·k_stride_h, its v head at v_offset + h·k_stride_h, f32 | 1 wq, 2 wk (dh) f32
-//   norm weights | 3 kc, 4 vc: caches (pos, k_heads, dh) f16 pairs in u32 (dummies without k
-//   heads) | 5 params.
+//   norm weights | 3 kc, 4 vc: caches (pos, k_heads, dh) f16 pairs in u32 from word kv_offset
+//   (dummies without k heads) | under MULTI 5 seqs: the step's sequence table, 4 u32 an entry
+//   (state index, row, tokens, position) | params.
 // Dispatch: (tokens·(q_heads + k_heads) folded); a workgroup per head row (a token's q heads,
 //   then its k heads), threads stride its dims. WG = 64; dh ≤ 512 and even.
-// Variants: none (IMROPE is a uniform param; either head count may be 0).
+// Variants: MULTI: token t is the one token of table entry seq0 + t, at its row of x and its
+//   position, its cache from word kv_offset + index·kv_stride (IMROPE is a uniform param; either
+//   head count may be 0).
 
 #include "_include/reduce.wgsl"
 
@@ -31,6 +34,9 @@ struct Params {
   sect3: u32,
   theta_scale: f32,
   eps: f32,
+  kv_offset: u32,
+  kv_stride: u32,
+  seq0: u32,
 }
 
 @group(0) @binding(0) var<storage, read_write> x: array<f32>;
@@ -38,7 +44,12 @@ struct Params {
 @group(0) @binding(2) var<storage, read> wk: array<f32>;
 @group(0) @binding(3) var<storage, read_write> kc: array<u32>;
 @group(0) @binding(4) var<storage, read_write> vc: array<u32>;
+#ifdef MULTI
+@group(0) @binding(5) var<storage, read> seqs: array<u32>;
+@group(0) @binding(6) var<uniform> params: Params;
+#else
 @group(0) @binding(5) var<uniform> params: Params;
+#endif
 
 const WG = 64u;
 const MAX_DH = 512u;
@@ -86,11 +97,21 @@ fn main(
     return;
   }
   let t = rowi / heads;
+#ifdef MULTI
+  let e = 4u * (params.seq0 + t);
+  let xrow = seqs[e + 1u];
+  let pos = seqs[e + 3u];
+  let kvo = params.kv_offset + seqs[e] * params.kv_stride;
+#else
+  let xrow = t;
+  let pos = params.pos0 + t;
+  let kvo = params.kv_offset;
+#endif
   let store = rowi % heads >= params.q_heads;
   let h = select(rowi % heads, rowi % heads - params.q_heads, store);
   let dh = params.dh;
   let kxo = params.k_offset + h * params.k_stride_h;
-  let xo = params.x_offset + t * params.x_stride_t + select(h * params.q_stride_h, kxo, store);
+  let xo = params.x_offset + xrow * params.x_stride_t + select(h * params.q_stride_h, kxo, store);
   var ss = 0.0;
   for (var i = lid; i < dh; i += WG) {
     let v = x[xo + i];
@@ -109,7 +130,7 @@ fn main(
   }
   workgroupBarrier();
   let half = params.n_rot / 2u;
-  let p = f32(params.pos0 + t);
+  let p = f32(pos);
   for (var i = lid; i < dh; i += WG) {
     var o = row[i];
     if (i < params.n_rot) {
@@ -132,8 +153,8 @@ fn main(
     }
     return;
   }
-  let cw = ((params.pos0 + t) * params.k_heads + h) * dh / 2u;
-  let vo = params.x_offset + params.v_offset + t * params.x_stride_t + h * params.k_stride_h;
+  let cw = kvo + (pos * params.k_heads + h) * dh / 2u;
+  let vo = params.x_offset + params.v_offset + xrow * params.x_stride_t + h * params.k_stride_h;
   for (var i = lid; i < dh / 2u; i += WG) {
     kc[cw + i] = pack2x16float(vec2<f32>(outv[2u * i], outv[2u * i + 1u]));
     vc[cw + i] = pack2x16float(vec2<f32>(x[vo + 2u * i], x[vo + 2u * i + 1u]));

@@ -9,7 +9,7 @@
 import type { StepEncoder } from "./encoder.ts";
 import { argmax } from "./kernels/argmax.ts";
 import { attention } from "./kernels/attention.ts";
-import { gatedDeltaNet } from "./kernels/gated_delta_net.ts";
+import { fusedDeltaNet, gatedDeltaNet } from "./kernels/gated_delta_net.ts";
 import { getRows } from "./kernels/get_rows.ts";
 import { gatherTiles, moeGather } from "./kernels/moe_gather.ts";
 import { moeRoute } from "./kernels/moe_route.ts";
@@ -24,7 +24,7 @@ import {
 } from "./kernels/mul_mat.ts";
 import { qkNormRope } from "./kernels/qk_norm_rope.ts";
 import { rmsNorm } from "./kernels/rms_norm.ts";
-import { ssmConv } from "./kernels/ssm_conv.ts";
+import { type SequenceTable, ssmConv } from "./kernels/ssm_conv.ts";
 import { logitAdjust } from "./kernels/logit_adjust.ts";
 import { logSumExp, topK, topKScratchWords, topKWords } from "./kernels/topk.ts";
 import type { HParams } from "../hparams.ts";
@@ -43,6 +43,7 @@ import type {
 /** Scratch rows for up to maxBatch tokens, shared by every layer and slot of a stage. */
 export interface Activations {
   readonly ids: GPUBuffer; // (T + 1) u32 input token ids (decodeGreedy chains its argmaxes here)
+  readonly seqs: GPUBuffer; // the step's sequence table: SEQ_WORDS u32 a sequence (encodeLayers)
   readonly x: GPUBuffer; // (T, D) residual stream
   readonly h: GPUBuffer; // (T, D) normed input of a mixer or FFN
   readonly attn: GPUBuffer; // (T, 2·Hq·Dh + 2·Hkv·Dh) [q|gate per head | k | v]
@@ -81,10 +82,38 @@ export interface StepSeq {
   readonly n: number;
 }
 
-/** Per-slot state of one block. */
+/**
+ * Per-slot state of one block: its place `index` in buffers that hold the state of several slots
+ * one after another (StateStrides apart), so that one dispatch can run every sequence of a step.
+ */
 export type GpuLayerState =
-  | { readonly kind: "attention"; readonly kc: GPUBuffer; readonly vc: GPUBuffer } // (ctx, Hkv, Dh) f16
-  | { readonly kind: "deltanet"; readonly conv: GPUBuffer; readonly ssm: GPUBuffer }; // (Kc−1, C), (Nv, Dk, Dv) f32
+  | {
+    readonly kind: "attention";
+    readonly kc: GPUBuffer; // (slots, ctx, Hkv, Dh) f16
+    readonly vc: GPUBuffer;
+    readonly index: number;
+  }
+  | {
+    readonly kind: "deltanet";
+    readonly conv: GPUBuffer; // (slots, Kc−1, C) f32
+    readonly ssm: GPUBuffer; // (slots, Nv, Dk, Dv) f32
+    readonly index: number;
+  };
+
+/** One slot's state in its buffers, in their elements: conv and ssm f32s, K (or V) u32 words. */
+export interface StateStrides {
+  readonly conv: number;
+  readonly ssm: number;
+  readonly kv: number;
+}
+
+/** The strides of the slots' states of a model, caches of `ctx` positions. */
+export function stateStrides(hp: HParams, ctx: number): StateStrides {
+  return { conv: (hp.Kc - 1) * hp.C, ssm: hp.Nv * hp.Dk * hp.Dv, kv: ctx * hp.Hkv * hp.Dh / 2 };
+}
+
+/** u32 words of a step's sequence table entry: state index, row, tokens, first position. */
+export const SEQ_WORDS = 4;
 
 /** What a stage step needs besides its slot state. */
 export interface ForwardPlan {
@@ -94,6 +123,8 @@ export interface ForwardPlan {
   readonly act: Activations;
   /** LM-head rows per chunk (the logits buffer holds this many positions). */
   readonly lmChunk: number;
+  /** Where one slot's state follows another's in the state buffers. */
+  readonly strides: StateStrides;
 }
 
 /** A block's normed input: rows of h, or the residual rows x with the RMSNorm folded in. */
@@ -147,6 +178,43 @@ function stateOf<K extends GpuLayerState["kind"]>(
   return s as Extract<GpuLayerState, { kind: K }>;
 }
 
+/**
+ * A run of a step's sequences one dispatch takes: `multi` when several consecutive sequences
+ * that `joins` admits share the layer's state buffer (they then go through the sequence table),
+ * else one sequence alone.
+ */
+interface SeqGroup {
+  readonly first: number;
+  readonly end: number;
+  readonly multi: boolean;
+}
+
+/** The step's sequences in dispatch groups for layer il (state buffer by `buffer`). */
+function seqGroups(
+  seqs: readonly StepSeq[],
+  il: number,
+  joins: (s: StepSeq) => boolean,
+  buffer: (s: GpuLayerState) => GPUBuffer,
+): SeqGroup[] {
+  const groups: SeqGroup[] = [];
+  for (let i = 0; i < seqs.length;) {
+    let end = i + 1;
+    if (joins(seqs[i])) {
+      const b = buffer(seqs[i].states[il]);
+      while (end < seqs.length && joins(seqs[end]) && buffer(seqs[end].states[il]) === b) end++;
+    }
+    groups.push({ first: i, end, multi: end - i > 1 });
+    i = end;
+  }
+  return groups;
+}
+
+/** A multi group's sequence table entries, their states `stride` elements apart. */
+function table(plan: ForwardPlan, g: SeqGroup, stride: number): SequenceTable | undefined {
+  if (!g.multi) return undefined;
+  return { seqs: plan.act.seqs, seq0: g.first, count: g.end - g.first, stateStride: stride };
+}
+
 /** Gated DeltaNet block on h, added into x (docs/model_arch.md §4.6). */
 function deltaNetBlock(
   enc: StepEncoder,
@@ -162,11 +230,15 @@ function deltaNetBlock(
   const baOffset = C + Nv * Dv;
   const width = baOffset + 2 * Nv;
   // projections: [q | k | v | z | b | a]; then the causal conv over the raw qkv history, SiLU
-  // (a lone decode step's in the projections' epilogue), per sequence
+  // (a lone decode step's in the projections' epilogue), per sequence or per run of one-token
+  // sequences
+  const { strides } = plan;
   if (T === 1) {
+    const state = stateOf(seqs[0], il, "deltanet");
     const conv = {
       w: w.conv,
-      state: stateOf(seqs[0], il, "deltanet").conv,
+      state: state.conv,
+      stateOffset: state.index * strides.conv,
       u: act.u,
       channels: C,
       kc: hp.Kc,
@@ -174,43 +246,53 @@ function deltaNetBlock(
     project(enc, w.qkvzba, h, act.qkvzba, width, { tokens: T, conv });
   } else {
     project(enc, w.qkvzba, h, act.qkvzba, width, { tokens: T });
-    for (const seq of seqs) {
-      ssmConv(
-        enc,
-        { x: act.qkvzba, w: w.conv, state: stateOf(seq, il, "deltanet").conv, u: act.u },
-        {
-          channels: C,
-          kc: hp.Kc,
-          tokens: seq.n,
-          xOffset: seq.row * width,
-          xStrideT: width,
-          uOffset: seq.row * C,
-          uStrideT: C,
-        },
-      );
+    const single = (s: StepSeq) => s.n === 1;
+    for (const g of seqGroups(seqs, il, single, (s) => s.kind === "deltanet" ? s.conv : s.kc)) {
+      const seq = seqs[g.first];
+      const state = stateOf(seq, il, "deltanet");
+      ssmConv(enc, { x: act.qkvzba, w: w.conv, state: state.conv, u: act.u }, {
+        channels: C,
+        kc: hp.Kc,
+        tokens: seq.n,
+        xOffset: g.multi ? 0 : seq.row * width,
+        xStrideT: width,
+        uOffset: g.multi ? 0 : seq.row * C,
+        uStrideT: C,
+        stateOffset: g.multi ? 0 : state.index * strides.conv,
+        multi: table(plan, g, strides.conv),
+      });
     }
   }
   // L2 norms, gates, recurrence per value head, RMSNorm(o)·ssm_norm·silu(z)
   const qkvzba = act.qkvzba;
-  for (const seq of seqs) {
-    const state = stateOf(seq, il, "deltanet").ssm;
-    gatedDeltaNet(enc, { u: act.u, ba: qkvzba, z: qkvzba, p: w.params, state, y: act.o }, {
-      nk: Nk,
-      nv: Nv,
-      dk: Dk,
-      dv: Dv,
-      tokens: seq.n,
-      interleave: hp.arch === "qwen3next",
-      uOffset: seq.row * C,
-      uStrideT: C,
-      baOffset: seq.row * width + baOffset,
-      baStrideT: width,
-      zOffset: seq.row * width + C,
-      zStrideT: width,
-      yOffset: seq.row * Nv * Dv,
-      yStrideT: Nv * Dv,
-      eps: hp.eps,
-    });
+  const fused = (s: StepSeq) => fusedDeltaNet(s.n, Dv);
+  for (const g of seqGroups(seqs, il, fused, (s) => s.kind === "deltanet" ? s.ssm : s.kc)) {
+    const seq = seqs[g.first];
+    const state = stateOf(seq, il, "deltanet");
+    const row = g.multi ? 0 : seq.row;
+    gatedDeltaNet(
+      enc,
+      { u: act.u, ba: qkvzba, z: qkvzba, p: w.params, state: state.ssm, y: act.o },
+      {
+        nk: Nk,
+        nv: Nv,
+        dk: Dk,
+        dv: Dv,
+        tokens: seq.n,
+        interleave: hp.arch === "qwen3next",
+        uOffset: row * C,
+        uStrideT: C,
+        baOffset: row * width + baOffset,
+        baStrideT: width,
+        zOffset: row * width + C,
+        zStrideT: width,
+        yOffset: row * Nv * Dv,
+        yStrideT: Nv * Dv,
+        eps: hp.eps,
+        stateOffset: g.multi ? 0 : state.index * strides.ssm,
+        multi: table(plan, g, strides.ssm),
+      },
+    );
   }
   // out_proj, residual
   mulMat(enc, { w: w.out, x: act.o, y: act.x }, { tokens: T, add: true });
@@ -232,36 +314,48 @@ function attentionBlock(
   const width = qDim + 2 * Hkv * Dh;
   // [q | gate] per head, k, v
   project(enc, w.qkv, h, act.attn, width, { tokens: T });
-  for (const seq of seqs) {
-    const { kc, vc } = stateOf(seq, il, "attention");
+  const { strides } = plan;
+  const single = (s: StepSeq) => s.n === 1;
+  for (const g of seqGroups(seqs, il, single, (s) => s.kind === "attention" ? s.kc : s.conv)) {
+    const seq = seqs[g.first];
+    const { kc, vc, index } = stateOf(seq, il, "attention");
+    const multi = table(plan, g, strides.kv);
+    const tokens = multi ? multi.count : seq.n;
+    const row = multi ? 0 : seq.row;
+    const kvOffset = multi ? 0 : index * strides.kv;
     // per-head RMSNorm and partial RoPE (NEOX, or IMROPE with text positions); k, v into the
     // cache
     qkNormRope(enc, { x: act.attn, wq: w.qNorm, wk: w.kNorm, kc, vc }, {
-      tokens: seq.n,
+      tokens,
       dh: Dh,
       nRot: hp.nRot,
       thetaScale: ropeThetaScale(hp.ropeBase, hp.nRot),
       sections: hp.ropeSections,
       eps: hp.eps,
       pos0: seq.base,
-      xOffset: seq.row * width,
+      xOffset: row * width,
       xStrideT: width,
       q: { heads: Hq, strideH: 2 * Dh },
       k: { heads: Hkv, offset: qDim, strideH: Dh, vOffset: qDim + Hkv * Dh },
+      kvOffset,
+      multi,
     });
-    // causal GQA over positions 0..base+t, ⊙ sigmoid(gate)
+    // causal GQA over positions 0..base+t, ⊙ sigmoid(gate); a table's tokens each at theirs
+    const last = multi ? Math.max(...seqs.slice(g.first, g.end).map((s) => s.base)) : seq.base;
     attention(enc, { q: act.attn, kc, vc, part: act.attnPart, o: act.o }, {
-      tokens: seq.n,
+      tokens,
       hq: Hq,
       hkv: Hkv,
       dh: Dh,
-      pos0: seq.base,
-      qOffset: seq.row * width,
-      oOffset: seq.row * Hq * Dh,
+      pos0: last,
+      qOffset: row * width,
+      oOffset: row * Hq * Dh,
       qStrideT: width,
       qStrideH: 2 * Dh,
       gateOffset: Dh,
       oStrideT: Hq * Dh,
+      kvOffset,
+      multi,
     });
   }
   // o_proj, residual
@@ -383,6 +477,11 @@ export function encodeLayers(
 ): void {
   const { act, weights } = plan;
   const T = seqs.reduce((n, s) => n + s.n, 0);
+  // The sequence table the layers' multi-sequence dispatches read: entry i is seqs[i]'s.
+  if (seqs.length > 1) {
+    const entry = (s: StepSeq) => [s.states[0]?.index ?? 0, s.row, s.n, s.base];
+    enc.upload(act.seqs, 0, Uint32Array.from(seqs.flatMap(entry)));
+  }
   // 1. embed
   if (weights.embedding) {
     getRows(enc, { w: weights.embedding, ids: act.ids, y: act.x }, { tokens: T, idsOffset });

@@ -55,6 +55,8 @@ import {
   type ForwardPlan,
   type GpuLayerState,
   type HeadRow,
+  SEQ_WORDS,
+  stateStrides,
   type StepHead,
   type StepSeq,
 } from "./gpu_forward.ts";
@@ -119,6 +121,7 @@ export function activationFloats(
   const runs = Math.min(slots, T);
   return {
     ids: ["ids", T + 1],
+    seqs: ["sequence table", SEQ_WORDS * runs],
     x: ["x", T * D],
     h: ["h", T * D],
     attn: ["attn qkv", T * (2 * Hq * Dh + 2 * Hkv * Dh)],
@@ -182,43 +185,61 @@ export function layerStateBytes(hp: HParams, il: number, positions: number): [nu
   return [kv, kv];
 }
 
-/** One slot's (or snapshot's) state buffers for the owned layers. */
-function allocState(
+/**
+ * The state of `count` slots (or snapshot places) for the owned layers: per layer, buffers that
+ * each hold as many of them one after another as the device's binding limit allows (the same
+ * number for every layer, so a slot has one index in all of its buffers), so that one dispatch
+ * can run every sequence of a step. Returns each one's states.
+ */
+function allocStates(
   mem: GpuMemory,
   hp: HParams,
-  first: number,
-  end: number,
+  span: { readonly first: number; readonly end: number },
   positions: number,
+  count: number,
   label: string,
-): GpuLayerState[] {
-  const states: GpuLayerState[] = [];
-  const { ctx } = mem;
-  for (let il = first; il < end; il++) {
-    const [a, b] = layerStateBytes(hp, il, positions);
-    if (hp.isDeltaNet[il]) {
-      states.push({
-        kind: "deltanet",
-        conv: mem.storage(`${label} conv ${il}`, a),
-        ssm: mem.storage(`${label} ssm ${il}`, b),
-      });
-      continue;
-    }
-    if (a > ctx.limits.maxStorageBufferBindingSize) {
-      throw new RangeError(
-        `Cannot allocate the KV cache of layer ${il} for ${positions} positions: ${a} bytes per K or V exceed the device's binding limit ${ctx.limits.maxStorageBufferBindingSize}; use a smaller --ctx`,
-      );
-    }
-    states.push({
-      kind: "attention",
-      kc: mem.storage(`${label} k ${il}`, a),
-      vc: mem.storage(`${label} v ${il}`, b),
-    });
+): GpuLayerState[][] {
+  const limit = mem.ctx.limits.maxStorageBufferBindingSize;
+  const layers = Array.from({ length: span.end - span.first }, (_, i) => span.first + i);
+  const largest = Math.max(
+    0,
+    ...layers.map((il) => Math.max(...layerStateBytes(hp, il, positions))),
+  );
+  if (largest > limit) {
+    throw new RangeError(
+      `Cannot allocate the KV cache for ${positions} positions: ${largest} bytes per K or V of a layer exceed the device's binding limit ${limit}; use a smaller --ctx`,
+    );
   }
-  return states;
+  const per = Math.max(1, Math.min(count, Math.floor(limit / Math.max(1, largest))));
+  const sets: GpuLayerState[][] = Array.from({ length: count }, () => []);
+  for (let g0 = 0; g0 < count; g0 += per) {
+    const n = Math.min(per, count - g0);
+    const name = n === 1 ? `${label} ${g0}` : `${label}s ${g0}..${g0 + n - 1}`;
+    for (const il of layers) {
+      const [a, b] = layerStateBytes(hp, il, positions);
+      const state = hp.isDeltaNet[il]
+        ? {
+          kind: "deltanet" as const,
+          conv: mem.storage(`${name} conv ${il}`, a * n),
+          ssm: mem.storage(`${name} ssm ${il}`, b * n),
+        }
+        : {
+          kind: "attention" as const,
+          kc: mem.storage(`${name} k ${il}`, a * n),
+          vc: mem.storage(`${name} v ${il}`, b * n),
+        };
+      for (let i = 0; i < n; i++) sets[g0 + i].push({ ...state, index: i });
+    }
+  }
+  return sets;
 }
 
-function stateBuffers(s: GpuLayerState): GPUBuffer[] {
-  return s.kind === "attention" ? [s.kc, s.vc] : [s.conv, s.ssm];
+/** The buffers holding `sets` (each once), and their bytes. */
+function stateBytes(sets: readonly (readonly GpuLayerState[])[]): number {
+  const buffers = new Set(
+    sets.flat().flatMap((s) => s.kind === "attention" ? [s.kc, s.vc] : [s.conv, s.ssm]),
+  );
+  return [...buffers].reduce((n, b) => n + b.size, 0);
 }
 
 /** What a step reads back: [buffer, byte offset, bytes], one after another. */
@@ -430,12 +451,10 @@ export class GpuStage implements Stage {
 
   /** What this stage holds on the GPU now, by part (deno task plan predicts these). */
   get memory(): StageMemory {
-    const setBytes = (set: readonly GpuLayerState[]) =>
-      set.flatMap(stateBuffers).reduce((s, b) => s + b.size, 0);
     return {
       weights: this.#plan.weights.bytes,
-      slotState: this.#sets.slice(0, this.slots).reduce((s, set) => s + setBytes(set), 0),
-      snapshots: this.#sets.slice(this.slots).reduce((s, set) => s + setBytes(set), 0),
+      slotState: stateBytes(this.#sets.slice(0, this.slots)),
+      snapshots: stateBytes(this.#sets.slice(this.slots)),
       activations: Object.values(this.#plan.act).reduce((s, b) => s + b.size, 0),
       total: this.#memory.bytes,
     };
@@ -512,7 +531,7 @@ export class GpuStage implements Stage {
 
   /**
    * Submits the waiting runs as steps: one-token runs first, then the others in call order, each
-   * step as many as its rows (maxBatch), its slots' logit adjustments and its biases hold.
+   * step as many as its rows (maxBatch) and its biases hold.
    */
   #flush(): void {
     this.#flushQueued = false;
@@ -538,8 +557,10 @@ export class GpuStage implements Stage {
         rows += w.n;
         pairs += w.pairs;
       }
-      // Candidates first: their head rows then run together (one top-k dispatch for them all).
-      runs.sort((a, b) => Number(b.k > 0) - Number(a.k > 0));
+      // One-token runs first (their layers take one dispatch for them all), then those with
+      // candidates first (their head rows run together: one top-k dispatch for them all).
+      const rank = (w: Waiting) => 2 * Number(w.n === 1) + Number(w.k > 0);
+      runs.sort((a, b) => rank(b) - rank(a));
       const settle = (done: Promise<StageOutput[]>) =>
         done.then(
           (outs) =>
@@ -745,12 +766,13 @@ export class GpuStage implements Stage {
   /** A step encoder; a sequence from position 0 first zeroes its slot's DeltaNet states. */
   #begin(seqs: readonly StepSeq[]): StepEncoder {
     const enc = new StepEncoder(this.#gpu, this.#arena);
+    const { strides } = this.#plan;
     for (const seq of seqs) {
       if (seq.base !== 0) continue;
       for (const s of seq.states) {
         if (s.kind === "deltanet") {
-          enc.clear(s.conv);
-          enc.clear(s.ssm);
+          enc.clear(s.conv, 4 * s.index * strides.conv, 4 * strides.conv);
+          enc.clear(s.ssm, 4 * s.index * strides.ssm, 4 * strides.ssm);
         }
       }
     }
@@ -1000,16 +1022,35 @@ export class GpuStage implements Stage {
     }
   }
 
-  /** Copies one state set into another: KV up to `pos` positions, DeltaNet states whole. */
+  /**
+   * Copies one state set into another (a slot's and a snapshot's, never in one buffer): KV up to
+   * `pos` positions, DeltaNet states whole.
+   */
   #copy(from: number, to: number, pos: number): void {
     const enc = new StepEncoder(this.#gpu, this.#arena);
+    const { strides } = this.#plan;
     const kvBytes = 2 * pos * this.#hp.Hkv * this.#hp.Dh;
     this.#sets[from].forEach((s, i) => {
       const d = this.#sets[to][i];
-      const src = stateBuffers(s);
-      const dst = stateBuffers(d);
-      for (let b = 0; b < src.length; b++) {
-        enc.copy(src[b], 0, dst[b], 0, s.kind === "attention" ? kvBytes : src[b].size);
+      if (s.kind === "attention" && d.kind === "attention") {
+        const at = (x: { index: number }) => 4 * x.index * strides.kv;
+        enc.copy(s.kc, at(s), d.kc, at(d), kvBytes);
+        enc.copy(s.vc, at(s), d.vc, at(d), kvBytes);
+      } else if (s.kind === "deltanet" && d.kind === "deltanet") {
+        enc.copy(
+          s.conv,
+          4 * s.index * strides.conv,
+          d.conv,
+          4 * d.index * strides.conv,
+          4 * strides.conv,
+        );
+        enc.copy(
+          s.ssm,
+          4 * s.index * strides.ssm,
+          d.ssm,
+          4 * d.index * strides.ssm,
+          4 * strides.ssm,
+        );
       }
     });
     enc.submit();
@@ -1074,33 +1115,38 @@ export async function openGpuStage(
       mem,
       activationFloats(hp, maxBatch, slots, lmChunk, attnPartFloats),
     );
-    const sets = Array.from(
-      { length: slots + snapshots },
-      (_, i) =>
-        allocState(mem, hp, first, end, ctx, i < slots ? `slot ${i}` : `snapshot ${i - slots}`),
-    );
+    const sets = [
+      ...allocStates(mem, hp, { first, end }, ctx, slots, "slot"),
+      ...allocStates(mem, hp, { first, end }, ctx, snapshots, "snapshot"),
+    ];
+    const strides = stateStrides(hp, ctx);
     const arena = new ParamArena(mem);
     const load = { first, end, maxPartBytes: options.maxPartBytes, log };
     // The kernels compile (on Dawn's worker threads) while the weights load: the steps are
     // recorded first against the weights' shapes, which need none of their bytes.
     const shapes = await loadStageWeights(mem, model, hp, { ...load, describe: true });
     const ahead = compileAhead(gpu, () => {
-      const described: ForwardPlan = { hp, first, weights: shapes, act, lmChunk };
-      recordSteps(new StepEncoder(gpu, arena), described, sets[0], maxBatch);
+      const described: ForwardPlan = { hp, first, weights: shapes, act, lmChunk, strides };
+      recordSteps(new StepEncoder(gpu, arena), described, sets.slice(0, slots), maxBatch);
     });
     const weights = await loadStageWeights(mem, model, hp, load);
     const weightsIn = performance.now();
     const waiting = ahead.unfinished;
     const late = await ahead.settle(KERNEL_DEADLINE_MS);
-    const stateBytes = sets.flat().flatMap(stateBuffers).reduce((s, b) => s + b.size, 0);
+    const stateTotal = stateBytes(sets);
     const actBytes = Object.values(act).reduce((s, b) => s + b.size, 0);
     log(
       `GPU state for ${slots} slots + ${snapshots} snapshots of ${ctx} positions: ${
-        formatBytes(stateBytes)
+        formatBytes(stateTotal)
       }; activations for ${maxBatch} tokens: ${formatBytes(actBytes)}`,
     );
-    const plan: ForwardPlan = { hp, first, weights, act, lmChunk };
-    const used = await buildKernels(new StepEncoder(gpu, arena), plan, sets[0], maxBatch);
+    const plan: ForwardPlan = { hp, first, weights, act, lmChunk, strides };
+    const used = await buildKernels(
+      new StepEncoder(gpu, arena),
+      plan,
+      sets.slice(0, slots),
+      maxBatch,
+    );
     const missed = [...used].filter((n) => !ahead.names.has(n));
     const unused = [...ahead.names].filter((n) => !used.has(n));
     log(
@@ -1132,10 +1178,18 @@ const KERNEL_DEADLINE_MS = 30_000;
 function recordSteps(
   enc: StepEncoder,
   plan: ForwardPlan,
-  states: readonly GpuLayerState[],
+  slots: readonly (readonly GpuLayerState[])[],
   maxBatch: number,
 ): void {
   const greedy = { buffer: plan.act.greedy, offset: 0 };
+  const states = slots[0];
+  // One token each of two slots of one buffer: the sequence-table variants.
+  if (slots.length > 1 && maxBatch > 1 && slots[1][0]?.index === 1) {
+    encodeLayers(enc, plan, [
+      { states, base: 0, row: 0, n: 1 },
+      { states: slots[1], base: 0, row: 1, n: 1 },
+    ]);
+  }
   for (const T of new Set([1, Math.min(2, maxBatch), maxBatch])) {
     encodeLayers(enc, plan, [{ states, base: 0, row: 0, n: T }]);
     if (plan.weights.output) {
@@ -1160,10 +1214,10 @@ function recordSteps(
 async function buildKernels(
   enc: StepEncoder,
   plan: ForwardPlan,
-  states: readonly GpuLayerState[],
+  slots: readonly (readonly GpuLayerState[])[],
   maxBatch: number,
 ): Promise<Set<string>> {
-  const used = collectVariants(enc.ctx, () => recordSteps(enc, plan, states, maxBatch));
+  const used = collectVariants(enc.ctx, () => recordSteps(enc, plan, slots, maxBatch));
   await settleKernels(enc.ctx);
   return used;
 }

@@ -32,6 +32,7 @@ struct Params {
 #ifdef CONV
   conv_channels: u32,
   conv_kc: u32,
+  conv_state_offset: u32,
 #endif
 #ifdef MOE_SUM
   sum_k: u32,

@@ -6,6 +6,7 @@ import type { BufferRef } from "../buffers.ts";
 import type { StepEncoder } from "../encoder.ts";
 import type { KernelFamily, KernelTarget } from "../kernel.ts";
 import { attentionCombine } from "./attention_combine.ts";
+import type { SequenceTable } from "./ssm_conv.ts";
 
 /**
  * Pass 1, a variant per head dim and tokens a workgroup (TQ): 4 for calls of several tokens where
@@ -13,12 +14,16 @@ import { attentionCombine } from "./attention_combine.ts";
  * K and V), else 1, and 1 for a decode step. Every variant gives a token the same bits
  * (wgsl/attention.wgsl: explicit fma chains in fixed orders).
  */
-export const ATTENTION: KernelFamily<{ readonly dh: number; readonly tq: number }> = {
+export const ATTENTION: KernelFamily<
+  { readonly dh: number; readonly tq: number; readonly multi?: boolean }
+> = {
   file: "attention.wgsl",
-  variant: (_, { dh, tq }) => ({
-    name: `attention_dh${dh}_q${tq}`,
-    defines: { DH: dh, B: ATTENTION_BLOCK, TQ: tq, VR: vRows(dh) },
-  }),
+  variant: (_, { dh, tq, multi }) => {
+    const defines = { DH: dh, B: ATTENTION_BLOCK, TQ: tq, VR: vRows(dh) };
+    return multi
+      ? { name: `attention_dh${dh}_q${tq}_multi`, defines: { ...defines, MULTI: true as const } }
+      : { name: `attention_dh${dh}_q${tq}`, defines };
+  },
 };
 
 /** Tokens a pass-1 workgroup takes (wgsl TQ) in a call of `tokens`. */
@@ -75,7 +80,10 @@ export interface AttentionOptions {
   readonly hq: number;
   readonly hkv: number;
   readonly dh: number;
-  /** Position of the first token; token t attends to positions 0 ..= pos0 + t. */
+  /**
+   * Position of the first token; token t attends to positions 0 ..= pos0 + t. With `multi`,
+   * the largest position of the table's tokens.
+   */
   readonly pos0: number;
   /** Where token 0's queries and outputs start in q and o (default 0). */
   readonly qOffset?: number;
@@ -84,6 +92,19 @@ export interface AttentionOptions {
   readonly qStrideH: number;
   readonly gateOffset: number;
   readonly oStrideT: number;
+  /** Where the caches start in kc and vc, u32 words (default 0). */
+  readonly kvOffset?: number;
+  /**
+   * One token of each sequence of the table instead (tokens = its count), at its row of q and
+   * o and its position, its caches at its index × stateStride u32 words.
+   */
+  readonly multi?: SequenceTable;
+}
+
+/** u32 words as the vec4s the kernel reads the caches in. */
+function vec4s(words: number): number {
+  if (words % 4 !== 0) throw new RangeError(`Cannot address the KV cache at word ${words}`);
+  return words / 4;
 }
 
 /**
@@ -106,8 +127,8 @@ export function attention(
   checkShape(o.hq, o.hkv, o.dh);
   const blocksOf = (tokens: number) => Math.ceil((o.pos0 + tokens) / ATTENTION_BLOCK);
   const slots = Math.floor(Number(b.part.size) / (4 * (o.dh + 2)));
-  const need = o.hq * blocksOf(o.tokens);
-  const last = o.pos0 + o.tokens - 1;
+  const need = o.hq * blocksOf(o.multi ? 1 : o.tokens);
+  const last = o.multi ? o.pos0 : o.pos0 + o.tokens - 1;
   const chunk = Math.min(o.tokens, Math.floor(slots / need));
   if (chunk < 1 && o.tokens > 0) {
     throw new RangeError(
@@ -115,28 +136,41 @@ export function attention(
     );
   }
   const groups = Math.ceil(o.hq / o.hkv / HEADS_PER_WORKGROUP);
+  const m = o.multi;
+  if (m && m.count !== o.tokens) {
+    throw new RangeError(`Cannot attend for ${o.tokens} tokens of ${m.count} sequences: one each`);
+  }
   for (let t0 = 0; t0 < o.tokens; t0 += chunk) {
     const tokens = Math.min(chunk, o.tokens - t0);
-    const nbs = blocksOf(t0 + tokens);
-    const tq = tileTokens(enc.ctx, tokens);
-    enc.dispatch(ATTENTION, { dh: o.dh, tq }, { q: b.q, kc: b.kc, vc: b.vc, part: b.part }, {
+    // A table's tokens each see up to pos0 (the largest position): blocks past a token's own
+    // position exit.
+    const nbs = m ? blocksOf(1) : blocksOf(t0 + tokens);
+    const tq = m ? 1 : tileTokens(enc.ctx, tokens);
+    const buffers: Record<string, BufferRef> = { q: b.q, kc: b.kc, vc: b.vc, part: b.part };
+    if (m) buffers.seqs = m.seqs;
+    const table = m && { ...m, seq0: m.seq0 + t0, count: tokens };
+    enc.dispatch(ATTENTION, { dh: o.dh, tq, multi: !!m }, buffers, {
       hq: o.hq,
       hkv: o.hkv,
       tokens,
-      t0,
+      t0: m ? 0 : t0,
       pos0: o.pos0,
       nbs,
       q_offset: o.qOffset ?? 0,
       q_stride_t: o.qStrideT,
       q_stride_h: o.qStrideH,
       scale: 1 / Math.sqrt(o.dh),
+      kv_offset: vec4s(o.kvOffset ?? 0),
+      kv_stride: m ? vec4s(m.stateStride) : 0,
+      seq0: table ? table.seq0 : 0,
     }, { tiles: Math.ceil(tokens / tq) * o.hkv * groups * nbs });
     attentionCombine(enc, { part: b.part, q: b.q, o: b.o }, {
       ...o,
       block: ATTENTION_BLOCK,
       tokens,
-      t0,
+      t0: m ? 0 : t0,
       nbs,
+      multi: table,
     });
   }
 }

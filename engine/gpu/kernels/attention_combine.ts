@@ -3,15 +3,20 @@
 
 import type { BufferRef } from "../buffers.ts";
 import type { StepEncoder } from "../encoder.ts";
-import type { KernelFamily } from "../kernel.ts";
+import type { KernelFamily, Variant } from "../kernel.ts";
+import type { SequenceTable } from "./ssm_conv.ts";
 
-/** A variant per head dim and block length (pass 1's). */
-export const ATTENTION_COMBINE: KernelFamily<{ readonly dh: number; readonly block: number }> = {
+/** A variant per head dim and block length (pass 1's); `multi` takes a table's tokens. */
+export const ATTENTION_COMBINE: KernelFamily<
+  { readonly dh: number; readonly block: number; readonly multi?: boolean }
+> = {
   file: "attention_combine.wgsl",
-  variant: (_, { dh, block }) => ({
-    name: `attention_combine_dh${dh}_b${block}`,
-    defines: { DH: dh, B: block },
-  }),
+  variant: (_, { dh, block, multi }): Variant => {
+    const name = `attention_combine_dh${dh}_b${block}`;
+    return multi
+      ? { name: `${name}_multi`, defines: { DH: dh, B: block, MULTI: true } }
+      : { name, defines: { DH: dh, B: block } };
+  },
 };
 
 /** Dims per run of a workgroup (wgsl/attention_combine.wgsl DC). */
@@ -45,11 +50,15 @@ export function attentionCombine(
     readonly qStrideH: number;
     readonly gateOffset: number;
     readonly oStrideT: number;
+    /** Pass 1's table: token tl is the one token of entry seq0 + tl, at its row and position. */
+    readonly multi?: SequenceTable;
   },
 ): void {
   const runs = Math.ceil(o.dh / COMBINE_DIMS);
   const dcs = Math.min(runs, Math.max(1, Math.floor(o.tokens * o.hq * runs / COMBINE_WORKGROUPS)));
-  enc.dispatch(ATTENTION_COMBINE, { dh: o.dh, block: o.block }, b, {
+  const m = o.multi;
+  const buffers: Record<string, BufferRef> = m ? { ...b, seqs: m.seqs } : b;
+  enc.dispatch(ATTENTION_COMBINE, { dh: o.dh, block: o.block, multi: !!m }, buffers, {
     hq: o.hq,
     tokens: o.tokens,
     t0: o.t0,
@@ -62,5 +71,6 @@ export function attentionCombine(
     o_offset: o.oOffset ?? 0,
     o_stride_t: o.oStrideT,
     dcs,
+    seq0: m?.seq0 ?? 0,
   }, { tiles: o.tokens * o.hq * Math.ceil(runs / dcs) });
 }

@@ -7,6 +7,7 @@
 import type { BufferRef } from "../buffers.ts";
 import type { StepEncoder } from "../encoder.ts";
 import type { KernelFamily, KernelTarget } from "../kernel.ts";
+import type { SequenceTable } from "./ssm_conv.ts";
 
 /**
  * Row slices per column: the most (≤ 8, each slice a whole number of vec4 rows) that fit the
@@ -34,12 +35,17 @@ const NORM_WG = 256;
 /** What a dispatch runs: a whole step (one workgroup a head), a split recurrence, or the norm. */
 export type DeltaNetPass = "fused" | "split" | "norm";
 
-/** A variant per head shape dk × dv and pass. */
+/** A variant per head shape dk × dv and pass; `multi` (fused only) runs a table of sequences. */
 export const GATED_DELTA_NET: KernelFamily<
-  { readonly dk: number; readonly dv: number; readonly pass?: DeltaNetPass }
+  {
+    readonly dk: number;
+    readonly dv: number;
+    readonly pass?: DeltaNetPass;
+    readonly multi?: boolean;
+  }
 > = {
   file: "gated_delta_net.wgsl",
-  variant: (target, { dk, dv, pass = "fused" }) => {
+  variant: (target, { dk, dv, pass = "fused", multi = false }) => {
     if ((dv & (dv - 1)) !== 0 || dv > 256 || dk > 256 || dk < 4 || dk % 4 !== 0) {
       throw new RangeError(
         `Cannot run DeltaNet heads of ${dk} x ${dv}: value heads must be a power of two ≤ 256, key heads a multiple of 4 up to 256`,
@@ -56,7 +62,10 @@ export const GATED_DELTA_NET: KernelFamily<
       const cols = Math.min(SPLIT_COLS, dv);
       return { name: `${name}_c${cols}`, defines: { ...base, COLS: cols } };
     }
-    return { name, defines: { ...base, COLS: dv, NORM_FUSED: true } };
+    const fused = { ...base, COLS: dv, NORM_FUSED: true as const };
+    return multi
+      ? { name: `${name}_multi`, defines: { ...fused, MULTI: true } }
+      : { name, defines: fused };
   },
 };
 
@@ -79,11 +88,24 @@ export interface GatedDeltaNetOptions {
   readonly yOffset?: number;
   readonly yStrideT: number;
   readonly eps: number;
+  /** Where the state starts in `state`, floats (default 0). */
+  readonly stateOffset?: number;
+  /**
+   * The sequences of a table instead, each its tokens from its row, in one dispatch (fused: each
+   * a whole head a workgroup); offsets and strides above are then of row 0.
+   */
+  readonly multi?: SequenceTable;
+}
+
+/** Whether a run of `tokens` takes the one-dispatch recurrence (a whole head a workgroup). */
+export function fusedDeltaNet(tokens: number, dv: number): boolean {
+  return tokens === 1 || dv <= SPLIT_COLS;
 }
 
 /**
  * Records the recurrence over `tokens` tokens for every value head, updating the state: one
- * dispatch for one token, else the column-split recurrence and then the output norm.
+ * dispatch for one token, else the column-split recurrence and then the output norm. With
+ * `multi`, one dispatch for the table's sequences, each of which must be fusedDeltaNet.
  */
 export function gatedDeltaNet(
   enc: StepEncoder,
@@ -111,9 +133,20 @@ export function gatedDeltaNet(
     y_offset: o.yOffset ?? 0,
     y_stride_t: o.yStrideT,
     eps: o.eps,
+    state_offset: o.stateOffset ?? 0,
+    state_stride: o.multi?.stateStride ?? 0,
+    seq0: o.multi?.seq0 ?? 0,
   };
   const shape = { dk: o.dk, dv: o.dv };
-  if (o.tokens === 1 || o.dv <= SPLIT_COLS) {
+  const m = o.multi;
+  if (m) {
+    enc.dispatch(GATED_DELTA_NET, { ...shape, multi: true }, { ...b, seqs: m.seqs }, params, {
+      tiles: o.nv,
+      z: m.count,
+    });
+    return;
+  }
+  if (fusedDeltaNet(o.tokens, o.dv)) {
     enc.dispatch(GATED_DELTA_NET, shape, b, params, { tiles: o.nv });
     return;
   }

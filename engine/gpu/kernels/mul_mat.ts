@@ -213,8 +213,9 @@ export interface RmsNormInput {
 export interface ConvEpilogue {
   /** (channels, kc) f32 taps. */
   readonly w: BufferRef;
-  /** (kc − 1, channels) f32, the inputs before this token, oldest first. */
+  /** (kc − 1, channels) f32 from stateOffset floats, the inputs before this token, oldest first. */
   readonly state: BufferRef;
+  readonly stateOffset?: number;
   /** (channels) f32 outputs. */
   readonly u: BufferRef;
   readonly channels: number;
@@ -329,7 +330,11 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
       const params: Record<string, number> = { ...base, ...at, row_tiles: tiles };
       if (o.conv) {
         Object.assign(buffers, { cw: o.conv.w, cstate: o.conv.state, u: o.conv.u });
-        Object.assign(params, { conv_channels: o.conv.channels, conv_kc: o.conv.kc });
+        Object.assign(params, {
+          conv_channels: o.conv.channels,
+          conv_kc: o.conv.kc,
+          conv_state_offset: o.conv.stateOffset ?? 0,
+        });
       }
       if (o.moeSum) {
         Object.assign(buffers, { eo: o.moeSum.experts, ew: o.moeSum.weights });

@@ -5,12 +5,16 @@
 import type { BufferRef } from "../buffers.ts";
 import { dummyStorage } from "../buffers.ts";
 import type { StepEncoder } from "../encoder.ts";
-import type { KernelFamily } from "../kernel.ts";
+import type { KernelFamily, Variant } from "../kernel.ts";
+import type { SequenceTable } from "./ssm_conv.ts";
 
-/** One variant. */
-export const QK_NORM_ROPE: KernelFamily<void> = {
+/** A run of one sequence, or (multi) one token of each of several sequences of a table. */
+export const QK_NORM_ROPE: KernelFamily<boolean> = {
   file: "qk_norm_rope.wgsl",
-  variant: () => ({ name: "qk_norm_rope", defines: {} }),
+  variant: (_, multi): Variant =>
+    multi
+      ? { name: "qk_norm_rope_multi", defines: { MULTI: true } }
+      : { name: "qk_norm_rope", defines: {} },
 };
 
 /** Head geometry and rotation of one call. Positions are pos0 + t. */
@@ -36,6 +40,13 @@ export interface QkNormRopeOptions {
     readonly strideH: number;
     readonly vOffset: number;
   };
+  /** Where the caches start in kc and vc, u32 words (default 0). */
+  readonly kvOffset?: number;
+  /**
+   * One token of each sequence of the table instead (tokens = its count), at its row and
+   * position, its caches at its index × stateStride words.
+   */
+  readonly multi?: SequenceTable;
 }
 
 /**
@@ -61,13 +72,19 @@ export function qkNormRope(
   const s = o.sections;
   const qHeads = o.q?.heads ?? 0;
   const kHeads = o.k?.heads ?? 0;
-  enc.dispatch(QK_NORM_ROPE, undefined, {
+  const m = o.multi;
+  if (m && m.count !== o.tokens) {
+    throw new RangeError(`Cannot rotate ${o.tokens} tokens of ${m.count} sequences: one each`);
+  }
+  const buffers: Record<string, BufferRef> = {
     x: b.x,
     wq: b.wq ?? dummyStorage(enc.ctx),
     wk: b.wk ?? dummyStorage(enc.ctx),
     kc: b.kc ?? dummyStorage(enc.ctx, 1),
     vc: b.vc ?? dummyStorage(enc.ctx, 2),
-  }, {
+  };
+  if (m) buffers.seqs = m.seqs;
+  enc.dispatch(QK_NORM_ROPE, !!m, buffers, {
     dh: o.dh,
     n_rot: o.nRot,
     q_heads: qHeads,
@@ -86,5 +103,8 @@ export function qkNormRope(
     sect3: s[3] ?? 0,
     theta_scale: o.thetaScale,
     eps: o.eps,
+    kv_offset: o.kvOffset ?? 0,
+    kv_stride: m?.stateStride ?? 0,
+    seq0: m?.seq0 ?? 0,
   }, { tiles: o.tokens * (qHeads + kHeads) });
 }

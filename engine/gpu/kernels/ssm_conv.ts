@@ -3,18 +3,36 @@
 
 import type { BufferRef } from "../buffers.ts";
 import type { StepEncoder } from "../encoder.ts";
-import type { KernelFamily } from "../kernel.ts";
+import type { KernelFamily, Variant } from "../kernel.ts";
 
 /** Tokens a thread walks (wgsl RUN): at least kc − 1, so only the first group reads the state. */
 const CONV_RUN = 8;
 
-/** One variant. */
-export const SSM_CONV: KernelFamily<void> = {
+/** A run of one sequence, or (multi) one token of each of several sequences of a table. */
+export const SSM_CONV: KernelFamily<boolean> = {
   file: "ssm_conv.wgsl",
-  variant: () => ({ name: "ssm_conv", defines: {} }),
+  variant: (_, multi): Variant =>
+    multi
+      ? { name: "ssm_conv_multi", defines: { MULTI: true } }
+      : { name: "ssm_conv", defines: {} },
 };
 
-/** Records u[t] = silu(conv(state ++ x[0..t])) and advances the state by `tokens` inputs. */
+/**
+ * One token of each of `count` sequences, from entry seq0 of a step's sequence table
+ * (engine/gpu/gpu_forward.ts): each at its row of x and u, with its state at its index ×
+ * stateStride floats of the state buffer. The same bits as a run of each alone.
+ */
+export interface SequenceTable {
+  readonly seqs: BufferRef;
+  readonly seq0: number;
+  readonly count: number;
+  readonly stateStride: number;
+}
+
+/**
+ * Records u[t] = silu(conv(state ++ x[0..t])) and advances the state (from stateOffset floats)
+ * by `tokens` inputs; with `multi`, one token of each sequence of the table instead.
+ */
 export function ssmConv(
   enc: StepEncoder,
   b: {
@@ -32,6 +50,8 @@ export function ssmConv(
     /** Where token 0's outputs start in u (default 0). */
     readonly uOffset?: number;
     readonly uStrideT: number;
+    readonly stateOffset?: number;
+    readonly multi?: SequenceTable;
   },
 ): void {
   if (o.kc < 2 || o.kc > CONV_RUN + 1) {
@@ -39,7 +59,9 @@ export function ssmConv(
       `Cannot run a conv of ${o.kc} taps: the kernel takes 2 to ${CONV_RUN + 1}`,
     );
   }
-  enc.dispatch(SSM_CONV, undefined, b, {
+  const m = o.multi;
+  const buffers = m ? { ...b, seqs: m.seqs } : b;
+  enc.dispatch(SSM_CONV, !!m, buffers, {
     channels: o.channels,
     kc: o.kc,
     tokens: o.tokens,
@@ -47,5 +69,8 @@ export function ssmConv(
     x_stride_t: o.xStrideT,
     u_offset: o.uOffset ?? 0,
     u_stride_t: o.uStrideT,
-  }, { tiles: Math.ceil(o.channels / 64), z: Math.ceil(o.tokens / CONV_RUN) });
+    state_offset: o.stateOffset ?? 0,
+    state_stride: m?.stateStride ?? 0,
+    seq0: m?.seq0 ?? 0,
+  }, { tiles: Math.ceil(o.channels / 64), z: m ? m.count : Math.ceil(o.tokens / CONV_RUN) });
 }
