@@ -2,6 +2,7 @@
 // local stage (layers 0:k) and the link to the next stage → lib/scheduler/ → lib/server/handler.ts.
 
 import { modelStem } from "../../engine/gguf/stage_shard.ts";
+import { modelPath, type ModelSource } from "../../engine/gguf/model_files.ts";
 import { openGguf } from "../../engine/gguf/read.ts";
 import { readHParams } from "../../engine/hparams.ts";
 import { type EngineChoice, openLocalStage } from "../../engine/open_stage.ts";
@@ -23,7 +24,8 @@ import { guardHeaders } from "./header_guard.ts";
 import { PromptBuilder } from "./prompt.ts";
 
 export interface HeadOptions {
-  readonly model: string;
+  /** A path, or the files a launcher resolved (lib/launch/grants.ts). */
+  readonly model: ModelSource;
   /** The local layers; required with `next`, the whole model without it. */
   readonly layers?: { readonly first: number; readonly end: number };
   /** host:port of the worker serving the layers after `layers`. */
@@ -131,7 +133,9 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
     const template = model.metadata.get("tokenizer.chat_template");
     if (typeof template !== "string") {
       throw new TypeError(
-        `Cannot serve "${options.model}": it has no tokenizer.chat_template, which the chat ` +
+        `Cannot serve "${
+          modelPath(options.model)
+        }": it has no tokenizer.chat_template, which the chat ` +
           `routes need to build prompts`,
       );
     }
@@ -182,7 +186,7 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
       onAdmit: access.onAdmit,
     });
     const sampling = options.sampling ?? {};
-    const modelId = options.modelId ?? modelStem(options.model);
+    const modelId = options.modelId ?? modelStem(modelPath(options.model));
     handle = access.wrap(createHandler({
       scheduler,
       tokenizer,
