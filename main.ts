@@ -21,6 +21,8 @@ import {
 } from "./lib/cli.ts";
 import { DEFAULT_CTX, DEFAULT_MAX_BATCH, DEFAULT_SLOTS } from "./engine/stage.ts";
 import { DEFAULT_PREFILL_CHUNK } from "./lib/scheduler/scheduler.ts";
+import { describePath, type ResolvedPath } from "./engine/gguf/model_files.ts";
+import type { RoleFiles } from "./lib/launch/grants.ts";
 import { freeLoopbackPort, runRole } from "./lib/launch/launch.ts";
 import { startHead } from "./lib/server/head.ts";
 import { loadKeyFile } from "./lib/wire/hello.ts";
@@ -84,14 +86,15 @@ export const HEAD = {
   },
 } satisfies Command<FlagTable>;
 
-async function readApiKey(path: string): Promise<string> {
+async function readApiKey(file: ResolvedPath): Promise<string> {
+  const named = `--api-key-file "${describePath(file)}"`;
   let text: string;
   try {
-    text = (await Deno.readTextFile(path)).trim();
+    text = (await Deno.readTextFile(file.resolved)).trim();
   } catch (e) {
-    throw new Error(`Cannot read --api-key-file "${path}": ${(e as Error).message}`, { cause: e });
+    throw new Error(`Cannot read ${named}: ${(e as Error).message}`, { cause: e });
   }
-  if (!text) throw new Error(`Cannot use --api-key-file "${path}": it is empty`);
+  if (!text) throw new Error(`Cannot use ${named}: it is empty`);
   return text;
 }
 
@@ -105,8 +108,14 @@ export function prepareHead(flags: FlagValues<typeof HEAD.flags>) {
   return { values, touches: { ...values, internal: values["internal-port"], threads: true } };
 }
 
-/** The head's life in its role thread: serve until SIGINT or SIGTERM. */
-export async function serveHead(flags: FlagValues<typeof HEAD.flags>): Promise<void> {
+/**
+ * The head's life in its role thread: serve until SIGINT or SIGTERM. It reads the model and the
+ * keys as `files` resolved them.
+ */
+export async function serveHead(
+  flags: FlagValues<typeof HEAD.flags>,
+  files: RoleFiles,
+): Promise<void> {
   if (flags.next && !flags.layers) {
     throw new UsageError("--next needs --layers 0:k for the head's own layers");
   }
@@ -116,8 +125,10 @@ export async function serveHead(flags: FlagValues<typeof HEAD.flags>): Promise<v
         `it as x-api-key) or --insecure to serve anyone who can reach the port`,
     );
   }
+  const apiKeyFile = files["api-key-file"];
+  const wireKeyFile = files["key-file"];
   const running = await startHead({
-    model: flags.model,
+    model: files.model,
     layers: flags.layers,
     next: flags.next,
     host: flags.host,
@@ -128,12 +139,12 @@ export async function serveHead(flags: FlagValues<typeof HEAD.flags>): Promise<v
     snapshots: flags.snapshots,
     maxBatch: flags["max-batch"],
     prefillChunk: flags["prefill-chunk"],
-    apiKey: flags["api-key-file"] ? await readApiKey(flags["api-key-file"]) : undefined,
+    apiKey: apiKeyFile ? await readApiKey(apiKeyFile) : undefined,
     maxBodyBytes: flags["max-body-bytes"],
     headerTimeoutMs: flags["header-timeout"] * 1000,
     internalPort: flags["internal-port"],
     corsOrigins: flags["cors-origin"],
-    wireKey: flags["key-file"] ? await loadKeyFile(flags["key-file"]) : undefined,
+    wireKey: wireKeyFile ? await loadKeyFile(wireKeyFile.resolved) : undefined,
     engine: engineChoice(flags),
     sampling: {
       temperature: flags.temperature,

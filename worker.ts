@@ -20,6 +20,7 @@ import {
   whole,
 } from "./lib/cli.ts";
 import { DEFAULT_CTX, DEFAULT_MAX_BATCH, DEFAULT_SLOTS } from "./engine/stage.ts";
+import type { RoleFiles } from "./lib/launch/grants.ts";
 import { runRole } from "./lib/launch/launch.ts";
 import { loadKeyFile } from "./lib/wire/hello.ts";
 import { defaultSnapshots } from "./lib/scheduler/prefix_cache.ts";
@@ -55,8 +56,14 @@ export const WORKER = {
   },
 } satisfies Command<FlagTable>;
 
-/** The worker's life in its role thread: serve until SIGINT or SIGTERM. */
-export async function serveWorker(flags: FlagValues<typeof WORKER.flags>): Promise<void> {
+/**
+ * The worker's life in its role thread: serve until SIGINT or SIGTERM. It reads the model and the
+ * key as `files` resolved them.
+ */
+export async function serveWorker(
+  flags: FlagValues<typeof WORKER.flags>,
+  files: RoleFiles,
+): Promise<void> {
   const { layers, host } = flags;
   if (layers.first === 0) {
     throw new UsageError(
@@ -70,10 +77,11 @@ export async function serveWorker(flags: FlagValues<typeof WORKER.flags>): Promi
         `docs/WIRE.md) or --insecure to serve anyone who can reach the port`,
     );
   }
-  const key = flags["key-file"] ? await loadKeyFile(flags["key-file"]) : undefined;
+  const keyFile = files["key-file"];
+  const key = keyFile ? await loadKeyFile(keyFile.resolved) : undefined;
   const log = (line: string) => console.error(`[worker ${layers.first}..${layers.end}] ${line}`);
   const worker = await startWorker({
-    model: flags.model,
+    model: files.model,
     layers,
     host,
     port: flags.port,

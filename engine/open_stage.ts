@@ -4,7 +4,7 @@
 import type { GgufModel } from "./gguf/gguf_model.ts";
 import { missingLayers } from "./gguf/stage_shard.ts";
 import type { ProviderChoice } from "./gpu/provider.ts";
-import { readHParams } from "./hparams.ts";
+import { modelHParams } from "./hparams.ts";
 import { openReferenceStage } from "./reference/reference_stage.ts";
 import type { Stage, StageOpenOptions } from "./stage.ts";
 import { checkOpenOptions } from "./stage_checks.ts";
@@ -42,7 +42,7 @@ function quietWayland(): void {
 
 export async function openLocalStage(model: GgufModel, options: LocalStageOptions): Promise<Stage> {
   // Read once here (or by the caller) and handed to the stage.
-  const hp = options.hp ?? readHParams(model.metadata);
+  const hp = options.hp ?? modelHParams(model);
   const opening = { ...options, hp, end: options.end ?? hp.nLayer };
   // Checked before the shard's tensors, so a range past the model is named as such.
   const { first, end } = checkOpenOptions(opening, hp.nLayer);

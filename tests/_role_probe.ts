@@ -36,14 +36,14 @@ async function tryOutside(): Promise<void> {
 const url = import.meta.url;
 if (import.meta.main) {
   if (Deno.env.get("TANDEM_PROBE_ROLE") === "head") {
-    await runRole("head", HEAD, url, prepareHead, async (f) => {
+    await runRole("head", HEAD, url, prepareHead, async (f, files) => {
       await tryOutside();
-      await serveHead(f);
+      await serveHead(f, files);
     });
   } else {
-    await runRole("worker", WORKER, url, (f) => ({ values: f, touches: f }), async (f) => {
+    await runRole("worker", WORKER, url, (f) => ({ values: f, touches: f }), async (f, files) => {
       await tryOutside();
-      await serveWorker(f);
+      await serveWorker(f, files);
     });
   }
 }

@@ -1,10 +1,13 @@
 // The entry points as processes: --help on every task exits 0 and lists its flags, every task reads
 // TANDEM_*, and the head and the worker bind their address before the model loads, naming a busy
-// port in the error.
+// port in the error, and stop on a corrupt model naming its file, key and value.
 
 import assert from "node:assert/strict";
 import { LAUNCHER_FLAGS } from "../lib/launch/grants.ts";
 import { testModel } from "./_models.ts";
+import { withTempDir } from "../engine/gguf/_gguf_bytes.ts";
+import { writeGguf } from "../tools/gguf/gguf_write.ts";
+import { planModel } from "../tools/synth/generate_model.ts";
 import { PROJECT_ROOT } from "./_workers.ts";
 
 /**
@@ -139,6 +142,33 @@ Deno.test("head and worker name a busy port before loading the model, and read T
     busy.close();
   }
 });
+
+Deno.test("head and worker stop on corrupt metadata naming the file as given, the key and its value", () =>
+  withTempDir(async (dir) => {
+    // The rope sections of a file that stopped a worker deep in the reference engine's IMROPE.
+    const meta = planModel({ preset: "tiny", arch: "qwen35moe" }).meta.map((e) =>
+      e.key === "qwen35moe.rope.dimension_sections"
+        ? { ...e, type: "array" as const, itemType: "i32" as const, value: [3, -901458906, 2, 0] }
+        : e
+    );
+    await writeGguf(`${dir}/blob`, meta, [], () => new Uint8Array());
+    const model = `${dir}/m.gguf`;
+    await Deno.symlink("blob", model);
+    const expected = new RegExp(
+      `stopped: Cannot read model hyperparameters from "${model}": ` +
+        `"qwen35moe.rope.dimension_sections" is \\[3,-901458906,2,0\\], expected 4 or fewer ` +
+        `whole numbers 0\\.\\.16777216 with a sum above 0\n`,
+    );
+    const head = await run(["main.ts", "--model", model, "--port", "0", "--backend", "reference"]);
+    assert.equal(head.code, 1);
+    assert.match(head.stderr, expected);
+    const worker = await run([
+      ...["worker.ts", "--model", model, "--layers", "2:4", "--port", "0"],
+      ...["--backend", "reference"],
+    ]);
+    assert.equal(worker.code, 1);
+    assert.match(worker.stderr, expected);
+  }));
 
 Deno.test("the head refuses a non-loopback --host without --api-key-file unless --insecure", async () => {
   const missing = `${PROJECT_ROOT}/no-such-model.gguf`;

@@ -1,15 +1,16 @@
 // Seeded fuzzing of what a head reads from a GGUF before any weight (engine/gguf header, hparams,
-// lib/tokenizer): hostile values, flipped bytes and cuts give a model or a "Cannot …" error, never
-// an internal failure. CI runs a few hundred mutants; `deno task fuzz` 10,000.
+// lib/tokenizer): hostile values, flipped bytes and cuts give a model or a "Cannot …" error that
+// names the file, and the key and value at fault, never an internal failure. CI runs a few hundred
+// mutants; `deno task fuzz` 10,000.
 
 import assert from "node:assert/strict";
 import { GgmlType } from "../engine/quant/ggml_types.ts";
-import { readHParams } from "../engine/hparams.ts";
-import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
+import { readHeadModel } from "../lib/server/head_model.ts";
 import { type GgufMetaEntry, writeGguf } from "../tools/gguf/gguf_write.ts";
 import { planModel } from "../tools/synth/generate_model.ts";
 import { fuzzRuns, fuzzSeed, Random } from "./_fuzz.ts";
 import { openGguf } from "../engine/gguf/read.ts";
+import { describeValue, type GgufValue } from "../engine/gguf/gguf_model.ts";
 import { withTempDir } from "../engine/gguf/_gguf_bytes.ts";
 
 /** Values that have broken readers: zero, signs, powers of two, huge counts, non-finite floats. */
@@ -24,8 +25,25 @@ const HOSTILE: Readonly<Record<string, readonly (number | bigint)[]>> = {
   f64: [0, -1, NaN, Infinity, 1e308],
 };
 
+/** Metadata with one entry changed: which key, and its value as a reader will see it. */
+interface Mutated {
+  readonly meta: GgufMetaEntry[];
+  readonly key: string;
+  /** undefined where the key is gone. */
+  readonly value: GgufValue | undefined;
+}
+
+/** `value` of `type` as the reader returns it: f32 rounded, 64-bit integers within 2^53 numbers. */
+function readBack(type: string, value: number | bigint): GgufValue {
+  if (type === "f32") return Math.fround(Number(value));
+  if (typeof value !== "bigint") return value;
+  return value >= -Number.MAX_SAFE_INTEGER && value <= Number.MAX_SAFE_INTEGER
+    ? Number(value)
+    : value;
+}
+
 /** One way a structured mutation changes the metadata. */
-function mutateMeta(meta: readonly GgufMetaEntry[], r: Random): GgufMetaEntry[] {
+function mutateMeta(meta: readonly GgufMetaEntry[], r: Random): Mutated {
   const out = [...meta];
   const i = r.int(out.length);
   const entry = out[i];
@@ -35,14 +53,15 @@ function mutateMeta(meta: readonly GgufMetaEntry[], r: Random): GgufMetaEntry[] 
       const type = entry.type !== "array" && HOSTILE[entry.type]
         ? entry.type
         : r.pick(Object.keys(HOSTILE));
-      out[i] = { key: entry.key, type, value: r.pick(HOSTILE[type]) } as GgufMetaEntry;
-      break;
+      const value = r.pick(HOSTILE[type]);
+      out[i] = { key: entry.key, type, value } as GgufMetaEntry;
+      return { meta: out, key: entry.key, value: readBack(type, value) };
     }
     case 2: // the key gone
       out.splice(i, 1);
-      break;
-    default: // another kind of value: text, empty array, a long array of hostile numbers
-      out[i] = r.pick<GgufMetaEntry>([
+      return { meta: out, key: entry.key, value: undefined };
+    default: { // another kind of value: text, empty array, a long array of hostile numbers
+      const changed = r.pick<GgufMetaEntry & { value: GgufValue }>([
         { key: entry.key, type: "string", value: "x" },
         { key: entry.key, type: "array", itemType: "u32", value: [] },
         {
@@ -52,27 +71,56 @@ function mutateMeta(meta: readonly GgufMetaEntry[], r: Random): GgufMetaEntry[] 
           value: Array.from({ length: 1 + r.int(600) }, () => r.pick(HOSTILE.u32) as number),
         },
       ]);
+      out[i] = changed;
+      return { meta: out, key: entry.key, value: changed.value };
+    }
   }
-  return out;
 }
 
-/** What a head does with a model file before its weights: header, hparams, tokenizer, template. */
+const escapeRegExp = (s: string) => s.replace(/[.*+?^${}()|[\]\\]/g, "\\$&");
+
+/**
+ * Checks that a refusal of the mutant at `path` says where: it names the file; a refusal of what
+ * the metadata says (past the GGUF structure) names one of `keys` and what was expected; and when
+ * only `mutated` changed, it names that key and its value (or that it is missing).
+ */
+function assertNamesCause(
+  message: string,
+  path: string,
+  keys: readonly string[],
+  mutated: Mutated | undefined,
+  what: string,
+) {
+  assert.ok(message.includes(`"${path}"`), `the file is not named: ${what}`);
+  if (!message.startsWith(`Cannot read "${path}" as GGUF: `)) {
+    assert.ok(keys.some((key) => message.includes(`"${key}"`)), `no key is named: ${what}`);
+    assert.match(message, /, expected /, `what was expected is not said: ${what}`);
+  }
+  // Flipped bytes may land anywhere: only a mutation of values alone has a known cause.
+  if (!mutated) return;
+  assert.ok(message.includes(`"${mutated.key}"`), `${mutated.key} is not named: ${what}`);
+  const value = mutated.value === undefined ? "missing" : describeValue(mutated.value);
+  const named = new RegExp(`\\bis ${escapeRegExp(value)}(?![\\w.])`);
+  assert.match(message, named, `its value ${value} is not named: ${what}`);
+}
+
+/** What a head does with a model file before its weights: header, tokenizer, template, hparams. */
 async function readLikeAHead(path: string): Promise<void> {
   const model = await openGguf(path);
   try {
-    readHParams(model.metadata);
-    TextTokenizer.fromGguf(model.metadata);
+    readHeadModel(model);
   } finally {
     model.close();
   }
 }
 
-Deno.test("mutated GGUF headers open as a model or fail with a Cannot … error, never internally", () =>
+Deno.test("mutated GGUF headers open as a model or fail with a Cannot … error naming file and key, never internally", () =>
   withTempDir(async (dir) => {
     const runs = fuzzRuns(300);
     const seed = fuzzSeed(0x99f);
     const r = new Random(seed);
     const { meta } = planModel({ preset: "tiny", arch: "qwen35moe" });
+    const keys = meta.map((e) => e.key);
     const tensors = [
       { name: "token_embd.weight", shape: [32, 2], type: GgmlType.F32 },
       { name: "output_norm.weight", shape: [32], type: GgmlType.F32 },
@@ -87,9 +135,11 @@ Deno.test("mutated GGUF headers open as a model or fail with a Cannot … error,
     const outcomes = new Map<string, number>();
     for (let run = 0; run < runs; run++) {
       const kind = r.pick(["values", "bytes", "cut", "values+bytes"] as const);
+      let mutated: Mutated | undefined;
       if (kind === "values" || kind === "values+bytes") {
+        mutated = mutateMeta(meta, r);
         try {
-          await writeGguf(path, mutateMeta(meta, r), tensors, zeros);
+          await writeGguf(path, mutated.meta, tensors, zeros);
         } catch (e) {
           // The writer refuses some combinations itself (e.g. general.alignment not a power of 2).
           assert.match((e as Error).message, /^Cannot write/, `seed ${seed} run ${run}`);
@@ -107,6 +157,8 @@ Deno.test("mutated GGUF headers open as a model or fail with a Cannot … error,
         const what = `seed ${seed} run ${run} (${kind}): ${(e as Error)?.stack ?? e}`;
         assert.ok(e instanceof SyntaxError || e instanceof RangeError, what);
         assert.match(e.message, /^Cannot /, what);
+        const cause = kind === "values" ? mutated : undefined;
+        assertNamesCause(e.message, path, keys, cause, what);
         outcomes.set(e.name, (outcomes.get(e.name) ?? 0) + 1);
       }
     }

@@ -2,6 +2,8 @@
 // OpenAI /v1/completions (buffered, streamed, echo), llama.cpp /tokenize, /detokenize, /props, /slots.
 
 import assert from "node:assert/strict";
+import { DEFAULT_SLOTS } from "../engine/stage.ts";
+import { defaultSnapshots } from "../lib/scheduler/prefix_cache.ts";
 import { parseSse, post, startTestHead, type TestHead, waitFor } from "./_head.ts";
 
 Deno.test("/v1/completions: text_completion, streamed equal to buffered, echo, default 16 tokens", async () => {
@@ -189,7 +191,11 @@ Deno.test("defaults: an omitted temperature samples at 1; the prefix cache is on
   const head = await startTestHead();
   const capped = await startTestHead({ sampling: { temperature: 0.3, temperatureCap: 0.5 } });
   try {
-    assert.ok(head.lines.some((l) => /prefix cache 4 places/.test(l)), head.lines.join("\n"));
+    // The default slots, each with its share of places for the test head's 256 positions.
+    const places = `slots ${DEFAULT_SLOTS}, ctx 256, prefix cache ${
+      defaultSnapshots(256, DEFAULT_SLOTS)
+    } places`;
+    assert.ok(head.lines.some((l) => l.includes(places)), head.lines.join("\n"));
     const props = await (await fetch(`${head.url}/props`)).json();
     assert.equal(props.default_generation_settings.params.temperature, 1);
     const ask = (extra: Record<string, unknown>) => ({

@@ -20,7 +20,8 @@ const ASK = {
 
 /** A head and a worker on the two shards of the tiny model, in a fresh directory. */
 async function withShards(use: (whole: string, head: string, worker: string) => Promise<void>) {
-  const dir = await Deno.makeTempDir({ prefix: "tandem-grants-" });
+  // Resolved, so that the grant (which names files as their links resolve) reads as given.
+  const dir = await Deno.realPath(await Deno.makeTempDir({ prefix: "tandem-grants-" }));
   try {
     const whole = await tinyModel();
     const [head, worker] = await writeStageShards(whole, listOf(layerRange).parse("0:2,2:4"), dir);

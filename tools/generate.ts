@@ -1,6 +1,7 @@
 // `deno task generate`: greedy continuation of a prompt on one process or a chain of stages.
 // Flags → model, tokenizer, local stage (+ the rest via --next) → lib/scheduler/ → stdout.
 
+import { readingFile } from "../engine/gguf/model_errors.ts";
 import { openGguf } from "../engine/gguf/read.ts";
 import { openLocalStage } from "../engine/open_stage.ts";
 import type { Stage } from "../engine/stage.ts";
@@ -66,7 +67,7 @@ async function main(values: FlagValues<typeof GENERATE.flags>): Promise<void> {
   }
   const n = values.n;
   const model = await openGguf(values.model);
-  const tokenizer = TextTokenizer.fromGguf(model.metadata);
+  const tokenizer = readingFile(model.path, () => TextTokenizer.fromGguf(model.metadata));
   const prompt = values["prompt-ids"] ?? tokenizer.encode(values.prompt!);
   const ctx = values.ctx ?? Math.max(256, prompt.length + n);
   let local: Stage | undefined;

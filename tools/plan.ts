@@ -7,7 +7,7 @@
 import { openGguf } from "../engine/gguf/read.ts";
 import { formatBytes } from "../engine/gpu/buffers.ts";
 import { planStage, type StagePlan } from "../engine/gpu/memory_plan.ts";
-import { readHParams } from "../engine/hparams.ts";
+import { modelHParams } from "../engine/hparams.ts";
 import { DEFAULT_CTX, DEFAULT_MAX_BATCH, DEFAULT_SLOTS } from "../engine/stage.ts";
 import {
   type Command,
@@ -67,7 +67,7 @@ export function formatPlan(p: StagePlan, slots: number, snapshots: number, ctx: 
 export async function planReport(flags: FlagValues<typeof PLAN.flags>): Promise<string[]> {
   const model = await openGguf(flags.model);
   try {
-    const hp = readHParams(model.metadata);
+    const hp = modelHParams(model);
     checkStages(flags.stages, hp.nLayer);
     const { ctx, slots } = flags;
     // Omitted, the stages' own default: the plan must describe the processes as they will run.

@@ -15,7 +15,7 @@ import {
   stageShardPath,
   stageTensorNames,
 } from "../engine/gguf/stage_shard.ts";
-import { readHParams } from "../engine/hparams.ts";
+import { modelHParams } from "../engine/hparams.ts";
 import {
   type Command,
   type FlagTable,
@@ -93,7 +93,7 @@ export async function writeStageShards(
 ): Promise<string[]> {
   const model = await openGguf(modelPath);
   try {
-    const { nLayer } = readHParams(model.metadata);
+    const { nLayer } = modelHParams(model);
     const held = shardSpan(model, nLayer);
     if (held) {
       throw new RangeError(

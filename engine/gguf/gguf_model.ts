@@ -14,11 +14,32 @@ export type GgufValueType =
   | number
   | { readonly array: number; readonly items?: readonly GgufValueType[] };
 
-/** A value for an error message: JSON (bigints as digits), cut to 80 characters; or "missing". */
+/** Characters of a value an error message shows. */
+const SHOWN = 80;
+
+/**
+ * A value for an error message, as JSON would write it but with bigints as their digits and NaN
+ * and ±Infinity by name, cut to 80 characters; or "missing". A long array is written only as far
+ * as is shown.
+ */
 export function describeValue(value: GgufValue | undefined): string {
   if (value === undefined) return "missing";
-  const text = JSON.stringify(value, (_, v) => typeof v === "bigint" ? `${v}` : v);
-  return text.length > 80 ? `${text.slice(0, 80)}…` : text;
+  const text = describeUpTo(value, SHOWN + 1);
+  return text.length > SHOWN ? `${text.slice(0, SHOWN)}…` : text;
+}
+
+/** `value` written until at least `room` characters, when it has that many. */
+function describeUpTo(value: GgufValue, room: number): string {
+  if (!Array.isArray(value)) {
+    if (typeof value === "string") return JSON.stringify(value.slice(0, room));
+    return String(value);
+  }
+  let text = "[";
+  for (const [i, item] of value.entries()) {
+    if (text.length >= room) return text;
+    text += (i > 0 ? "," : "") + describeUpTo(item, room - text.length);
+  }
+  return `${text}]`;
 }
 
 /** One tensor as the file describes it. `shape` is ggml's `ne`: shape[0] varies fastest. */

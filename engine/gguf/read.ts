@@ -10,6 +10,7 @@ import {
   shardPath,
 } from "./format.ts";
 import type { GgufModel, GgufTensorInfo, GgufValue, GgufValueType } from "./gguf_model.ts";
+import type { ModelSource } from "./model_files.ts";
 
 /** One open file. Seek+read pairs are queued so concurrent tensor reads cannot interleave. */
 class ShardFile {
@@ -114,8 +115,9 @@ function splitKeys(h: Header, path: string): SplitKeys | undefined {
   return keys;
 }
 
-async function openShard(path: string): Promise<[ShardFile, Header]> {
-  const file = await Deno.open(path, { read: true });
+/** Opens the shard named `path` at `at` (where its links lead); messages name `path`. */
+async function openShard(path: string, at: string): Promise<[ShardFile, Header]> {
+  const file = await Deno.open(at, { read: true });
   try {
     return [new ShardFile(file, path), await readHeader(file, path)];
   } catch (e) {
@@ -141,13 +143,14 @@ function otherShardPaths(path: string, split: SplitKeys): string[] {
 
 async function openOtherShard(
   path: string,
+  at: string,
   index: number,
   first: SplitKeys,
   firstPath: string,
 ): Promise<[ShardFile, Header]> {
   let opened: [ShardFile, Header];
   try {
-    opened = await openShard(path);
+    opened = await openShard(path, at);
   } catch (e) {
     if (!(e instanceof Deno.errors.NotFound)) throw e;
     throw new Deno.errors.NotFound(
@@ -202,10 +205,17 @@ function indexTensors(
 
 /**
  * Opens a GGUF file and, when it is the first shard of a split, the other shards beside it.
- * Only headers are read here; tensor data is read by the returned model on request.
+ * Only headers are read here; tensor data is read by the returned model on request. Given
+ * resolved files, each shard is opened where its name resolved to (all a role's grant may name)
+ * and named in messages, and in the model, by its path as given.
  */
-export async function openGguf(path: string): Promise<GgufModel> {
-  const opened = [await openShard(path)];
+export async function openGguf(source: ModelSource): Promise<GgufModel> {
+  const path = typeof source === "string" ? source : source.path;
+  const resolved = new Map(
+    typeof source === "string" ? [] : source.files.map((f) => [f.given, f.resolved]),
+  );
+  const at = (name: string) => resolved.get(name) ?? name;
+  const opened = [await openShard(path, at(path))];
   try {
     const [, first] = opened[0];
     const split = splitKeys(first, path);
@@ -218,7 +228,7 @@ export async function openGguf(path: string): Promise<GgufModel> {
     }
     if (split && split.count > 1) {
       for (const [i, p] of otherShardPaths(path, split).entries()) {
-        opened.push(await openOtherShard(p, i + 1, split, path));
+        opened.push(await openOtherShard(p, at(p), i + 1, split, path));
       }
     }
     const paths = opened.map(([s]) => s.path);

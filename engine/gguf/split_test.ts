@@ -5,6 +5,7 @@ import assert from "node:assert/strict";
 import { GgmlType } from "../quant/ggml_types.ts";
 import { assertOpenFails, Bytes, put, withTempDir } from "./_gguf_bytes.ts";
 import { openGguf } from "./read.ts";
+import { resolveModelFiles } from "./model_files.ts";
 import { type GgufTensorPlan, writeGguf } from "../../tools/gguf/gguf_write.ts";
 
 /** One hand-made shard: the three split.* keys and [4] f32 tensors with 16 bytes of data each. */
@@ -172,5 +173,42 @@ Deno.test("a later shard with malformed split keys is refused and closed", () =>
       first,
       SyntaxError,
       /".*m-00002-of-00002\.gguf" as a GGUF split: "split\.no" is "one", expected an integer/,
+    );
+  }));
+
+Deno.test("a split in the Hugging Face cache opens through its links, or as the files they resolve to", () =>
+  withTempDir(async (dir) => {
+    const written = await writeModel(`${dir}/m.gguf`, 5, 3);
+    const repo = `${dir}/models--org--m`;
+    await Deno.mkdir(`${repo}/blobs`, { recursive: true });
+    await Deno.mkdir(`${repo}/snapshots/rev`, { recursive: true });
+    const links = written.map((p, i) => {
+      // Blobs are named by content: nothing in their names says which shard they hold.
+      Deno.renameSync(p, `${repo}/blobs/${"fedcba"[i]}`);
+      const link = `${repo}/snapshots/rev/${p.slice(dir.length + 1)}`;
+      Deno.symlinkSync(`../../blobs/${"fedcba"[i]}`, link);
+      return link;
+    });
+    const files = resolveModelFiles(links[0]);
+    for (const source of [links[0], files]) {
+      const model = await openGguf(source);
+      try {
+        // Named as given, wherever the bytes are.
+        assert.equal(model.path, links[0]);
+        assert.deepEqual(model.shardPaths, links);
+        assert.deepEqual([...model.tensors.values()].map((t) => t.shard), [0, 1, 1, 2, 2]);
+        assert.deepEqual(await model.readTensor("t4"), new Uint8Array(32).fill(4));
+      } finally {
+        model.close();
+      }
+    }
+    // The resolved files are what is opened: a shard's link replaced after resolving is not read.
+    await Deno.remove(links[1]);
+    const model = await openGguf(files);
+    model.close();
+    await assertOpenFails(
+      links[0],
+      Deno.errors.NotFound,
+      /"[^"]*m-00002-of-00003\.gguf" does not exist/,
     );
   }));

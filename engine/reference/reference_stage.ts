@@ -2,7 +2,7 @@
 // Opened by engine/open_stage.ts for the "reference" backend; the oracle the GPU stage must match.
 
 import type { GgufModel } from "../gguf/gguf_model.ts";
-import { type HParams, readHParams } from "../hparams.ts";
+import { type HParams, modelHParams } from "../hparams.ts";
 import type {
   Stage,
   StageInput,
@@ -267,7 +267,7 @@ export async function openReferenceStage(
   model: GgufModel,
   options: StageOpenOptions,
 ): Promise<ReferenceStage> {
-  const hp = options.hp ?? readHParams(model.metadata);
+  const hp = options.hp ?? modelHParams(model);
   const { first, end, slots, ctx, maxBatch, snapshots } = checkOpenOptions(options, hp.nLayer);
   const layers = [];
   for (let il = first; il < end; il++) layers.push(await loadLayer(model, hp, il));

@@ -1,8 +1,18 @@
 // What each role may touch: the launcher thread's grant (deno.json tasks, compiled binaries) and
 // the narrow grant its role thread runs under, derived from the role's own flags.
 // Read by lib/launch/launch.ts when a head or worker starts, and by tools/compile.ts.
+//
+// Files are granted as their links resolve: Deno checks an open against the path opened and an
+// open file's stat against the file it is, so the role opens the resolved files, and the grant
+// names those alone, never a link that could later point elsewhere.
 
-import { splitPaths } from "../../engine/gguf/format.ts";
+import {
+  describePath,
+  type ModelFiles,
+  type ResolvedPath,
+  resolveModelFiles,
+  resolvePath,
+} from "../../engine/gguf/model_files.ts";
 
 export type Role = "head" | "worker";
 
@@ -66,6 +76,36 @@ export interface Grant {
   readonly import: false;
 }
 
+/** The files a role reads, as its flags name them and as they resolve: what its grant names. */
+export interface RoleFiles {
+  readonly model: ModelFiles;
+  readonly "key-file"?: ResolvedPath;
+  readonly "api-key-file"?: ResolvedPath;
+}
+
+/**
+ * Resolves the files `flags` name through their links; run by the launcher, which may still read
+ * everything. A model's shards are each resolved from their names beside the given first one.
+ */
+export function resolveRoleFiles(flags: RoleFlags): RoleFiles {
+  const key = flags["key-file"];
+  const apiKey = flags["api-key-file"];
+  return {
+    model: resolveModelFiles(flags.model),
+    ...(key ? { "key-file": resolvePath(key) } : {}),
+    ...(apiKey ? { "api-key-file": resolvePath(apiKey) } : {}),
+  };
+}
+
+/** Every resolved file of `files`, with the path it was given by. */
+function fileList(files: RoleFiles): ResolvedPath[] {
+  return [
+    ...files.model.files,
+    ...(files["key-file"] ? [files["key-file"]] : []),
+    ...(files["api-key-file"] ? [files["api-key-file"]] : []),
+  ];
+}
+
 /** host:port as --allow-net writes it (IPv6 in brackets). */
 function netAddress(host: string, port: number): string {
   return host.includes(":") && !host.startsWith("[") ? `[${host}]:${port}` : `${host}:${port}`;
@@ -92,11 +132,11 @@ export function dawnFolder(): string | undefined {
 
 /**
  * The role thread's grant: net to its listen address, its next hop and its internal loopback port
- * (if any); read of its model files (every
- * file of a gguf-split) and key files; the TANDEM_* environment; FFI only to Dawn's addon, and
- * only when the GPU backend may use Dawn. No write, run, sys or remote import.
+ * (if any); read of its resolved model files (every file of a gguf-split) and key files; the
+ * TANDEM_* environment; FFI only to Dawn's addon, and only when the GPU backend may use Dawn. No
+ * write, run, sys or remote import.
  */
-export function roleGrant(flags: RoleFlags, dawn: string | undefined): Grant {
+export function roleGrant(flags: RoleFlags, files: RoleFiles, dawn: string | undefined): Grant {
   const usesDawn = flags.backend === "gpu" && flags.gpu !== "builtin" && dawn !== undefined;
   return {
     net: [
@@ -104,12 +144,7 @@ export function roleGrant(flags: RoleFlags, dawn: string | undefined): Grant {
       ...(flags.next ? [flags.next] : []),
       ...(flags.internal ? [netAddress("127.0.0.1", flags.internal)] : []),
     ],
-    read: [
-      ...splitPaths(flags.model),
-      ...(flags["key-file"] ? [flags["key-file"]] : []),
-      ...(flags["api-key-file"] ? [flags["api-key-file"]] : []),
-      ...(flags.threads ? codeFolders() : []),
-    ],
+    read: [...fileList(files).map((f) => f.resolved), ...(flags.threads ? codeFolders() : [])],
     env: ["TANDEM_*"],
     ffi: usesDawn ? [dawn] : false,
     write: false,
@@ -119,9 +154,14 @@ export function roleGrant(flags: RoleFlags, dawn: string | undefined): Grant {
   };
 }
 
-/** One line for the start-up log: what the role thread may touch. */
-export function describeGrant(grant: Grant): string {
-  return `net ${grant.net.join(", ")}; read ${grant.read.join(", ")}; env ` +
+/**
+ * One line for the start-up log: what the role thread may touch; a file reached through a link as
+ * "given -> resolved".
+ */
+export function describeGrant(grant: Grant, files: RoleFiles): string {
+  const shown = new Map(fileList(files).map((f) => [f.resolved, describePath(f)]));
+  const read = grant.read.map((p) => shown.get(p) ?? p);
+  return `net ${grant.net.join(", ")}; read ${read.join(", ")}; env ` +
     `${grant.env.join(", ")}; ffi ${
       grant.ffi ? grant.ffi.join(", ") : "none"
     }; no write, run or sys`;

@@ -4,15 +4,24 @@
 //
 // The entry module runs twice: once as the process's main module (the launcher thread, with the
 // broad grant of LAUNCHER_FLAGS) and once as the role thread, a Web Worker on the same module
-// with Deno's per-worker permissions. The flag values travel to it in one message; it answers
-// with one message when the role ends.
+// with Deno's per-worker permissions. The flag values and the files they name, resolved through
+// their links, travel to it in one message; it answers with one message when the role ends.
 
 import { type Command, type FlagTable, type FlagValues, runCommand, UsageError } from "../cli.ts";
-import { dawnFolder, describeGrant, type Role, type RoleFlags, roleGrant } from "./grants.ts";
+import {
+  dawnFolder,
+  describeGrant,
+  resolveRoleFiles,
+  type Role,
+  type RoleFiles,
+  type RoleFlags,
+  roleGrant,
+} from "./grants.ts";
 
 /** Launcher → role thread. */
 interface Start {
   readonly values: unknown;
+  readonly files: RoleFiles;
 }
 
 /** Role thread → launcher: how the role ended. */
@@ -27,14 +36,14 @@ function inRoleThread(): boolean {
 }
 
 /** Runs the role thread: waits for the values, runs `main`, reports how it ended. */
-function serveRoleThread<V>(main: (values: V) => Promise<void>): void {
+function serveRoleThread<V>(main: (values: V, files: RoleFiles) => Promise<void>): void {
   const port = globalThis as unknown as {
     onmessage: ((e: MessageEvent<Start>) => void) | null;
     postMessage(message: Ended): void;
   };
   port.onmessage = (e) => {
     port.onmessage = null;
-    main(e.data.values as V).then(
+    main(e.data.values as V, e.data.files).then(
       () => port.postMessage({ ok: true }),
       (err: Error) =>
         port.postMessage({
@@ -50,7 +59,7 @@ function serveRoleThread<V>(main: (values: V) => Promise<void>): void {
 async function runInRoleThread(
   role: Role,
   entry: string,
-  values: unknown,
+  start: Start,
   grant: ReturnType<typeof roleGrant>,
 ): Promise<void> {
   const ended = Promise.withResolvers<void>();
@@ -71,7 +80,7 @@ async function runInRoleThread(
     e.preventDefault();
     ended.reject(new Error(e.message));
   };
-  thread.postMessage({ values } satisfies Start);
+  thread.postMessage(start);
   try {
     await ended.promise;
   } finally {
@@ -97,21 +106,24 @@ export function freeLoopbackPort(): number {
  * The whole life of a role process. In the launcher thread: flags (--help and usage errors as
  * every command), the grant derived from them, then the role thread; in the role thread: `main`.
  * `entry` is the calling module's import.meta.url; `prepare` settles the values the role gets
- * (e.g. picks its internal port) and picks the flags the grant follows.
+ * (e.g. picks its internal port) and picks the flags the grant follows. `main` must read the
+ * model and key files through `files` (resolved): the paths the flags give are not granted when
+ * they are links.
  */
 export async function runRole<F extends FlagTable>(
   role: Role,
   command: Command<F>,
   entry: string,
   prepare: (values: FlagValues<F>) => Prepared<FlagValues<F>>,
-  main: (values: FlagValues<F>) => Promise<void>,
+  main: (values: FlagValues<F>, files: RoleFiles) => Promise<void>,
 ): Promise<void> {
   if (inRoleThread()) return serveRoleThread(main);
   await runCommand(command, async (given) => {
     const { values, touches } = prepare(given);
-    const grant = roleGrant(touches, dawnFolder());
-    console.error(`[launch] the ${role} runs with: ${describeGrant(grant)}`);
-    await runInRoleThread(role, entry, values, grant);
+    const files = resolveRoleFiles(touches);
+    const grant = roleGrant(touches, files, dawnFolder());
+    console.error(`[launch] the ${role} runs with: ${describeGrant(grant, files)}`);
+    await runInRoleThread(role, entry, { values, files }, grant);
   });
   // The role ended on its own (a signal): nothing else may keep the process up.
   Deno.exit(0);

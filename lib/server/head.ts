@@ -2,13 +2,12 @@
 // local stage (layers 0:k) and the link to the next stage → lib/scheduler/ → lib/server/handler.ts.
 
 import { modelStem } from "../../engine/gguf/stage_shard.ts";
+import { modelPath, type ModelSource } from "../../engine/gguf/model_files.ts";
 import { openGguf } from "../../engine/gguf/read.ts";
-import { readHParams } from "../../engine/hparams.ts";
 import { type EngineChoice, openLocalStage } from "../../engine/open_stage.ts";
 import { StageLink } from "../scheduler/link.ts";
 import { defaultSnapshots } from "../scheduler/prefix_cache.ts";
 import { Scheduler } from "../scheduler/scheduler.ts";
-import { TextTokenizer } from "../tokenizer/tokenizer.ts";
 import { TokenizerThread } from "../tokenizer/tokenizer_thread.ts";
 import { VocabIndex } from "../grammar/token_mask.ts";
 import { modelFingerprint } from "../wire/hello.ts";
@@ -22,9 +21,11 @@ import { listenError } from "../cli.ts";
 import { createHandler } from "./handler.ts";
 import { guardHeaders } from "./header_guard.ts";
 import { PromptBuilder } from "./prompt.ts";
+import { readHeadModel } from "./head_model.ts";
 
 export interface HeadOptions {
-  readonly model: string;
+  /** A path, or the files a launcher resolved (lib/launch/grants.ts). */
+  readonly model: ModelSource;
   /** The local layers; required with `next`, the whole model without it. */
   readonly layers?: { readonly first: number; readonly end: number };
   /** host:port of the worker serving the layers after `layers`. */
@@ -128,17 +129,9 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
   try {
     const model = await openGguf(options.model);
     cleanup.push(() => model.close());
-    const tokenizer = TextTokenizer.fromGguf(model.metadata);
+    const { tokenizer, template, hp } = readHeadModel(model);
     // Grammars walk the vocabulary sorted bytewise: sort it now, not inside a first request.
     VocabIndex.of(tokenizer);
-    const template = model.metadata.get("tokenizer.chat_template");
-    if (typeof template !== "string") {
-      throw new TypeError(
-        `Cannot serve "${options.model}": it has no tokenizer.chat_template, which the chat ` +
-          `routes need to build prompts`,
-      );
-    }
-    const hp = readHParams(model.metadata);
     const layers = options.layers ?? { first: 0, end: hp.nLayer };
     // Checked before the weights load; the scheduler checks the opened stages again.
     checkFirstStage(layers);
@@ -186,7 +179,7 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
       onAdmit: access.onAdmit,
     });
     const sampling = options.sampling ?? {};
-    const modelId = options.modelId ?? modelStem(options.model);
+    const modelId = options.modelId ?? modelStem(modelPath(options.model));
     handle = access.wrap(createHandler({
       scheduler,
       tokenizer,

@@ -103,47 +103,47 @@ export class TextTokenizer {
   private constructor(meta: ReadonlyMap<string, GgufValue>) {
     const model = meta.get("tokenizer.ggml.model");
     if (model !== "gpt2") {
-      throw new SyntaxError(
-        `Cannot build the tokenizer: tokenizer.ggml.model is ${
-          describeValue(model)
-        }, expected "gpt2" ` +
-          `(byte-level BPE); this model's vocabulary is not supported`,
+      fail(
+        `Cannot build the tokenizer: "tokenizer.ggml.model" is ${describeValue(model)}, ` +
+          `expected "gpt2" (byte-level BPE); this model's vocabulary is not supported`,
       );
     }
     const pre = meta.get("tokenizer.ggml.pre");
     if (!PRE_TOKENIZER_NAMES.includes(pre as PreTokenizerName)) {
-      throw new SyntaxError(
-        `Cannot build the tokenizer: tokenizer.ggml.pre is ${
-          describeValue(pre)
-        }, expected one of ` +
-          `${PRE_TOKENIZER_NAMES.map((n) => `"${n}"`).join(", ")}`,
+      fail(
+        `Cannot build the tokenizer: "tokenizer.ggml.pre" is ${describeValue(pre)}, expected ` +
+          `one of ${PRE_TOKENIZER_NAMES.map((n) => `"${n}"`).join(", ")}`,
       );
     }
     this.#pre = pre as PreTokenizerName;
 
     // llama.cpp renames empty texts so that every text maps back to one id.
     const tokens = stringArray(meta, "tokenizer.ggml.tokens").map((t, i) => t || `[EMPTY_${i}]`);
+    if (tokens.length === 0) {
+      fail(`Cannot build the tokenizer: "tokenizer.ggml.tokens" is [], expected the tokens' texts`);
+    }
     const types = meta.has("tokenizer.ggml.token_type")
       ? numberArray(meta, "tokenizer.ggml.token_type")
       : tokens.map(() => TokenType.Normal);
     if (types.length < tokens.length) {
-      throw new SyntaxError(
-        `Cannot build the tokenizer: tokenizer.ggml.token_type has ${types.length} entries for ` +
-          `${tokens.length} tokens`,
+      fail(
+        `Cannot build the tokenizer: "tokenizer.ggml.token_type" is ${describeValue(types)} ` +
+          `(${types.length} entries), expected one for each of the ${tokens.length} tokens`,
       );
     }
     const ids = new Map<string, number>();
     tokens.forEach((text, id) => {
       if (ids.has(text)) {
-        throw new SyntaxError(
-          `Cannot build the tokenizer: token ${id} repeats the text ${JSON.stringify(text)} of ` +
-            `token ${ids.get(text)}; token texts must be unique`,
+        fail(
+          `Cannot build the tokenizer: "tokenizer.ggml.tokens" has the text ` +
+            `${describeValue(text)} at ${ids.get(text)} and ${id}, expected each text once`,
         );
       }
       if (types[id] === TokenType.Byte && !/^<0x[0-9A-Fa-f]{2}>$/.test(text)) {
-        throw new SyntaxError(
-          `Cannot build the tokenizer: token ${id} ${JSON.stringify(text)} has type 6 (byte) but ` +
-            `is not written <0xXX>; byte-level BPE vocabularies mark their byte tokens type 1`,
+        fail(
+          `Cannot build the tokenizer: "tokenizer.ggml.token_type" gives token ${id} ` +
+            `${describeValue(text)} type 6 (byte), expected that only for tokens written ` +
+            `<0xXX>; byte-level BPE vocabularies mark their byte tokens type 1`,
         );
       }
       ids.set(text, id);
@@ -154,7 +154,10 @@ export class TextTokenizer {
     this.#pieces = new Array(tokens.length);
 
     this.eosId = tokenId(meta, "tokenizer.ggml.eos_token_id", tokens.length) ??
-      fail(`Cannot build the tokenizer: tokenizer.ggml.eos_token_id is missing`);
+      fail(
+        `Cannot build the tokenizer: "tokenizer.ggml.eos_token_id" is missing, expected an id ` +
+          `below ${tokens.length}, the length of "tokenizer.ggml.tokens"`,
+      );
     this.bosId = tokenId(meta, "tokenizer.ggml.bos_token_id", tokens.length) ?? null;
     this.addBos = this.bosId !== null && meta.get("tokenizer.ggml.add_bos_token") === true;
     const eog = new Set<number>();
@@ -330,9 +333,9 @@ function stringArray(meta: ReadonlyMap<string, GgufValue>, key: string): string[
   const value = meta.get(key);
   if (!Array.isArray(value) || !value.every((v) => typeof v === "string")) {
     fail(
-      `Cannot build the tokenizer: ${key} is ${
-        value === undefined ? "missing" : "not an array of strings"
-      }`,
+      `Cannot build the tokenizer: "${key}" is ${
+        describeValue(value)
+      }, expected an array of strings`,
     );
   }
   return value as string[];
@@ -341,7 +344,11 @@ function stringArray(meta: ReadonlyMap<string, GgufValue>, key: string): string[
 function numberArray(meta: ReadonlyMap<string, GgufValue>, key: string): number[] {
   const value = meta.get(key);
   if (!Array.isArray(value) || !value.every((v) => typeof v === "number")) {
-    fail(`Cannot build the tokenizer: ${key} is not an array of integers`);
+    fail(
+      `Cannot build the tokenizer: "${key}" is ${
+        describeValue(value)
+      }, expected an array of integers`,
+    );
   }
   return value as number[];
 }
@@ -356,9 +363,8 @@ function tokenId(
   if (value === undefined) return undefined;
   if (typeof value !== "number" || !Number.isInteger(value) || value < 0 || value >= vocabSize) {
     fail(
-      `Cannot build the tokenizer: ${key} is ${
-        describeValue(value)
-      }, expected an id below ${vocabSize}`,
+      `Cannot build the tokenizer: "${key}" is ${describeValue(value)}, expected an id below ` +
+        `${vocabSize}, the length of "tokenizer.ggml.tokens"`,
     );
   }
   return value;

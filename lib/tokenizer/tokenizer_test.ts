@@ -252,33 +252,33 @@ Deno.test("fromGguf reports bad tokenizer metadata", () => {
   }
   assert.throws(
     () => TextTokenizer.fromGguf(withKey("tokenizer.ggml.model", "llama")),
-    /tokenizer.ggml.model is "llama", expected "gpt2"/,
+    /"tokenizer\.ggml\.model" is "llama", expected "gpt2"/,
   );
   assert.throws(
     () => TextTokenizer.fromGguf(withKey("tokenizer.ggml.pre", "llama3")),
-    /tokenizer.ggml.pre is "llama3", expected one of "qwen2", "qwen35"/,
+    /"tokenizer\.ggml\.pre" is "llama3", expected one of "qwen2", "qwen35"/,
   );
   assert.throws(
     () => TextTokenizer.fromGguf(withKey("tokenizer.ggml.eos_token_id", undefined)),
-    /eos_token_id is missing/,
+    /"tokenizer\.ggml\.eos_token_id" is missing, expected an id below 257/,
   );
   assert.throws(
     () => TextTokenizer.fromGguf(withKey("tokenizer.ggml.eos_token_id", 9999)),
-    /eos_token_id is 9999, expected an id below 257/,
+    /"tokenizer\.ggml\.eos_token_id" is 9999, expected an id below 257/,
   );
   assert.throws(
     () => TextTokenizer.fromGguf(withKey("tokenizer.ggml.merges", undefined)),
-    /tokenizer.ggml.merges is missing/,
+    /"tokenizer\.ggml\.merges" is missing, expected an array of strings/,
   );
   const duplicate = handMetadata([], { extra: [["a", TokenType.Normal]] });
   assert.throws(
     () => TextTokenizer.fromGguf(duplicate),
-    /token 256 repeats the text "a" of token 97/,
+    /"tokenizer\.ggml\.tokens" has the text "a" at 97 and 256, expected each text once/,
   );
   const byteTyped = handMetadata([]);
   byteTyped.set("tokenizer.ggml.token_type", Array.from({ length: 256 }, () => TokenType.Byte));
   assert.throws(
     () => TextTokenizer.fromGguf(byteTyped),
-    /has type 6 \(byte\) but is not written <0xXX>/,
+    /"tokenizer\.ggml\.token_type" gives token 0 "Ā" type 6 \(byte\), expected that only for tokens written <0xXX>/,
   );
 });

@@ -1,6 +1,7 @@
 // A worker assembled: binds its TCP address, then opens the model and its layers
 // (engine/open_stage.ts), the next hop if any, and serves them with lib/wire/stage_server.ts.
 
+import type { ModelSource } from "../../engine/gguf/model_files.ts";
 import { openGguf } from "../../engine/gguf/read.ts";
 import { type EngineChoice, openLocalStage } from "../../engine/open_stage.ts";
 import type { Stage } from "../../engine/stage.ts";
@@ -11,7 +12,8 @@ import { type RemoteStage, remoteStageAfter } from "./remote_stage.ts";
 import { serveStage } from "./stage_server.ts";
 
 export interface WorkerOptions {
-  readonly model: string;
+  /** A path, or the files a launcher resolved (lib/launch/grants.ts). */
+  readonly model: ModelSource;
   readonly layers: { readonly first: number; readonly end: number };
   readonly host: string;
   /** 0 picks a free port. */
