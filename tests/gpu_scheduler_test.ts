@@ -149,3 +149,77 @@ gpuTest(
     }
   },
 );
+
+gpuTest(
+  "sequences of every kind at once share the GPU stage's steps, each equal to its run alone",
+  async (gpu) => {
+    const model = await openGguf(await tinyModel());
+    const steps: number[] = [];
+    const stage = await openGpuStage(model, gpu, {
+      first: 0,
+      end: 4,
+      slots: 4,
+      ctx: 128,
+      shareSteps: true,
+      profile: (p) => steps.push(p.tokens),
+      log: () => {},
+    });
+    try {
+      const tokenizer = TextTokenizer.fromGguf(model.metadata);
+      const far = tokenizer.encode(" zebra").at(-1)!;
+      const request = (text: string, sampling: Partial<SequenceRequest["sampling"]>) => ({
+        prompt: tokenizer.encode(text),
+        maxTokens: 9,
+        sampling: { temperature: 0, topK: 40, topP: 1, seed: 3n, ...sampling },
+      });
+      // Greedy, sampled, penalised with a bias and a long prompt: alone each runs its prompt in
+      // one chunk (and the greedy one fused); together their prompts go in chunks of 3 and every
+      // step carries the others' tokens.
+      const requests: SequenceRequest[] = [
+        request("Two machines serve one model", {}),
+        request("A river keeps its own counsel", { temperature: 0.7, seed: 11n }),
+        request("Stones remember every flood", {
+          temperature: 0.9,
+          seed: 5n,
+          penalties: { logitBias: new Map([[far, 3]]), frequency: 0.5, penaltyLastN: 16 },
+        }),
+        request(
+          "The head holds the first layers and the worker the rest, and between them the wire",
+          { temperature: 0.7, seed: 2n },
+        ),
+      ];
+      const alone: number[][] = [];
+      for (const r of requests) alone.push((await run(stage, tokenizer, r)).ids);
+      const scheduler = new Scheduler({
+        local: stage,
+        tokenizer,
+        slots: 4,
+        queue: 0,
+        snapshots: 0,
+        prefillChunk: 3,
+      });
+      try {
+        steps.length = 0;
+        const together = await Promise.all(requests.map(async (r) => {
+          const seq = await scheduler.admit(r);
+          const ids: number[] = [];
+          for await (const e of seq.events as ReadableStream<SequenceEvent>) {
+            if (e.type === "token") ids.push(e.id);
+            if (e.type === "error") throw e.error;
+          }
+          return ids;
+        }));
+        together.forEach((ids, i) => assert.deepEqual(ids, alone[i], `sequence ${i}`));
+        assert.ok(
+          steps.some((t) => t >= 4),
+          `some step carried all four sequences: ${steps.join(" ")}`,
+        );
+      } finally {
+        await scheduler.close();
+      }
+    } finally {
+      stage.close();
+      model.close();
+    }
+  },
+);
