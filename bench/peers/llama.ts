@@ -20,6 +20,8 @@ import {
 import { Deadline, DEFAULT_RUNS, type Figure, measure, seededIds } from "../measure.ts";
 
 interface Sequence {
+  /** Tokens the sequence holds; node-llama-cpp erases and re-evaluates some past contextSize − 1. */
+  readonly nextTokenIndex: number;
   clearHistory(): Promise<void>;
   evaluateWithoutGeneratingNewTokens(tokens: number[]): Promise<void>;
   controlledEvaluate(
@@ -31,7 +33,7 @@ interface Context {
   readonly contextSize: number;
   readonly batchSize: number;
   readonly flashAttention: boolean | string;
-  getSequence(): Sequence;
+  getSequence(options: { checkpoints: { interval: false } }): Sequence;
   dispose(): Promise<void>;
 }
 
@@ -147,14 +149,27 @@ async function main(values: FlagValues<typeof PEER.flags>): Promise<void> {
   const model = await llama.loadModel({ modelPath: values.model, gpuLayers });
   const loadSeconds = (performance.now() - loadStart) / 1000;
   // One 512-token ubatch per llama_decode (node-llama-cpp sets n_ubatch = n_batch), as
-  // llama-bench's default n_ubatch: pp2048 is four of them.
+  // llama-bench's default n_ubatch: pp2048 is four of them. A sequence holds contextSize − 1
+  // tokens: at the last one node-llama-cpp shifts the context, which on this hybrid model means
+  // erasing the first 100 tokens and evaluating the rest again (a context of exactly 2048 made
+  // pp2048 about 4000 tokens of work), hence the + 1 and the check after each run.
   const context = await model.createContext({
-    contextSize: Math.max(...pps, tg),
+    contextSize: Math.max(...pps, tg) + 1,
     batchSize: values.batch,
     sequences: 1,
     flashAttention: "auto",
   });
-  const sequence = context.getSequence();
+  // No checkpoints of the recurrent state every 8192 tokens (node-llama-cpp's default for hybrid
+  // models, so that it can erase the tail of a sequence): pp8192 and longer would time them.
+  const sequence = context.getSequence({ checkpoints: { interval: false } });
+  const holds = (tokens: number) => {
+    if (sequence.nextTokenIndex !== tokens) {
+      throw new Error(
+        `node-llama-cpp holds ${sequence.nextTokenIndex} tokens where ${tokens} were fed: it ` +
+          "shifted the context, so the run did other work than the figure says",
+      );
+    }
+  };
   const figures: Record<string, Figure> = {};
   const log = (line: string) => console.error(`[llama.cpp] ${line}`);
   async function figure(
@@ -170,7 +185,9 @@ async function main(values: FlagValues<typeof PEER.flags>): Promise<void> {
       await sequence.clearHistory();
       const start = performance.now();
       await sequence.evaluateWithoutGeneratingNewTokens(ids);
-      return (performance.now() - start) / 1000;
+      const seconds = (performance.now() - start) / 1000;
+      holds(n);
+      return seconds;
     });
   }
   // tg as in bench/measure.ts timeDecode: tg one-token steps from an empty context, each
@@ -190,7 +207,9 @@ async function main(values: FlagValues<typeof PEER.flags>): Promise<void> {
       }
       if (step + 1 < tg) fed.push(token);
     }
-    return (performance.now() - start) / 1000;
+    const seconds = (performance.now() - start) / 1000;
+    holds(tg);
+    return seconds;
   });
   // The same token stream without sampling: llama_decode alone, no logits copied out.
   await figure(`tg${tg}-nologits`, tg, async () => {
@@ -199,7 +218,9 @@ async function main(values: FlagValues<typeof PEER.flags>): Promise<void> {
     for (const token of fed) {
       await sequence.evaluateWithoutGeneratingNewTokens([token]);
     }
-    return (performance.now() - start) / 1000;
+    const seconds = (performance.now() - start) / 1000;
+    holds(tg);
+    return seconds;
   });
   const report: PeerReport = {
     name: "llama.cpp Vulkan (node-llama-cpp prebuilt, under Deno)",
