@@ -23,6 +23,10 @@ interface Sequence {
   /** Tokens the sequence holds; node-llama-cpp erases and re-evaluates some past contextSize − 1. */
   readonly nextTokenIndex: number;
   clearHistory(): Promise<void>;
+  /** Erases [start, end); on a hybrid model it restores the recurrent state from a checkpoint. */
+  eraseContextTokenRanges(ranges: { start: number; end: number }[]): Promise<void>;
+  /** Copies the recurrent state at the last token held, for eraseContextTokenRanges to restore. */
+  takeCheckpoint(): Promise<void>;
   evaluateWithoutGeneratingNewTokens(tokens: number[]): Promise<void>;
   controlledEvaluate(
     input: [number, { generateNext: { token: true } }][],
@@ -121,6 +125,10 @@ const PEER = {
     ),
     pp: flag(listOf(whole(1)), "prefill lengths", [512, 2048]),
     tg: flag(whole(1), "decode steps", 128),
+    "tg-depth": flag(
+      listOf(whole(1)),
+      "also decode after a prefix of D tokens, figure tgN@D (llama-bench's -d)",
+    ),
     runs: flag(whole(1), "timed runs per figure", DEFAULT_RUNS),
     seed: flag(whole(0), "seed of the prompt ids", 1),
     batch: flag(whole(1), "positions per llama_decode", 512),
@@ -136,6 +144,7 @@ const PEER = {
 async function main(values: FlagValues<typeof PEER.flags>): Promise<void> {
   const { vocab, tg, runs, seed } = values;
   const pps = values.pp;
+  const depths = values["tg-depth"] ?? [];
   const deadline = new Deadline(values["deadline-s"]);
   const gpuLayers = values["gpu-layers"];
   const { nlc, version } = await load();
@@ -154,7 +163,7 @@ async function main(values: FlagValues<typeof PEER.flags>): Promise<void> {
   // erasing the first 100 tokens and evaluating the rest again (a context of exactly 2048 made
   // pp2048 about 4000 tokens of work), hence the + 1 and the check after each run.
   const context = await model.createContext({
-    contextSize: Math.max(...pps, tg) + 1,
+    contextSize: Math.max(...pps, tg, ...depths.map((d) => d + tg)) + 1,
     batchSize: values.batch,
     sequences: 1,
     flashAttention: "auto",
@@ -190,12 +199,10 @@ async function main(values: FlagValues<typeof PEER.flags>): Promise<void> {
       return seconds;
     });
   }
-  // tg as in bench/measure.ts timeDecode: tg one-token steps from an empty context, each
-  // sampling a greedy token (llama.cpp's CPU sampler) that the next step feeds.
-  let fed: number[] = [];
-  await figure(`tg${tg}`, tg, async () => {
-    await sequence.clearHistory();
-    fed = [seededIds(1, vocab, seed)[0]];
+  // tg as in bench/measure.ts timeDecode: tg one-token steps, each sampling a greedy token
+  // (llama.cpp's CPU sampler) that the next step feeds; after whatever the sequence holds.
+  async function decodeGreedy(): Promise<{ seconds: number; fed: number[] }> {
+    const fed = [seededIds(1, vocab, seed)[0]];
     const start = performance.now();
     for (let step = 0; step < tg; step++) {
       const [out] = await sequence.controlledEvaluate([[fed[step], {
@@ -207,9 +214,16 @@ async function main(values: FlagValues<typeof PEER.flags>): Promise<void> {
       }
       if (step + 1 < tg) fed.push(token);
     }
-    const seconds = (performance.now() - start) / 1000;
+    return { seconds: (performance.now() - start) / 1000, fed };
+  }
+  // From an empty context, as llama-bench's tg.
+  let fed: number[] = [];
+  await figure(`tg${tg}`, tg, async () => {
+    await sequence.clearHistory();
+    const run = await decodeGreedy();
+    fed = run.fed;
     holds(tg);
-    return seconds;
+    return run.seconds;
   });
   // The same token stream without sampling: llama_decode alone, no logits copied out.
   await figure(`tg${tg}-nologits`, tg, async () => {
@@ -222,6 +236,36 @@ async function main(values: FlagValues<typeof PEER.flags>): Promise<void> {
     holds(tg);
     return seconds;
   });
+  // After a prefix of `depth` seeded ids, prefilled once (untimed, in the warm-up) and
+  // checkpointed: each run decodes, then erases its tokens, which on this hybrid model restores
+  // the checkpoint instead of evaluating the prefix again. Every run must decode what the
+  // warm-up decoded, or the state it started from was not the prefix's.
+  for (const depth of depths) {
+    let first: number[] | undefined;
+    await figure(`tg${tg}@${depth}`, tg, async () => {
+      if (!first) {
+        await sequence.clearHistory();
+        await sequence.evaluateWithoutGeneratingNewTokens(
+          Array.from(seededIds(depth, vocab, seed)),
+        );
+        holds(depth);
+        await sequence.takeCheckpoint();
+      }
+      const run = await decodeGreedy();
+      holds(depth + tg);
+      await sequence.eraseContextTokenRanges([{ start: depth, end: depth + tg }]);
+      holds(depth);
+      const expected = first ??= run.fed;
+      if (run.fed.some((token, step) => token !== expected[step])) {
+        throw new Error(
+          `tg${tg}@${depth} decoded ${run.fed.join(",")} after ${
+            expected.join(",")
+          } from the same prefix`,
+        );
+      }
+      return run.seconds;
+    });
+  }
   const report: PeerReport = {
     name: "llama.cpp Vulkan (node-llama-cpp prebuilt, under Deno)",
     nodeLlamaCpp: version,
