@@ -4,7 +4,9 @@
 //
 // node-llama-cpp lives in bench/peers/node_modules (npm install here, or unpacked from
 // .gpu/peers.tar.xz on the GPU box) and is imported by a computed URL, so that `deno check` and
-// CI never resolve it. Only the few calls used below are typed.
+// CI never resolve it. Only the few calls used below are typed. Where Vulkan shows no GPU (Mesa's
+// CPU adapter is not one to llama.cpp) the same build runs on llama.cpp's CPU backend, so the
+// install above is all a CPU run needs; on a shared machine give it --threads 1.
 
 import {
   type Command,
