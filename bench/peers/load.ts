@@ -14,7 +14,7 @@ export interface LoadFigure {
   readonly clients: number;
   /** Generated tokens of all sequences over the wall seconds of a run (the median run). */
   readonly aggregateTokPerS: number;
-  /** Median over every sequence of every timed run of the ms from the run's start to its first token. */
+  /** Median, over every sequence of every timed run, of the ms from the start to its first token. */
   readonly ttftP50Ms: number;
   /** 99th percentile (nearest rank) of the ms between consecutive tokens of one sequence. */
   readonly gapP99Ms: number;
@@ -43,12 +43,16 @@ export type Evaluate = (
 ) => Promise<number>;
 
 /**
- * Every prompt at once, then `tokens` generated per sequence. Each step issues every sequence's
- * evaluation before awaiting any: node-llama-cpp puts evaluations queued before its next
- * event-loop turn into one llama_decode, so each step is one batch of all sequences, as a server
- * loop decodes all its slots at once. (Sequences left to await their own tokens drift apart: each
- * sampled token resolves on its own turn, and node-llama-cpp's batches then split: 8 sequences
- * went through decodes of 7, then 1, then 5 and 4 tokens on this project's CPU.) The last generated token is not fed.
+ * Every prompt at once, then `tokens` generated per sequence; the last generated token is not
+ * fed. Each step issues every sequence's evaluation before awaiting any: node-llama-cpp puts the
+ * evaluations queued before its next event-loop turn into one llama_decode, so each step is one
+ * batch of all sequences, as a server loop decodes all its slots at once. (Sequences left to
+ * await their own tokens drift apart: each sampled token resolves on its own turn and the batches
+ * split; 8 sequences went through decodes of 7, then 1, then 5 and 4 tokens on this project's
+ * CPU.) The prompts advance together too, node-llama-cpp giving each sequence an equal share of
+ * every batch, so every first token comes once all N prompts are in: the first-token time is the
+ * prefill of all of them, where a server that prefills requests in turn answers its first
+ * requests sooner.
  */
 export async function runLoad(
   prompts: readonly (readonly number[])[],
