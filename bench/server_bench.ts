@@ -299,6 +299,7 @@ export async function benchServer(options: ServerBenchOptions): Promise<ServerRe
       const head = await startHeadProcess({
         ...common,
         ctx,
+        slots: 1,
         layers: k ? `0:${k}` : undefined,
         next,
       });

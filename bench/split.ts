@@ -159,6 +159,8 @@ export interface HeadProcessOptions {
   readonly backend: string;
   readonly gpu: string;
   readonly ctx: number;
+  /** Slots of the head, as its worker's (the worker needs at least as many). */
+  readonly slots: number;
   /** "0:k" with `next` (the worker's address); the whole model without. */
   readonly layers?: string;
   readonly next?: string;
@@ -185,6 +187,8 @@ export async function startHeadProcess(options: HeadProcessOptions): Promise<Run
       "0",
       "--ctx",
       String(options.ctx),
+      "--slots",
+      String(options.slots),
       // Without the prefix cache every request prefills its whole prompt, as the figure means.
       "--snapshots",
       "0",

@@ -2,6 +2,7 @@
 // API keys, model listing, probes, /health and /metrics on an unsplit head, 503 while it loads.
 
 import assert from "node:assert/strict";
+import { DEFAULT_SLOTS } from "../engine/stage.ts";
 import { freeLoopbackPort } from "../lib/launch/launch.ts";
 import { startHead } from "../lib/server/head.ts";
 import { post, startTestHead, type TestHead } from "./_head.ts";
@@ -278,7 +279,7 @@ Deno.test("any model name is served by the loaded model; /v1/models, probes, /me
     assert.equal(value("tandem_time_to_first_token_seconds_count "), 2);
     assert.equal(value('tandem_stage_tokens_total{stage="0:4",phase="decode"} '), 4);
     assert.ok(value('tandem_stage_decode_ms_per_token{stage="0:4",where="local"} ') > 0);
-    assert.equal(value("tandem_slots "), 1);
+    assert.equal(value("tandem_slots "), DEFAULT_SLOTS);
     assert.equal(value("tandem_queue_depth "), 0);
     assert.equal(value('tandem_stage_errors_total{stage="0:4"} '), 0);
   });
