@@ -6,7 +6,7 @@
 // Matches engine/reference/math.ts matVec over engine/quant/dequant.ts rows within f16's
 // rounding of each weight and input (llama.cpp's Vulkan coopmat path rounds weights the same way).
 // Bindings: 0 w: weight bytes of one part (rows of `k` values, quantized) | 1 xh (input rows of
-//   k f16, 8 a vec4<u32>) | 2 xscale (s_r) | 3 ids (u32: the gather table under GATHERED, a dummy
+//   k f16, two a word) | 2 xscale (s_r) | 3 ids (u32: the gather table under GATHERED, a dummy
 //   otherwise) | 4 y (f32) | 5 params.
 // Dispatch: (row_tiles folded to 2-D, z): z = token tiles, or the gather table's most tiles under
 //   GATHERED (workgroups past its tile count exit). WG = 128: four subgroups of 32 lanes (the
@@ -17,8 +17,8 @@
 //   result), PREFETCH (types with dequant.wgsl's load32: the chunk after the staged one loads into
 //   registers during the products), IQ4_TABLE_WORKGROUP (dequant.wgsl), EMULATE (the four matrix
 //   operations as f32 code over the same staged tiles: any device, so the tests check the staging,
-//   tiles, slots and epilogue where there are no tensor cores) with STAGE_F32 (staged values kept
-//   as f32 rounded to f16, where the device has no shader-f16).
+//   tiles, slots and epilogue where there are no tensor cores), STAGE_F32 (with EMULATE: staged
+//   values kept as f32 rounded to f16, where the device has no shader-f16).
 //
 // Batch invariance: an output's sum starts at 0 and takes k's 16-value blocks in increasing order,
 // one subgroupMatrixMultiplyAccumulate each, then y = sum·s_r. Which tile, slot, subgroup or run
@@ -45,28 +45,32 @@ struct Params {
 }
 
 @group(0) @binding(0) var<storage, read> w: array<u32>;
-@group(0) @binding(1) var<storage, read> xh: array<vec4<u32>>;
+@group(0) @binding(1) var<storage, read> xh: array<u32>;
 @group(0) @binding(2) var<storage, read> xscale: array<f32>;
 @group(0) @binding(3) var<storage, read> ids: array<u32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 @group(0) @binding(5) var<uniform> params: Params;
 
 const WG = 128u;
-// A staged row (of weights, or of a slot's inputs): a chunk's 32 values as 16 vec2<f16>, then 4
-// of padding. Rows 80 bytes apart stay 16-byte aligned for the matrix loads (loads and strides
-// count vec2s, the arrays' elements), and the 8 rows a load phase reads fall in distinct banks.
+// Staged weights are k-major: a chunk's value k of tile row r at k·SW + r. A thread stages a row,
+// so the lanes of a store write consecutive f16 (no bank conflicts); each k run of SW is 16-byte
+// aligned for the matrix loads (8 of padding: the 8 runs a load phase reads fall in distinct banks).
+const SW = BM + 8u;
+const WSZ = 32u * SW;
+// Staged inputs are slot-major: a slot's chunk as 16 vec2<f16>, then 4 of padding, so slots are
+// 80 bytes apart (16-byte aligned; the 8 a load phase reads in distinct banks). Loads and strides
+// of xs count its elements, vec2s.
 const VK = 20u;
-const WSZ = BM * VK;
 const XSZ = BN * VK;
-// x loads a thread issues a chunk: a slot's chunk is four vec4<u32>, one a thread.
+// Slots a thread stages a quarter of: one per 32 slots.
 const XPT = BN / 32u;
 
-// [stage][row][k / 2] and [stage][slot][k / 2].
-var<workgroup> ws: array<H2, STAGES * WSZ>;
+// [stage][k][row] and [stage][slot][k / 2].
+var<workgroup> ws: array<H1, STAGES * WSZ>;
 var<workgroup> xs: array<H2, STAGES * XSZ>;
 // One 16 × 16 result a subgroup on its way to y, slot-major.
 var<workgroup> outs: array<f32, 1024>;
-// A slot's first vec4 of xh, its y offset and s_r.
+// A slot's first word of xh, its y offset and s_r.
 var<workgroup> slot_x: array<u32, BN>;
 var<workgroup> slot_y: array<u32, BN>;
 var<workgroup> slot_s: array<f32, BN>;
@@ -74,8 +78,9 @@ var<workgroup> slot_s: array<f32, BN>;
 var<workgroup> chosen: u32;
 #endif
 
-// The chunk after the staged one, in registers: four vec4<u32> of inputs (those of slots q/4,
-// q/4 + 32, ... ) and under PREFETCH the weight row's raw words.
+// The chunk after the staged one, in registers: for each of this thread's slots (v0: s, v1:
+// s + 32, ...) words q, q + 4, q + 8, q + 12 of its chunk, and under PREFETCH the weight row's raw
+// words.
 struct XRaw {
   v0: vec4<u32>,
   v1: vec4<u32>,
@@ -87,12 +92,13 @@ var<private> xraw: XRaw;
 var<private> wraw: Raw;
 #endif
 
-// Two f16 values of a staged row, and their conversions from f32 and from a packed word.
+// One f16 value and two of a packed word, with their conversions from f32 and from the word.
 #ifdef STAGE_F32
 // Kept as f32 rounded to f16 (EMULATE on a device without shader-f16).
+alias H1 = f32;
 alias H2 = vec2<f32>;
 
-fn h2(v: vec2<f32>) -> H2 {
+fn h1(v: f32) -> H1 {
   return quantizeToF16(v);
 }
 
@@ -102,10 +108,11 @@ fn h2_bits(u: u32) -> H2 {
 #else
 enable f16;
 
+alias H1 = f16;
 alias H2 = vec2<f16>;
 
-fn h2(v: vec2<f32>) -> H2 {
-  return vec2<f16>(v);
+fn h1(v: f32) -> H1 {
+  return f16(v);
 }
 
 fn h2_bits(u: u32) -> H2 {
@@ -146,14 +153,13 @@ fn mma(a: MatA, b: MatB, c: MatC) -> MatC {
   var r = c;
   for (var e = 0u; e < 8u; e++) {
     let idx = 32u * e + lane_id;
-    let wo = a.o + (idx % 16u) * VK;
+    let wo = a.o + idx % 16u;
     let xo = b.o + (idx / 16u) * VK;
     var acc = r.v[e];
     for (var j = 0u; j < 8u; j++) {
-      let wv = vec2<f32>(ws[wo + j]);
       let xv = vec2<f32>(xs[xo + j]);
-      acc = fma(wv.x, xv.x, acc);
-      acc = fma(wv.y, xv.y, acc);
+      acc = fma(f32(ws[wo + 2u * j * SW]), xv.x, acc);
+      acc = fma(f32(ws[wo + (2u * j + 1u) * SW]), xv.y, acc);
     }
     r.v[e] = acc;
   }
@@ -173,9 +179,10 @@ alias MatA = subgroup_matrix_left<f16, 16, 16>;
 alias MatB = subgroup_matrix_right<f16, 16, 16>;
 alias MatC = subgroup_matrix_result<f32, 16, 16>;
 
-// Loads and strides count the arrays' elements (vec2s): rows VK vec2s apart, k contiguous.
+// Weights column-major (k-major, runs of SW f16); inputs column-major (slot-major, runs of VK
+// vec2s: loads and strides count the array's elements).
 fn load_a(o: u32) -> MatA {
-  return subgroupMatrixLoad<MatA, row_major>(&ws, o, VK);
+  return subgroupMatrixLoad<MatA, col_major>(&ws, o, SW);
 }
 
 fn load_b(o: u32) -> MatB {
@@ -203,35 +210,41 @@ fn put(i: u32, v: f32) {
 #endif
 }
 
-// Values 4v..4v+3 of a weight row's chunk, at vec2 `o` of its staged row.
+// Values 4v..4v+3 of a weight row's chunk, from `o` = value 4v of the row.
 fn put_w4(o: u32, q: vec4<f32>) {
-  ws[o] = h2(q.xy);
-  ws[o + 1u] = h2(q.zw);
+  ws[o] = h1(q.x);
+  ws[o + SW] = h1(q.y);
+  ws[o + 2u * SW] = h1(q.z);
+  ws[o + 3u * SW] = h1(q.w);
 }
 
 fn put_w(buf: u32, r: u32, v: array<vec4<f32>, 8>) {
-  let o = buf * WSZ + r * VK;
+  let o = buf * WSZ + r;
   put_w4(o, v[0]);
-  put_w4(o + 2u, v[1]);
-  put_w4(o + 4u, v[2]);
-  put_w4(o + 6u, v[3]);
-  put_w4(o + 8u, v[4]);
-  put_w4(o + 10u, v[5]);
-  put_w4(o + 12u, v[6]);
-  put_w4(o + 14u, v[7]);
+  put_w4(o + 4u * SW, v[1]);
+  put_w4(o + 8u * SW, v[2]);
+  put_w4(o + 12u * SW, v[3]);
+  put_w4(o + 16u * SW, v[4]);
+  put_w4(o + 20u * SW, v[5]);
+  put_w4(o + 24u * SW, v[6]);
+  put_w4(o + 28u * SW, v[7]);
 }
 
-// Values 8q..8q+7 of a slot's chunk.
+// Words q, q + 4, q + 8, q + 12 of a slot's chunk into its staged row. The four lanes of a slot
+// store consecutive words, and the eight slots of a subgroup land 20 words apart: every lane of a
+// store in its own bank.
 fn put_x(buf: u32, slot: u32, q: u32, v: vec4<u32>) {
-  let o = buf * XSZ + slot * VK + 4u * q;
+  let o = buf * XSZ + slot * VK + q;
   xs[o] = h2_bits(v.x);
-  xs[o + 1u] = h2_bits(v.y);
-  xs[o + 2u] = h2_bits(v.z);
-  xs[o + 3u] = h2_bits(v.w);
+  xs[o + 4u] = h2_bits(v.y);
+  xs[o + 8u] = h2_bits(v.z);
+  xs[o + 12u] = h2_bits(v.w);
 }
 
+// A slot's chunk c, words q, q + 4, ...: the lanes of a slot read its 64 bytes together.
 fn xat(slot: u32, c: u32, q: u32) -> vec4<u32> {
-  return xh[slot_x[slot] + 4u * c + q];
+  let i = slot_x[slot] + 16u * c + q;
+  return vec4<u32>(xh[i], xh[i + 4u], xh[i + 8u], xh[i + 12u]);
 }
 
 // Loads chunk c's inputs of this thread's slots (s, s + 32, ...) and, under PREFETCH, its weight
@@ -356,7 +369,7 @@ fn main(
     let i = 0u;
 #endif
     let xrow = t * params.xh_stride_t + i * params.xh_stride_i;
-    slot_x[lid] = xrow * (params.k / 8u);
+    slot_x[lid] = xrow * (params.k / 2u);
     slot_s[lid] = xscale[xrow];
     slot_y[lid] = params.y_offset + t * params.y_stride_t + i * params.y_stride_i;
   }
@@ -407,18 +420,18 @@ fn main(
       }
     }
     for (var kk = 0u; kk < 2u; kk++) {
-      let wo = cur * WSZ + wr0 * VK + 8u * kk;
+      let wo = cur * WSZ + 16u * kk * SW + wr0;
       let xo = cur * XSZ + wc0 * VK + 8u * kk;
       let a0 = load_a(wo);
       var a1: MatA;
       var a2: MatA;
       var a3: MatA;
       if (FM > 1u) {
-        a1 = load_a(wo + 16u * VK);
+        a1 = load_a(wo + 16u);
       }
       if (FM > 2u) {
-        a2 = load_a(wo + 32u * VK);
-        a3 = load_a(wo + 48u * VK);
+        a2 = load_a(wo + 32u);
+        a3 = load_a(wo + 48u);
       }
       let b0 = load_b(xo);
       var b1: MatB;

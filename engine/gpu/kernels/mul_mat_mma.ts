@@ -36,12 +36,13 @@ export interface MulMatMmaKey {
 }
 
 /**
- * Workgroup memory of a tile: 80 bytes a staged row of weights or inputs per stage (160 with its
- * f16 values kept as f32), 4 KB of results on their way out, 12 bytes a slot, the gather tile and
- * the IQ4 table.
+ * Workgroup memory of a tile: per stage, a chunk's 32 values of each row and of each slot as f16
+ * (twice that with its f16 values kept as f32), padded (8 values a k run of rows, 8 a slot); 4 KB
+ * of results on their way out, 12 bytes a slot, the gather tile and the IQ4 table.
  */
 export function mmaWorkgroupBytes(t: MmaTile, stageF32 = false): number {
-  return (stageF32 ? 160 : 80) * t.stages * (t.rows + t.tokens) + 4096 + 12 * t.tokens + 4 + 64;
+  const staged = 64 * (t.rows + 8) + 80 * t.tokens;
+  return (stageF32 ? 2 : 1) * t.stages * staged + 4096 + 12 * t.tokens + 4 + 64;
 }
 
 /** Whether a variant keeps its staged f16 values as f32: emulated, on a device without f16. */
