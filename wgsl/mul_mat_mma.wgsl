@@ -23,7 +23,7 @@
 // Batch invariance: an output's sum starts at 0 and takes k's 16-value blocks in increasing order,
 // one subgroupMatrixMultiplyAccumulate each, then y = sum·s_r. Which tile, slot, subgroup or run
 // length a token gets changes none of that, so its bits depend on its weight row and input row
-// alone (tests/gpu_mma_test.ts checks it where the device has subgroup matrices).
+// alone (tests/gpu_mma_test.ts checks it, emulated on any device and on the tensor cores).
 
 #include "_include/dequant.wgsl"
 

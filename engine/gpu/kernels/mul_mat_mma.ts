@@ -205,9 +205,9 @@ export function mulMatMma(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions):
   });
   const ids: BufferRef = b.ids ?? dummyStorage(enc.ctx);
   const prefetch = (o.prefetch ?? true) && PREFETCH_TYPES.includes(w.type);
+  const emulate = o.mmaEmulate;
   for (const part of w.parts) {
     const rows = id ? w.matrixRows : part.rows;
-    const emulate = o.mmaEmulate;
     const tile = o.mmaTile ?? mmaTileFor(enc.ctx, rows, id ? PREFILL_TT : o.tokens, id, emulate);
     const tiles = Math.ceil(rows / tile.rows);
     enc.dispatch(MUL_MAT_MMA, { type: w.type, tile, id, add: o.add, prefetch, emulate }, {
