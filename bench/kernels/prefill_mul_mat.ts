@@ -43,13 +43,13 @@ import { benchProducts, type ProductShape } from "./bench_shapes.ts";
  * One prefill product: experts run over a gather table; a tile takes x as it is (`norm` is the
  * decode product's).
  */
-interface TileShape extends ProductShape {
+export interface TileShape extends ProductShape {
   /** Tokens of this product (the LM head runs its logits in chunks); default --tokens. */
   readonly tokens?: number;
 }
 
 /** The prefill products of the qwen35moe-35b layers, and a chunk of its LM head. */
-function fullShapes(): TileShape[] {
+export function fullShapes(): TileShape[] {
   const m = benchProducts();
   return Object.values({
     ...m,
@@ -58,7 +58,7 @@ function fullShapes(): TileShape[] {
 }
 
 /** CPU-adapter sizes with the same epilogues and partial tiles. */
-function tinyShapes(): TileShape[] {
+export function tinyShapes(): TileShape[] {
   return [
     { name: "q8", type: GgmlType.Q8_0, rows: 70, k: 1280 },
     { name: "f32 router", type: GgmlType.F32, rows: 133, k: 544 },
@@ -93,7 +93,7 @@ function repeatedBlocks(type: GgmlType, n: number, r: () => number): Uint8Array 
 }
 
 /** Everything a shape's dispatches bind. */
-interface Setup {
+export interface Setup {
   readonly w: GpuTensor;
   readonly x: GPUBuffer;
   readonly y: GPUBuffer;
@@ -109,21 +109,59 @@ interface Setup {
   readonly xStride: number;
 }
 
-async function prepare(
+/** A shape's weights: random blocks, uploaded. */
+export function uploadShape(mem: GpuMemory, shape: TileShape): Promise<GpuTensor> {
+  const { type, rows, k } = shape;
+  const experts = shape.experts ?? 1;
+  return uploadTensorBytes(mem, {
+    name: shape.name,
+    type,
+    shape: shape.experts ? [k, rows, experts] : [k, rows],
+  }, repeatedBlocks(type, k * rows * experts, rng(shape.rows * 31 + shape.k)));
+}
+
+/**
+ * Expert ids of `tokens` tokens, nUsed distinct experts each: uniform, or `skewed` (each expert's
+ * popularity log-normal with σ = 1, so a few experts take several times the average load and some
+ * almost none, as routers do).
+ */
+function route(
+  tokens: number,
+  nUsed: number,
+  experts: number,
+  skewed: boolean,
+  r: () => number,
+): Uint32Array {
+  const normal = () => Math.sqrt(-2 * Math.log(1 - r())) * Math.cos(2 * Math.PI * r());
+  const weight = Array.from({ length: experts }, () => skewed ? Math.exp(normal()) : 1);
+  const total = weight.reduce((a, b) => a + b, 0);
+  const ids = new Uint32Array(tokens * nUsed);
+  for (let t = 0; t < tokens; t++) {
+    const picked = new Set<number>();
+    while (picked.size < nUsed) {
+      let u = r() * total;
+      let e = 0;
+      while (e < experts - 1 && u >= weight[e]) u -= weight[e++];
+      picked.add(e);
+    }
+    ids.set([...picked], t * nUsed);
+  }
+  return ids;
+}
+
+/** The operands of a shape's products for `tokens` tokens, on weights `w` (uploadShape). */
+export function prepare(
   ctx: GpuContext,
   mem: GpuMemory,
   shape: TileShape,
   tokens: number,
-): Promise<Setup> {
-  const r = rng(shape.rows * 31 + shape.k);
-  const { type, rows, k } = shape;
+  w: GpuTensor,
+  skewed = false,
+): Setup {
+  const r = rng(shape.rows * 31 + shape.k + tokens);
+  const { rows, k } = shape;
   const experts = shape.experts ?? 1;
   const nUsed = shape.nUsed ?? 1;
-  const w = await uploadTensorBytes(mem, {
-    name: shape.name,
-    type,
-    shape: shape.experts ? [k, rows, experts] : [k, rows],
-  }, repeatedBlocks(type, k * rows * experts, r));
   // Under SwiGLU each (token, rank) has its own [gate | up] row; else ranks share the token's x.
   const xStride = shape.swiglu ? nUsed * 2 * k : k;
   const yStride = nUsed * rows;
@@ -140,13 +178,7 @@ async function prepare(
     xStrideI: shape.experts ? (shape.swiglu ? 2 * k : 0) : undefined,
   };
   if (!shape.experts) return { w, x, y, yInit, tokenIds: [], options, tokens, yStride, xStride };
-  // Uniform routing: nUsed distinct experts a token.
-  const ids = new Uint32Array(tokens * nUsed);
-  for (let t = 0; t < tokens; t++) {
-    const picked = new Set<number>();
-    while (picked.size < nUsed) picked.add(Math.floor(r() * experts));
-    ids.set([...picked], t * nUsed);
-  }
+  const ids = route(tokens, nUsed, experts, skewed, r);
   const idsb = mem.upload("ids", ids);
   const slots = tokens * nUsed;
   const table = mem.storage("table", 4 * gatherWords(slots, experts, PREFILL_TT));
@@ -317,7 +349,7 @@ async function main(values: FlagValues<typeof PREFILL_MUL_MAT.flags>): Promise<v
   for (const shape of only ? all.filter((s) => only.some((o) => s.name.includes(o))) : all) {
     const shapeMem = new GpuMemory(ctx);
     const tokens = shape.tokens ?? values.tokens;
-    const s = await prepare(ctx, shapeMem, shape, tokens);
+    const s = prepare(ctx, shapeMem, shape, tokens, await uploadShape(shapeMem, shape));
     const flops = 2 * shape.rows * shape.k * tokens * (shape.nUsed ?? 1);
     const checked = [...new Set([0, 1, Math.floor(tokens / 2), tokens - 1])];
     const chosen = tileFor(ctx, shape.rows, !!shape.experts);

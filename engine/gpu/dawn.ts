@@ -22,11 +22,25 @@ export const DAWN_TOGGLES: readonly string[] = [
 ];
 
 /**
+ * The toggles under which Dawn lists subgroup matrices and f16 on NVIDIA's Vulkan driver (the
+ * GPU box, 2026-12-06: /work/shared/device/README.md): allow_unsafe_apis unlocks experimental
+ * features, vulkan_enable_f16_on_nvidia lifts Dawn's default block of f16 there, and cooperative
+ * matrices need the Vulkan memory model. Left out under TANDEM_MMA=0, so that run is today's
+ * Dawn exactly (the memory model changes every kernel's SPIR-V).
+ */
+export const DAWN_MMA_TOGGLES: readonly string[] = [
+  "allow_unsafe_apis",
+  "vulkan_enable_f16_on_nvidia",
+  "use_vulkan_memory_model",
+];
+
+/**
  * The options for Dawn's create() from TANDEM_DAWN_OPTIONS: comma-separated key=value pairs,
  * where a value may itself be a comma list (a piece without "=" continues the pair before), plus
- * enable-dawn-features=DAWN_TOGGLES unless the variable sets enable-dawn-features itself.
+ * enable-dawn-features=DAWN_TOGGLES (and DAWN_MMA_TOGGLES with `mma`) unless the variable sets
+ * enable-dawn-features itself.
  */
-export function dawnOptions(env: string | undefined): string[] {
+export function dawnOptions(env: string | undefined, mma = true): string[] {
   const options: string[] = [];
   for (const piece of (env ?? "").split(",")) {
     if (piece === "") continue;
@@ -34,9 +48,22 @@ export function dawnOptions(env: string | undefined): string[] {
     else options[options.length - 1] += `,${piece}`;
   }
   if (!options.some((o) => o.startsWith("enable-dawn-features="))) {
-    options.push(`enable-dawn-features=${DAWN_TOGGLES.join(",")}`);
+    const toggles = mma ? [...DAWN_TOGGLES, ...DAWN_MMA_TOGGLES] : DAWN_TOGGLES;
+    options.push(`enable-dawn-features=${toggles.join(",")}`);
   }
   return options;
+}
+
+/**
+ * TANDEM_MMA=0 turns the tensor-core kernels off: no DAWN_MMA_TOGGLES here, no subgroup-matrix
+ * feature in engine/gpu/device.ts.
+ */
+export function subgroupMatrixAllowedByEnv(): boolean {
+  try {
+    return Deno.env.get("TANDEM_MMA") !== "0";
+  } catch {
+    return true;
+  }
 }
 
 function envOptions(): string | undefined {
@@ -180,7 +207,7 @@ async function load(): Promise<GpuProvider> {
   paceDawnPolls(true);
   return {
     name: "dawn",
-    gpu: mod.create(dawnOptions(envOptions())) as GPU,
+    gpu: mod.create(dawnOptions(envOptions(), subgroupMatrixAllowedByEnv())) as GPU,
     expectDone: expectGpuDone,
   };
 }

@@ -3,6 +3,7 @@
 
 import assert from "node:assert/strict";
 import {
+  DAWN_MMA_TOGGLES,
   DAWN_TOGGLES,
   dawnOptions,
   FINE_AFTER_MS,
@@ -141,9 +142,13 @@ Deno.test("paced Dawn polls leave the event loop serving sockets", async () => {
 });
 
 Deno.test("dawnOptions: key=value pairs whose values may hold commas, plus the engine's toggles", () => {
-  const toggles = `enable-dawn-features=${DAWN_TOGGLES.join(",")}`;
+  const toggles = `enable-dawn-features=${[...DAWN_TOGGLES, ...DAWN_MMA_TOGGLES].join(",")}`;
   assert.deepEqual(dawnOptions(undefined), [toggles]);
   assert.deepEqual(dawnOptions("backend=vulkan"), ["backend=vulkan", toggles]);
+  // Without the tensor cores (TANDEM_MMA=0), the toggles they need stay off.
+  assert.deepEqual(dawnOptions(undefined, false), [
+    `enable-dawn-features=${DAWN_TOGGLES.join(",")}`,
+  ]);
   // A toggle list of the caller's replaces the engine's, commas and all.
   assert.deepEqual(
     dawnOptions("backend=null,enable-dawn-features=dump_shaders,disable_symbol_renaming,,"),

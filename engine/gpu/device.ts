@@ -1,6 +1,7 @@
 // Opens a WebGPU device on a provider: adapter checks, limits, optional features, logging.
 // Everything GPU-side (buffers, kernels, stages) takes the GpuContext this returns.
 
+import { subgroupMatrixAllowedByEnv } from "./dawn.ts";
 import {
   isSoftwareAdapter,
   type ProviderChoice,
@@ -20,6 +21,14 @@ export interface GpuFeatures {
   readonly subgroups: boolean;
   /** `timestamp-query`: GPU timing of steps (fallback: wall clock). */
   readonly timestamps: boolean;
+  /**
+   * Tensor cores: `chromium-experimental-subgroup-matrix` with an f16 × f16 → f32 16×16×16
+   * configuration, `shader-f16`, and subgroups of exactly SUBGROUP_MATRIX_LANES lanes, which the
+   * prefill products' layout of four subgroups a workgroup assumes (engine/gpu/kernels/
+   * mul_mat_mma.ts; fallback: the f32 tiles). Off under OpenGpuOptions.subgroupMatrix false or
+   * TANDEM_MMA=0.
+   */
+  readonly subgroupMatrix: boolean;
 }
 
 /** The limits the engine sizes things by, as numbers (Deno once returned bigints). */
@@ -57,10 +66,55 @@ export interface OpenGpuOptions {
   readonly allowSoftware?: boolean;
   /** Where start-up and device-lost lines go; default stderr. */
   readonly log?: (line: string) => void;
+  /** false: leave subgroup matrices off even where the adapter has them (also TANDEM_MMA=0). */
+  readonly subgroupMatrix?: boolean;
 }
 
 /** Smallest subgroup the subgroup reduction paths accept (their lanes per output row). */
 export const SUBGROUP_MIN_LANES = 16;
+
+/** The one subgroup size the tensor-core kernels are laid out for (NVIDIA's warp). */
+export const SUBGROUP_MATRIX_LANES = 32;
+
+/** Dawn's experimental feature behind subgroup matrices (not in the WebGPU type list). */
+export const SUBGROUP_MATRIX_FEATURE = "chromium-experimental-subgroup-matrix" as GPUFeatureName;
+
+/** What subgroupMatrixUsable reads of an adapter's info (Dawn's fields, absent elsewhere). */
+export interface SubgroupMatrixInfo {
+  readonly subgroupMinSize?: number;
+  readonly subgroupMaxSize?: number;
+  /** Dawn's GPUSubgroupMatrixConfig objects: their fields are getters, read by name. */
+  readonly subgroupMatrixConfigs?: readonly {
+    readonly componentType: string;
+    readonly resultComponentType: string;
+    readonly M: number;
+    readonly N: number;
+    readonly K: number;
+  }[];
+}
+
+/**
+ * Whether an adapter with these features and info can run the tensor-core kernels: shader-f16,
+ * subgroups and subgroup matrices, an f16 → f32 16×16×16 configuration, and every subgroup
+ * SUBGROUP_MATRIX_LANES wide (a pipeline using subgroup matrices runs full subgroups; with one
+ * possible size, a 128-invocation workgroup is exactly four of them).
+ */
+export function subgroupMatrixUsable(
+  features: Pick<ReadonlySet<string>, "has">,
+  info: SubgroupMatrixInfo,
+): boolean {
+  const needed = ["shader-f16", "subgroups", SUBGROUP_MATRIX_FEATURE];
+  if (!needed.every((f) => features.has(f))) return false;
+  if (
+    info.subgroupMinSize !== SUBGROUP_MATRIX_LANES || info.subgroupMaxSize !== SUBGROUP_MATRIX_LANES
+  ) {
+    return false;
+  }
+  return (info.subgroupMatrixConfigs ?? []).some((c) =>
+    c.componentType === "f16" && c.resultComponentType === "f32" && c.M === 16 && c.N === 16 &&
+    c.K === 16
+  );
+}
 
 /**
  * Whether subgroup lane i of a 64-wide workgroup is invocation i mod size, with size ≥
@@ -135,7 +189,8 @@ function softwareAllowedByEnv(): boolean {
 /**
  * Selects the provider, takes its high-performance adapter, refuses software adapters unless
  * allowed, and requests a device with the adapter's full buffer/workgroup limits plus those of
- * `shader-f16`, `subgroups`, `timestamp-query` that the adapter has.
+ * `shader-f16`, `subgroups`, `timestamp-query` that the adapter has, and subgroup matrices where
+ * subgroupMatrixUsable and not turned off.
  */
 export async function openGpu(options: OpenGpuOptions = {}): Promise<GpuContext> {
   const log = options.log ?? ((line: string) => console.error(line));
@@ -159,6 +214,9 @@ export async function openGpu(options: OpenGpuOptions = {}): Promise<GpuContext>
     );
   }
   const wanted: GPUFeatureName[] = ["shader-f16", "subgroups", "timestamp-query"];
+  const mma = options.subgroupMatrix !== false && subgroupMatrixAllowedByEnv() &&
+    subgroupMatrixUsable(adapter.features, info as SubgroupMatrixInfo);
+  if (mma) wanted.push(SUBGROUP_MATRIX_FEATURE);
   const requiredFeatures = wanted.filter((f) => adapter.features.has(f));
   const requiredLimits: Record<string, number> = {};
   const adapterLimits = adapter.limits as unknown as Record<string, number | bigint>;
@@ -169,6 +227,7 @@ export async function openGpu(options: OpenGpuOptions = {}): Promise<GpuContext>
     f16: has("shader-f16"),
     subgroups: has("subgroups") && await subgroupLayoutIsLinear(device),
     timestamps: has("timestamp-query"),
+    subgroupMatrix: mma && has(SUBGROUP_MATRIX_FEATURE) && has("shader-f16") && has("subgroups"),
   };
   const dl = device.limits as unknown as Record<string, number | bigint>;
   const n = (name: string) => Number(dl[name]);

@@ -19,8 +19,15 @@ import { ATTENTION } from "./kernels/attention.ts";
 import { ATTENTION_COMBINE } from "./kernels/attention_combine.ts";
 import { GATED_DELTA_NET } from "./kernels/gated_delta_net.ts";
 import { GET_ROWS } from "./kernels/get_rows.ts";
+import { MMA_INPUT } from "./kernels/mma_input.ts";
 import { MOE_GATHER } from "./kernels/moe_gather.ts";
 import { MUL_MAT, MUL_MAT_TYPES } from "./kernels/mul_mat.ts";
+import {
+  mmaStagesF32,
+  type MmaTile,
+  mmaWorkgroupBytes,
+  MUL_MAT_MMA,
+} from "./kernels/mul_mat_mma.ts";
 import { MUL_MAT_VEC } from "./kernels/mul_mat_vec.ts";
 import { RMS_NORM } from "./kernels/rms_norm.ts";
 import { TOPK } from "./kernels/topk.ts";
@@ -44,7 +51,7 @@ function isFamily(v: unknown): v is KernelFamily<unknown> {
  * WebGPU default of workgroup memory and an H200's.
  */
 const TARGETS = [true, false].map((subgroups): KernelTarget => ({
-  features: { subgroups, f16: false, timestamps: false },
+  features: { subgroups, f16: subgroups, timestamps: false, subgroupMatrix: subgroups },
   limits: {
     maxBufferSize: 2 ** 30,
     maxStorageBufferBindingSize: 2 ** 30,
@@ -57,6 +64,13 @@ const TARGETS = [true, false].map((subgroups): KernelTarget => ({
     subgroupMinSize: subgroups ? 32 : 0,
   },
 }));
+
+/** Every tensor-core tile shape, staged in one buffer and in two. */
+const MMA_TILES: readonly MmaTile[] = ([64, 128] as const).flatMap((rows) =>
+  ([32, 64, 128] as const).flatMap((tokens) =>
+    ([1, 2] as const).map((stages) => ({ rows, tokens, stages }))
+  )
+);
 
 /** Keys beyond the one key of single-variant families (key type `void`), per target. */
 const KEYS = new Map<string, readonly unknown[] | ((t: KernelTarget) => readonly unknown[])>([
@@ -93,6 +107,27 @@ const KEYS = new Map<string, readonly unknown[] | ((t: KernelTarget) => readonly
       ])
     ),
   ],
+  [
+    MUL_MAT_MMA.file,
+    (t) => {
+      const fits = (tile: MmaTile, emulate: boolean) =>
+        mmaWorkgroupBytes(tile, mmaStagesF32(t, emulate)) <=
+          t.limits.maxComputeWorkgroupStorageSize;
+      return MMA_TILES.flatMap((tile) =>
+        MUL_MAT_TYPES.flatMap((type) => [
+          ...(fits(tile, false)
+            ? [
+              { type, tile },
+              { type, tile, prefetch: true, add: true },
+              { type, tile, prefetch: true, id: true },
+            ]
+            : []),
+          ...(fits(tile, true) ? [{ type, tile, prefetch: true, id: true, emulate: true }] : []),
+        ])
+      );
+    },
+  ],
+  [MMA_INPUT.file, [{ swiglu: false }, { swiglu: true }]],
   [GET_ROWS.file, MUL_MAT_TYPES],
   [MOE_GATHER.file, ["count", "scan", "place"]],
   [TOPK.file, [false, true]],

@@ -8,10 +8,12 @@ import attentionCombine from "../../wgsl/attention_combine.wgsl" with { type: "t
 import gatedDeltaNet from "../../wgsl/gated_delta_net.wgsl" with { type: "text" };
 import getRows from "../../wgsl/get_rows.wgsl" with { type: "text" };
 import logitAdjust from "../../wgsl/logit_adjust.wgsl" with { type: "text" };
+import mmaInput from "../../wgsl/mma_input.wgsl" with { type: "text" };
 import moeGather from "../../wgsl/moe_gather.wgsl" with { type: "text" };
 import moeRoute from "../../wgsl/moe_route.wgsl" with { type: "text" };
 import moeSum from "../../wgsl/moe_sum.wgsl" with { type: "text" };
 import mulMat from "../../wgsl/mul_mat.wgsl" with { type: "text" };
+import mulMatMma from "../../wgsl/mul_mat_mma.wgsl" with { type: "text" };
 import mulMatVec from "../../wgsl/mul_mat_vec.wgsl" with { type: "text" };
 import qkNormRope from "../../wgsl/qk_norm_rope.wgsl" with { type: "text" };
 import rmsNorm from "../../wgsl/rms_norm.wgsl" with { type: "text" };
@@ -30,10 +32,12 @@ export const WGSL_SOURCES: ReadonlyMap<string, string> = new Map([
   ["gated_delta_net.wgsl", gatedDeltaNet],
   ["get_rows.wgsl", getRows],
   ["logit_adjust.wgsl", logitAdjust],
+  ["mma_input.wgsl", mmaInput],
   ["moe_gather.wgsl", moeGather],
   ["moe_route.wgsl", moeRoute],
   ["moe_sum.wgsl", moeSum],
   ["mul_mat.wgsl", mulMat],
+  ["mul_mat_mma.wgsl", mulMatMma],
   ["mul_mat_vec.wgsl", mulMatVec],
   ["qk_norm_rope.wgsl", qkNormRope],
   ["rms_norm.wgsl", rmsNorm],

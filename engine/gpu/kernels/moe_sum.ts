@@ -43,7 +43,8 @@ export function moeSum(
  * ids) into `o`, then summed into x[t] by routing weight with the gated shared expert (moeSum).
  * A decode step instead runs the products, then the shared expert's down with the sum as its
  * epilogue (mulMat's moeSum, the same bits): the products run every rank at once, which beat one
- * dispatch looping over the ranks on both providers (docs/PERFORMANCE.md).
+ * dispatch looping over the ranks on both providers (docs/PERFORMANCE.md). With `mma` (and a
+ * gather table) the products run on tensor cores where the device has them, the sum as always.
  */
 export function moeDownSum(
   enc: StepEncoder,
@@ -57,10 +58,12 @@ export function moeDownSum(
     readonly o: BufferRef;
     /** The residual stream (T, d). */
     readonly y: BufferRef;
+    /** With `mma`: the products' tensor-core scratch (MulMatBuffers.mmaX). */
+    readonly mmaX?: GPUBuffer;
   },
   o: Omit<MulMatOptions, "yOffset" | "yStrideT" | "yStrideI" | "add" | "norm">,
 ): void {
-  mulMat(enc, { w: b.w, x: b.x, ids: b.ids, y: b.o }, o);
+  mulMat(enc, { w: b.w, x: b.x, ids: b.ids, y: b.o, mmaX: b.mmaX }, o);
   moeSum(enc, { o: b.o, s: b.shared ?? dummyStorage(enc.ctx), weights: b.weights, x: b.y }, {
     d: b.w.matrixRows,
     k: o.nUsed ?? 1,

@@ -1,7 +1,8 @@
 // Matrix-vector and matrix-matrix products over quantized weights, plain or indexed by per-token
 // expert ids: prefill tiles here (wgsl/mul_mat.wgsl), decode products of a few tokens through
-// engine/gpu/kernels/mul_mat_vec.ts. Used for every projection of engine/gpu/gpu_forward.ts and the
-// LM head.
+// engine/gpu/kernels/mul_mat_vec.ts, tensor-core products (`mma`) through
+// engine/gpu/kernels/mul_mat_mma.ts. Used for every projection of engine/gpu/gpu_forward.ts and
+// the LM head.
 //
 // Dimensions: T tokens, K input values per row (tensor cols), M output rows, Ku experts per token.
 
@@ -18,6 +19,7 @@ import {
   MUL_MAT_VEC,
   workgroupBytes,
 } from "./mul_mat_vec.ts";
+import { type MmaTile, mulMatMma } from "./mul_mat_mma.ts";
 
 /** Weight types the kernels decode (docs/model_arch.md §6). */
 export const MUL_MAT_TYPES: readonly GgmlType[] = [
@@ -159,6 +161,11 @@ export interface MulMatBuffers {
    * of engine/gpu/kernels/moe_gather.ts over the same ids.
    */
   readonly ids?: BufferRef;
+  /**
+   * Scratch of a tensor-core product (`mma` where the device has them): its input rows as f16
+   * and their scales, mmaScratchBytes of engine/gpu/kernels/mul_mat_mma.ts.
+   */
+  readonly mmaX?: GPUBuffer;
 }
 
 /** Where the operands sit, in f32 elements; defaults: dense rows of K inputs and M outputs. */
@@ -197,6 +204,22 @@ export interface MulMatOptions {
   readonly tile?: TileShape;
   /** Prefill tiles: false leaves x unpadded (MulMatKey.pad; the kernel bench compares). */
   readonly pad?: boolean;
+  /**
+   * Run these tokens on tensor cores, whatever their count, where the device has subgroup
+   * matrices (GpuFeatures.subgroupMatrix; today's kernels otherwise): f16 weights and inputs, f32
+   * sums in one order, so a token's bits depend only on its rows, never on the run it is in. Needs
+   * b.mmaX and, for expert stacks, a gather table (gatherTiles); not with `norm`, `conv`,
+   * `moeSum`, `decode`, `tile` or `pad`.
+   */
+  readonly mma?: boolean;
+  /** Tensor-core products: the tile instead of mmaTileFor's (bench/kernels/prefill_mma.ts). */
+  readonly mmaTile?: MmaTile;
+  /**
+   * With `mma`: run the tensor-core path on any device, its matrix operations emulated by f32
+   * code over the same staged f16 values (tests of its staging, tiles and epilogue without
+   * tensor cores; slow).
+   */
+  readonly mmaEmulate?: boolean;
 }
 
 /** The RMSNorm a product folds into its input. */
@@ -280,6 +303,10 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
     throw new RangeError(
       `Cannot multiply by tensor "${w.name}": rows of ${w.cols} values are not a multiple of 32`,
     );
+  }
+  if (o.mma && (enc.ctx.features.subgroupMatrix || o.mmaEmulate)) {
+    mulMatMma(enc, b, o);
+    return;
   }
   const nUsed = id ? (o.nUsed ?? 1) : 1;
   const base = {

@@ -1,0 +1,120 @@
+// The tensor-core kernels' WGSL (wgsl/mul_mat_mma.wgsl, wgsl/mma_input.wgsl) through Tint on any
+// machine: Dawn's null backend lists subgroup matrices, so it compiles every variant kind and
+// builds the pipelines whose workgroup memory fits it. A WGSL error fails here, in CI, not on the GPU box.
+
+import assert from "node:assert/strict";
+import { dawnOptions } from "../engine/gpu/dawn.ts";
+import { SUBGROUP_MATRIX_FEATURE } from "../engine/gpu/device.ts";
+import { type KernelFamily, type KernelTarget, variantSource } from "../engine/gpu/kernel.ts";
+import { MMA_INPUT } from "../engine/gpu/kernels/mma_input.ts";
+import { MUL_MAT_TYPES } from "../engine/gpu/kernels/mul_mat.ts";
+import {
+  mmaStagesF32,
+  type MmaTile,
+  mmaWorkgroupBytes,
+  MUL_MAT_MMA,
+  type MulMatMmaKey,
+} from "../engine/gpu/kernels/mul_mat_mma.ts";
+import { GgmlType } from "../engine/quant/ggml_types.ts";
+
+/** Dawn on its null backend, held by the module: the instance must outlive its devices. */
+const nullGpu = (await import("webgpu") as unknown as { create(options: string[]): GPU })
+  .create(dawnOptions("backend=null"));
+
+const TILES: readonly MmaTile[] = ([64, 128] as const).flatMap((rows) =>
+  ([32, 64, 128] as const).flatMap((tokens) =>
+    ([1, 2] as const).map((stages) => ({ rows, tokens, stages }))
+  )
+);
+
+/**
+ * Every weight type in the engine's tiles for the bench model's products (dense with the add
+ * epilogue, gathered experts), and two types (one with prefetching, one without) in every tile
+ * with every flag, the emulated matrix operations included.
+ */
+function keys(): MulMatMmaKey[] {
+  const everyType = MUL_MAT_TYPES.flatMap((type): MulMatMmaKey[] => [
+    { type, tile: { rows: 128, tokens: 128, stages: 2 }, prefetch: true, add: true },
+    { type, tile: { rows: 128, tokens: 32, stages: 2 }, prefetch: true, id: true },
+  ]);
+  const everyTile = [GgmlType.Q8_0, GgmlType.Q6_K].flatMap((type) =>
+    TILES.flatMap((tile): MulMatMmaKey[] => [
+      { type, tile, prefetch: true },
+      { type, tile, add: true },
+      { type, tile, prefetch: true, id: true, add: true },
+      { type, tile, prefetch: true, id: true, emulate: true },
+    ])
+  );
+  return [...everyType, ...everyTile];
+}
+
+/** The errors Tint and pipeline validation report for one variant, as text ("" if none). */
+async function compile<K>(
+  device: GPUDevice,
+  target: KernelTarget,
+  family: KernelFamily<K>,
+  key: K,
+): Promise<string> {
+  const v = family.variant(target, key);
+  const { code } = variantSource(family as KernelFamily<unknown>, v);
+  const module = device.createShaderModule({ label: v.name, code });
+  const info = await module.getCompilationInfo();
+  const errors = info.messages.filter((m) => m.type === "error")
+    .map((m) => `${v.name}:${m.lineNum}: ${m.message}`);
+  const mma = key as MulMatMmaKey;
+  const fits = family !== (MUL_MAT_MMA as unknown) ||
+    mmaWorkgroupBytes(mma.tile, mmaStagesF32(target, mma.emulate)) <=
+      device.limits.maxComputeWorkgroupStorageSize;
+  if (!errors.length && fits) {
+    device.pushErrorScope("validation");
+    device.createComputePipeline({ layout: "auto", compute: { module, entryPoint: "main" } });
+    const error = await device.popErrorScope();
+    if (error) errors.push(`${v.name} (pipeline): ${error.message}`);
+  }
+  return errors.join("\n");
+}
+
+Deno.test("every tensor-core kernel variant compiles through Tint (Dawn's null backend)", async () => {
+  const adapter = await nullGpu.requestAdapter();
+  assert.ok(adapter, "Dawn's null backend gives an adapter");
+  const requiredFeatures: GPUFeatureName[] = ["shader-f16", "subgroups", SUBGROUP_MATRIX_FEATURE];
+  for (const f of requiredFeatures) assert.ok(adapter.features.has(f), `the null adapter has ${f}`);
+  const device = await adapter.requestDevice({ requiredFeatures });
+  try {
+    // Variants for a device like the GPU box's (48 KB of workgroup memory); the null device has
+    // 16 KB, so the larger tiles compile as modules only.
+    const target: KernelTarget = {
+      features: { f16: true, subgroups: true, timestamps: false, subgroupMatrix: true },
+      limits: {
+        maxBufferSize: 2 ** 30,
+        maxStorageBufferBindingSize: 2 ** 30,
+        maxComputeWorkgroupStorageSize: 49152,
+        maxComputeInvocationsPerWorkgroup: 1024,
+        maxComputeWorkgroupsPerDimension: 65535,
+        minUniformBufferOffsetAlignment: 256,
+        minStorageBufferOffsetAlignment: 256,
+        maxStorageBuffersPerShaderStage: 8,
+        subgroupMinSize: 32,
+      },
+    };
+    const errors: string[] = [];
+    let pipelines = 0;
+    for (const key of keys()) {
+      errors.push(await compile(device, target, MUL_MAT_MMA, key));
+      if (mmaWorkgroupBytes(key.tile) <= device.limits.maxComputeWorkgroupStorageSize) pipelines++;
+    }
+    for (const swiglu of [false, true]) {
+      errors.push(await compile(device, target, MMA_INPUT, { swiglu }));
+    }
+    // The emulation on a device without shader-f16 keeps its staged values as f32.
+    const noF16 = { ...target, features: { ...target.features, f16: false } };
+    const tile: MmaTile = { rows: 64, tokens: 32, stages: 1 };
+    errors.push(
+      await compile(device, noF16, MUL_MAT_MMA, { type: GgmlType.IQ4_XS, tile, emulate: true }),
+    );
+    assert.equal(errors.filter((e) => e).join("\n"), "");
+    assert.ok(pipelines >= 6, `${pipelines} tile variants were built as whole pipelines`);
+  } finally {
+    device.destroy();
+  }
+});

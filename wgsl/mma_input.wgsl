@@ -1,0 +1,81 @@
+// mma_input: the f16 input of the tensor-core products (wgsl/mul_mat_mma.wgsl): each row r of
+// activations x (under SWIGLU silu(g)·u, g at the row's values and u up_offset further) as
+// xh[r] = f16(v / s_r) with s_r = 2^(e − 14), e the exponent of the row's largest |v|, so the
+// row's values lie below 2^15 in magnitude and no f16 overflows however large they are (hidden
+// states reach thousands, SwiGLU inputs more); the product multiplies its sums by s_r. A power of
+// two divides exactly, so the only rounding is f16's own; the largest |v| is the same whatever
+// order the threads meet the values in, so a row's bits depend on the row alone. Matches the
+// products' contract in engine/gpu/kernels/mul_mat_mma.ts (the reference: the f32 values).
+// Bindings: 0 x (f32; row r = t·n_rank + i at x_offset + t·x_stride_t + i·x_stride_i) | 1 xh (rw:
+//   rows of k f16, two a word) | 2 xscale (rw: s_r, f32) | 3 params.
+// Dispatch: (rows folded to 2-D), one workgroup a row. WG = 128. Variants: SWIGLU.
+
+struct Params {
+  k: u32,
+  rows: u32,
+  n_rank: u32,
+  x_offset: u32,
+  x_stride_t: u32,
+  x_stride_i: u32,
+  up_offset: u32,
+}
+
+@group(0) @binding(0) var<storage, read> x: array<f32>;
+@group(0) @binding(1) var<storage, read_write> xh: array<u32>;
+@group(0) @binding(2) var<storage, read_write> xscale: array<f32>;
+@group(0) @binding(3) var<uniform> params: Params;
+
+const WG = 128u;
+
+#include "_include/reduce.wgsl"
+
+// The row's value at x[i]: as the f32 tiles compute it (wgsl/mul_mat.wgsl xmix).
+fn value(i: u32) -> f32 {
+#ifdef SWIGLU
+  let g = x[i];
+  return g / (1.0 + exp(-g)) * x[i + params.up_offset];
+#else
+  return x[i];
+#endif
+}
+
+// 2^e as an f32, for e in −126..127 (a normal number: the exponent field alone).
+fn pow2(e: i32) -> f32 {
+  return bitcast<f32>(u32(e + 127) << 23u);
+}
+
+@compute @workgroup_size(WG)
+fn main(
+  @builtin(workgroup_id) wid: vec3<u32>,
+  @builtin(num_workgroups) nwg: vec3<u32>,
+  @builtin(local_invocation_index) lid: u32,
+) {
+  let row = wid.x + wid.y * nwg.x;
+  if (row >= params.rows) {
+    return;
+  }
+  let t = row / params.n_rank;
+  let i = row % params.n_rank;
+  let xo = params.x_offset + t * params.x_stride_t + i * params.x_stride_i;
+  var m = 0.0;
+  for (var j = lid; j < params.k; j += WG) {
+    m = max(m, abs(value(xo + j)));
+  }
+  m = wg_max(m, lid);
+  // e = ⌊log2 m⌋ from the exponent field (−127 for 0 and subnormals, 128 past the finite);
+  // s = 2^(e − 14) kept normal, as is 1/s: rows below 2^−112 lose their smallest values to
+  // f16's subnormals, which leaves their products at 0 within the f32 rounding of a product
+  // of such rows.
+  let e = i32((bitcast<u32>(m) >> 23u) & 0xffu) - 127;
+  let se = clamp(e - 14, -126, 126);
+  let inv = pow2(-se);
+  if (lid == 0u) {
+    xscale[row] = pow2(se);
+  }
+  let words = params.k / 2u;
+  let out = row * words;
+  for (var p = lid; p < words; p += WG) {
+    let v = vec2<f32>(value(xo + 2u * p), value(xo + 2u * p + 1u)) * inv;
+    xh[out + p] = pack2x16float(v);
+  }
+}

@@ -1,0 +1,523 @@
+// mul_mat_mma: y[t,i][row] (= or +=) s_r · Σ_k f16(W_e[row][k]) · xh_r[k] on tensor cores
+// (subgroup matrices, f16 × f16 → f32) for every weight type, over a tile of BM rows × BN token
+// slots (prefill); with GATHERED, e picks an expert of a stacked tensor and a tile takes up to
+// BN = 32 slots routed to one expert (wgsl/moe_gather.wgsl's table). xh_r and s_r are slot r's
+// input row as wgsl/mma_input.wgsl wrote it (f16 values scaled by 1/s_r, s_r a power of two).
+// Matches engine/reference/math.ts matVec over engine/quant/dequant.ts rows within f16's
+// rounding of each weight and input (llama.cpp's Vulkan coopmat path rounds weights the same way).
+// Bindings: 0 w: weight bytes of one part (rows of `k` values, quantized) | 1 xh (input rows of
+//   k f16, two a word) | 2 xscale (s_r) | 3 ids (u32: the gather table under GATHERED, a dummy
+//   otherwise) | 4 y (f32) | 5 params.
+// Dispatch: (row_tiles folded to 2-D, z): z = token tiles, or the gather table's most tiles under
+//   GATHERED (workgroups past its tile count exit). WG = 128: four subgroups of 32 lanes (the
+//   device check of engine/gpu/device.ts), SGR × SGC over the tile, each FM × FN results of 16×16.
+// Variants: TYPE_<type> (one), BM (64, 128), BN (32, 64, 128), SGR, SGC, FM, FN (set from BM and
+//   BN by the binder), STAGES (1: one staging buffer, two barriers a chunk; 2: the next chunk is
+//   staged into a second buffer beside this chunk's products, one barrier), GATHERED, ADD (y +=
+//   result), PREFETCH (types with dequant.wgsl's load32: the chunk after the staged one loads into
+//   registers during the products), IQ4_TABLE_WORKGROUP (dequant.wgsl), EMULATE (the four matrix
+//   operations as f32 code over the same staged tiles: any device, so the tests check the staging,
+//   tiles, slots and epilogue where there are no tensor cores), STAGE_F32 (with EMULATE: staged
+//   values kept as f32 rounded to f16, where the device has no shader-f16).
+//
+// Batch invariance: an output's sum starts at 0 and takes k's 16-value blocks in increasing order,
+// one subgroupMatrixMultiplyAccumulate each, then y = sum·s_r. Which tile, slot, subgroup or run
+// length a token gets changes none of that, so its bits depend on its weight row and input row
+// alone (tests/gpu_mma_test.ts checks it, emulated on any device and on the tensor cores).
+
+#include "_include/dequant.wgsl"
+
+struct Params {
+  k: u32,
+  rows: u32,
+  tokens: u32,
+  n_used: u32,
+  row_base: u32,
+  expert_first: u32,
+  expert_count: u32,
+  xh_stride_t: u32,
+  xh_stride_i: u32,
+  y_offset: u32,
+  y_stride_t: u32,
+  y_stride_i: u32,
+  ids_stride: u32,
+  row_tiles: u32,
+}
+
+@group(0) @binding(0) var<storage, read> w: array<u32>;
+@group(0) @binding(1) var<storage, read> xh: array<u32>;
+@group(0) @binding(2) var<storage, read> xscale: array<f32>;
+@group(0) @binding(3) var<storage, read> ids: array<u32>;
+@group(0) @binding(4) var<storage, read_write> y: array<f32>;
+@group(0) @binding(5) var<uniform> params: Params;
+
+const WG = 128u;
+// Staged weights are k-major: a chunk's value k of tile row r at k·SW + r. A thread stages a row,
+// so the lanes of a store write consecutive f16 (no bank conflicts); each k run of SW is 16-byte
+// aligned for the matrix loads (8 of padding: the 8 runs a load phase reads fall in distinct banks).
+const SW = BM + 8u;
+const WSZ = 32u * SW;
+// Staged inputs are slot-major: a slot's chunk as 16 vec2<f16>, then 4 of padding, so slots are
+// 80 bytes apart (16-byte aligned; the 8 a load phase reads in distinct banks). Loads and strides
+// of xs count its elements, vec2s.
+const VK = 20u;
+const XSZ = BN * VK;
+// Slots a thread stages a quarter of: one per 32 slots.
+const XPT = BN / 32u;
+
+// [stage][k][row] and [stage][slot][k / 2].
+var<workgroup> ws: array<H1, STAGES * WSZ>;
+var<workgroup> xs: array<H2, STAGES * XSZ>;
+// One 16 × 16 result a subgroup on its way to y, slot-major.
+var<workgroup> outs: array<f32, 1024>;
+// A slot's first word of xh, its y offset and s_r.
+var<workgroup> slot_x: array<u32, BN>;
+var<workgroup> slot_y: array<u32, BN>;
+var<workgroup> slot_s: array<f32, BN>;
+#ifdef GATHERED
+var<workgroup> chosen: u32;
+#endif
+
+// The chunk after the staged one, in registers: for each of this thread's slots (v0: s, v1:
+// s + 32, ...) words q, q + 4, q + 8, q + 12 of its chunk, and under PREFETCH the weight row's raw
+// words.
+struct XRaw {
+  v0: vec4<u32>,
+  v1: vec4<u32>,
+  v2: vec4<u32>,
+  v3: vec4<u32>,
+}
+var<private> xraw: XRaw;
+#ifdef PREFETCH
+var<private> wraw: Raw;
+#endif
+
+// One f16 value and two of a packed word, with their conversions from f32 and from the word.
+#ifdef STAGE_F32
+// Kept as f32 rounded to f16 (EMULATE on a device without shader-f16).
+alias H1 = f32;
+alias H2 = vec2<f32>;
+
+fn h1(v: f32) -> H1 {
+  return quantizeToF16(v);
+}
+
+fn h2_bits(u: u32) -> H2 {
+  return unpack2x16float(u);
+}
+#else
+enable f16;
+
+alias H1 = f16;
+alias H2 = vec2<f16>;
+
+fn h1(v: f32) -> H1 {
+  return f16(v);
+}
+
+fn h2_bits(u: u32) -> H2 {
+#ifdef EMULATE
+  // The same values: naga (the builtin provider's compiler) rejects this bitcast.
+  return vec2<f16>(unpack2x16float(u));
+#else
+  return bitcast<vec2<f16>>(u);
+#endif
+}
+#endif
+
+// The matrix operations: a 16 × 16 block of weights (rows × k, from ws) times one of inputs
+// (k × slots, from xs) into a 16 × 16 f32 result (rows × slots), stored slot-major into outs.
+#ifdef EMULATE
+// A block is where it starts in ws or xs; a result is lane l's elements l, l + 32, ... of the
+// slot-major 16 × 16, the layout emit reads back.
+struct MatA {
+  o: u32,
+}
+struct MatB {
+  o: u32,
+}
+struct MatC {
+  v: array<f32, 8>,
+}
+var<private> lane_id: u32;
+
+fn load_a(o: u32) -> MatA {
+  return MatA(o);
+}
+
+fn load_b(o: u32) -> MatB {
+  return MatB(o);
+}
+
+fn mma(a: MatA, b: MatB, c: MatC) -> MatC {
+  var r = c;
+  for (var e = 0u; e < 8u; e++) {
+    let idx = 32u * e + lane_id;
+    let wo = a.o + idx % 16u;
+    let xo = b.o + (idx / 16u) * VK;
+    var acc = r.v[e];
+    for (var j = 0u; j < 8u; j++) {
+      let xv = vec2<f32>(xs[xo + j]);
+      acc = fma(f32(ws[wo + 2u * j * SW]), xv.x, acc);
+      acc = fma(f32(ws[wo + (2u * j + 1u) * SW]), xv.y, acc);
+    }
+    r.v[e] = acc;
+  }
+  return r;
+}
+
+fn store_c(m: MatC, at: u32) {
+  for (var e = 0u; e < 8u; e++) {
+    outs[at + 32u * e + lane_id] = m.v[e];
+  }
+}
+#else
+enable subgroups;
+enable chromium_experimental_subgroup_matrix;
+
+alias MatA = subgroup_matrix_left<f16, 16, 16>;
+alias MatB = subgroup_matrix_right<f16, 16, 16>;
+alias MatC = subgroup_matrix_result<f32, 16, 16>;
+
+// Weights column-major (k-major, runs of SW f16); inputs column-major (slot-major, runs of VK
+// vec2s: loads and strides count the array's elements).
+fn load_a(o: u32) -> MatA {
+  return subgroupMatrixLoad<MatA, col_major>(&ws, o, SW);
+}
+
+fn load_b(o: u32) -> MatB {
+  return subgroupMatrixLoad<MatB, col_major>(&xs, o, VK);
+}
+
+fn mma(a: MatA, b: MatB, c: MatC) -> MatC {
+  return subgroupMatrixMultiplyAccumulate(a, b, c);
+}
+
+fn store_c(m: MatC, at: u32) {
+  subgroupMatrixStore<col_major>(&outs, at, m, 16u);
+}
+#endif
+
+fn row_bytes() -> u32 {
+  return (params.k / BLOCK_ELEMS) * BLOCK_BYTES;
+}
+
+fn put(i: u32, v: f32) {
+#ifdef ADD
+  y[i] += v;
+#else
+  y[i] = v;
+#endif
+}
+
+// Values 4v..4v+3 of a weight row's chunk, from `o` = value 4v of the row.
+fn put_w4(o: u32, q: vec4<f32>) {
+  ws[o] = h1(q.x);
+  ws[o + SW] = h1(q.y);
+  ws[o + 2u * SW] = h1(q.z);
+  ws[o + 3u * SW] = h1(q.w);
+}
+
+fn put_w(buf: u32, r: u32, v: array<vec4<f32>, 8>) {
+  let o = buf * WSZ + r;
+  put_w4(o, v[0]);
+  put_w4(o + 4u * SW, v[1]);
+  put_w4(o + 8u * SW, v[2]);
+  put_w4(o + 12u * SW, v[3]);
+  put_w4(o + 16u * SW, v[4]);
+  put_w4(o + 20u * SW, v[5]);
+  put_w4(o + 24u * SW, v[6]);
+  put_w4(o + 28u * SW, v[7]);
+}
+
+// Words q, q + 4, q + 8, q + 12 of a slot's chunk into its staged row. The four lanes of a slot
+// store consecutive words, and the eight slots of a subgroup land 20 words apart: every lane of a
+// store in its own bank.
+fn put_x(buf: u32, slot: u32, q: u32, v: vec4<u32>) {
+  let o = buf * XSZ + slot * VK + q;
+  xs[o] = h2_bits(v.x);
+  xs[o + 4u] = h2_bits(v.y);
+  xs[o + 8u] = h2_bits(v.z);
+  xs[o + 12u] = h2_bits(v.w);
+}
+
+// A slot's chunk c, words q, q + 4, ...: the lanes of a slot read its 64 bytes together.
+fn xat(slot: u32, c: u32, q: u32) -> vec4<u32> {
+  let i = slot_x[slot] + 16u * c + q;
+  return vec4<u32>(xh[i], xh[i + 4u], xh[i + 8u], xh[i + 12u]);
+}
+
+// Loads chunk c's inputs of this thread's slots (s, s + 32, ...) and, under PREFETCH, its weight
+// row's words into registers. Slots past the tile's n are not read: their columns of the staged
+// inputs keep stale values, which reach only their own (unwritten) columns of the products.
+fn load(c: u32, s: u32, q: u32, n: u32, live: bool, w_byte: u32) {
+  if (s < n) {
+    xraw.v0 = xat(s, c, q);
+  }
+  if (XPT > 1u && s + 32u < n) {
+    xraw.v1 = xat(s + 32u, c, q);
+  }
+  if (XPT > 2u && s + 64u < n) {
+    xraw.v2 = xat(s + 64u, c, q);
+    if (s + 96u < n) {
+      xraw.v3 = xat(s + 96u, c, q);
+    }
+  }
+#ifdef PREFETCH
+  if (live) {
+    wraw = load32(w_byte, c);
+  }
+#endif
+}
+
+// Stages chunk c (loaded by `load`, or dequantized here without PREFETCH) into buffer `buf`:
+// weight row r (rows past the part's stay stale, as slots do) and the slots' inputs.
+fn stage(buf: u32, c: u32, r: u32, s: u32, q: u32, n: u32, live: bool, w_byte: u32) {
+  if (live) {
+#ifdef PREFETCH
+    put_w(buf, r, decode32(wraw));
+#else
+    put_w(buf, r, dequant32(w_byte, c));
+#endif
+  }
+  if (s < n) {
+    put_x(buf, s, q, xraw.v0);
+  }
+  if (XPT > 1u && s + 32u < n) {
+    put_x(buf, s + 32u, q, xraw.v1);
+  }
+  if (XPT > 2u && s + 64u < n) {
+    put_x(buf, s + 64u, q, xraw.v2);
+    if (s + 96u < n) {
+      put_x(buf, s + 96u, q, xraw.v3);
+    }
+  }
+}
+
+// Writes one 16 × 16 result of this subgroup (rows row0.., slots col0..) to y, through `outs`:
+// lane l takes elements l, l + 32, ...: half a slot's 16 rows each, so a store instruction writes
+// two runs of 16 consecutive floats. The barriers keep the subgroup's loads of `outs` between its
+// store and its next one; every subgroup calls this equally often.
+fn emit(m: MatC, sg: u32, lane: u32, row0: u32, col0: u32, n: u32, y_row0: u32) {
+  store_c(m, sg * 256u);
+  workgroupBarrier();
+  for (var e = 0u; e < 8u; e++) {
+    let idx = 32u * e + lane;
+    let slot = col0 + idx / 16u;
+    let row = row0 + idx % 16u;
+    if (slot < n && row < params.rows) {
+      put(slot_y[slot] + y_row0 + row, outs[sg * 256u + idx] * slot_s[slot]);
+    }
+  }
+  workgroupBarrier();
+}
+
+@compute @workgroup_size(WG)
+fn main(
+  @builtin(workgroup_id) wid: vec3<u32>,
+  @builtin(num_workgroups) nwg: vec3<u32>,
+  @builtin(local_invocation_index) lid: u32,
+#ifndef EMULATE
+  @builtin(subgroup_id) subgroup: u32,
+  @builtin(subgroup_invocation_id) subgroup_lane: u32,
+#endif
+) {
+#ifdef EMULATE
+  let sg = lid / 32u;
+  let lane = lid % 32u;
+  lane_id = lane;
+#else
+  let sg = subgroup;
+  let lane = subgroup_lane;
+#endif
+  let tile = wid.x + wid.y * nwg.x;
+  if (tile >= params.row_tiles) {
+    return;
+  }
+#ifdef GATHERED
+  // wid.z is a tile of the gather table: expert | count << 10 | first entry << 16.
+  if (lid == 0u) {
+    chosen = select(0xffffffffu, ids[1u + wid.z], wid.z < ids[0]);
+  }
+  let packed = workgroupUniformLoad(&chosen);
+  if (packed == 0xffffffffu) {
+    return;
+  }
+  let e = packed & 0x3ffu;
+  let n = (packed >> 10u) & 0x3fu;
+  let base = packed >> 16u;
+  // Only the part holding expert e computes it.
+  if (e < params.expert_first || e >= params.expert_first + params.expert_count) {
+    return;
+  }
+  let part_row0 = (e - params.expert_first) * params.rows;
+  let y_row0 = 0u;
+#else
+  let base = wid.z * BN;
+  let n = min(BN, params.tokens - base);
+  let part_row0 = 0u;
+  let y_row0 = params.row_base;
+#endif
+  fill_iq4_table(lid);
+  if (lid < n) {
+#ifdef GATHERED
+    let slot = ids[1u + params.ids_stride + base + lid];
+    let t = slot / params.n_used;
+    let i = slot % params.n_used;
+#else
+    let t = base + lid;
+    let i = 0u;
+#endif
+    let xrow = t * params.xh_stride_t + i * params.xh_stride_i;
+    slot_x[lid] = xrow * (params.k / 2u);
+    slot_s[lid] = xscale[xrow];
+    slot_y[lid] = params.y_offset + t * params.y_stride_t + i * params.y_stride_i;
+  }
+  workgroupBarrier();
+
+  // Thread lid stages weight row lid (threads past BM none) and quarter q of slots s, s + 32, ...
+  let row0 = tile * BM;
+  let live = lid < BM && row0 + lid < params.rows;
+  let w_byte = (part_row0 + row0 + lid) * row_bytes();
+  let s = lid / 4u;
+  let q = lid % 4u;
+  // This subgroup's rows and slots of the tile.
+  let wr0 = (sg / SGC) * (16u * FM);
+  let wc0 = (sg % SGC) * (16u * FN);
+
+  var c00: MatC;
+  var c01: MatC;
+  var c02: MatC;
+  var c03: MatC;
+  var c10: MatC;
+  var c11: MatC;
+  var c12: MatC;
+  var c13: MatC;
+  var c20: MatC;
+  var c21: MatC;
+  var c22: MatC;
+  var c23: MatC;
+  var c30: MatC;
+  var c31: MatC;
+  var c32: MatC;
+  var c33: MatC;
+
+  let chunks = params.k / 32u;
+  load(0u, s, q, n, live, w_byte);
+  stage(0u, 0u, lid, s, q, n, live, w_byte);
+  if (chunks > 1u) {
+    load(1u, s, q, n, live, w_byte);
+  }
+  workgroupBarrier();
+  for (var c = 0u; c < chunks; c++) {
+    let cur = c % STAGES;
+    // Two stages: chunk c + 1 goes into the other buffer while this one's products run; the
+    // barrier below ends both. One stage: it waits for the products (second barrier).
+    if (STAGES == 2u && c + 1u < chunks) {
+      stage(1u - cur, c + 1u, lid, s, q, n, live, w_byte);
+      if (c + 2u < chunks) {
+        load(c + 2u, s, q, n, live, w_byte);
+      }
+    }
+    for (var kk = 0u; kk < 2u; kk++) {
+      let wo = cur * WSZ + 16u * kk * SW + wr0;
+      let xo = cur * XSZ + wc0 * VK + 8u * kk;
+      let a0 = load_a(wo);
+      var a1: MatA;
+      var a2: MatA;
+      var a3: MatA;
+      if (FM > 1u) {
+        a1 = load_a(wo + 16u);
+      }
+      if (FM > 2u) {
+        a2 = load_a(wo + 32u);
+        a3 = load_a(wo + 48u);
+      }
+      let b0 = load_b(xo);
+      var b1: MatB;
+      var b2: MatB;
+      var b3: MatB;
+      if (FN > 1u) {
+        b1 = load_b(xo + 16u * VK);
+      }
+      if (FN > 2u) {
+        b2 = load_b(xo + 32u * VK);
+        b3 = load_b(xo + 48u * VK);
+      }
+      c00 = mma(a0, b0, c00);
+      if (FN > 1u) {
+        c01 = mma(a0, b1, c01);
+      }
+      if (FN > 2u) {
+        c02 = mma(a0, b2, c02);
+        c03 = mma(a0, b3, c03);
+      }
+      if (FM > 1u) {
+        c10 = mma(a1, b0, c10);
+        if (FN > 1u) {
+          c11 = mma(a1, b1, c11);
+        }
+        if (FN > 2u) {
+          c12 = mma(a1, b2, c12);
+          c13 = mma(a1, b3, c13);
+        }
+      }
+      if (FM > 2u) {
+        c20 = mma(a2, b0, c20);
+        c30 = mma(a3, b0, c30);
+        if (FN > 1u) {
+          c21 = mma(a2, b1, c21);
+          c31 = mma(a3, b1, c31);
+        }
+        if (FN > 2u) {
+          c22 = mma(a2, b2, c22);
+          c23 = mma(a2, b3, c23);
+          c32 = mma(a3, b2, c32);
+          c33 = mma(a3, b3, c33);
+        }
+      }
+    }
+    workgroupBarrier();
+    if (STAGES == 1u && c + 1u < chunks) {
+      stage(0u, c + 1u, lid, s, q, n, live, w_byte);
+      if (c + 2u < chunks) {
+        load(c + 2u, s, q, n, live, w_byte);
+      }
+      workgroupBarrier();
+    }
+  }
+
+  let r0 = row0 + wr0;
+  emit(c00, sg, lane, r0, wc0, n, y_row0);
+  if (FN > 1u) {
+    emit(c01, sg, lane, r0, wc0 + 16u, n, y_row0);
+  }
+  if (FN > 2u) {
+    emit(c02, sg, lane, r0, wc0 + 32u, n, y_row0);
+    emit(c03, sg, lane, r0, wc0 + 48u, n, y_row0);
+  }
+  if (FM > 1u) {
+    emit(c10, sg, lane, r0 + 16u, wc0, n, y_row0);
+    if (FN > 1u) {
+      emit(c11, sg, lane, r0 + 16u, wc0 + 16u, n, y_row0);
+    }
+    if (FN > 2u) {
+      emit(c12, sg, lane, r0 + 16u, wc0 + 32u, n, y_row0);
+      emit(c13, sg, lane, r0 + 16u, wc0 + 48u, n, y_row0);
+    }
+  }
+  if (FM > 2u) {
+    emit(c20, sg, lane, r0 + 32u, wc0, n, y_row0);
+    emit(c30, sg, lane, r0 + 48u, wc0, n, y_row0);
+    if (FN > 1u) {
+      emit(c21, sg, lane, r0 + 32u, wc0 + 16u, n, y_row0);
+      emit(c31, sg, lane, r0 + 48u, wc0 + 16u, n, y_row0);
+    }
+    if (FN > 2u) {
+      emit(c22, sg, lane, r0 + 32u, wc0 + 32u, n, y_row0);
+      emit(c23, sg, lane, r0 + 32u, wc0 + 48u, n, y_row0);
+      emit(c32, sg, lane, r0 + 48u, wc0 + 32u, n, y_row0);
+      emit(c33, sg, lane, r0 + 48u, wc0 + 48u, n, y_row0);
+    }
+  }
+}
