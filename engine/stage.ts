@@ -116,6 +116,22 @@ export type StageOutput =
   | { readonly kind: "hidden"; readonly rows: Float32Array }
   | ({ readonly kind: "ids" } & LastOutput);
 
+/**
+ * What a run's rows are, and so which kernels compute them: "prompt" rows (a prompt's positions)
+ * run the prefill products, on tensor cores where the device has them (f16 operands); "decode"
+ * rows (generated tokens) run f32 products. A token's bits depend on its kind, never on how many
+ * rows share its run or step: a prompt gives the same bits however it is chunked, and a
+ * generated token replayed as part of a longer run ("decode") the bits it had when generated.
+ */
+export type RowKind = "prompt" | "decode";
+
+export const ROW_KINDS: readonly RowKind[] = ["prompt", "decode"];
+
+/** A run's rows when the caller does not say: "prompt" for several positions, else "decode". */
+export function defaultRows(n: number): RowKind {
+  return n > 1 ? "prompt" : "decode";
+}
+
 export interface StageRunOptions {
   /** How many (id, logit) pairs of the last position to return from the last stage (≤ MAX_TOPK). */
   readonly topk?: number;
@@ -123,6 +139,8 @@ export interface StageRunOptions {
   readonly adjust?: LogitAdjust;
   /** Which positions need the LM head (default "all"); every stage passes it on to the last. */
   readonly logits?: LogitPositions;
+  /** What the rows are (default defaultRows(n)); every stage passes it on. */
+  readonly rows?: RowKind;
 }
 
 /** A stage's layers and the sizes it was opened with; a worker's HELLO states the same. */

@@ -3,6 +3,7 @@
 
 import {
   defaultMaxBatch,
+  defaultRows,
   LOGIT_POSITIONS,
   type LogitAdjust,
   type LogitPositions,
@@ -11,6 +12,8 @@ import {
   MAX_MASK_WORDS,
   MAX_REPEAT,
   MAX_TOPK,
+  ROW_KINDS,
+  type RowKind,
   type Stage,
   type StageInput,
   type StageOpenOptions,
@@ -162,6 +165,18 @@ export function checkLogits(options: StageRunOptions): LogitPositions {
     );
   }
   return logits;
+}
+
+/** The run's row kind (engine/stage.ts RowKind), checked, or the default for n rows. */
+export function checkRows(options: StageRunOptions, n: number): RowKind {
+  const rows = options.rows ?? defaultRows(n);
+  if (!ROW_KINDS.includes(rows)) {
+    throw new RangeError(
+      `Cannot run rows of kind ${JSON.stringify(rows)}: expected one of ` +
+        ROW_KINDS.map((k) => `"${k}"`).join(", "),
+    );
+  }
+  return rows;
 }
 
 /**

@@ -27,7 +27,10 @@ gpuTest("the memory plan equals what each GPU stage allocates, by kind", async (
       for (const span of SPANS) {
         const what = `${[spec.arch, spec.layout, spec.quant, spec.tied && "tied"].join(" ")} ` +
           `${span.first}:${span.end}`;
-        const plan = planStage(model, hp, span, OPTIONS);
+        const plan = planStage(model, hp, span, {
+          ...OPTIONS,
+          tensorCores: gpu.features.subgroupMatrix,
+        });
         const stage = await openGpuStage(model, gpu, { ...span, ...OPTIONS, log: () => {} });
         try {
           const held = stage.memory;

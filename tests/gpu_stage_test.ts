@@ -33,6 +33,12 @@ const TOPK = 8;
  * the reference's own top-2 gap exceeds twice this; on F32 models at every position.
  */
 const LOGIT_TOL = 2e-4;
+/**
+ * The same where a quantized model's prompt rows run on tensor cores (engine/stage.ts RowKind):
+ * their inputs and weights rounded to f16 (11 bits) move a logit by up to ~1e-3 on these models;
+ * F32 weights keep their exact products.
+ */
+const LOGIT_TOL_F16 = 5e-3;
 
 const session = greedySession(TOPK, 5);
 
@@ -99,6 +105,7 @@ async function compareWithReference(gpu: GpuContext, spec: TestModelSpec): Promi
     const [stage] = await openChain(gpu, model, []);
     const exact = (spec.quant ?? "f32") === "f32";
     const name = label(spec);
+    const LOGIT_TOL_RUN = stage.tensorCores && !exact ? LOGIT_TOL_F16 : LOGIT_TOL;
     let compared = 0;
     try {
       const ids = prompt(model, 12, 1);
@@ -111,7 +118,7 @@ async function compareWithReference(gpu: GpuContext, spec: TestModelSpec): Promi
         if (out.kind !== "ids") throw new TypeError(`${name}: the last stage returned hidden rows`);
         for (let t = 0; t < n; t++) {
           const { argmax, top } = argmaxTopK(logits.subarray(t * hp.V, (t + 1) * hp.V), 2);
-          if (exact || top[0].logit - top[1].logit > 2 * LOGIT_TOL) {
+          if (exact || top[0].logit - top[1].logit > 2 * LOGIT_TOL_RUN) {
             assert.equal(out.ids[t], argmax, `${name}: greedy id at position ${base + t}`);
             compared++;
           }
@@ -122,11 +129,11 @@ async function compareWithReference(gpu: GpuContext, spec: TestModelSpec): Promi
         out.top.forEach((e, i) => {
           const where = `${name}: position ${base + n - 1}, rank ${i}`;
           assert.ok(
-            Math.abs(e.logit - last[e.id]) <= LOGIT_TOL,
+            Math.abs(e.logit - last[e.id]) <= LOGIT_TOL_RUN,
             `${where}: id ${e.id} logit ${e.logit}, reference ${last[e.id]}`,
           );
           assert.ok(
-            Math.abs(e.logit - refTop.top[i].logit) <= LOGIT_TOL,
+            Math.abs(e.logit - refTop.top[i].logit) <= LOGIT_TOL_RUN,
             `${where}: logit ${e.logit}, reference's rank-${i} logit ${refTop.top[i].logit}`,
           );
         });
@@ -424,8 +431,10 @@ gpuTest(
         got.forEach((outs, s) =>
           outs.forEach((out, i) => sameBits(out, want[s][i], `slot ${s} stage ${i}`))
         );
-        // One step on each stage ran all five runs.
-        assert.deepEqual(steps, [maxBatch, maxBatch]);
+        // One step on each stage ran all five runs; with tensor cores one step ran the prompt
+        // runs' 14 rows, another the two decode rows.
+        const kinds = chain[0].tensorCores ? [2, 2, 14, 14] : [maxBatch, maxBatch];
+        assert.deepEqual(steps.sort((a, b) => a - b), kinds);
       } finally {
         closeAll(chain);
       }

@@ -19,6 +19,7 @@ import {
   MODEL_FLAG,
   requiredFlag,
   runCommand,
+  switchFlag,
   whole,
 } from "../lib/cli.ts";
 import { defaultSnapshots } from "../lib/scheduler/prefix_cache.ts";
@@ -41,6 +42,10 @@ export const PLAN = {
     "max-batch": flag(
       whole(1),
       `positions per run, as --max-batch (default ${DEFAULT_MAX_BATCH}, or the context if shorter)`,
+    ),
+    "tensor-cores": switchFlag(
+      "the stages run prompts on tensor cores (Dawn on a GPU with subgroup matrices; its start-up " +
+        "line lists them): count their f16 input scratch",
     ),
   },
 } satisfies Command<FlagTable>;
@@ -72,7 +77,13 @@ export async function planReport(flags: FlagValues<typeof PLAN.flags>): Promise<
     const { ctx, slots } = flags;
     // Omitted, the stages' own default: the plan must describe the processes as they will run.
     const snapshots = flags.snapshots ?? defaultSnapshots(ctx, slots);
-    const options = { ctx, slots, snapshots, maxBatch: flags["max-batch"] };
+    const options = {
+      ctx,
+      slots,
+      snapshots,
+      maxBatch: flags["max-batch"],
+      tensorCores: flags["tensor-cores"],
+    };
     const plans = flags.stages.map((span) => planStage(model, hp, span, options));
     return [
       ...plans.flatMap((p) => formatPlan(p, slots, snapshots, ctx)),

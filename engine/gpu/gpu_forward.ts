@@ -68,6 +68,7 @@ export interface Activations {
   readonly argmaxScratch: GPUBuffer; // argmax candidates of the first pass
   readonly top: GPUBuffer; // per top row: (k) (f32 bits, id) pairs, then the log-sum-exp
   readonly topScratch: GPUBuffer; // per-chunk top-k and log-sum-exp partials (topKScratchWords a row)
+  readonly mmaX: GPUBuffer; // tensor-core products' f16 input rows and scales (mmaScratchBytes)
 }
 
 /**
@@ -125,12 +126,37 @@ export interface ForwardPlan {
   readonly lmChunk: number;
   /** Where one slot's state follows another's in the state buffers. */
   readonly strides: StateStrides;
+  /**
+   * Tensor cores for prompt rows: "hardware" where the device has subgroup matrices, "emulate"
+   * (tests) to run their f16 path with the matrix operations in f32 code; undefined: none.
+   */
+  readonly mma?: "hardware" | "emulate";
 }
 
-/** A block's normed input: rows of h, or the residual rows x with the RMSNorm folded in. */
+/**
+ * How a step's products run: today's kernels (decode rows, or no tensor cores), or tensor cores
+ * for a prompt's rows (MulMatOptions.mma): f16 operands, a token's bits its own whatever its
+ * company, but not the bits today's kernels give it.
+ */
+interface Products {
+  readonly mma?: true;
+  readonly mmaEmulate?: true;
+}
+
+function productsOf(plan: ForwardPlan, prompt: boolean): Products {
+  if (!prompt || !plan.mma) return {};
+  return plan.mma === "emulate" ? { mma: true, mmaEmulate: true } : { mma: true };
+}
+
+/**
+ * A block's normed input: rows of h, or the residual rows x with the RMSNorm folded in; and the
+ * scratch its tensor-core products convert it in.
+ */
 interface Normed {
   readonly x: GPUBuffer;
   readonly norm?: RmsNormInput;
+  readonly mmaX: GPUBuffer;
+  readonly pm: Products;
 }
 
 /**
@@ -138,11 +164,19 @@ interface Normed {
  * kernels run (a few rows; _include/rms.wgsl gives both the same bits), else written to h by a
  * dispatch.
  */
-function normed(enc: StepEncoder, plan: ForwardPlan, w: GPUBuffer, T: number): Normed {
+function normed(
+  enc: StepEncoder,
+  plan: ForwardPlan,
+  w: GPUBuffer,
+  T: number,
+  pm: Products,
+): Normed {
   const { act, hp } = plan;
-  if (T <= DECODE_MAX_TOKENS) return { x: act.x, norm: { w, eps: hp.eps } };
+  if (T <= DECODE_MAX_TOKENS && !pm.mma) {
+    return { x: act.x, norm: { w, eps: hp.eps }, mmaX: act.mmaX, pm };
+  }
   rmsNorm(enc, { x: act.x, w, y: act.h }, { n: hp.D, rows: T, eps: hp.eps });
-  return { x: act.h };
+  return { x: act.h, mmaX: act.mmaX, pm };
 }
 
 /** y[offsets] = W·h for every projection writing into one row of `width`. */
@@ -157,8 +191,9 @@ function project(
   for (const p of projections) {
     // A conv epilogue goes to the parts that hold conv channels (the columns below its channels).
     const conv = o.conv && p.offset < o.conv.channels ? o.conv : undefined;
-    mulMat(enc, { w: p.w, x: h.x, y }, {
+    mulMat(enc, { w: p.w, x: h.x, y, mmaX: h.mmaX }, {
       ...o,
+      ...h.pm,
       conv,
       norm: h.norm,
       yOffset: p.offset,
@@ -233,7 +268,7 @@ function deltaNetBlock(
   // (a lone decode step's in the projections' epilogue), per sequence or per run of one-token
   // sequences
   const { strides } = plan;
-  if (T === 1) {
+  if (T === 1 && !h.pm.mma) {
     const state = stateOf(seqs[0], il, "deltanet");
     const conv = {
       w: w.conv,
@@ -295,7 +330,7 @@ function deltaNetBlock(
     );
   }
   // out_proj, residual
-  mulMat(enc, { w: w.out, x: act.o, y: act.x }, { tokens: T, add: true });
+  mulMat(enc, { w: w.out, x: act.o, y: act.x, mmaX: act.mmaX }, { tokens: T, add: true, ...h.pm });
 }
 
 /** Gated full attention on h, each sequence at its positions, added into x (docs/model_arch.md §4.5). */
@@ -359,7 +394,7 @@ function attentionBlock(
     });
   }
   // o_proj, residual
-  mulMat(enc, { w: w.out, x: act.o, y: act.x }, { tokens: T, add: true });
+  mulMat(enc, { w: w.out, x: act.o, y: act.x, mmaX: act.mmaX }, { tokens: T, add: true, ...h.pm });
 }
 
 /** Routed experts + sigmoid-gated shared expert on h, added into x (docs/model_arch.md §4.7). */
@@ -368,20 +403,22 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
   const { E, Ku, Fe, Fs } = hp;
   // router logits and the shared expert's gate logit (with a decode step's shared gate|up in
   // the same dispatch where they pair); softmax, top-k, renormalise
-  const paired = w.router.length === 1 && w.sharedGateUp.length === 1 && mulMatPair(enc, {
-    w: w.sharedGateUp[0].w,
-    w2: w.router[0].w,
-    x: h.x,
-    y: act.sharedGateUp,
-    y2: act.router,
-  }, {
-    tokens: T,
-    norm: h.norm,
-    yOffset: w.sharedGateUp[0].offset,
-    yStrideT: 2 * Fs,
-    y2Offset: w.router[0].offset,
-    y2StrideT: E + 1,
-  });
+  const pm = h.pm;
+  const paired = !pm.mma && w.router.length === 1 && w.sharedGateUp.length === 1 &&
+    mulMatPair(enc, {
+      w: w.sharedGateUp[0].w,
+      w2: w.router[0].w,
+      x: h.x,
+      y: act.sharedGateUp,
+      y2: act.router,
+    }, {
+      tokens: T,
+      norm: h.norm,
+      yOffset: w.sharedGateUp[0].offset,
+      yStrideT: 2 * Fs,
+      y2Offset: w.router[0].offset,
+      y2StrideT: E + 1,
+    });
   if (!paired) project(enc, w.router, h, act.router, E + 1, { tokens: T });
   moeRoute(enc, { logits: act.router, ids: act.route, weights: act.routeW }, {
     experts: E,
@@ -390,10 +427,11 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
     logitsStride: E + 1,
     sharedGate: true,
   });
-  // prefill: the (token, rank) slots grouped by expert, so weights are read once per token tile
+  // prefill (and every tensor-core run): the (token, rank) slots grouped by expert, so weights
+  // are read once per token tile
   let ids = act.route;
   let tiles: number | undefined;
-  const decode = T <= DECODE_MAX_TOKENS;
+  const decode = T <= DECODE_MAX_TOKENS && !pm.mma;
   if (!decode) {
     moeGather(enc, { ids: act.route, table: act.gather }, {
       slots: T * Ku,
@@ -405,7 +443,8 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
   }
   // each token's experts: [gate | up]
   for (const p of w.gateUp) {
-    mulMat(enc, { w: p.w, x: h.x, y: act.gateUp, ids }, {
+    mulMat(enc, { w: p.w, x: h.x, y: act.gateUp, ids, mmaX: act.mmaX }, {
+      ...pm,
       tokens: T,
       norm: h.norm,
       nUsed: Ku,
@@ -417,7 +456,7 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
   }
   if (!paired) project(enc, w.sharedGateUp, h, act.sharedGateUp, 2 * Fs, { tokens: T });
   const down = { xStrideT: Ku * 2 * Fe, xStrideI: 2 * Fe, upOffset: Fe, swiglu: true };
-  const sharedDown = { tokens: T, xStrideT: 2 * Fs, upOffset: Fs, swiglu: true };
+  const sharedDown = { tokens: T, xStrideT: 2 * Fs, upOffset: Fs, swiglu: true, ...pm };
   if (decode) {
     // down of silu(gate)·up per expert; then the shared expert's down, whose epilogue adds
     // Σ weight·expert in rank order + gate·shared to the residual
@@ -433,7 +472,11 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
     return;
   }
   // shared expert; down of silu(gate)·up; Σ weight·expert in rank order + gate·shared, residual
-  mulMat(enc, { w: w.sharedDown, x: act.sharedGateUp, y: act.sharedOut }, sharedDown);
+  mulMat(
+    enc,
+    { w: w.sharedDown, x: act.sharedGateUp, y: act.sharedOut, mmaX: act.mmaX },
+    sharedDown,
+  );
   moeDownSum(enc, {
     w: w.down,
     x: act.gateUp,
@@ -442,7 +485,8 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
     shared: act.sharedOut,
     o: act.expertOut,
     y: act.x,
-  }, { ...down, tokens: T, nUsed: Ku, gatherTiles: tiles });
+    mmaX: act.mmaX,
+  }, { ...down, tokens: T, nUsed: Ku, gatherTiles: tiles, ...pm });
 }
 
 /** Dense SwiGLU FFN on h, added into x (qwen35). */
@@ -455,7 +499,8 @@ function denseBlock(
 ): void {
   const { F } = plan.hp;
   project(enc, w.gateUp, h, plan.act.gateUp, 2 * F, { tokens: T });
-  mulMat(enc, { w: w.down, x: plan.act.gateUp, y: plan.act.x }, {
+  mulMat(enc, { w: w.down, x: plan.act.gateUp, y: plan.act.x, mmaX: plan.act.mmaX }, {
+    ...h.pm,
     tokens: T,
     xStrideT: 2 * F,
     upOffset: F,
@@ -467,15 +512,18 @@ function denseBlock(
 /**
  * Records the owned blocks for the T rows of `seqs` (each sequence's rows at its positions
  * against its slot's state), starting from the token ids in act.ids from `idsOffset` (first
- * stage) or the hidden rows already in act.x.
+ * stage) or the hidden rows already in act.x. `prompt`: the rows are a prompt's, whose products
+ * run on tensor cores where plan.mma says so.
  */
 export function encodeLayers(
   enc: StepEncoder,
   plan: ForwardPlan,
   seqs: readonly StepSeq[],
   idsOffset = 0,
+  prompt = false,
 ): void {
   const { act, weights } = plan;
+  const pm = productsOf(plan, prompt);
   const T = seqs.reduce((n, s) => n + s.n, 0);
   // The sequence table the layers' multi-sequence dispatches read: entry i is seqs[i]'s.
   if (seqs.length > 1) {
@@ -488,12 +536,12 @@ export function encodeLayers(
   }
   weights.layers.forEach((lw, i) => {
     // a. pre-mixer RMSNorm
-    const h = normed(enc, plan, lw.attnNorm, T);
+    const h = normed(enc, plan, lw.attnNorm, T, pm);
     // b, c. token mixer, residual
     if (lw.mixer.kind === "deltanet") deltaNetBlock(enc, plan, lw.mixer, seqs, i, h, T);
     else attentionBlock(enc, plan, lw.mixer, seqs, i, h, T);
     // d. pre-FFN RMSNorm (post_attention_norm)
-    const h2 = normed(enc, plan, lw.postNorm, T);
+    const h2 = normed(enc, plan, lw.postNorm, T, pm);
     // e, f. MoE or dense SwiGLU, residual
     if (lw.ffn.kind === "moe") moeBlock(enc, plan, lw.ffn, h2, T);
     else denseBlock(enc, plan, lw.ffn, h2, T);
@@ -528,6 +576,8 @@ export interface StepHead {
   readonly topk: number;
   /** Greedy id of rows[i] at element offset + i. */
   readonly greedy: { readonly buffer: GPUBuffer; readonly offset: number };
+  /** The rows are a prompt's: the LM head runs on tensor cores where plan.mma says so. */
+  readonly prompt?: boolean;
 }
 
 /** A stage's activation rows (act.x, act.h) as an F32 table, for gathering rows with getRows. */
@@ -572,8 +622,9 @@ export function encodeHead(enc: StepEncoder, plan: ForwardPlan, head: StepHead):
     base = 0;
   }
   // A few rows fold the norm into their products (reading src), else every row is normed into
-  // h from row 0; either way with the bits a prefill's normed row gets.
-  const folded = R <= DECODE_MAX_TOKENS;
+  // h from row 0; either way with the bits a prefill's normed row gets. Tensor cores never fold.
+  const pm = productsOf(plan, !!head.prompt);
+  const folded = R <= DECODE_MAX_TOKENS && !pm.mma;
   if (!folded) {
     rmsNorm(enc, { x: src, w: weights.outputNorm, y: act.h }, {
       n: D,
@@ -594,7 +645,8 @@ export function encodeHead(enc: StepEncoder, plan: ForwardPlan, head: StepHead):
   );
   for (let c0 = 0; c0 < R; c0 += plan.lmChunk) {
     const rows = Math.min(plan.lmChunk, R - c0);
-    mulMat(enc, { w: weights.output, x: folded ? src : act.h, y: act.logits }, {
+    mulMat(enc, { w: weights.output, x: folded ? src : act.h, y: act.logits, mmaX: act.mmaX }, {
+      ...pm,
       tokens: rows,
       norm: folded ? { w: weights.outputNorm, eps: hp.eps } : undefined,
       xOffset: ((folded ? base : 0) + c0) * D,

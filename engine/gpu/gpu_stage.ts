@@ -42,6 +42,7 @@ import {
   checkLogits,
   checkOpen,
   checkOpenOptions,
+  checkRows,
   checkRun,
   checkSlot,
   checkSnapshot,
@@ -71,10 +72,16 @@ export interface GpuStageOptions extends StageOpenOptions {
   /** Times every dispatch of every run (bench/profile.ts); collect it after each run. */
   readonly dispatchProfiler?: DispatchProfiler;
   /**
-   * Greedy one-token runs of several slots share a step (default: where an awaited map costs
-   * less than SHARE_MAX_MAP_FLOOR_MS).
+   * Runs of several slots share a step (default: where an awaited map costs less than
+   * SHARE_MAX_MAP_FLOOR_MS, or from SHARE_MIN_SLOTS_SLOW_MAPS active slots).
    */
   readonly shareSteps?: boolean;
+  /**
+   * Where the device has no tensor cores, run prompt rows through their path anyway with the
+   * matrix operations emulated in f32 code (tests of its numerics and invariance on any device;
+   * slow). Default: TANDEM_MMA=emulate.
+   */
+  readonly emulateTensorCores?: boolean;
 }
 
 /** Where one run's time went. */
@@ -113,9 +120,9 @@ export function activationFloats(
   hp: HParams,
   T: number,
   slots: number,
-  lmChunk: number,
-  attnPartFloats: number,
+  shape: { readonly lmChunk: number; readonly attnPartFloats: number; readonly mmaFloats: number },
 ): Record<keyof Activations, readonly [string, number]> {
+  const { lmChunk, attnPartFloats, mmaFloats } = shape;
   const { D, Hq, Hkv, Dh, C, Nv, Dv, E, Ku, Fe, Fs, F, V } = hp;
   // Runs a step may carry, each with its own adjustments and candidates.
   const runs = Math.min(slots, T);
@@ -149,6 +156,7 @@ export function activationFloats(
     argmaxScratch: ["argmax scratch", argmaxScratchWords(lmChunk)],
     top: ["top-k", runs * topKWords(MAX_TOPK)],
     topScratch: ["top-k scratch", topKScratchWords(V, MAX_TOPK)],
+    mmaX: ["tensor-core inputs", mmaFloats],
   };
 }
 
@@ -158,7 +166,8 @@ export function activationShape(
   span: { readonly first: number; readonly end: number },
   ctx: number,
   maxBatch: number,
-): { lmChunk: number; attnPartFloats: number } {
+  tensorCores = false,
+): { lmChunk: number; attnPartFloats: number; mmaFloats: number } {
   // Where the logits budget splits a run, chunks of whole token tiles of the LM head's product:
   // a chunk of 67 positions would run a second tile of 3 over every row of the vocabulary.
   const fit = Math.max(1, Math.min(maxBatch, Math.floor(LOGITS_BYTES / (4 * hp.V))));
@@ -167,7 +176,18 @@ export function activationShape(
   const attnPartFloats = attention
     ? attentionPartialFloats({ hq: hp.Hq, dh: hp.Dh, ctx, maxBatch })
     : 0;
-  return { lmChunk, attnPartFloats };
+  return { lmChunk, attnPartFloats, mmaFloats: tensorCores ? mmaScratchFloats(hp, maxBatch) : 1 };
+}
+
+/**
+ * f32s of the tensor-core products' input scratch for runs of T positions (mmaScratchBytes of
+ * engine/gpu/kernels/mul_mat_mma.ts for the largest: T rows of the widest input, or the experts'
+ * down over T·Ku rank rows), with its scales aligned to WebGPU's largest storage offset alignment.
+ */
+function mmaScratchFloats(hp: HParams, T: number): number {
+  const bytes = (rows: number, k: number) => Math.ceil((4 * rows) / 256) * 256 + 2 * rows * k;
+  const widest = Math.max(hp.D, hp.Hq * hp.Dh, hp.Nv * hp.Dv, hp.F, hp.Fs);
+  return Math.ceil(Math.max(bytes(T, widest), bytes(T * hp.Ku, hp.Fe)) / 4);
 }
 
 function allocActivations(
@@ -272,6 +292,8 @@ interface StepRun {
   readonly slot: number;
   readonly base: number;
   readonly n: number;
+  /** The rows are a prompt's (engine/stage.ts RowKind). */
+  readonly prompt: boolean;
   readonly k: number;
   readonly logits: LogitPositions;
   /** Words of its mask and records of its biases. */
@@ -281,8 +303,9 @@ interface StepRun {
 
 /** What a step's recording depends on besides its slots' state: its runs, in row order. */
 function stepKey(runs: readonly StepRun[]): string {
-  return runs.map((r) => `${r.slot}@${r.base}+${r.n} ${r.logits} ${r.k} ${r.words} ${r.pairs}`)
-    .join(" | ");
+  return runs.map((r) =>
+    `${r.slot}@${r.base}+${r.n}${r.prompt ? "p" : ""} ${r.logits} ${r.k} ${r.words} ${r.pairs}`
+  ).join(" | ");
 }
 
 /**
@@ -449,6 +472,11 @@ export class GpuStage implements Stage {
     return this.#sets.length - this.slots;
   }
 
+  /** How prompt rows run their products: tensor cores ("hardware", "emulate") or not. */
+  get tensorCores(): ForwardPlan["mma"] {
+    return this.#plan.mma;
+  }
+
   /** What this stage holds on the GPU now, by part (deno task plan predicts these). */
   get memory(): StageMemory {
     return {
@@ -546,9 +574,13 @@ export class GpuStage implements Stage {
       const runs: Waiting[] = [];
       let rows = 0;
       let pairs = 0;
+      // With tensor cores a prompt's rows and generated tokens run different products: a step
+      // takes one kind (either kind's bits are the same in any company).
+      const kind = this.#plan.mma ? order[0].prompt : undefined;
       for (let i = 0; i < order.length;) {
         const w = order[i];
-        if (rows + w.n > this.maxBatch || pairs + w.pairs > STEP_BIAS_PAIRS) {
+        const other = kind !== undefined && w.prompt !== kind;
+        if (other || rows + w.n > this.maxBatch || pairs + w.pairs > STEP_BIAS_PAIRS) {
           i++;
           continue;
         }
@@ -601,7 +633,7 @@ export class GpuStage implements Stage {
     // The next token's step, encoded while the GPU runs this one: the id it embeds is written
     // before it is submitted, so only its position and what the head returns must match.
     if (n === 1 && base + 2 <= this.ctx) {
-      this.#encodeAhead(slot, () => this.#prepareStep([{ ...run, base: base + 1 }]));
+      this.#encodeAhead(slot, () => this.#prepareStep([{ ...run, base: base + 1, prompt: false }]));
     }
     return done;
   }
@@ -626,7 +658,7 @@ export class GpuStage implements Stage {
     const started = Math.min(...runs.map((w) => w.started));
     const done = this.#submit(1, () => step, started, submission(runs));
     // The next step as it comes if every run decodes one more token the same way.
-    const next = runs.map((w): StepRun => ({ ...w, base: w.base + w.n, n: 1 }));
+    const next = runs.map((w): StepRun => ({ ...w, base: w.base + w.n, n: 1, prompt: false }));
     if (next.every((w) => w.base + 1 <= this.ctx) && !this.#dispatchProfiler) {
       try {
         this.#aheadBatch = this.#prepareStep(next);
@@ -663,6 +695,7 @@ export class GpuStage implements Stage {
       slot,
       base,
       n,
+      prompt: checkRows(options, n) === "prompt",
       k: this.#last ? k : 0,
       logits: this.#last ? logits : "none",
       words: adjust?.mask?.length ?? 0,
@@ -725,7 +758,16 @@ export class GpuStage implements Stage {
     // Each step is submitted before the next is encoded.
     const prepare = (s: number) =>
       (s === 0 ? first : undefined) ?? this.#prepareFused(slot, base, s, steps, k);
-    const run = { slot, base, n: steps, k, logits: "all" as const, words: 0, pairs: 0 };
+    const run = {
+      slot,
+      base,
+      n: steps,
+      prompt: false,
+      k,
+      logits: "all" as const,
+      words: 0,
+      pairs: 0,
+    };
     const done = this.#submit(steps, prepare, started, submission([run]));
     this.#pos[slot] = base + steps;
     // The next call's first step, for a caller that goes on decoding this sequence.
@@ -831,7 +873,9 @@ export class GpuStage implements Stage {
     const stride = topk ? topKWords(topk) : 0;
     return {
       seqs,
-      head: R ? { rows, topk, greedy: { buffer: act.greedy, offset: 0 } } : undefined,
+      head: R
+        ? { rows, topk, greedy: { buffer: act.greedy, offset: 0 }, prompt: runs[0].prompt }
+        : undefined,
       outputs: R ? [[act.greedy, 0, 4 * R], [act.top, 0, 4 * tops * stride]] : [],
       read: (data) =>
         runs.map((r, i) => {
@@ -850,7 +894,7 @@ export class GpuStage implements Stage {
   #prepareStep(runs: readonly StepRun[]): Prepared {
     const { seqs, head, outputs } = this.#layout(runs);
     return this.#prepare(stepKey(runs), seqs, outputs, ALL_MARKS, (enc) => {
-      encodeLayers(enc, this.#plan, seqs);
+      encodeLayers(enc, this.#plan, seqs, 0, runs[0].prompt);
       if (head) encodeHead(enc, this.#plan, head);
     });
   }
@@ -1110,11 +1154,14 @@ export async function openGpuStage(
   const log = options.log ?? ((line: string) => console.error(line));
   const mem = new GpuMemory(gpu);
   try {
-    const { lmChunk, attnPartFloats } = activationShape(hp, { first, end }, ctx, maxBatch);
-    const act = allocActivations(
-      mem,
-      activationFloats(hp, maxBatch, slots, lmChunk, attnPartFloats),
-    );
+    const mma = gpu.features.subgroupMatrix
+      ? "hardware"
+      : options.emulateTensorCores ?? tensorCoresEmulatedByEnv()
+      ? "emulate"
+      : undefined;
+    const shape = activationShape(hp, { first, end }, ctx, maxBatch, mma !== undefined);
+    const { lmChunk } = shape;
+    const act = allocActivations(mem, activationFloats(hp, maxBatch, slots, shape));
     const sets = [
       ...allocStates(mem, hp, { first, end }, ctx, slots, "slot"),
       ...allocStates(mem, hp, { first, end }, ctx, snapshots, "snapshot"),
@@ -1126,7 +1173,7 @@ export async function openGpuStage(
     // recorded first against the weights' shapes, which need none of their bytes.
     const shapes = await loadStageWeights(mem, model, hp, { ...load, describe: true });
     const ahead = compileAhead(gpu, () => {
-      const described: ForwardPlan = { hp, first, weights: shapes, act, lmChunk, strides };
+      const described: ForwardPlan = { hp, first, weights: shapes, act, lmChunk, strides, mma };
       recordSteps(new StepEncoder(gpu, arena), described, sets.slice(0, slots), maxBatch);
     });
     const weights = await loadStageWeights(mem, model, hp, load);
@@ -1140,7 +1187,7 @@ export async function openGpuStage(
         formatBytes(stateTotal)
       }; activations for ${maxBatch} tokens: ${formatBytes(actBytes)}`,
     );
-    const plan: ForwardPlan = { hp, first, weights, act, lmChunk, strides };
+    const plan: ForwardPlan = { hp, first, weights, act, lmChunk, strides, mma };
     const used = await buildKernels(
       new StepEncoder(gpu, arena),
       plan,
@@ -1165,6 +1212,15 @@ export async function openGpuStage(
   }
 }
 
+/** TANDEM_MMA=emulate: GpuStageOptions.emulateTensorCores for every stage of the process. */
+function tensorCoresEmulatedByEnv(): boolean {
+  try {
+    return Deno.env.get("TANDEM_MMA") === "emulate";
+  } catch {
+    return false;
+  }
+}
+
 /**
  * How long a stage waits, once its weights are in, for kernels compiling ahead before it builds
  * the rest synchronously: Dawn under Deno was seen to leave async pipelines unresolved.
@@ -1181,8 +1237,11 @@ function recordSteps(
   slots: readonly (readonly GpuLayerState[])[],
   maxBatch: number,
 ): void {
-  const greedy = { buffer: plan.act.greedy, offset: 0 };
   const states = slots[0];
+  // With tensor cores a prompt's rows run their own products, at every length.
+  for (const prompt of plan.mma ? [false, true] : [false]) {
+    recordKind(enc, plan, states, maxBatch, prompt);
+  }
   // One token each of two slots of one buffer: the sequence-table variants.
   if (slots.length > 1 && maxBatch > 1 && slots[1][0]?.index === 1) {
     encodeLayers(enc, plan, [
@@ -1190,19 +1249,30 @@ function recordSteps(
       { states: slots[1], base: 0, row: 1, n: 1 },
     ]);
   }
+}
+
+/** Records steps of 1, 2 and maxBatch tokens of one kind, with their heads. */
+function recordKind(
+  enc: StepEncoder,
+  plan: ForwardPlan,
+  states: readonly GpuLayerState[],
+  maxBatch: number,
+  prompt: boolean,
+): void {
+  const greedy = { buffer: plan.act.greedy, offset: 0 };
   for (const T of new Set([1, Math.min(2, maxBatch), maxBatch])) {
-    encodeLayers(enc, plan, [{ states, base: 0, row: 0, n: T }]);
+    encodeLayers(enc, plan, [{ states, base: 0, row: 0, n: T }], 0, prompt);
     if (plan.weights.output) {
       // One word and one pair make logit_adjust record both of its passes.
       const adjust = { maskAt: 0, words: 1, biasAt: 0, pairs: 1 };
       const rows: HeadRow[] = Array.from({ length: T }, (_, row) => ({ row }));
       rows[T - 1] = { row: T - 1, top: true, adjust };
-      encodeHead(enc, plan, { rows, topk: 1, greedy });
+      encodeHead(enc, plan, { rows, topk: 1, greedy, prompt });
     }
   }
   // Rows of a shared step that are not one run of act.x are gathered first.
   if (plan.weights.output && maxBatch >= 3) {
-    encodeHead(enc, plan, { rows: [{ row: 0 }, { row: 2 }], topk: 1, greedy });
+    encodeHead(enc, plan, { rows: [{ row: 0 }, { row: 2 }], topk: 1, greedy, prompt });
   }
 }
 

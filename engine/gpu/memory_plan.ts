@@ -24,6 +24,8 @@ export interface PlanOptions {
   readonly snapshots: number;
   /** Positions per run; default the stage's own default. */
   readonly maxBatch?: number;
+  /** The device runs prompts on tensor cores (GpuFeatures.subgroupMatrix): their input scratch. */
+  readonly tensorCores?: boolean;
 }
 
 export interface StagePlan extends Omit<StageMemory, "total"> {
@@ -148,10 +150,9 @@ export function planStage(
     slotBytes += bytes;
   }
   const maxBatch = options.maxBatch ?? defaultMaxBatch(options.ctx);
-  const { lmChunk, attnPartFloats } = activationShape(hp, span, options.ctx, maxBatch);
-  const activations = Object.values(
-    activationFloats(hp, maxBatch, options.slots, lmChunk, attnPartFloats),
-  ).reduce((s, [, n]) => s + paddedSize(4 * n), 0);
+  const shape = activationShape(hp, span, options.ctx, maxBatch, options.tensorCores);
+  const activations = Object.values(activationFloats(hp, maxBatch, options.slots, shape))
+    .reduce((s, [, n]) => s + paddedSize(4 * n), 0);
   const weights = [...t.bytes.values()].reduce((s, n) => s + n, 0);
   const slotState = options.slots * slotBytes;
   const snapshots = options.snapshots * slotBytes;

@@ -206,10 +206,10 @@ export interface MulMatOptions {
   readonly pad?: boolean;
   /**
    * Run these tokens on tensor cores, whatever their count, where the device has subgroup
-   * matrices (GpuFeatures.subgroupMatrix; today's kernels otherwise): f16 weights and inputs, f32
-   * sums in one order, so a token's bits depend only on its rows, never on the run it is in. Needs
-   * b.mmaX and, for expert stacks, a gather table (gatherTiles); not with `norm`, `conv`,
-   * `moeSum`, `decode`, `tile` or `pad`.
+   * matrices (GpuFeatures.subgroupMatrix; today's kernels otherwise) and the weights are not F32:
+   * f16 weights and inputs, f32 sums in one order, so a token's bits depend only on its rows,
+   * never on the run it is in. Needs b.mmaX and, for expert stacks, a gather table (gatherTiles);
+   * not with `norm`, `conv`, `moeSum`, `decode`, `tile` or `pad`.
    */
   readonly mma?: boolean;
   /** Tensor-core products: the tile instead of mmaTileFor's (bench/kernels/prefill_mma.ts). */
@@ -304,7 +304,9 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
       `Cannot multiply by tensor "${w.name}": rows of ${w.cols} values are not a multiple of 32`,
     );
   }
-  if (o.mma && (enc.ctx.features.subgroupMatrix || o.mmaEmulate)) {
+  // F32 weights (the router, F32 models) keep their exact products: rounded to f16 they would
+  // move routing decisions and the F32 models' exact parity with llama.cpp.
+  if (o.mma && w.type !== GgmlType.F32 && (enc.ctx.features.subgroupMatrix || o.mmaEmulate)) {
     mulMatMma(enc, b, o);
     return;
   }
