@@ -508,10 +508,15 @@ export class Scheduler {
     // Only the prompt's last position is sampled from: earlier chunks skip the LM head, and the
     // last chunk computes the logits of its last position alone (as llama.cpp does). Chunks are
     // shorter while other sequences run beside this one: they share its steps.
+    // A resumed sequence replays its generated tokens as the kind of rows they were generated
+    // as, so that the tokens after them get the bits they would have got (engine/stage.ts
+    // RowKind): chunks never straddle the prompt's end.
     while (pos < tokens.length) {
       const chunk = this.#running.size > 1 ? Math.min(full, this.#prefillChunk) : full;
       let end = Math.min(pos + chunk, tokens.length);
       if (boundary !== undefined && pos < boundary && end > boundary) end = boundary;
+      if (pos < prompt.length && end > prompt.length) end = prompt.length;
+      const rows = pos < prompt.length ? "prompt" : "decode";
       const last = end === tokens.length;
       out = await this.#forward(
         seq,
@@ -519,8 +524,8 @@ export class Scheduler {
         Uint32Array.from(tokens.slice(pos, end)),
         pos,
         last
-          ? { topk, adjust: await seq.adjust(end, this.ctx), logits: "last" }
-          : { logits: "none" },
+          ? { topk, adjust: await seq.adjust(end, this.ctx), logits: "last", rows }
+          : { logits: "none", rows },
       );
       pos = end;
       if (pos === boundary) await this.#savePrefix(seq, slot, prompt.slice(0, pos));
@@ -557,6 +562,7 @@ export class Scheduler {
         topk,
         adjust: await seq.adjust(pos + 1, this.ctx),
         logits: "last",
+        rows: "decode",
       });
       pos++;
       id = seq.pick(out.ids[out.ids.length - 1], out.top);
