@@ -14,6 +14,7 @@ import {
   layerRange,
   listOf,
   MODEL_FLAG,
+  SILENCE_FLAG,
   switchFlag,
   text,
   UsageError,
@@ -74,6 +75,7 @@ export const HEAD = {
       "seconds a stream waits for a failed worker to come back, then resumes or fails",
       30,
     ),
+    "silence-s": SILENCE_FLAG,
     ...ENGINE_FLAGS,
   },
 } satisfies Command<FlagTable>;
@@ -136,6 +138,7 @@ export async function serveHead(flags: FlagValues<typeof HEAD.flags>): Promise<v
     },
     modelId: flags["model-id"],
     restartGraceMs: flags["restart-grace-s"] * 1000,
+    silenceMs: flags["silence-s"] * 1000,
   });
   const stop = Promise.withResolvers<void>();
   Deno.addSignalListener("SIGINT", () => stop.resolve());

@@ -9,6 +9,7 @@ import { deadline } from "./deadline.ts";
 import { AuthMode, ErrorCode, type Frame, type HelloInfo, MAGIC, magicName, Op } from "./frame.ts";
 import { FrameReader, writeFrame } from "./frame_stream.ts";
 import { freshNonce, NO_PROOF, verifyClientProof, workerProof } from "./hello.ts";
+import { FrameWriter } from "./liveness.ts";
 import { StageUnavailableError } from "./peer.ts";
 import type { RemoteStage } from "./remote_stage.ts";
 
@@ -354,12 +355,15 @@ export function serveStage(
     const who = nameOf(conn);
     /** The next frame being read, while it is. */
     let reading: Promise<Frame | null> | undefined;
+    let writer: FrameWriter | undefined;
     try {
       await options.next?.connect();
       const proof = options.key
         ? await workerProof(options.key, nonces.nonceC, nonces.nonceS, info)
         : NO_PROOF;
-      await writeFrame(conn, { op: Op.Hello, info, proof });
+      // From the hello on, ALIVE goes out whenever nothing else has for a while (liveness.ts).
+      writer = new FrameWriter(conn);
+      await writer.send({ op: Op.Hello, info, proof });
       log(`${who} connected`);
       const session: Session = { seen: new Array(info.slots).fill(0), saved: new Map() };
       /** Answers not yet written, in request order. */
@@ -371,7 +375,7 @@ export function serveStage(
           log(`${who} closed`);
           return false;
         }
-        await writeFrame(conn, frame);
+        await writer!.send(frame);
         return true;
       };
       while (true) {
@@ -386,8 +390,13 @@ export function serveStage(
         }
         const next = reading!;
         reading = undefined;
-        const frame = await next;
+        // Requests read before the end of the input, or before a bad frame, are answered first.
+        const frame = await next.catch(async (e) => {
+          while (answering.length) if (!await reply()) return null;
+          throw e;
+        });
         if (frame === null) {
+          while (answering.length) if (!await reply()) return;
           log(`${who} went away`);
           return;
         }
@@ -402,8 +411,11 @@ export function serveStage(
         if (alone && !await reply()) return;
       }
     } catch (e) {
+      // The refusal is written after the frames queued before it, and no ALIVE follows it.
+      await writer?.stop();
       await fail(conn, who, e, reading !== undefined);
     } finally {
+      await writer?.stop();
       options.next?.disconnect();
       closeQuietly(conn);
     }
