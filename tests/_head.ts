@@ -1,6 +1,7 @@
 // Test helpers for the head: a head on the tiny model (CPU reference stages, a free port), SSE
-// parsing, JSON posting. Used by tests/http_*_test.ts, tests/sdk_*_test.ts, tests/server_*_test.ts.
+// parsing, JSON posting, /metrics samples. Used by tests/http_*, tests/sdk_*, tests/server_*.
 
+import assert from "node:assert/strict";
 import { type HeadOptions, type RunningHead, startHead } from "../lib/server/head.ts";
 import type { ProviderChoice } from "../engine/gpu/provider.ts";
 import { ignore as noGpu } from "./_gpu.ts";
@@ -127,4 +128,30 @@ export async function waitFor(check: () => boolean | Promise<boolean>, ms = 5000
     if (performance.now() > until) throw new Error(`Condition not met within ${ms} ms`);
     await new Promise((r) => setTimeout(r, 20));
   }
+}
+
+/** Reads `res` until its body holds `count` matches of `pattern`, then calls `then` and reads the rest. */
+export async function readAround(
+  res: Response,
+  pattern: RegExp,
+  count: number,
+  then: () => Promise<void>,
+): Promise<string> {
+  const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
+  let text = "";
+  while ((text.match(pattern) ?? []).length < count) {
+    const { done, value } = await reader.read();
+    if (done) throw new Error(`the stream ended before ${count} ${pattern}:\n${text}`);
+    text += value;
+  }
+  await then();
+  for (let r = await reader.read(); !r.done; r = await reader.read()) text += r.value;
+  return text;
+}
+
+/** The value of the first /metrics sample whose line starts with `name` (labels included). */
+export function metric(text: string, name: string): number {
+  const line = text.split("\n").find((l) => l.startsWith(name));
+  assert.ok(line, `no ${name} in /metrics`);
+  return Number(line.split(" ").at(-1));
 }
