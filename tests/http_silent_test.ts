@@ -126,6 +126,11 @@ function comparable(body: string): string {
   return comparableSse(sse);
 }
 
+/** What the head logged but the /metrics polls: for the messages of failed assertions. */
+function logOf(head: TestHead): string {
+  return head.lines.filter((l) => !l.includes(" GET /metrics ")).join("\n");
+}
+
 async function stageUp(head: TestHead): Promise<number> {
   return metric(await (await fetch(`${head.url}/metrics`)).text(), "tandem_stage_up");
 }
@@ -176,7 +181,7 @@ async function assertRidesOut(
 ): Promise<void> {
   const want = await references();
   const done = await cutMidStream(head, cut);
-  assert.ok(done.noticedMs < NOTICE_MS, `noticed after ${done.noticedMs} ms`);
+  assert.ok(done.noticedMs < NOTICE_MS, `noticed after ${done.noticedMs} ms:\n${logOf(head)}`);
   const health = await fetch(`${head.url}/health`);
   assert.equal(health.status, 503);
   const stage = (await health.json()).stages[1];
@@ -266,8 +271,13 @@ Deno.test("a worker stopped past the grace: each request ends with its API's err
     const want = await (await post(`${head.url}${story.path}`, story.body)).text();
     const cut = await cutMidStream(head, () => w.child.kill("SIGSTOP"));
     const [anthropic, openai, llama, buffered] = await cut.replies;
+    // Noticed (within 3 s), then the grace: not the minutes they used to hang. The slack is for
+    // a loaded box, where this side's own stalls restart the silence clock.
     const endedMs = performance.now() - cut.cutAt;
-    assert.ok(endedMs < NOTICE_MS + graceMs + 1000, `the requests ended after ${endedMs} ms`);
+    assert.ok(
+      endedMs < NOTICE_MS + graceMs + 3000,
+      `the requests ended after ${endedMs} ms:\n${logOf(head)}`,
+    );
 
     const frames = parseSse(anthropic.body);
     assert.ok(streamedText(frames).length > 0, "the tokens before the stop were sent");
@@ -285,7 +295,7 @@ Deno.test("a worker stopped past the grace: each request ends with its API's err
     // Back: the very next request is served, and /health says so.
     w.child.kill("SIGCONT");
     const again = await post(`${head.url}${story.path}`, story.body);
-    assert.equal(again.status, 200);
+    assert.equal(again.status, 200, `${await again.clone().text()}\n${logOf(head)}`);
     assert.equal(streamedText(parseSse(await again.text())), streamedText(parseSse(want)));
     assert.equal((await fetch(`${head.url}/health`)).status, 200);
   } finally {

@@ -228,6 +228,8 @@ export class StageLink {
         const left = until - performance.now();
         if (!(e instanceof StageUnavailableError) || left <= 0) throw e;
         await sleep(Math.min(delay, left), signal);
+        // A wait that used up the grace ends here: no attempt starts past `until`.
+        if (performance.now() >= until) throw e;
         delay = Math.min(delay * 2, this.#maxBackoff);
       }
     }
