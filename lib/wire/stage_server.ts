@@ -390,12 +390,16 @@ export function serveStage(
         }
         const next = reading!;
         reading = undefined;
-        // Requests read before the end of the input, or before a bad frame, are answered first.
-        const frame = await next.catch(async (e) => {
-          while (answering.length) if (!await reply()) return null;
+        let frame: Frame | null;
+        try {
+          frame = await next;
+        } catch (e) {
+          // The requests read before a bad frame are answered before the refusal,
+          while (answering.length) if (!await reply()) return;
           throw e;
-        });
+        }
         if (frame === null) {
+          // and those read before the end of the input before the close.
           while (answering.length) if (!await reply()) return;
           log(`${who} went away`);
           return;
