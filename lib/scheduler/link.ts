@@ -44,7 +44,7 @@ const HEARTBEAT_MS = 250;
  * answers a new connection in a few round trips, while a silent one would hold the check for the
  * whole connect timeout. Past it, the check reports what the link knows.
  */
-export const HEALTH_WAIT_MS = 1000;
+const HEALTH_WAIT_MS = 1000;
 
 /** Resolves after `ms`, or rejects with the signal's reason when it aborts first. */
 function sleep(ms: number, signal?: AbortSignal): Promise<void> {

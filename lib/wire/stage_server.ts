@@ -98,7 +98,7 @@ const BUSY_GRACE_MS = 1000;
  * could not cross): a live head PINGs an idle worker every second or so. An authenticated
  * newcomer takes its place instead of being refused as busy until TCP gives up, minutes later.
  */
-export const LOST_CLIENT_MS = 5000;
+const LOST_CLIENT_MS = 5000;
 /** Authenticated newcomers waiting at once; more are refused as busy straight away. */
 const MAX_WAITING = 8;
 
