@@ -14,6 +14,7 @@ import {
   layerRange,
   listOf,
   MODEL_FLAG,
+  SILENCE_FLAG,
   switchFlag,
   text,
   UsageError,
@@ -82,6 +83,7 @@ export const HEAD = {
       "seconds a stream waits for a failed worker to come back, then resumes or fails",
       30,
     ),
+    "silence-s": SILENCE_FLAG,
     ...ENGINE_FLAGS,
   },
 } satisfies Command<FlagTable>;
@@ -154,6 +156,7 @@ export async function serveHead(
     },
     modelId: flags["model-id"],
     restartGraceMs: flags["restart-grace-s"] * 1000,
+    silenceMs: flags["silence-s"] * 1000,
   });
   const stop = Promise.withResolvers<void>();
   Deno.addSignalListener("SIGINT", () => stop.resolve());

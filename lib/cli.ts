@@ -9,6 +9,7 @@
 import { parseArgs } from "node:util";
 import { PROVIDER_CHOICES } from "../engine/gpu/provider.ts";
 import { BACKENDS, type EngineChoice } from "../engine/open_stage.ts";
+import { DEFAULT_SILENCE_MS, MIN_SILENCE_MS } from "./wire/liveness.ts";
 import { parseAddress } from "./wire/peer.ts";
 
 /** How a flag's text becomes its value; `parse` throws an Error whose message says what fits. */
@@ -168,6 +169,14 @@ export const address: Kind<string> = {
 export const MODEL_FLAG = requiredFlag(
   text("PATH"),
   "the GGUF file (the first shard of a split model)",
+);
+
+/** How long the next stage may send nothing, for the head and a worker with --next. */
+export const SILENCE_FLAG = flag(
+  decimal(MIN_SILENCE_MS / 1000, 3600),
+  "seconds --next may send nothing (no reply, no sign of life) before it counts as down and " +
+    "what it was running fails over (docs/DEPLOY.md)",
+  DEFAULT_SILENCE_MS / 1000,
 );
 
 /** The engine flags of every command that opens a stage (engine/open_stage.ts). */

@@ -1,6 +1,7 @@
 // Test helpers for the head: a head on the tiny model (CPU reference stages, a free port), SSE
-// parsing, JSON posting. Used by tests/http_*_test.ts, tests/sdk_*_test.ts, tests/server_*_test.ts.
+// parsing, JSON posting, /metrics samples. Used by tests/http_*, tests/sdk_*, tests/server_*.
 
+import assert from "node:assert/strict";
 import { type HeadOptions, type RunningHead, startHead } from "../lib/server/head.ts";
 import type { ProviderChoice } from "../engine/gpu/provider.ts";
 import { ignore as noGpu } from "./_gpu.ts";
@@ -78,7 +79,8 @@ export function parseSse(text: string): SseFrame[] {
 
 /**
  * A streamed body as comparable text: one line per frame, without what may differ between two
- * runs of the same request (random ids, the creation second, keep-alive pings).
+ * runs of the same request (random ids, the creation second, llama.cpp's timings, keep-alive
+ * pings).
  */
 export function comparableSse(body: string): string {
   return parseSse(body)
@@ -88,6 +90,7 @@ export function comparableSse(body: string): string {
         .replace(/"(msg|toolu)_[0-9A-Za-z]{24}"/g, '"$1_ID"')
         .replace(/"chatcmpl-[0-9A-Za-z]{24}"/g, '"chatcmpl-ID"')
         .replace(/"created":\d+/g, '"created":0')
+        .replace(/"timings":\{[^}]*\}/g, '"timings":{}')
     )
     .join("\n");
 }
@@ -127,4 +130,78 @@ export async function waitFor(check: () => boolean | Promise<boolean>, ms = 5000
     if (performance.now() > until) throw new Error(`Condition not met within ${ms} ms`);
     await new Promise((r) => setTimeout(r, 20));
   }
+}
+
+/** Reads `res` until its body holds `count` matches of `pattern`, then calls `then` and reads the rest. */
+export async function readAround(
+  res: Response,
+  pattern: RegExp,
+  count: number,
+  then: () => Promise<void>,
+): Promise<string> {
+  const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
+  let text = "";
+  while ((text.match(pattern) ?? []).length < count) {
+    const { done, value } = await reader.read();
+    if (done) throw new Error(`the stream ended before ${count} ${pattern}:\n${text}`);
+    text += value;
+  }
+  await then();
+  for (let r = await reader.read(); !r.done; r = await reader.read()) text += r.value;
+  return text;
+}
+
+/** The value of the first /metrics sample whose line starts with `name` (labels included). */
+export function metric(text: string, name: string): number {
+  const line = text.split("\n").find((l) => l.startsWith(name));
+  assert.ok(line, `no ${name} in /metrics`);
+  return Number(line.split(" ").at(-1));
+}
+
+/**
+ * `streams` llama.cpp /completion streams at once, each of `tokens` greedy tokens whatever it
+ * generates (end of generation ignored), each from its own prompt: their bodies, and every
+ * token over the time from the first request to the last stream's end.
+ */
+export async function concurrentStreams(
+  url: string,
+  streams: number,
+  tokens: number,
+): Promise<{ readonly bodies: string[]; readonly tokensPerSecond: number }> {
+  const t0 = performance.now();
+  const bodies = await Promise.all(
+    Array.from({ length: streams }, async (_, i) => {
+      const res = await post(`${url}/completion`, {
+        prompt: `Story number ${i}:`,
+        n_predict: tokens,
+        ignore_eos: true,
+        temperature: 0,
+        seed: 1,
+        stream: true,
+      });
+      assert.equal(res.status, 200);
+      return await res.text();
+    }),
+  );
+  const seconds = (performance.now() - t0) / 1000;
+  return { bodies, tokensPerSecond: streams * tokens / seconds };
+}
+
+/**
+ * One stream's and two streams' aggregate tokens per second (concurrentStreams), `rounds` times
+ * each, alternating, so that load from elsewhere falls on both alike; after one unmeasured round.
+ */
+export async function streamRates(
+  url: string,
+  rounds: number,
+  tokens: number,
+): Promise<{ readonly one: number[]; readonly two: number[] }> {
+  await concurrentStreams(url, 2, 4);
+  const one: number[] = [];
+  const two: number[] = [];
+  for (let r = 0; r < rounds; r++) {
+    one.push((await concurrentStreams(url, 1, tokens)).tokensPerSecond);
+    two.push((await concurrentStreams(url, 2, tokens)).tokensPerSecond);
+  }
+  return { one, two };
 }

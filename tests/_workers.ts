@@ -205,7 +205,10 @@ export interface RawClient {
   /** The worker's HELLO. */
   readonly hello: Frame;
   send(bytes: Uint8Array): Promise<void>;
-  /** The next frame from the worker, null when it closed the connection. */
+  /**
+   * The next frame from the worker but its ALIVEs (signs of life that may come between any two),
+   * null when it closed the connection.
+   */
   next(): Promise<Frame | null>;
   close(): void;
 }
@@ -231,7 +234,12 @@ export async function rawClient(address: string): Promise<RawClient> {
     reader,
     hello,
     send: (bytes) => writeAll(conn, bytes),
-    next: () => reader.readFrame(frameLimits),
+    async next() {
+      for (;;) {
+        const frame = await reader.readFrame(frameLimits);
+        if (frame?.op !== Op.Alive) return frame;
+      }
+    },
     close() {
       try {
         conn.close();

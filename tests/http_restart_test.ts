@@ -2,7 +2,16 @@
 // quick restart is invisible to the next request, /metrics and /health see an idle death in 2 s.
 
 import assert from "node:assert/strict";
-import { comparableSse, post, startTestHead, type TestHead, tinyModel, waitFor } from "./_head.ts";
+import {
+  comparableSse,
+  metric,
+  post,
+  readAround,
+  startTestHead,
+  type TestHead,
+  tinyModel,
+  waitFor,
+} from "./_head.ts";
 import { freePort, startWorker, type WorkerProcess } from "./_workers.ts";
 
 const modelPath = await tinyModel();
@@ -38,31 +47,6 @@ const sampled = {
   stream: true,
   messages: [{ role: "user", content: "Write a poem" }],
 };
-
-/** Reads `res` until its body holds `count` matches of `pattern`, then calls `then` and reads the rest. */
-async function readAround(
-  res: Response,
-  pattern: RegExp,
-  count: number,
-  then: () => Promise<void>,
-): Promise<string> {
-  const reader = res.body!.pipeThrough(new TextDecoderStream()).getReader();
-  let text = "";
-  while ((text.match(pattern) ?? []).length < count) {
-    const { done, value } = await reader.read();
-    if (done) throw new Error(`the stream ended before ${count} ${pattern}:\n${text}`);
-    text += value;
-  }
-  await then();
-  for (let r = await reader.read(); !r.done; r = await reader.read()) text += r.value;
-  return text;
-}
-
-function metric(text: string, name: string): number {
-  const line = text.split("\n").find((l) => l.startsWith(name));
-  assert.ok(line, `no ${name} in /metrics`);
-  return Number(line.split(" ").at(-1));
-}
 
 Deno.test("a worker killed mid-stream and restarted: both streams resume byte for byte", async () => {
   const port = freePort();

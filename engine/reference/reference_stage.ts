@@ -58,9 +58,16 @@ function copyLayers(
   });
 }
 
-/** Runs synchronous work as a promise, so a thrown error becomes a rejection as callers expect. */
-function settle<T>(work: () => T): Promise<T> {
-  return new Promise((resolve) => resolve(work()));
+/**
+ * How long one call may hold the thread before it lets timers and I/O run, ms: a prefill chunk
+ * takes seconds on the CPU, and meanwhile a worker must still tell its client it is alive
+ * (lib/wire/liveness.ts) and a head must still serve HTTP.
+ */
+const HOLD_MS = 50;
+
+/** Resolves on a later turn of the event loop, after the timers and I/O that are due. */
+function nextTurn(): Promise<void> {
+  return new Promise((resolve) => setTimeout(resolve, 0));
 }
 
 /** A Stage on the CPU; also computes full logits per position for llama.cpp parity tests. */
@@ -75,6 +82,10 @@ export class ReferenceStage implements Stage {
   #slots: readonly SlotState[];
   /** Snapshots hold the same state shapes; their KV is copied only up to their position. */
   #snapshots: (SlotState | undefined)[];
+  /** Settles when every call made so far has (see #inOrder). */
+  #queue: Promise<unknown> = Promise.resolve();
+  /** When the running call last let the event loop turn. */
+  #heldSince = 0;
 
   constructor(
     hp: HParams,
@@ -107,21 +118,21 @@ export class ReferenceStage implements Stage {
     base: number,
     options: StageRunOptions = {},
   ): Promise<StageOutput> {
-    return settle(() => this.#run(slot, input, n, base, options));
+    return this.#inOrder(() => this.#run(slot, input, n, base, options));
   }
 
-  #run(
+  async #run(
     slot: number,
     input: StageInput,
     n: number,
     base: number,
     options: StageRunOptions,
-  ): StageOutput {
+  ): Promise<StageOutput> {
     const topk = options.topk ?? 0;
     checkTopK(topk);
     const positions = checkLogits(options);
     if (this.#head) checkAdjust(options.adjust, this.#hp.V);
-    const rows = this.#forward(slot, input, n, base);
+    const rows = await this.#forward(slot, input, n, base);
     const head = this.#head;
     if (!head) return { kind: "hidden", rows };
     const D = this.#hp.D;
@@ -132,6 +143,7 @@ export class ReferenceStage implements Stage {
     // Position t's greedy id lands in ids[t − from]: every position's, the last one's, or none.
     const from = n - count;
     for (let t = from; t < n; t++) {
+      await this.#breathe();
       const logits = lmHead(this.#hp, head, rows.subarray(t * D, (t + 1) * D));
       if (t < n - 1) {
         ids[t - from] = argmaxTopK(logits, 0).argmax;
@@ -152,10 +164,10 @@ export class ReferenceStage implements Stage {
    * float64 logits rounded to f32): what the llama.cpp parity fixtures compare against.
    */
   logits(slot: number, input: StageInput, n: number, base: number): Promise<Float32Array> {
-    return settle(() => this.#logits(slot, input, n, base));
+    return this.#inOrder(() => this.#logits(slot, input, n, base));
   }
 
-  #logits(slot: number, input: StageInput, n: number, base: number): Float32Array {
+  async #logits(slot: number, input: StageInput, n: number, base: number): Promise<Float32Array> {
     this.#slot(slot);
     const head = this.#head;
     if (!head) {
@@ -163,17 +175,18 @@ export class ReferenceStage implements Stage {
         `Cannot compute logits on stage ${this.first}..${this.end}: only the last stage (ending at ${this.nLayer}) has the LM head`,
       );
     }
-    const rows = this.#forward(slot, input, n, base);
+    const rows = await this.#forward(slot, input, n, base);
     const { D, V } = this.#hp;
     const out = new Float32Array(n * V);
     for (let t = 0; t < n; t++) {
+      await this.#breathe();
       out.set(lmHead(this.#hp, head, rows.subarray(t * D, (t + 1) * D)), t * V);
     }
     return out;
   }
 
   save(slot: number, idx: number): Promise<void> {
-    return settle(() => this.#save(slot, idx));
+    return this.#inOrder(() => this.#save(slot, idx));
   }
 
   #save(slot: number, idx: number): void {
@@ -185,7 +198,7 @@ export class ReferenceStage implements Stage {
   }
 
   restore(slot: number, idx: number): Promise<number> {
-    return settle(() => this.#restore(slot, idx));
+    return this.#inOrder(() => this.#restore(slot, idx));
   }
 
   #restore(slot: number, idx: number): number {
@@ -228,8 +241,33 @@ export class ReferenceStage implements Stage {
     return this.#slots[slot];
   }
 
+  /**
+   * Runs `work` once every call before it has settled. A call lets the event loop turn midway
+   * (#breathe), and a later one must not meanwhile read or change the state it works on: the
+   * calls take effect in call order, as the GPU stage's queue does.
+   */
+  #inOrder<T>(work: () => T | Promise<T>): Promise<T> {
+    const done = this.#queue.then(() => {
+      this.#heldSince = performance.now();
+      return work();
+    });
+    this.#queue = done.catch(() => undefined);
+    return done;
+  }
+
+  /**
+   * Lets the event loop turn once the running call has held it for HOLD_MS; throws if the stage
+   * was closed meanwhile.
+   */
+  async #breathe(): Promise<void> {
+    if (performance.now() - this.#heldSince < HOLD_MS) return;
+    await nextTurn();
+    this.#heldSince = performance.now();
+    checkOpen(this, this.#closed);
+  }
+
   /** Checks the request, then runs positions [base, base+n) through the owned layers. */
-  #forward(slot: number, input: StageInput, n: number, base: number): Float32Array {
+  async #forward(slot: number, input: StageInput, n: number, base: number): Promise<Float32Array> {
     const state = this.#slot(slot);
     const { D, V } = this.#hp;
     checkRun(this, slot, input, n, base, state.pos, V);
@@ -250,6 +288,7 @@ export class ReferenceStage implements Stage {
     }
     for (let i = 0; i < this.#layers.length; i++) {
       for (let t = 0; t < n; t++) {
+        await this.#breathe();
         const x = rows.subarray(t * D, (t + 1) * D);
         forwardLayer(this.#hp, this.#layers[i], state.layers[i], x, base + t);
       }

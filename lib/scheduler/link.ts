@@ -3,6 +3,7 @@
 // /health and /metrics read its status.
 
 import type { LastOutput, StageRunOptions } from "../../engine/stage.ts";
+import { deadline } from "../wire/deadline.ts";
 import { StageUnavailableError } from "../wire/peer.ts";
 import { LostStateError, type RemoteStage } from "../wire/remote_stage.ts";
 
@@ -38,6 +39,12 @@ export interface LinkOptions {
 
 /** How often the background check looks for an idle stage, ms. */
 const HEARTBEAT_MS = 250;
+/**
+ * The longest a health check waits for the stage to answer, ms: a stage back from an outage
+ * answers a new connection in a few round trips, while a silent one would hold the check for the
+ * whole connect timeout. Past it, the check reports what the link knows.
+ */
+const HEALTH_WAIT_MS = 1000;
 
 /** Resolves after `ms`, or rejects with the signal's reason when it aborts first. */
 function sleep(ms: number, signal?: AbortSignal): Promise<void> {
@@ -170,6 +177,19 @@ export class StageLink {
     }
   }
 
+  /**
+   * ensureUp for a health check: waits at most `waitMs` (the attempt goes on behind it) and
+   * never throws for the stage; status() then says what is known.
+   */
+  async check(waitMs = HEALTH_WAIT_MS): Promise<void> {
+    const late = () => new StageUnavailableError(this.remote.address, "no answer yet");
+    try {
+      await deadline(this.ensureUp(), waitMs, late);
+    } catch (e) {
+      if (!(e instanceof StageUnavailableError)) throw e;
+    }
+  }
+
   /** The live connection, opening one (a new epoch) if there is none. */
   async connect(): Promise<void> {
     await this.#watch(this.remote.connect());
@@ -188,19 +208,28 @@ export class StageLink {
   /**
    * Waits for the stage to answer again after it failed a sequence: a connection attempt that
    * starts now, then more with backoff, until one succeeds, `until` (a performance.now() time)
-   * passes (the last StageUnavailableError is thrown), or `signal` aborts (its reason is).
+   * passes (the last StageUnavailableError is thrown), or `signal` aborts (its reason is). An
+   * attempt still waiting for a silent stage's hello at `until` is waited for no longer (it goes
+   * on behind), so the caller hears at `until`, not a connect timeout later; only a first
+   * attempt that starts at or after `until` (no grace at all) runs to its end.
    */
   async reconnect(until: number, signal?: AbortSignal): Promise<void> {
     let delay = this.#minBackoff;
     while (true) {
       signal?.throwIfAborted();
       try {
-        await this.#freshConnect();
+        const attempt = this.#freshConnect();
+        const left = until - performance.now();
+        const late = () =>
+          new StageUnavailableError(this.remote.address, "a new connection got no answer yet");
+        await (left > 0 ? deadline(attempt, left, late) : attempt);
         return;
       } catch (e) {
         const left = until - performance.now();
         if (!(e instanceof StageUnavailableError) || left <= 0) throw e;
         await sleep(Math.min(delay, left), signal);
+        // A wait that used up the grace ends here: no attempt starts past `until`.
+        if (performance.now() >= until) throw e;
         delay = Math.min(delay * 2, this.#maxBackoff);
       }
     }

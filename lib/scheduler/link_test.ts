@@ -54,3 +54,42 @@ Deno.test("an idle stage is probed with PING, which leaves every slot as it was"
     await worker.stop();
   }
 });
+
+Deno.test("a reconnect ends at its deadline, and a health check within its wait, against a silent stage", async () => {
+  // A stage that first drops each connection at once, then keeps them and never says a word:
+  // a worker going to sleep. Quick failures at 0, 100 and 300 ms lead the reconnect through its
+  // backoff waits to the last one, which ends at the deadline: no attempt may start after it.
+  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  let silentFrom = Infinity;
+  const held: Deno.Conn[] = [];
+  const accepting = (async () => {
+    for await (const conn of listener) {
+      if (performance.now() < silentFrom) conn.close();
+      else held.push(conn);
+    }
+  })();
+  const head = await openReferenceStage(model, { first: 0, end: 2, slots: 1, ctx: CTX });
+  const address = `127.0.0.1:${listener.addr.port}`;
+  const link = new StageLink(
+    remoteStageAfter(address, head, await modelFingerprint(model), { connectTimeoutMs: 3000 }),
+  );
+  try {
+    const t0 = performance.now();
+    silentFrom = t0 + 450;
+    const e = await link.reconnect(t0 + 600).then(() => undefined, (e) => e);
+    const took = performance.now() - t0;
+    assert.ok(e instanceof StageUnavailableError, `expected a failure, got ${e}`);
+    // Not a connect timeout (3 s) past the deadline.
+    assert.ok(took >= 600 && took < 1000, `the reconnect gave up after ${took} ms`);
+    const t1 = performance.now();
+    await link.check(300);
+    assert.ok(performance.now() - t1 < 600, "the health check waited for the connect timeout");
+    assert.equal(link.status().up, false);
+  } finally {
+    link.close();
+    head.close();
+    listener.close();
+    await accepting.catch(() => undefined);
+    for (const conn of held) conn.close();
+  }
+});

@@ -306,16 +306,13 @@ export class Scheduler {
     );
   }
 
-  /** Liveness of every stage; probes an idle next stage (see StageLink.ensureUp). */
+  /**
+   * Liveness of every stage; probes an idle next stage, or one known down, for a bounded while
+   * (see StageLink.check).
+   */
   async health(): Promise<Health> {
     const link = this.#link;
-    if (link) {
-      try {
-        await link.ensureUp();
-      } catch (e) {
-        if (!(e instanceof StageUnavailableError)) throw e; // The status below records it.
-      }
-    }
+    await link?.check();
     // A restarted worker lost its snapshots: forget their entries now, not at the next lookup.
     this.#cache.dropStale(this.#epoch());
     const [local, remote] = this.stats.stages;

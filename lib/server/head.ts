@@ -61,6 +61,11 @@ export interface HeadOptions {
   readonly pingMs?: number;
   /** How long a sequence waits for a failed next stage to come back; default 30 s. */
   readonly restartGraceMs?: number;
+  /**
+   * How long the next stage may send nothing before it counts as down; default
+   * DEFAULT_SILENCE_MS (lib/wire/liveness.ts).
+   */
+  readonly silenceMs?: number;
   readonly log?: (line: string) => void;
 }
 
@@ -72,6 +77,13 @@ export interface RunningHead {
 }
 
 type Handle = (request: Request) => Response | Promise<Response>;
+
+/**
+ * How long a connection to the next stage may take, hello included: a silent worker is seen
+ * within it (its kernel accepts the connection, it never answers). Longer than a worker's own
+ * wait for its next hop (lib/wire/stage_worker.ts), whose refusal then names that hop.
+ */
+const CONNECT_MS = 3000;
 
 /** Until the model is loaded every request is told to come back, as llama.cpp's server does. */
 const loading: Handle = () =>
@@ -157,7 +169,8 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
       ? new StageLink(
         remoteStageAfter(options.next, local, await modelFingerprint(model), {
           key: options.wireKey,
-          connectTimeoutMs: 3000,
+          connectTimeoutMs: CONNECT_MS,
+          silenceMs: options.silenceMs,
         }),
         { log },
       )

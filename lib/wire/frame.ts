@@ -22,6 +22,7 @@
 // | 0x83 | SAVED     | ←   | slot | 0            | snapshot idx  | 0         | none                             |
 // | 0x84 | RESTORED  | ←   | slot | position     | snapshot idx  | 0         | none                             |
 // | 0x87 | PONG      | ←   | 0    | 0            | 0             | 0         | none                             |
+// | 0x88 | ALIVE     | ←   | 0    | 0            | 0             | 0         | none                             |
 // | 0x85 | CHALLENGE | ←   | 0    | 0            | 0             | 0         | u32 MAGIC, u32 auth, 32-byte     |
 // |      |           |     |      |              |               |           | nonce (40 bytes)                 |
 // | 0x86 | HELLO     | ←   | 0    | 0            | 0             | 0         | 8 × u32 (first, end, nLayer,     |
@@ -40,7 +41,8 @@
 // by the client from HELLO. `end` in HELLO is one past the last layer served through that
 // connection (the whole chain behind it). RESTORED's n is the position the slot continues from.
 // PING asks the worker (and, through a middle stage, the chain behind it) for a PONG; it touches
-// no slot.
+// no slot. ALIVE is the worker's sign of life, unasked: it answers nothing and may come between
+// any two frames (ALIVE_MS says how often).
 
 import {
   BIAS_RECORD_BYTES,
@@ -56,8 +58,8 @@ import {
   type TopEntry,
 } from "../../engine/stage.ts";
 
-/** Greeting magic: the bytes "TDM5" on the wire. Bump it on any change to this file's layout. */
-export const MAGIC = 0x354d4454;
+/** Greeting magic: the bytes "TDM6" on the wire. Bump it on any change to this file's layout. */
+export const MAGIC = 0x364d4454;
 export const HEADER_BYTES = 32;
 export const NONCE_BYTES = 32;
 export const GREETING_BYTES = 4 + NONCE_BYTES;
@@ -70,6 +72,12 @@ export const MAX_MESSAGE_BYTES = 4096;
  * peer's HELLO (maxBatch, nEmbd are its own numbers) from sizing a larger read on the other side.
  */
 export const MAX_PAYLOAD_BYTES = 256 * 1024 * 1024;
+/**
+ * A worker serving a client writes a frame at least this often, ALIVE when it has nothing else
+ * to send, also while one step runs for seconds: a client that hears nothing for several times
+ * this long knows the worker (or the network to it) has stopped, whatever the step's length.
+ */
+export const ALIVE_MS = 500;
 
 const CHALLENGE_BYTES = 8 + NONCE_BYTES;
 const HELLO_WORDS = 8;
@@ -88,6 +96,7 @@ export enum Op {
   Challenge = 0x85,
   Hello = 0x86,
   Pong = 0x87,
+  Alive = 0x88,
   Error = 0xff,
 }
 
@@ -136,7 +145,7 @@ export type Frame =
     /** Absent: "all". */
     readonly logits?: LogitPositions;
   }
-  | { readonly op: Op.Close | Op.Ping | Op.Pong }
+  | { readonly op: Op.Close | Op.Ping | Op.Pong | Op.Alive }
   | { readonly op: Op.Save | Op.Restore; readonly slot: number; readonly idx: number }
   | { readonly op: Op.Auth; readonly proof: Uint8Array }
   | {
@@ -303,6 +312,7 @@ export function payloadLength(h: Header, limits: FrameLimits): number {
     case Op.Close:
     case Op.Ping:
     case Op.Pong:
+    case Op.Alive:
       requireZero(h, ["slot", "n", "base", "topk", ...RUN_FIELDS]);
       return 0;
     case Op.Challenge:
@@ -435,6 +445,7 @@ export function decodePayload(h: Header, payload: Uint8Array, limits: FrameLimit
     case Op.Close:
     case Op.Ping:
     case Op.Pong:
+    case Op.Alive:
       return { op: h.op };
     case Op.Save:
     case Op.Restore:

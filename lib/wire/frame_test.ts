@@ -62,6 +62,7 @@ const SAMPLES: Frame[] = [
   { op: Op.Auth, proof: new Uint8Array(32).fill(7) },
   { op: Op.Ping },
   { op: Op.Pong },
+  { op: Op.Alive },
   {
     op: Op.Ids,
     slot: 2,
@@ -96,9 +97,9 @@ const SAMPLES: Frame[] = [
 Deno.test("the greeting and a Run frame are laid out as the header table says", () => {
   assert.deepEqual(
     [...encodeGreeting(new Uint8Array(32).fill(9))],
-    [0x54, 0x44, 0x4d, 0x35, ...new Array(32).fill(9)],
+    [0x54, 0x44, 0x4d, 0x36, ...new Array(32).fill(9)],
   );
-  assert.equal(new TextDecoder().decode(encodeGreeting(new Uint8Array(32)).subarray(0, 4)), "TDM5");
+  assert.equal(new TextDecoder().decode(encodeGreeting(new Uint8Array(32)).subarray(0, 4)), "TDM6");
   const run = encodeFrame(
     { op: Op.Run, slot: 2, base: 5, n: 1, topk: 3, rows: Float32Array.of(1.5, -2) },
     2,
@@ -172,6 +173,7 @@ Deno.test("the greeting and a Run frame are laid out as the header table says", 
   assert.deepEqual([...restored], bytes(0x84, 1, 30, 6, 0, 0, 0, 0));
   assert.deepEqual([...encodeFrame({ op: Op.Ping })], bytes(7, 0, 0, 0, 0, 0, 0, 0));
   assert.deepEqual([...encodeFrame({ op: Op.Pong })], bytes(0x87, 0, 0, 0, 0, 0, 0, 0));
+  assert.deepEqual([...encodeFrame({ op: Op.Alive })], bytes(0x88, 0, 0, 0, 0, 0, 0, 0));
 });
 
 Deno.test("every op survives encode → decode unchanged", () => {
@@ -201,7 +203,7 @@ Deno.test("unknown ops and nonzero unused header words are refused", () => {
     /field base is 1, expected 0/,
   );
   assert.throws(() => decodeFrame(frame(Op.Save, 1, 2, 3, 0, 0, 0, 0), LIMITS), /field n is 2/);
-  for (const op of [Op.Ping, Op.Pong]) {
+  for (const op of [Op.Ping, Op.Pong, Op.Alive]) {
     assert.throws(
       () => decodeFrame(frame(op, 1, 0, 0, 0, 0, 0, 0), LIMITS),
       new RegExp(`Cannot decode ${Op[op]} frame: header field slot is 1, expected 0`),

@@ -16,6 +16,7 @@ import {
   Op,
 } from "./frame.ts";
 import { FrameReader, writeAll } from "./frame_stream.ts";
+import { DEFAULT_SILENCE_MS, SilenceWatch } from "./liveness.ts";
 import {
   type ChainExpectation,
   clientProof,
@@ -49,8 +50,17 @@ export interface PeerOptions {
   readonly key?: CryptoKey;
   /** TCP connect plus handshake. Default 10 s. */
   readonly connectTimeoutMs?: number;
-  /** Waiting for one reply. Default 10 min: a long prefill on the CPU reference is slow. */
+  /**
+   * Waiting for one reply, however often the worker says it is alive. Default 10 min: a long
+   * prefill on the CPU reference is slow.
+   */
   readonly replyTimeoutMs?: number;
+  /**
+   * Once connected, a worker that sends nothing (no reply, no ALIVE) for this long has stopped,
+   * or the network to it has: the connection ends and every pending request fails. Default
+   * DEFAULT_SILENCE_MS.
+   */
+  readonly silenceMs?: number;
 }
 
 export type RunReply = LastOutput;
@@ -161,7 +171,10 @@ export async function connectPeer(
     );
     const mismatch = want && helloMismatch(info, want);
     if (mismatch) throw new StageUnavailableError(address, mismatch);
-    return new Peer(address, conn, reader, info, options.replyTimeoutMs ?? 600_000);
+    return new Peer(address, conn, reader, info, {
+      replyTimeoutMs: options.replyTimeoutMs ?? 600_000,
+      silenceMs: options.silenceMs ?? DEFAULT_SILENCE_MS,
+    });
   } catch (e) {
     conn.close();
     if (e instanceof StageUnavailableError) throw e;
@@ -188,8 +201,10 @@ interface Waiter {
  * One live connection. Requests may overlap: frames go out in call order and replies are
  * matched in the same order. A read is always open, even while no reply is due, so a worker
  * that dies or restarts while idle ends the connection at once (`ended`) instead of at the next
- * request. Any failure (an ERROR frame included: the worker closes after it) ends the
- * connection, and every pending and later request rejects with the same error.
+ * request, and one that goes silent (stopped, asleep, cut off) ends it after the silence limit:
+ * a worker sends ALIVE while it works, so no step is too long for it. Any failure (an ERROR
+ * frame included: the worker closes after it) ends the connection, and every pending and later
+ * request rejects with the same error.
  */
 export class Peer {
   readonly address: string;
@@ -199,6 +214,7 @@ export class Peer {
   readonly #replyTimeoutMs: number;
   readonly #limits: FrameLimits;
   readonly #waiting: Waiter[] = [];
+  readonly #silence: SilenceWatch;
   readonly #ended = Promise.withResolvers<StageUnavailableError>();
   #writes: Promise<void> = Promise.resolve();
   #failure: StageUnavailableError | undefined;
@@ -208,14 +224,23 @@ export class Peer {
     conn: Deno.Conn,
     reader: FrameReader,
     info: HelloInfo,
-    replyTimeoutMs: number,
+    timeouts: { readonly replyTimeoutMs: number; readonly silenceMs: number },
   ) {
     this.address = address;
     this.info = info;
     this.#conn = conn;
     this.#reader = reader;
-    this.#replyTimeoutMs = replyTimeoutMs;
+    this.#replyTimeoutMs = timeouts.replyTimeoutMs;
     this.#limits = { nEmbd: info.nEmbd, maxBatch: info.maxBatch };
+    this.#silence = new SilenceWatch(timeouts.silenceMs, (ms) =>
+      this.#fail(
+        new StageUnavailableError(
+          address,
+          `it sent nothing for ${(ms / 1000).toFixed(1)} s (--silence-s ` +
+            `${timeouts.silenceMs / 1000}): the worker is stopped, asleep or hung, or the ` +
+            `network to it is cut`,
+        ),
+      ));
     this.#readReplies();
   }
 
@@ -320,6 +345,8 @@ export class Peer {
     try {
       while (!this.#failure) {
         const frame = await readReply(this.#reader, this.#limits, this.address);
+        this.#silence.heard();
+        if (frame.op === Op.Alive) continue;
         const waiter = this.#waiting.shift();
         if (!waiter) throw this.#fail(`it sent op ${frame.op} while no reply was due`);
         clearTimeout(waiter.timer);
@@ -348,6 +375,7 @@ export class Peer {
   #end(failure: StageUnavailableError): boolean {
     if (this.#failure) return false;
     this.#failure = failure;
+    this.#silence.stop();
     for (const waiter of this.#waiting.splice(0)) {
       clearTimeout(waiter.timer);
       waiter.reject(failure);

@@ -9,6 +9,7 @@ import { deadline } from "./deadline.ts";
 import { AuthMode, ErrorCode, type Frame, type HelloInfo, MAGIC, magicName, Op } from "./frame.ts";
 import { FrameReader, writeFrame } from "./frame_stream.ts";
 import { freshNonce, NO_PROOF, verifyClientProof, workerProof } from "./hello.ts";
+import { FrameWriter } from "./liveness.ts";
 import { StageUnavailableError } from "./peer.ts";
 import type { RemoteStage } from "./remote_stage.ts";
 
@@ -22,6 +23,11 @@ export interface StageServerOptions {
   readonly next?: RemoteStage;
   /** Time a new client has to finish the handshake. Default HANDSHAKE_MS. */
   readonly handshakeTimeoutMs?: number;
+  /**
+   * How long the client may send nothing while none of its requests is outstanding before an
+   * authenticated newcomer may take its place. Default LOST_CLIENT_MS.
+   */
+  readonly lostClientMs?: number;
   readonly log?: (line: string) => void;
 }
 
@@ -41,6 +47,17 @@ class Refusal extends Error {
     super(message);
     this.code = code;
   }
+}
+
+/** The client being served, and how long it has owed this worker a sign that it is there. */
+interface Served {
+  readonly conn: Deno.TcpConn;
+  /** Its requests read and not yet answered. */
+  pending: number;
+  /** Since when it has sent nothing while none of its requests was pending. */
+  quietSince: number;
+  /** Dropped as lost for a newcomer; its serve() is winding down. */
+  dropped: boolean;
 }
 
 /** Per-connection state: what each slot has seen, and which snapshots this client saved. */
@@ -75,6 +92,13 @@ export const MAX_HANDSHAKES = 64;
 const HANDSHAKE_HELD_SHARE = 0.25;
 /** How long an authenticated newcomer waits for the current client to finish before it is busy. */
 const BUSY_GRACE_MS = 1000;
+/**
+ * A client that has sent nothing for this long while it waited for nothing is gone, though no
+ * close reached this worker (its box lost the connection across a cut network, which its close
+ * could not cross): a live head PINGs an idle worker every second or so. An authenticated
+ * newcomer takes its place instead of being refused as busy until TCP gives up, minutes later.
+ */
+const LOST_CLIENT_MS = 5000;
 /** Authenticated newcomers waiting at once; more are refused as busy straight away. */
 const MAX_WAITING = 8;
 
@@ -164,13 +188,14 @@ export function serveStage(
   const info = chainInfo(options);
   const log = options.log ?? (() => undefined);
   const handshakeMs = options.handshakeTimeoutMs ?? HANDSHAKE_MS;
+  const lostClientMs = options.lostClientMs ?? LOST_CLIENT_MS;
   const limits = { nEmbd: info.nEmbd, maxBatch: info.maxBatch };
   const heldMs = handshakeMs * HANDSHAKE_HELD_SHARE;
   /** Connections in their handshake, oldest first, with their names and start times. */
   const handshakes = new Map<Deno.TcpConn, { who: string; since: number }>();
   /** Settled whenever a handshake place frees up (or the server closes), then renewed. */
   let placeFreed = Promise.withResolvers<void>();
-  let client: Deno.Conn | undefined;
+  let client: Served | undefined;
   let idle = Promise.withResolvers<void>();
   let waiting = 0;
   let closed = false;
@@ -347,19 +372,23 @@ export function serveStage(
    * before them and before anything after them.
    */
   async function serve(
-    conn: Deno.TcpConn,
+    served: Served,
     reader: FrameReader,
     nonces: { nonceC: Uint8Array; nonceS: Uint8Array },
   ): Promise<void> {
+    const { conn } = served;
     const who = nameOf(conn);
     /** The next frame being read, while it is. */
     let reading: Promise<Frame | null> | undefined;
+    let writer: FrameWriter | undefined;
     try {
       await options.next?.connect();
       const proof = options.key
         ? await workerProof(options.key, nonces.nonceC, nonces.nonceS, info)
         : NO_PROOF;
-      await writeFrame(conn, { op: Op.Hello, info, proof });
+      // From the hello on, ALIVE goes out whenever nothing else has for a while (liveness.ts).
+      writer = new FrameWriter(conn);
+      await writer.send({ op: Op.Hello, info, proof });
       log(`${who} connected`);
       const session: Session = { seen: new Array(info.slots).fill(0), saved: new Map() };
       /** Answers not yet written, in request order. */
@@ -367,11 +396,12 @@ export function serveStage(
       /** Writes the oldest answer; false once the client closed. */
       const reply = async (): Promise<boolean> => {
         const frame = await answering.shift()!;
+        if (--served.pending === 0) served.quietSince = performance.now();
         if (frame === undefined) {
           log(`${who} closed`);
           return false;
         }
-        await writeFrame(conn, frame);
+        await writer!.send(frame);
         return true;
       };
       while (true) {
@@ -386,8 +416,18 @@ export function serveStage(
         }
         const next = reading!;
         reading = undefined;
-        const frame = await next;
+        let frame: Frame | null;
+        try {
+          frame = await next;
+          served.quietSince = performance.now();
+        } catch (e) {
+          // The requests read before a bad frame are answered before the refusal,
+          while (answering.length) if (!await reply()) return;
+          throw e;
+        }
         if (frame === null) {
+          // and those read before the end of the input before the close.
+          while (answering.length) if (!await reply()) return;
           log(`${who} went away`);
           return;
         }
@@ -399,11 +439,15 @@ export function serveStage(
         // Settled through `answering` by reply(); its failure is caught there.
         answered.catch(() => {});
         answering.push(answered);
+        served.pending++;
         if (alone && !await reply()) return;
       }
     } catch (e) {
+      // The refusal is written after the frames queued before it, and no ALIVE follows it.
+      await writer?.stop();
       await fail(conn, who, e, reading !== undefined);
     } finally {
+      await writer?.stop();
       options.next?.disconnect();
       closeQuietly(conn);
     }
@@ -413,6 +457,7 @@ export function serveStage(
    * Serves an authenticated `conn` once no other client is served. A client that just closed is
    * usually still being wound down here when its successor (its own reconnect) arrives, so a
    * newcomer waits up to BUSY_GRACE_MS for the current client to finish before it is refused.
+   * A client lost without a close (see LOST_CLIENT_MS) is dropped for the newcomer.
    */
   async function admit(
     conn: Deno.TcpConn,
@@ -423,7 +468,7 @@ export function serveStage(
       const busy = () =>
         new Refusal(
           ErrorCode.Busy,
-          `Cannot accept the client: this worker serves ${nameOf(client!)} and takes one ` +
+          `Cannot accept the client: this worker serves ${nameOf(client!.conn)} and takes one ` +
             `client at a time`,
         );
       if (waiting >= MAX_WAITING) return await fail(conn, nameOf(conn), busy());
@@ -431,6 +476,17 @@ export function serveStage(
       try {
         const until = Date.now() + BUSY_GRACE_MS;
         while (client && Date.now() < until) {
+          const silent = performance.now() - client.quietSince;
+          if (!client.dropped && client.pending === 0 && silent >= lostClientMs) {
+            log(
+              `dropped ${nameOf(client.conn)}: it sent nothing for ${
+                (silent / 1000).toFixed(1)
+              } s ` +
+                `with nothing outstanding, so it is gone; ${nameOf(conn)} takes its place`,
+            );
+            client.dropped = true;
+            closeQuietly(client.conn);
+          }
           const late = () => new Error("busy");
           await deadline(idle.promise, until - Date.now(), late).catch(() => undefined);
         }
@@ -440,10 +496,10 @@ export function serveStage(
       }
     }
     if (closed) return closeQuietly(conn);
-    client = conn;
+    client = { conn, pending: 0, quietSince: performance.now(), dropped: false };
     idle = Promise.withResolvers<void>();
     try {
-      await serve(conn, reader, nonces);
+      await serve(client, reader, nonces);
     } finally {
       client = undefined;
       idle.resolve();
@@ -496,7 +552,7 @@ export function serveStage(
       } catch (e) {
         if (!(e instanceof Deno.errors.BadResource)) throw e;
       }
-      if (client) closeQuietly(client);
+      if (client) closeQuietly(client.conn);
       for (const conn of handshakes.keys()) closeQuietly(conn);
       placeFreed.resolve();
     },

@@ -20,7 +20,7 @@ import { FrameReader, writeAll } from "./frame_stream.ts";
 import { freshNonce, importKey, modelFingerprint, NO_PROOF } from "./hello.ts";
 import { connectRemoteStage } from "./remote_stage.ts";
 import { MAX_HANDSHAKES, serveStage } from "./stage_server.ts";
-import { connectPeer } from "./peer.ts";
+import { connectPeer, type Peer, StageUnavailableError } from "./peer.ts";
 import { readHParams } from "../../engine/hparams.ts";
 import type { Stage } from "../../engine/stage.ts";
 
@@ -298,5 +298,65 @@ Deno.test("a RUN starts while the one before it still runs; replies keep request
     await server.finished;
     inner.close();
     direct.close();
+  }
+});
+
+Deno.test("a client lost without a close gives its place to a newcomer; one awaiting a reply keeps it", async () => {
+  const hp = readHParams(model.metadata);
+  const inner = await openReferenceStage(model, { first: 1, end: hp.nLayer, slots: 1, ctx: CTX });
+  // The first run waits for `gate`: a request the worker is still working on.
+  const gate = Promise.withResolvers<void>();
+  let runs = 0;
+  const stage: Stage = new Proxy(inner, {
+    get(target, key) {
+      if (key !== "run") return Reflect.get(target, key, target);
+      return async (...args: Parameters<Stage["run"]>) => {
+        if (runs++ === 0) await gate.promise;
+        return await target.run(...args);
+      };
+    },
+  });
+  const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
+  const lines: string[] = [];
+  const lostClientMs = 200;
+  const server = serveStage(listener, {
+    stage,
+    fingerprint: await modelFingerprint(model),
+    lostClientMs,
+    log: (line) => lines.push(line),
+  });
+  const address = `127.0.0.1:${(listener.addr as Deno.NetAddr).port}`;
+  const rows = Float32Array.from({ length: 2 * hp.D }, (_, i) => Math.cos(i));
+  const sleep = (ms: number) => new Promise((resolve) => setTimeout(resolve, ms));
+  const first = await connectPeer(address, undefined);
+  let second: Peer | undefined;
+  try {
+    // Silent past the limit while it waits for its reply: its place is kept.
+    const reply = first.run(0, rows, 2, 0, {});
+    await sleep(2 * lostClientMs);
+    const refused = await connectPeer(address, undefined).then(() => undefined, (e) => e);
+    assert.ok(refused instanceof StageUnavailableError, `${refused}`);
+    assert.equal(refused.code, ErrorCode.Busy);
+    gate.resolve();
+    await reply;
+    // Then silent with nothing outstanding, as a head whose close never crossed a cut network:
+    // gone, so the next newcomer is served in its place.
+    await sleep(2 * lostClientMs);
+    second = await connectPeer(address, undefined);
+    assert.match((await first.ended).reason, /it closed the connection/);
+    assert.equal((await second.run(0, rows, 2, 0, {})).ids.length, 2);
+    assert.ok(
+      lines.some((l) =>
+        /^dropped \S+: it sent nothing for 0\.\d s with nothing outstanding/.test(l)
+      ),
+      lines.join("\n"),
+    );
+  } finally {
+    gate.resolve();
+    first.close();
+    second?.close();
+    server.close();
+    await server.finished;
+    inner.close();
   }
 });

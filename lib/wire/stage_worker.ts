@@ -24,6 +24,8 @@ export interface WorkerOptions {
   readonly snapshots: number;
   /** host:port of the worker serving the layers after these. */
   readonly next?: string;
+  /** How long `next` may send nothing before it counts as down; default DEFAULT_SILENCE_MS. */
+  readonly silenceMs?: number;
   /** The wire's shared key: clients must prove they hold it, and so must `next`. */
   readonly key?: CryptoKey;
   readonly engine: EngineChoice;
@@ -40,6 +42,13 @@ export interface RunningWorker {
   /** Stops listening, drops the current client, closes the stage and the model. */
   close(): void;
 }
+
+/**
+ * How long this worker's hello may wait for its next hop's. Shorter than the head's own wait
+ * (lib/server/head.ts), so that while a hop behind this worker is silent the head hears this
+ * worker's refusal, which names that hop, instead of timing out on this worker.
+ */
+const NEXT_CONNECT_MS = 2000;
 
 /**
  * Binds host:port first (so a busy port fails before the weights load), then serves the stage.
@@ -70,7 +79,11 @@ export async function startWorker(options: WorkerOptions): Promise<RunningWorker
     });
     const fingerprint = await modelFingerprint(model);
     next = options.next
-      ? remoteStageAfter(options.next, stage, fingerprint, { key: options.key })
+      ? remoteStageAfter(options.next, stage, fingerprint, {
+        key: options.key,
+        silenceMs: options.silenceMs,
+        connectTimeoutMs: NEXT_CONNECT_MS,
+      })
       : undefined;
     const server = serveStage(listener, { stage, fingerprint, key: options.key, next, log });
     const { hostname, port } = listener.addr;
