@@ -276,6 +276,9 @@ export async function benchServer(options: ServerBenchOptions): Promise<ServerRe
     model.close();
   }
   const ctx = prompt.tokens + options.maxTokens + 16;
+  // One request at a time needs one slot; given to both, since the worker must have at least
+  // the head's and the head's own default (DEFAULT_SLOTS) is more.
+  const slots = 1;
   const common = {
     model: options.model,
     backend: options.backend,
@@ -292,12 +295,13 @@ export async function benchServer(options: ServerBenchOptions): Promise<ServerRe
       const start = performance.now();
       let next: string | undefined;
       if (k !== undefined) {
-        const worker = await startWorker({ ...common, first: k, end: nLayer, slots: 1, ctx });
+        const worker = await startWorker({ ...common, first: k, end: nLayer, slots, ctx });
         started.push(worker);
         next = worker.address;
       }
       const head = await startHeadProcess({
         ...common,
+        slots,
         ctx,
         layers: k ? `0:${k}` : undefined,
         next,

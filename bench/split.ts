@@ -158,7 +158,13 @@ export interface HeadProcessOptions {
   readonly model: string;
   readonly backend: string;
   readonly gpu: string;
+  /** Sequences it decodes at once (the worker after it needs at least as many). */
+  readonly slots: number;
   readonly ctx: number;
+  /** Requests that may wait for a slot (--queue); the head's default when undefined. */
+  readonly queue?: number;
+  /** Prompt positions a sequence runs per step beside others (--prefill-chunk); default when undefined. */
+  readonly prefillChunk?: number;
   /** "0:k" with `next` (the worker's address); the whole model without. */
   readonly layers?: string;
   readonly next?: string;
@@ -183,8 +189,14 @@ export async function startHeadProcess(options: HeadProcessOptions): Promise<Run
       options.model,
       "--port",
       "0",
+      "--slots",
+      String(options.slots),
       "--ctx",
       String(options.ctx),
+      ...(options.queue === undefined ? [] : ["--queue", String(options.queue)]),
+      ...(options.prefillChunk === undefined
+        ? []
+        : ["--prefill-chunk", String(options.prefillChunk)]),
       // Without the prefix cache every request prefills its whole prompt, as the figure means.
       "--snapshots",
       "0",
