@@ -14,6 +14,7 @@ import {
   measure,
   median,
   OutOfTime,
+  percentile,
   repeat,
   seededIds,
   timeConcurrentDecode,
@@ -33,6 +34,16 @@ Deno.test("median: middle value, mean of the middle two, and no values refused",
   assert.equal(median([5, 1, 3]), 3);
   assert.equal(median([4, 1, 3, 2]), 2.5);
   assert.throws(() => median([]), RangeError);
+});
+
+Deno.test("percentile: nearest rank, so a p99 of fewer than 100 values is their largest", () => {
+  const hundred = Array.from({ length: 100 }, (_, i) => 100 - i);
+  assert.equal(percentile(hundred, 0.99), 99);
+  assert.equal(percentile(hundred, 0.5), 50);
+  assert.equal(percentile([3, 9, 1], 0.99), 9);
+  assert.equal(percentile([3, 9, 1], 1 / 3), 1);
+  assert.throws(() => percentile([], 0.5), RangeError);
+  assert.throws(() => percentile([1], 0), RangeError);
 });
 
 Deno.test("timingOf: median, fastest and slowest of the runs", () => {
@@ -135,16 +146,42 @@ Deno.test("timePrefill chunks by maxBatch as the server does and leaves the slot
   });
 });
 
-Deno.test("timeConcurrentDecode: each slot decodes as it would alone", async () => {
+Deno.test("timeConcurrentDecode: each slot decodes as it would alone, greedy or sampled from its own seed", async () => {
+  await withModel(TINY, async (model) => {
+    const stage = await openReferenceStage(model, { first: 0, end: 4, slots: 3, ctx: CTX });
+    try {
+      const firsts = Array.from(seededIds(3, readHParams(model.metadata).V, 9));
+      const greedy = await timeConcurrentDecode([stage], firsts, 5);
+      const sampled = await timeConcurrentDecode([stage], firsts, 5, BENCH_SAMPLING, 40);
+      for (const [slot, first] of firsts.entries()) {
+        assert.deepEqual(greedy.fed[slot], (await timeDecode([stage], first, 5)).fed);
+        const alone = await timeSampledDecode([stage], first, 5, BENCH_SAMPLING, 40 + slot);
+        assert.deepEqual(sampled.fed[slot], alone.fed);
+      }
+      assert.notDeepEqual(greedy.fed[0], greedy.fed[1]);
+      assert.notDeepEqual(sampled.fed, greedy.fed, "the sampled slots draw");
+    } finally {
+      stage.close();
+    }
+  });
+});
+
+Deno.test("timeDecode from a base position continues the slot's prefix, as stepping by hand", async () => {
   await withModel(TINY, async (model) => {
     const stage = await openReferenceStage(model, { first: 0, end: 4, slots: 2, ctx: CTX });
     try {
-      const firsts = Array.from(seededIds(2, readHParams(model.metadata).V, 9));
-      const both = await timeConcurrentDecode([stage], firsts, 5);
-      for (const [slot, first] of firsts.entries()) {
-        assert.deepEqual(both.fed[slot], (await timeDecode([stage], first, 5)).fed);
+      const prefix = seededIds(12, readHParams(model.metadata).V, 6);
+      await timePrefill([stage], prefix, 1);
+      const run = await timeDecode([stage], 17, 4, { slot: 1, base: 12 });
+      await timePrefill([stage], prefix, 1);
+      const fed = [17];
+      for (let pos = 12; pos < 15; pos++) {
+        const out = await stage.run(1, { kind: "ids", ids: Uint32Array.of(fed.at(-1)!) }, 1, pos);
+        fed.push(out.kind === "ids" ? out.ids[0] : -1);
       }
-      assert.notDeepEqual(both.fed[0], both.fed[1]);
+      assert.deepEqual(Array.from(run.fed), fed);
+      // From position 0 the same first id decodes otherwise: the prefix was read.
+      assert.notDeepEqual((await timeDecode([stage], 17, 4, { slot: 1 })).fed, run.fed);
     } finally {
       stage.close();
     }
