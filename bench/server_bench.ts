@@ -8,6 +8,7 @@ import { PromptBuilder } from "../lib/server/prompt.ts";
 import { TokenizerThread } from "../lib/tokenizer/tokenizer_thread.ts";
 import { type Deadline, type Figure, OutOfTime, timingOf } from "./measure.ts";
 import { type RunningProcess, startHeadProcess, startWorker } from "./split.ts";
+import { requestTiming, streamRequest } from "../tools/loadtest.ts";
 
 export interface ServerBenchOptions {
   readonly model: string;
@@ -107,22 +108,6 @@ export async function promptOfLength(
   return { text: text(lo).join(" "), tokens: built.tokens, ids: built.ids };
 }
 
-/** The event blocks of a server-sent event stream, as (event, parsed data) pairs. */
-async function* sseEvents(
-  body: ReadableStream<Uint8Array>,
-): AsyncGenerator<{ event: string; data: Record<string, unknown> }> {
-  let rest = "";
-  for await (const text of body.pipeThrough(new TextDecoderStream())) {
-    const blocks = (rest + text).split("\n\n");
-    rest = blocks.pop()!;
-    for (const block of blocks) {
-      const event = /^event: (.*)$/m.exec(block)?.[1] ?? "";
-      const data = /^data: (.*)$/m.exec(block)?.[1];
-      if (data) yield { event, data: JSON.parse(data) };
-    }
-  }
-}
-
 type Sampling = { readonly temperature: number; readonly top_p?: number };
 
 /** The bench's prompt: the user text, and the ids the chat template makes of it. */
@@ -131,26 +116,10 @@ export interface BenchPrompt {
   readonly ids: readonly number[];
 }
 
-/** The request body of one streaming request on `route`. */
-function requestBody(
-  route: ServerRoute["route"],
-  prompt: BenchPrompt,
-  maxTokens: number,
-  sampling: Sampling,
-): Record<string, unknown> {
-  return route === "/v1/messages"
-    ? {
-      model: "bench",
-      max_tokens: maxTokens,
-      stream: true,
-      messages: [{ role: "user", content: prompt.text }],
-      ...sampling,
-    }
-    // The same ids as the chat request prefills, given as ids: no template, no tokenizing.
-    : { prompt: prompt.ids, n_predict: maxTokens, stream: true, ...sampling };
-}
-
-/** POSTs one streaming request to `route` and times its reply. */
+/**
+ * POSTs one streaming request to `route` and times its reply: /v1/messages gets the prompt's text
+ * (the head applies the template), /completion the same ids (no template, no tokenizing).
+ */
 export async function timeStream(
   url: string,
   route: ServerRoute["route"],
@@ -158,45 +127,18 @@ export async function timeStream(
   maxTokens: number,
   sampling: Sampling,
 ): Promise<StreamTiming> {
-  const start = performance.now();
-  const response = await fetch(`${url}${route}`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify(requestBody(route, prompt, maxTokens, sampling)),
+  const times = await streamRequest(url, {
+    route,
+    prompt: route === "/completion" ? prompt.ids : prompt.text,
+    maxTokens,
+    temperature: sampling.temperature,
+    topP: sampling.top_p,
   });
-  if (!response.ok || !response.body) {
-    throw new Error(
-      `Cannot time a reply: the head answered ${response.status}: ${await response.text()}`,
-    );
-  }
-  let first: number | undefined;
-  let outputTokens = 0;
-  for await (const { event, data } of sseEvents(response.body)) {
-    if (event === "error" || "error" in data) {
-      throw new Error(`The head's stream failed: ${JSON.stringify(data)}`);
-    }
-    if (route === "/v1/messages") {
-      if (event === "content_block_delta") first ??= performance.now();
-      if (event === "message_delta") {
-        const usage = data.usage as { output_tokens?: number } | undefined;
-        outputTokens = Number(usage?.output_tokens);
-      }
-    } else if (data.stop === true) {
-      outputTokens = Number(data.tokens_predicted);
-    } else {
-      first ??= performance.now();
-    }
-  }
-  const end = performance.now();
-  if (!(outputTokens >= 1)) {
-    throw new Error(`Cannot time a reply that reported ${outputTokens} output tokens`);
-  }
-  // A reply whose only token is an end of turn streams no text: it ends when that token is out.
-  first ??= end;
+  const t = requestTiming(route, times);
   return {
-    ttftSeconds: (first - start) / 1000,
-    outputTokens,
-    afterFirstSeconds: (end - first) / 1000,
+    ttftSeconds: t.ttftMs / 1000,
+    outputTokens: t.tokens,
+    afterFirstSeconds: (t.totalMs - t.ttftMs) / 1000,
   };
 }
 
