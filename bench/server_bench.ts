@@ -7,7 +7,7 @@ import { readHParams } from "../engine/hparams.ts";
 import { PromptBuilder } from "../lib/server/prompt.ts";
 import { TokenizerThread } from "../lib/tokenizer/tokenizer_thread.ts";
 import { type Deadline, type Figure, OutOfTime, timingOf } from "./measure.ts";
-import { type RunningProcess, startHeadProcess, startWorker } from "./split.ts";
+import { layersName, startServing } from "./split.ts";
 import { requestTiming, streamRequest } from "../tools/loadtest.ts";
 
 export interface ServerBenchOptions {
@@ -194,67 +194,59 @@ async function figure(
   }
 }
 
-/** The head unsplit, then split at options.split over a worker; one greedy and one sampled figure. */
-export async function benchServer(options: ServerBenchOptions): Promise<ServerReport> {
-  const model = await openGguf(options.model);
-  let prompt: { text: string; tokens: number; ids: number[] };
-  let nLayer: number;
+/** The bench's chat prompt of a model, and the model's layers and vocabulary. */
+export interface ModelPrompt {
+  readonly prompt: BenchPrompt & { readonly tokens: number };
+  readonly nLayer: number;
+  readonly vocab: number;
+}
+
+/** The longest user text whose chat prompt (the model's own template) fits `tokens`. */
+export async function benchPrompt(path: string, tokens: number): Promise<ModelPrompt> {
+  const model = await openGguf(path);
   try {
     const template = model.metadata.get("tokenizer.chat_template");
     if (typeof template !== "string") {
-      throw new TypeError(`Cannot bench the server on "${options.model}": it has no chat template`);
+      throw new TypeError(`Cannot bench the server on "${path}": it has no chat template`);
     }
     const thread = await TokenizerThread.start(model.metadata, template);
     try {
-      prompt = await promptOfLength(
-        new PromptBuilder(thread, options.promptTokens),
-        options.promptTokens,
-      );
+      const prompt = await promptOfLength(new PromptBuilder(thread, tokens), tokens);
+      const hp = readHParams(model.metadata);
+      return { prompt, nLayer: hp.nLayer, vocab: hp.V };
     } finally {
       thread.close();
     }
-    nLayer = readHParams(model.metadata).nLayer;
   } finally {
     model.close();
   }
-  const ctx = prompt.tokens + options.maxTokens + 16;
-  // One request at a time needs one slot; given to both, since the worker must have at least
-  // the head's and the head's own default (DEFAULT_SLOTS) is more.
-  const slots = 1;
-  const common = {
-    model: options.model,
-    backend: options.backend,
-    gpu: options.gpu,
-    startTimeoutS: Math.min(Math.max(options.deadline.left, 1), 900),
-    log: options.log,
-  };
+}
+
+/** The head unsplit, then split at options.split over a worker; one greedy and one sampled figure. */
+export async function benchServer(options: ServerBenchOptions): Promise<ServerReport> {
+  const { prompt, nLayer } = await benchPrompt(options.model, options.promptTokens);
   const modes: ServerMode[] = [];
   const layouts = [undefined, ...(options.split === undefined ? [] : [options.split])];
-  for (const k of layouts) {
-    const layers = k === undefined ? `0:${nLayer}` : `0:${k} + ${k}:${nLayer}`;
-    const started: RunningProcess[] = [];
+  for (const split of layouts) {
+    const layers = layersName(nLayer, split);
+    let serving;
     try {
-      const start = performance.now();
-      let next: string | undefined;
-      if (k !== undefined) {
-        const worker = await startWorker({ ...common, first: k, end: nLayer, slots, ctx });
-        started.push(worker);
-        next = worker.address;
-      }
-      const head = await startHeadProcess({
-        ...common,
-        slots,
-        ctx,
-        layers: k ? `0:${k}` : undefined,
-        next,
+      serving = await startServing({
+        ...options,
+        // One request at a time needs one slot; given to both, since the worker must have at
+        // least the head's and the head's own default (DEFAULT_SLOTS) is more.
+        slots: 1,
+        ctx: prompt.tokens + options.maxTokens + 16,
+        nLayer,
+        split,
+        startTimeoutS: Math.min(Math.max(options.deadline.left, 1), 900),
       });
-      started.push(head);
-      const startSeconds = (performance.now() - start) / 1000;
       const routes: ServerRoute[] = [];
       for (const route of ["/v1/messages", "/completion"] as const) {
+        const url = serving.url;
         const run = (sampling: Sampling, what: string) =>
           figure(
-            () => timeStream(head.url, route, prompt, options.maxTokens, sampling),
+            () => timeStream(url, route, prompt, options.maxTokens, sampling),
             route,
             prompt.tokens,
             options,
@@ -264,12 +256,12 @@ export async function benchServer(options: ServerBenchOptions): Promise<ServerRe
         const sampled = await run({ temperature: 0.7, top_p: 0.9 }, "temperature 0.7");
         routes.push({ route, greedy, sampled });
       }
-      modes.push({ layers, startSeconds, routes });
+      modes.push({ layers, startSeconds: serving.startSeconds, routes });
     } catch (e) {
       options.log(`server ${layers}: ${(e as Error).message}`);
       modes.push({ layers, error: (e as Error).message });
     } finally {
-      for (const p of started.reverse()) await p.stop();
+      await serving?.stop();
     }
   }
   return {

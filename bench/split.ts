@@ -214,3 +214,70 @@ export async function startHeadProcess(options: HeadProcessOptions): Promise<Run
   }
   return { ...running, url };
 }
+
+export interface ServingOptions {
+  readonly model: string;
+  readonly backend: string;
+  readonly gpu: string;
+  readonly slots: number;
+  readonly ctx: number;
+  readonly queue?: number;
+  readonly prefillChunk?: number;
+  /** The model's layers; with `split` k, the head holds 0:k and a worker k:nLayer. */
+  readonly nLayer: number;
+  readonly split?: number;
+  readonly startTimeoutS: number;
+  readonly log: (line: string) => void;
+}
+
+/** A head serving HTTP, after its worker when split. */
+export interface Serving {
+  readonly url: string;
+  /** "0:40" unsplit, "0:20 + 20:40" split. */
+  readonly layers: string;
+  /** Seconds until the head served (the worker's start included). */
+  readonly startSeconds: number;
+  /** Stops the head, then the worker. */
+  stop(): Promise<void>;
+}
+
+/** "0:n", or "0:k + k:n" for a split at k. */
+export function layersName(nLayer: number, split?: number): string {
+  return split === undefined ? `0:${nLayer}` : `0:${split} + ${split}:${nLayer}`;
+}
+
+/**
+ * Starts a head on the whole model, or a worker for layers k:n and a head on 0:k before it, each
+ * with the same slots and context; what was started is stopped again when a later start fails.
+ */
+export async function startServing(options: ServingOptions): Promise<Serving> {
+  const { split, nLayer } = options;
+  const started: RunningProcess[] = [];
+  const stop = async () => {
+    for (const p of started.reverse()) await p.stop();
+  };
+  const start = performance.now();
+  try {
+    let next: string | undefined;
+    if (split !== undefined) {
+      const worker = await startWorker({ ...options, first: split, end: nLayer });
+      started.push(worker);
+      next = worker.address;
+    }
+    const head = await startHeadProcess({
+      ...options,
+      layers: split === undefined ? undefined : `0:${split}`,
+      next,
+    });
+    started.push(head);
+    return {
+      url: head.url,
+      layers: layersName(nLayer, split),
+      startSeconds: (performance.now() - start) / 1000,
+      stop,
+    };
+  } catch (e) {
+    await stop();
+    throw e;
+  }
+}

@@ -28,7 +28,7 @@ function checkReport(report: LoadReport, clients: number, requests: number): voi
 }
 
 Deno.test("requestBody: text to /v1/messages, ids and ignore_eos to /completion, and no mixing", () => {
-  const spec = { maxTokens: 8, temperature: 0.7, topP: 0.9, seed: 3 };
+  const spec = { maxTokens: 8, temperature: 0.7, topP: 0.9, topK: 40, seed: 3 };
   assert.deepEqual(
     requestBody({ ...spec, route: "/completion", prompt: [5, 6], ignoreEos: true }),
     {
@@ -37,6 +37,7 @@ Deno.test("requestBody: text to /v1/messages, ids and ignore_eos to /completion,
       stream: true,
       temperature: 0.7,
       top_p: 0.9,
+      top_k: 40,
       seed: 3,
       ignore_eos: true,
     },
@@ -48,6 +49,7 @@ Deno.test("requestBody: text to /v1/messages, ids and ignore_eos to /completion,
     messages: [{ role: "user", content: "hi" }],
     temperature: 0.7,
     top_p: 0.9,
+    top_k: 40,
     seed: 3,
   });
   assert.throws(() => requestBody({ ...spec, route: "/v1/messages", prompt: [5] }), TypeError);

@@ -62,6 +62,7 @@ export interface RequestSpec {
   /** 0 is greedy. */
   readonly temperature: number;
   readonly topP?: number;
+  readonly topK?: number;
   readonly seed?: number;
   /** /completion only: end-of-generation tokens are banned, so the reply runs to maxTokens. */
   readonly ignoreEos?: boolean;
@@ -72,6 +73,7 @@ export function requestBody(spec: RequestSpec): Record<string, unknown> {
   const sampling = {
     temperature: spec.temperature,
     ...(spec.topP === undefined ? {} : { top_p: spec.topP }),
+    ...(spec.topK === undefined ? {} : { top_k: spec.topK }),
     ...(spec.seed === undefined ? {} : { seed: spec.seed }),
   };
   if (spec.route === "/completion") {
