@@ -8,6 +8,7 @@ import { BENCH_SAMPLING, type Deadline, type LoadFigure, OutOfTime } from "./mea
 import { benchPrompt } from "./server_bench.ts";
 import { layersName, startServing } from "./split.ts";
 import { loadFigure, type RequestSpec, runLoad } from "../tools/loadtest.ts";
+import { DEFAULT_MAX_BATCH } from "../engine/stage.ts";
 
 export interface LoadBenchOptions {
   readonly model: string;
@@ -138,7 +139,9 @@ export async function benchLoad(options: LoadBenchOptions): Promise<LoadBenchRes
         slots,
         // A slot per client, and every client's request admitted at once.
         queue: slots,
-        ctx: prompt.tokens + options.maxTokens + 16,
+        // Runs of as many positions as a head with the default context takes (its maxBatch is
+        // the context where shorter): the prompts of clients arriving together share its steps.
+        ctx: Math.max(prompt.tokens + options.maxTokens + 16, DEFAULT_MAX_BATCH),
         nLayer,
         split,
         startTimeoutS: Math.min(Math.max(options.deadline.left, 1), 900),

@@ -1,6 +1,6 @@
 // The bench's workloads on the CPU reference: what they feed, that slots and chunked prefill decode
-// the same tokens, deadlines, and the closing table (bench/measure.ts, report.ts). A worker process
-// and the GPU: tests/bench_measure_test.ts.
+// the same tokens, deadlines (bench/measure.ts). A worker process and the GPU:
+// tests/bench_measure_test.ts.
 
 import assert from "node:assert/strict";
 import { readHParams } from "../engine/hparams.ts";
@@ -24,7 +24,6 @@ import {
   timingOf,
 } from "./measure.ts";
 import { sampleToken, SplitMix64 } from "../lib/sampling/sample.ts";
-import { formatTable } from "./report.ts";
 
 const CTX = 48;
 
@@ -240,119 +239,4 @@ Deno.test("measure keeps a failure as the figure's error instead of throwing", a
   const ok = await measure("tg8", 8, 3, () => Promise.resolve(0.5), new Deadline(60), () => {});
   assert.equal(ok.timing?.median, 0.5);
   assert.match(lines[0], /^pp8: .*device lost/s);
-});
-
-Deno.test("formatTable: median (best–worst, ×slowest/median), load, server rows, notes", () => {
-  const t = (...seconds: number[]) => timingOf(seconds);
-  const table = formatTable(
-    {
-      date: "2026-11-29T10:00:00.000Z",
-      commit: "abc",
-      device: "GPU X",
-      model: { path: "m.gguf", bytes: 19.66e9, source: "made", makeSeconds: 42 },
-      engines: [
-        {
-          backend: "gpu",
-          gpu: "dawn",
-          openSeconds: 11.87,
-          figures: {
-            pp512: { tokens: 512, timing: t(0.5, 0.4, 0.6) },
-            tg128: { tokens: 128, timing: t(2) },
-            "tg128-fused": { tokens: 128, timing: t(1.6) },
-            "tg128-sampled": { tokens: 128, timing: t(2.56) },
-            tg128x2: { tokens: 256, error: "skipped: out of time" },
-          },
-          split: {
-            layers: "0:20 + 20:40",
-            decode: { tokens: 128, timing: t(0.32) },
-            concurrent: { tokens: 256, timing: t(2) },
-          },
-        },
-        { gpu: "builtin", error: "the builtin engine exited with code 1" },
-      ],
-      servers: [{
-        backend: "gpu",
-        gpu: "dawn",
-        promptTokens: 510,
-        maxTokens: 128,
-        modes: [
-          {
-            layers: "0:40",
-            startSeconds: 12.3,
-            routes: [
-              {
-                route: "/v1/messages",
-                greedy: {
-                  ttft: { tokens: 510, timing: t(0.45) },
-                  decode: { tokens: 1, timing: t(0.01, 0.011) },
-                },
-                sampled: {
-                  ttft: { tokens: 510, timing: t(0.5) },
-                  decode: { tokens: 1, timing: t(0.0125) },
-                },
-              },
-              {
-                route: "/completion",
-                greedy: {
-                  ttft: { tokens: 510, timing: t(0.25) },
-                  decode: { tokens: 1, timing: t(0.005) },
-                },
-                sampled: {
-                  ttft: { tokens: 510, timing: t(0.26) },
-                  decode: { tokens: 1, timing: t(0.006) },
-                },
-              },
-            ],
-          },
-          { layers: "0:20 + 20:40", error: "the worker did not start" },
-        ],
-      }],
-      peers: [{
-        name: "llama.cpp",
-        loadSeconds: 6.84,
-        figures: {
-          pp512: { tokens: 512, timing: t(0.1) },
-          tg128: { tokens: 128, timing: t(1) },
-          "tg128-nologits": { tokens: 128, timing: t(0.5) },
-        },
-      }],
-    },
-    [512],
-    128,
-    2,
-  );
-  const lines = table.split("\n");
-  assert.equal(lines[0], "2026-11-29, GPU X, commit abc");
-  assert.equal(lines[1], "model m.gguf (19.66 GB, made in 42 s)");
-  assert.match(lines[3], /^\| engine \| load s \| pp512 tok\/s \| tg128 tok\/s \| tg128 fused/);
-  assert.equal(
-    lines[5],
-    "| tandem gpu dawn | 11.9 | 1024 (1280–853, ×1.20) | 64.0 (64.0–64.0, ×1.00) | " +
-      "80.0 (80.0–80.0, ×1.00) | 50.0 (50.0–50.0, ×1.00) | (1) | 0:20 + 20:40 | " +
-      "2.5 (2.5–2.5, ×1.00) | 128 (128–128, ×1.00) |",
-  );
-  assert.equal(lines[6], "| tandem gpu builtin | (2) | — | — | — | — | — | — | — | — |");
-  assert.equal(
-    lines[7],
-    "| llama.cpp | 6.8 | 5120 (5120–5120, ×1.00) | 128 (128–128, ×1.00); 256 without sampling " +
-      "| — | — | — | — | — | — |",
-  );
-  assert.match(lines[9], /^\| through the server, 510-token prompt, 128 out \| start s \|/);
-  assert.equal(
-    lines[11],
-    "| tandem gpu dawn, layers 0:40, /v1/messages | 12.3 | 450 (450–450, ×1.00) | " +
-      "95.2 (100–90.9, ×1.05) | 500 (500–500, ×1.00) | 80.0 (80.0–80.0, ×1.00) |",
-  );
-  assert.equal(
-    lines[12],
-    "| tandem gpu dawn, layers 0:40, /completion | 12.3 | 250 (250–250, ×1.00) | " +
-      "200 (200–200, ×1.00) | 260 (260–260, ×1.00) | 167 (167–167, ×1.00) |",
-  );
-  assert.equal(lines[13], "| tandem gpu dawn, layers 0:20 + 20:40 | (3) | — | — | — | — |");
-  assert.match(lines[15], /Largest slowest\/median: ×1\.20 \(tandem gpu dawn pp512\)\.$/);
-  assert.deepEqual(lines.slice(17), [
-    "(1) skipped: out of time",
-    "(2) the builtin engine exited with code 1",
-    "(3) the worker did not start",
-  ]);
 });

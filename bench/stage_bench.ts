@@ -333,7 +333,9 @@ async function manySlotStage(
   const slots = Math.max(...options.concurrency);
   let opened;
   try {
-    opened = await openTimed(model, options, { first: 0, end: nLayer, slots, ctx: options.tg });
+    // A step takes up to maxBatch rows (the context's length by default): one for each sequence.
+    const ctx = Math.max(options.tg, slots);
+    opened = await openTimed(model, options, { first: 0, end: nLayer, slots, ctx });
   } catch (e) {
     log(`open ${slots} slots: ${(e as Error).stack}`);
     const error = `Cannot open ${slots} slots: ${(e as Error).message}`;
