@@ -146,9 +146,10 @@ function times(a: number | undefined, b: number | undefined): string {
 export function formatTable(report: TableInput): string {
   const { pp, tg, slots, concurrency, at } = reportShape(report);
   const notes: string[] = [];
+  // One number for each distinct reason, however many cells give it.
   const note = (why: string) => {
-    notes.push(why);
-    return `(${notes.length})`;
+    if (!notes.includes(why)) notes.push(why);
+    return `(${notes.indexOf(why) + 1})`;
   };
   let worst: { ratio: number; what: string } | undefined;
   function cell(f: Figure | undefined, unit: Unit, what: string): string {

@@ -132,6 +132,7 @@ const FULL: TableInput = {
       pp512: { tokens: 512, timing: t(0.2) },
       pp32768: { tokens: 32768, error: "skipped: out of time" },
       tg128: { tokens: 128, timing: t(0.64) },
+      "tg128-fused": { tokens: 128, error: "skipped: out of time" },
       "tg128-sampled": { tokens: 128, timing: t(0.8) },
       "tg128x4-sampled": { tokens: 512, timing: t(1) },
       "tg128x16-sampled": { tokens: 2048, timing: t(2, 2.2) },
@@ -208,6 +209,11 @@ Deno.test("formatTable: many sequences and a long prefix against one, load rows 
     at("A 32768-token prompt"),
     "A 32768-token prompt beside 8 streams (layers 0:40): its first token 15000 ms against " +
       "12000 ms alone (×1.25); the streams' p99 gap 30.0 ms with it, 8.0 ms without (×3.75).",
+  );
+  // One reason, one number: pp32768 and tg128 fused were both skipped.
+  assert.match(
+    at("| tandem gpu dawn | — |")!,
+    /^\| tandem gpu dawn \| — \| 2560 \(2560–2560, ×1\.00\) \| \(1\) \| 200 \(200–200, ×1\.00\) \| \(1\) \|/,
   );
   assert.deepEqual(lines.slice(-2), [
     "(1) skipped: out of time",
