@@ -164,7 +164,8 @@ export async function benchLongPrompt(options: LongPromptOptions): Promise<LongP
     const url = serving.url;
     await streamRequest(url, { ...stream(0), maxTokens: 8 });
     let lastMs = 0;
-    const ttft = async () => {
+    /** The long prompt's request: when it was sent and when its first token came. */
+    const sendLong = async () => {
       if (deadline.left * 1000 <= lastMs) {
         throw new OutOfTime(
           `${deadline.left.toFixed(0)} s left, the long prompt took ${
@@ -174,10 +175,12 @@ export async function benchLongPrompt(options: LongPromptOptions): Promise<LongP
       }
       const t = await streamRequest(url, long);
       lastMs = t.endMs - t.sentMs;
-      return t.eventMs[0] - t.sentMs;
+      if (t.eventMs.length === 0) throw new Error("The long prompt's reply streamed no token");
+      return { sent: t.sentMs, first: t.eventMs[0] };
     };
-    await ttft();
-    measured.ttftAloneMs = await ttft();
+    await sendLong();
+    const alone = await sendLong();
+    measured.ttftAloneMs = alone.first - alone.sent;
     log(`long prompt of ${longTokens} alone: first token ${measured.ttftAloneMs.toFixed(0)} ms`);
     const waitS = Math.min(Math.max(deadline.left, 30), 900);
     live = new LiveStreams(url, Array.from({ length: streams }, (_, i) => stream(i)));
@@ -190,9 +193,8 @@ export async function benchLongPrompt(options: LongPromptOptions): Promise<LongP
       `${options.window} tokens of each stream`,
       waitS,
     );
-    const sent = performance.now();
-    measured.ttftBesideMs = await ttft();
-    const first = sent + measured.ttftBesideMs;
+    const { sent, first } = await sendLong();
+    measured.ttftBesideMs = first - sent;
     await live.until(() => live!.allAfter(first), "a token of each stream after it", waitS);
     const without = gaps(times, (a, b) => a >= from && b <= sent);
     const beside = gaps(times, (a, b) => b > sent && a < first);
