@@ -80,7 +80,7 @@ export function benchPanels(report: TableInput): [Panel, Panel] {
   const kept = (series: Series[]) => series.filter((s) => s.points.length > 0);
   return [
     {
-      title: `Decode throughput against concurrency (tg${tg}, temperature 0.7)`,
+      title: `Decode throughput, tg${tg} at temperature 0.7`,
       x: "sequences at once",
       y: "aggregate output tok/s",
       series: kept(throughput),
