@@ -199,6 +199,8 @@ export function plotSvg(panels: readonly Panel[], caption: string): string {
   const height = Math.max(...drawn.map((d) => d.height)) + 24;
   const width = WIDTH * panels.length;
   return [
+    // Kept as written: deno fmt would rewrap it (docs/bench/ is checked by `deno task check`).
+    "<!-- deno-fmt-ignore-file -->",
     `<svg xmlns="http://www.w3.org/2000/svg" width="${width}" height="${height}" viewBox="0 0 ${width} ${height}" font-family="sans-serif" font-size="12">`,
     `<rect width="${width}" height="${height}" fill="white"/>`,
     ...drawn.flatMap((d, i) => [

@@ -76,7 +76,11 @@ function checkTags(svg: string): void {
 Deno.test("plotSvg: closed elements, escaped text, points on a log2 x and a linear y from 0", () => {
   const svg = plotSvg(benchPanels(REPORT), "2026-12-06, GPU X & co, commit abc");
   checkTags(svg);
-  assert.ok(svg.startsWith('<svg xmlns="http://www.w3.org/2000/svg" width="1040"'));
+  assert.ok(
+    svg.startsWith(
+      '<!-- deno-fmt-ignore-file -->\n<svg xmlns="http://www.w3.org/2000/svg" width="1040"',
+    ),
+  );
   assert.ok(!/NaN|undefined|Infinity/.test(svg), "every coordinate is a number");
   assert.match(svg, />llama\.cpp &lt;Vulkan&gt;, under load</);
   assert.match(svg, />2026-12-06, GPU X &amp; co, commit abc</);

@@ -65,7 +65,7 @@ Deno.test("deno task bench: --only parts each write their figures; --merge joins
     assert.deepEqual(a.load?.map((f) => f.clients), [2]);
     assert.match(
       await Deno.readTextFile(`${dir}/a.svg`),
-      /^<svg [^]*tandem cpu, engine[^]*<\/svg>\n$/,
+      /^<!-- deno-fmt-ignore-file -->\n<svg [^]*tandem cpu, engine[^]*<\/svg>\n$/,
     );
     await bench([
       ...common,
@@ -108,6 +108,12 @@ Deno.test("deno task bench: --only parts each write their figures; --merge joins
       /^A 60-token prompt beside 2 streams \(layers 0:4\): its first token \d+ ms/m,
     );
     assert.ok((await Deno.stat(`${dir}/m.svg`)).size > 1000);
+    // Copied into docs/bench/, the plot passes `deno task check` as written.
+    const fmt = await new Deno.Command(Deno.execPath(), {
+      args: ["fmt", "--check", `${dir}/m.svg`],
+      stderr: "piped",
+    }).output();
+    assert.equal(fmt.code, 0, new TextDecoder().decode(fmt.stderr));
   } finally {
     await Deno.remove(dir, { recursive: true });
   }
