@@ -1,6 +1,5 @@
-// The bench's workloads on the CPU reference: what they feed, that slots and chunked prefill decode
-// the same tokens, deadlines (bench/measure.ts). A worker process and the GPU:
-// tests/bench_measure_test.ts.
+// The bench's workloads on the CPU reference (bench/measure.ts): what they feed, that slots and
+// chunked prefill decode the same tokens, deadlines. Worker, GPU: tests/bench_measure_test.ts.
 
 import assert from "node:assert/strict";
 import { readHParams } from "../engine/hparams.ts";

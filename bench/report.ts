@@ -1,6 +1,5 @@
-// The bench's closing tables: a markdown row per engine/provider and per peer, the figures on many
-// sequences and after a long prefix, through the server, under load, and the long prompt; notes
-// below. Printed last by bench/decode.ts; the rows go into docs/PERFORMANCE.md.
+// The bench's closing tables (engines, peers, many sequences, the server, load, the long prompt) and
+// their notes. Printed last by bench/decode.ts; the rows go into docs/PERFORMANCE.md.
 
 import type { Figure, LoadFigure } from "./measure.ts";
 

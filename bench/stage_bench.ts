@@ -1,7 +1,8 @@
 // One engine's figures (pp, tg, sampled tg on many slots, tg after a long prefix, split decode) in a
-// process of its own.
+// process of its own; answers JSON on stdout, logs on stderr.
+//
 // Spawned by bench/decode.ts once per GPU provider, so that a crash or a leaked device in one
-// provider cannot take the other's figures with it; answers JSON on stdout, logs on stderr.
+// provider cannot take the other's figures with it.
 
 import { openGguf } from "../engine/gguf/read.ts";
 import type { GgufModel } from "../engine/gguf/gguf_model.ts";
@@ -28,6 +29,7 @@ import {
   DEFAULT_RUNS,
   type Figure,
   measure,
+  OutOfTime,
   seededIds,
   timeConcurrentDecode,
   timeDecode,
@@ -261,6 +263,11 @@ async function splitFigure(
 ): Promise<SplitReport> {
   const layers = `0:${k} + ${k}:${nLayer}`;
   const name = `split tg${options.tg}`;
+  if (deadline.left <= 0) {
+    const error = "skipped: no time left to start the worker";
+    log(`${name}: ${error}`);
+    return { layers, decode: { tokens: options.tg, error } };
+  }
   let worker;
   let local: Stage | undefined;
   let remote: Stage | undefined;
@@ -333,12 +340,15 @@ async function manySlotStage(
   const slots = Math.max(...options.concurrency);
   let opened;
   try {
+    if (deadline.left <= 0) throw new OutOfTime(`no time left to open ${slots} slots`);
     // A step takes up to maxBatch rows (the context's length by default): one for each sequence.
     const ctx = Math.max(options.tg, slots);
     opened = await openTimed(model, options, { first: 0, end: nLayer, slots, ctx });
   } catch (e) {
-    log(`open ${slots} slots: ${(e as Error).stack}`);
-    const error = `Cannot open ${slots} slots: ${(e as Error).message}`;
+    const error = e instanceof OutOfTime
+      ? `skipped: ${e.message}`
+      : `Cannot open ${slots} slots: ${(e as Error).message}`;
+    log(`open ${slots} slots: ${e instanceof OutOfTime ? error : (e as Error).stack}`);
     return {
       figures: Object.fromEntries(
         options.concurrency.map((s) => [

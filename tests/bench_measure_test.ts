@@ -1,6 +1,5 @@
-// The bench's workloads that need a worker process or a GPU (bench/measure.ts, split.ts): the
-// split over a worker decodes one stage's tokens, fused decoding feeds the stepwise tokens, and
-// sampled slots sharing GPU steps draw what each draws alone.
+// The bench's workloads that need a worker or a GPU (bench/measure.ts, split.ts): the split decodes
+// one stage's tokens, fused decoding the stepwise ones, sampled slots sharing steps their own.
 
 import assert from "node:assert/strict";
 import { openGpuStage } from "../engine/gpu/gpu_stage.ts";
