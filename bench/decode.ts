@@ -1,8 +1,10 @@
-// `deno task bench`: makes the bench model, runs our engine per GPU provider and the llama.cpp peer.
-// The project's one performance measurement (docs/PERFORMANCE.md); prints a table, writes JSON.
+// `deno task bench`: makes the bench model, runs our engine per GPU provider, the server and the
+// llama.cpp peer. The project's one performance measurement (docs/PERFORMANCE.md): tables, JSON, SVG.
 //
-// Each engine and the peer run in a child process (bench/stage_bench.ts, bench/peers/llama.ts)
-// one after another, so only one of them holds the GPU at a time and a crash costs one row.
+// Each engine and the peer run in a child process (bench/stage_bench.ts, bench/peers/llama.ts),
+// the server's figures against head processes, one after another, so only one of them holds the
+// GPU at a time and a crash costs one row. --only picks parts, so that each fits a device command;
+// --merge makes one report of those parts' JSON files.
 
 import { openGguf } from "../engine/gguf/read.ts";
 import {
@@ -19,6 +21,18 @@ import type { PeerReport } from "./peers/llama.ts";
 import { formatTable } from "./report.ts";
 import type { StageReport } from "./stage_bench.ts";
 import { benchServer, type ServerReport } from "./server_bench.ts";
+import { benchLoad, type LoadBenchResult } from "./load_bench.ts";
+import { benchLongPrompt } from "./long_prompt.ts";
+import { benchPanels, plotSvg } from "./plot.ts";
+import {
+  type BenchReport,
+  type EngineEntry,
+  mergeReports,
+  type ModelReport,
+  type Part,
+  PARTS,
+  type PeerEntry,
+} from "./results.ts";
 import {
   type Command,
   flag,
@@ -36,8 +50,9 @@ import {
 const BENCH = {
   name: "Bench",
   usage: "deno task bench",
-  about: "Makes the bench model, runs our engine per GPU provider and the llama.cpp peer, each " +
-    "in a child process, and prints a table (docs/PERFORMANCE.md).",
+  about: "Makes the bench model, runs our engine per GPU provider, the server (single requests, " +
+    "under load, a long prompt beside live streams) and the llama.cpp peer, each in a child " +
+    "process, and prints tables; writes the JSON and an SVG plot (docs/PERFORMANCE.md).",
   flags: {
     model: flag(text("PATH"), "bench this file instead of making one"),
     preset: flag(oneOf(Object.keys(PRESETS) as PresetName[]), "the model to make", "qwen35moe-35b"),
@@ -48,6 +63,12 @@ const BENCH = {
       "where it is made; an existing one is reused",
       "/tmp/tandem-bench",
     ),
+    only: flag(
+      listOf(oneOf(PARTS)),
+      "the parts to run: peer (llama.cpp), engine (per provider), server (single requests), " +
+        "load (clients at once), long (a long prompt beside live streams)",
+      [...PARTS],
+    ),
     backend: flag(oneOf(BACKENDS), "our engine", "gpu"),
     gpu: flag(listOf(oneOf(["builtin", "dawn"])), "GPU providers, one child each", [
       "dawn",
@@ -55,17 +76,34 @@ const BENCH = {
     ]),
     server: flag(
       listOf(oneOf(["builtin", "dawn"])),
-      "providers also measured through the server (main.ts), unsplit and split",
+      "providers also measured through the server (main.ts); load and long run on the first",
       ["dawn"],
     ),
-    "no-server": switchFlag("leave out the figures through the server"),
+    "no-server": switchFlag("leave out every figure through the server (server, load, long)"),
     "server-prompt": flag(whole(1), "prompt tokens of each request through the server", 512),
-    pp: flag(listOf(whole(1)), "prefill lengths", [512, 2048]),
-    tg: flag(whole(1), "decode steps", 128),
-    slots: flag(whole(1), "slots decoding at once for the aggregate figure (1: none)", 2),
+    pp: flag(listOf(whole(1)), "prefill lengths", [512, 2048, 8192, 32768]),
+    tg: flag(whole(1), "decode steps (and tokens of each reply through the server)", 128),
+    slots: flag(whole(1), "slots decoding greedily at once for the aggregate figure (1: none)", 2),
+    concurrency: flag(
+      listOf(whole(0)),
+      "sequences sampled at once, each its own seed, for tgNxS-sampled (0: none)",
+      [4, 16, 64],
+    ),
+    "tg-at": flag(whole(0), "also decode tg steps after a prefix of N positions (0: none)", 32768),
     split: flag(whole(1), "also decode through layers 0:K here + K:n in a worker (default n/2)"),
     "no-split": switchFlag("leave out the split"),
     "no-peers": switchFlag("leave out the llama.cpp peer"),
+    "load-clients": flag(listOf(whole(1)), "clients at once under load, unsplit", [1, 16, 64]),
+    "load-split-clients": flag(
+      listOf(whole(0)),
+      "clients at once under load through the split (0: none)",
+      [16],
+    ),
+    "load-requests": flag(whole(1), "requests each client sends one after another", 2),
+    "long-prompt": flag(whole(1), "tokens of the long prompt beside live streams", 32768),
+    "long-streams": flag(whole(1), "streams decoding when it arrives", 8),
+    "long-window": flag(whole(1), "tokens of each stream timed before it arrives", 64),
+    "prefill-chunk": flag(whole(1), "the heads' --prefill-chunk (default theirs)"),
     runs: flag(
       whole(1),
       "timed runs per figure after one warm-up; median, fastest and slowest are kept",
@@ -74,6 +112,11 @@ const BENCH = {
     seed: flag(whole(0), "seed of the prompt ids", 1),
     "deadline-s": flag(whole(1), "stop starting measurements after S seconds (default none)"),
     json: flag(text("PATH"), "results file (default $OUT/bench.json when $OUT is set)"),
+    plot: flag(text("PATH"), "the SVG plot (default $OUT/bench.svg when $OUT is set)"),
+    merge: flag(
+      listOf(text("PATH")),
+      "measure nothing: make one report of these part runs' JSON files (--json, --plot, table)",
+    ),
     commit: flag(text("SHA"), "recorded commit where git is absent (the GPU box)"),
   },
 } satisfies Command<FlagTable>;
@@ -85,42 +128,49 @@ function log(line: string): void {
 function parseFlags(values: FlagValues<typeof BENCH.flags>) {
   const backend = values.backend;
   const out = Deno.env.get("OUT");
+  const leftOut: Part[] = [
+    ...(values["no-peers"] ? ["peer" as const] : []),
+    ...(values["no-server"] ? ["server" as const, "load" as const, "long" as const] : []),
+  ];
+  const parts = new Set(values.only.filter((p) => !leftOut.includes(p)));
+  // The reference backend has no providers: its figures are taken once, named "cpu".
+  const providers = backend === "gpu" ? values.gpu : ["cpu"];
+  const servers = backend === "gpu" ? values.server.filter((p) => values.gpu.includes(p)) : ["cpu"];
   return {
     model: values.model,
     spec: { preset: values.preset, arch: values.arch, quant: values.quant } satisfies ModelSpec,
     modelDir: values["model-dir"],
+    parts,
     backend,
-    providers: backend === "gpu" ? values.gpu : ["cpu"],
-    // The reference backend has no providers: its server figures are taken once.
-    servers: values["no-server"]
-      ? []
-      : backend === "gpu"
-      ? values.server.filter((p) => values.gpu.includes(p))
-      : ["cpu"],
+    providers: parts.has("engine") ? providers : [],
+    servers: parts.has("server") ? servers : [],
+    /** The provider the load and the long prompt run on. */
+    serving: servers[0] ?? providers[0],
     serverPrompt: values["server-prompt"],
     pp: values.pp,
     tg: values.tg,
     slots: values.slots,
+    concurrency: values.concurrency.filter((s) => s > 0),
+    at: values["tg-at"],
     split: values["no-split"] ? null : values.split,
-    peers: !values["no-peers"],
+    loadClients: values["load-clients"],
+    loadSplitClients: values["load-split-clients"].filter((c) => c > 0),
+    loadRequests: values["load-requests"],
+    longPrompt: values["long-prompt"],
+    longStreams: values["long-streams"],
+    longWindow: values["long-window"],
+    prefillChunk: values["prefill-chunk"],
     runs: values.runs,
     seed: values.seed,
     deadlineS: values["deadline-s"] ?? 1e9,
     json: values.json ?? (out ? `${out}/bench.json` : undefined),
+    plot: values.plot ?? (out ? `${out}/bench.svg` : undefined),
+    merge: values.merge,
     commit: values.commit,
   };
 }
 
 type Flags = ReturnType<typeof parseFlags>;
-
-/** How the bench model came to be: made now (timed), reused from an earlier run, or given. */
-export interface ModelReport {
-  readonly path: string;
-  readonly bytes: number;
-  readonly spec?: ModelSpec;
-  readonly source: "made" | "reused" | "given";
-  readonly makeSeconds?: number;
-}
 
 async function size(path: string): Promise<number | undefined> {
   try {
@@ -213,22 +263,31 @@ function gitCommit(): string {
     : head;
 }
 
-/** The whole result file; docs/PERFORMANCE.md is written from it. */
-export interface BenchReport {
-  readonly date: string;
-  readonly commit: string;
-  readonly command: string;
-  /** nvidia-smi's name and driver where it exists; else the first adapter's description. */
-  readonly device: string;
-  readonly model: ModelReport;
-  readonly engines: readonly (StageReport | { readonly gpu: string; readonly error: string })[];
-  /** Figures through /v1/messages, per provider in --server. */
-  readonly servers: readonly ServerReport[];
-  readonly peers: readonly (PeerReport | { readonly name: string; readonly error: string })[];
+/** Writes the report's JSON and plot where asked, and prints its tables. */
+async function writeOut(report: BenchReport, flags: Flags): Promise<void> {
+  if (flags.json) {
+    await Deno.writeTextFile(flags.json, JSON.stringify(report, null, 2) + "\n");
+    log(`wrote ${flags.json}`);
+  }
+  if (flags.plot) {
+    const caption = `${report.date.slice(0, 10)}, ${report.device}, commit ${report.commit}`;
+    await Deno.writeTextFile(flags.plot, plotSvg(benchPanels(report), caption));
+    log(`wrote ${flags.plot}`);
+  }
+  console.log(formatTable(report));
+}
+
+/** --merge: one report of the part runs' files, measuring nothing. */
+async function merge(flags: Flags, files: readonly string[]): Promise<void> {
+  const reports = await Promise.all(
+    files.map(async (f) => JSON.parse(await Deno.readTextFile(f)) as BenchReport),
+  );
+  await writeOut(mergeReports(reports, files.map((f) => f.slice(f.lastIndexOf("/") + 1))), flags);
 }
 
 async function main(values: FlagValues<typeof BENCH.flags>): Promise<void> {
   const flags = parseFlags(values);
+  if (flags.merge) return await merge(flags, flags.merge);
   const deadline = new Deadline(flags.deadlineS);
   const command = `deno task bench ${Deno.args.join(" ")}`.trim();
   const commit = flags.commit ?? gitCommit();
@@ -242,6 +301,7 @@ async function main(values: FlagValues<typeof BENCH.flags>): Promise<void> {
       `Cannot split at layer ${split}: the model has ${hp.nLayer} layers; use 1..${hp.nLayer - 1}`,
     );
   }
+  const { parts } = flags;
   const common = [
     "--pp",
     flags.pp.join(","),
@@ -252,12 +312,14 @@ async function main(values: FlagValues<typeof BENCH.flags>): Promise<void> {
     "--seed",
     String(flags.seed),
   ];
-  // Children still to run share what is left of the deadline equally; a fast one leaves its
-  // unused share to the ones after it.
-  let pending = flags.providers.length + flags.servers.length + (flags.peers ? 1 : 0);
-  const share = () => String(Math.max(1, Math.floor(deadline.left / pending--)));
-  const peers: BenchReport["peers"][number][] = [];
-  if (flags.peers) {
+  // Parts still to run share what is left of the deadline equally; a fast one leaves its unused
+  // share to the ones after it.
+  let pending = flags.providers.length + flags.servers.length +
+    ["peer", "load", "long"].filter((p) => parts.has(p as Part)).length;
+  const share = () => Math.max(1, Math.floor(deadline.left / pending--));
+  const logLine = (line: string) => console.error(line);
+  const peers: PeerEntry[] = [];
+  if (parts.has("peer")) {
     const name = "llama.cpp Vulkan";
     await ensurePeerModules();
     const report = await child<PeerReport>([
@@ -270,33 +332,52 @@ async function main(values: FlagValues<typeof BENCH.flags>): Promise<void> {
       "--vocab",
       String(hp.V),
       "--deadline-s",
-      share(),
+      String(share()),
       ...common,
+      // The same decode after a long prefix and the same load as ours (its prompts of random ids
+      // as long as ours after the chat template, its sequences in one batch a step).
+      ...(flags.at > 0 ? ["--tg-depth", String(flags.at)] : []),
+      ...(flags.loadClients.length
+        ? [
+          "--load",
+          flags.loadClients.join(","),
+          "--load-prompt",
+          String(flags.serverPrompt),
+          "--load-tokens",
+          String(flags.tg),
+        ]
+        : []),
     ], "the llama.cpp peer");
     peers.push("error" in report ? { name, error: report.error } : report);
   }
-  const engines: BenchReport["engines"][number][] = [];
+  const engines: EngineEntry[] = [];
   const servers: ServerReport[] = [];
-  for (const gpu of flags.providers) {
-    const report = await child<StageReport>([
-      "run",
-      "-A",
-      new URL("./stage_bench.ts", import.meta.url).pathname,
-      "--model",
-      model.path,
-      "--backend",
-      flags.backend,
-      ...(flags.backend === "gpu" ? ["--gpu", gpu] : []),
-      "--slots",
-      String(flags.slots),
-      "--deadline-s",
-      share(),
-      ...(split === undefined ? [] : ["--split", String(split)]),
-      ...common,
-    ], `the ${gpu} engine`);
-    engines.push(
-      "error" in report && !("figures" in report) ? { gpu, error: report.error } : report,
-    );
+  for (const gpu of new Set([...flags.providers, ...flags.servers])) {
+    if (flags.providers.includes(gpu)) {
+      const report = await child<StageReport>([
+        "run",
+        "-A",
+        new URL("./stage_bench.ts", import.meta.url).pathname,
+        "--model",
+        model.path,
+        "--backend",
+        flags.backend,
+        ...(flags.backend === "gpu" ? ["--gpu", gpu] : []),
+        "--slots",
+        String(flags.slots),
+        "--concurrency",
+        flags.concurrency.length ? flags.concurrency.join(",") : "0",
+        "--at",
+        String(flags.at),
+        "--deadline-s",
+        String(share()),
+        ...(split === undefined ? [] : ["--split", String(split)]),
+        ...common,
+      ], `the ${gpu} engine`);
+      engines.push(
+        "error" in report && !("figures" in report) ? { gpu, error: report.error } : report,
+      );
+    }
     if (flags.servers.includes(gpu)) {
       servers.push(
         await benchServer({
@@ -307,16 +388,46 @@ async function main(values: FlagValues<typeof BENCH.flags>): Promise<void> {
           maxTokens: flags.tg,
           split,
           runs: flags.runs,
-          deadline: new Deadline(Number(share())),
-          log: (line) => console.error(line),
+          deadline: new Deadline(share()),
+          log: logLine,
         }),
       );
     }
   }
+  const serving = {
+    model: model.path,
+    backend: flags.backend,
+    gpu: flags.serving,
+    promptTokens: flags.serverPrompt,
+    prefillChunk: flags.prefillChunk,
+    seed: flags.seed,
+    log: logLine,
+  };
+  let load: LoadBenchResult | undefined;
+  if (parts.has("load")) {
+    load = await benchLoad({
+      ...serving,
+      maxTokens: flags.tg,
+      clients: flags.loadClients,
+      splitClients: flags.loadSplitClients,
+      split,
+      requests: flags.loadRequests,
+      deadline: new Deadline(share()),
+    });
+  }
+  const longPrompt = parts.has("long")
+    ? await benchLongPrompt({
+      ...serving,
+      longTokens: flags.longPrompt,
+      streams: flags.longStreams,
+      window: flags.longWindow,
+      deadline: new Deadline(share()),
+    })
+    : undefined;
   const smi = run("nvidia-smi", ["--query-gpu=name,driver_version", "--format=csv,noheader"]);
   const firstAdapter = engines.find((e): e is StageReport => "adapter" in e && !!e.adapter)
     ?.adapter;
-  const report: BenchReport = {
+  await writeOut({
     date: new Date().toISOString(),
     commit,
     command,
@@ -324,15 +435,13 @@ async function main(values: FlagValues<typeof BENCH.flags>): Promise<void> {
       ? `${smi.split("\n")[0]} (nvidia-smi)`
       : firstAdapter ?? (flags.backend === "reference" ? "CPU" : "unknown"),
     model,
+    parts: PARTS.filter((p) => parts.has(p)),
     engines,
     servers,
     peers,
-  };
-  if (flags.json) {
-    await Deno.writeTextFile(flags.json, JSON.stringify(report, null, 2) + "\n");
-    log(`wrote ${flags.json}`);
-  }
-  console.log(formatTable(report, flags.pp, flags.tg, flags.slots));
+    ...load,
+    longPrompt,
+  }, flags);
 }
 
 if (import.meta.main) await runCommand(BENCH, main);

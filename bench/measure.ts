@@ -42,6 +42,46 @@ export function median(values: readonly number[]): number {
 }
 
 /**
+ * The nearest-rank p-quantile of a non-empty list (0 < p ≤ 1): the smallest value with at least
+ * p of the values at or below it, so a p99 of fewer than 100 values is their largest.
+ */
+export function percentile(values: readonly number[], p: number): number {
+  if (values.length === 0) throw new RangeError("Cannot take a percentile of no values");
+  if (!(p > 0 && p <= 1)) throw new RangeError(`Cannot take the ${p} quantile: expected (0, 1]`);
+  const s = [...values].sort((a, b) => a - b);
+  return s[Math.ceil(p * s.length) - 1];
+}
+
+/**
+ * Serving under load at one concurrency, as users see it: `clients` clients streaming at once.
+ * Our figures through the server (bench/load_bench.ts) and the llama.cpp peer's share this shape,
+ * so that the report and the plot read both alike.
+ */
+/** A client count whose load could not be measured, and why. */
+export interface LoadFailure {
+  readonly clients: number;
+  readonly error: string;
+}
+
+/** The measured figures of a load report that may hold failures. */
+export function measuredLoad(
+  load: readonly (LoadFigure | LoadFailure)[] | undefined,
+): LoadFigure[] {
+  return (load ?? []).filter((f): f is LoadFigure => !("error" in f));
+}
+
+export interface LoadFigure {
+  /** Clients streaming at once. */
+  readonly clients: number;
+  /** Output tokens of every reply over the wall seconds from the first request to the last end. */
+  readonly aggregateTokPerS: number;
+  /** Median over the replies of ms from sending the request to its first token. */
+  readonly ttftP50Ms: number;
+  /** 99th percentile (percentile()) of ms between consecutive tokens of a reply, over all replies. */
+  readonly gapP99Ms: number;
+}
+
+/**
  * n token ids in [0, vocab) from a seeded xorshift32 stream: every engine and peer of a run is
  * fed the same ids, and random ids keep the MoE router from settling on a few experts.
  */
@@ -80,60 +120,77 @@ export async function timePrefill(
   return (performance.now() - start) / 1000;
 }
 
-/** What one greedy decode produced and how long it took. */
+/** What one decode produced and how long it took. */
 export interface DecodeRun {
   readonly seconds: number;
-  /** The id fed at each step: `first`, then each step's greedy output. */
+  /** The id fed at each step: `first`, then each step's output (greedy or drawn). */
   readonly fed: Uint32Array;
 }
 
-/**
- * n one-token steps of `slot` from position 0: `first` at position 0, then each greedy output
- * fed back, as llama-bench's tg does from an empty context.
- */
-export async function timeDecode(
-  stages: readonly Stage[],
-  first: number,
-  n: number,
-  slot = 0,
-): Promise<DecodeRun> {
-  const fed = new Uint32Array(n);
-  fed[0] = first;
-  const start = performance.now();
-  for (let pos = 0; pos < n; pos++) {
-    const { ids } = await runPipeline(stages, slot, fed.subarray(pos, pos + 1), pos);
-    if (pos + 1 < n) fed[pos + 1] = ids[0];
-  }
-  return { seconds: (performance.now() - start) / 1000, fed };
+/** Where a decode runs: its slot (default 0) and the position of its first step (default 0). */
+export interface DecodeAt {
+  readonly slot?: number;
+  readonly base?: number;
 }
 
 /** How the bench samples ("sampled decode"): what a chat client typically asks for. */
 export const BENCH_SAMPLING: SamplingParams = { temperature: 0.7, topK: 40, topP: 0.9 };
 
+/** A sampled decode's draws: the sampler's parameters and the seed of its stream. */
+interface Draws {
+  readonly sampling: SamplingParams;
+  readonly seed: number;
+}
+
 /**
- * n one-token steps of `slot` from position 0 as the server decodes a sampled request: each
- * step asks the last stage for its top-k (only those are read back) and the next id is drawn
- * from them with `sampling` from a seeded stream, then fed back.
+ * n one-token steps of one slot from `at.base`: `first`, then each step's output fed back. With
+ * `draws`, each step asks the last stage for its top-k (only those are read back) and the next id
+ * is drawn from them, as the server decodes a sampled request; without, the greedy id.
  */
-export async function timeSampledDecode(
+async function decodeSteps(
+  stages: readonly Stage[],
+  first: number,
+  n: number,
+  at: DecodeAt,
+  draws?: Draws,
+): Promise<DecodeRun> {
+  const slot = at.slot ?? 0;
+  const base = at.base ?? 0;
+  const rng = new SplitMix64(BigInt(draws?.seed ?? 0));
+  const options = draws ? { topk: draws.sampling.topK } : {};
+  const fed = new Uint32Array(n);
+  fed[0] = first;
+  const start = performance.now();
+  for (let i = 0; i < n; i++) {
+    const { ids, top } = await runPipeline(stages, slot, fed.subarray(i, i + 1), base + i, options);
+    if (i + 1 < n) fed[i + 1] = draws ? sampleToken(ids[0], top, draws.sampling, rng) : ids[0];
+  }
+  return { seconds: (performance.now() - start) / 1000, fed };
+}
+
+/**
+ * n greedy one-token steps (llama-bench's tg from an empty context when `at.base` is 0), each
+ * feeding the previous step's greedy id.
+ */
+export function timeDecode(
+  stages: readonly Stage[],
+  first: number,
+  n: number,
+  at: DecodeAt = {},
+): Promise<DecodeRun> {
+  return decodeSteps(stages, first, n, at);
+}
+
+/** n sampled one-token steps (decodeSteps), drawn with `sampling` from a stream seeded by `seed`. */
+export function timeSampledDecode(
   stages: readonly Stage[],
   first: number,
   n: number,
   sampling: SamplingParams,
   seed: number,
-  slot = 0,
+  at: DecodeAt = {},
 ): Promise<DecodeRun> {
-  const rng = new SplitMix64(BigInt(seed));
-  const fed = new Uint32Array(n);
-  fed[0] = first;
-  const start = performance.now();
-  for (let pos = 0; pos < n; pos++) {
-    const { ids, top } = await runPipeline(stages, slot, fed.subarray(pos, pos + 1), pos, {
-      topk: sampling.topK,
-    });
-    if (pos + 1 < n) fed[pos + 1] = sampleToken(ids[0], top, sampling, rng);
-  }
-  return { seconds: (performance.now() - start) / 1000, fed };
+  return decodeSteps(stages, first, n, at, { sampling, seed });
 }
 
 /**
@@ -165,16 +222,23 @@ export async function timeFusedDecode(
 }
 
 /**
- * One independent greedy decode per entry of `firsts` (slot i starts from firsts[i]), all in
- * flight at once as separate requests would be; returns the wall time of the whole set.
+ * One independent decode per entry of `firsts` (slot i starts from firsts[i] at position 0), all
+ * in flight at once as separate requests would be; greedy, or with `sampling` each slot i drawing
+ * from its own stream seeded `seed + i`. Returns the wall time of the whole set.
  */
 export async function timeConcurrentDecode(
   stages: readonly Stage[],
   firsts: readonly number[],
   n: number,
+  sampling?: SamplingParams,
+  seed = 0,
 ): Promise<{ readonly seconds: number; readonly fed: readonly Uint32Array[] }> {
   const start = performance.now();
-  const runs = await Promise.all(firsts.map((first, slot) => timeDecode(stages, first, n, slot)));
+  const runs = await Promise.all(
+    firsts.map((first, slot) =>
+      decodeSteps(stages, first, n, { slot }, sampling && { sampling, seed: seed + slot })
+    ),
+  );
   return { seconds: (performance.now() - start) / 1000, fed: runs.map((r) => r.fed) };
 }
 

@@ -1,6 +1,5 @@
-// The bench's workloads on the CPU reference: what they feed, that slots and chunked prefill decode
-// the same tokens, deadlines, and the closing table (bench/measure.ts, report.ts). A worker process
-// and the GPU: tests/bench_measure_test.ts.
+// The bench's workloads on the CPU reference (bench/measure.ts): what they feed, that slots and
+// chunked prefill decode the same tokens, deadlines. Worker, GPU: tests/bench_measure_test.ts.
 
 import assert from "node:assert/strict";
 import { readHParams } from "../engine/hparams.ts";
@@ -14,6 +13,7 @@ import {
   measure,
   median,
   OutOfTime,
+  percentile,
   repeat,
   seededIds,
   timeConcurrentDecode,
@@ -23,7 +23,6 @@ import {
   timingOf,
 } from "./measure.ts";
 import { sampleToken, SplitMix64 } from "../lib/sampling/sample.ts";
-import { formatTable } from "./report.ts";
 
 const CTX = 48;
 
@@ -33,6 +32,16 @@ Deno.test("median: middle value, mean of the middle two, and no values refused",
   assert.equal(median([5, 1, 3]), 3);
   assert.equal(median([4, 1, 3, 2]), 2.5);
   assert.throws(() => median([]), RangeError);
+});
+
+Deno.test("percentile: nearest rank, so a p99 of fewer than 100 values is their largest", () => {
+  const hundred = Array.from({ length: 100 }, (_, i) => 100 - i);
+  assert.equal(percentile(hundred, 0.99), 99);
+  assert.equal(percentile(hundred, 0.5), 50);
+  assert.equal(percentile([3, 9, 1], 0.99), 9);
+  assert.equal(percentile([3, 9, 1], 1 / 3), 1);
+  assert.throws(() => percentile([], 0.5), RangeError);
+  assert.throws(() => percentile([1], 0), RangeError);
 });
 
 Deno.test("timingOf: median, fastest and slowest of the runs", () => {
@@ -135,16 +144,42 @@ Deno.test("timePrefill chunks by maxBatch as the server does and leaves the slot
   });
 });
 
-Deno.test("timeConcurrentDecode: each slot decodes as it would alone", async () => {
+Deno.test("timeConcurrentDecode: each slot decodes as it would alone, greedy or sampled from its own seed", async () => {
+  await withModel(TINY, async (model) => {
+    const stage = await openReferenceStage(model, { first: 0, end: 4, slots: 3, ctx: CTX });
+    try {
+      const firsts = Array.from(seededIds(3, readHParams(model.metadata).V, 9));
+      const greedy = await timeConcurrentDecode([stage], firsts, 5);
+      const sampled = await timeConcurrentDecode([stage], firsts, 5, BENCH_SAMPLING, 40);
+      for (const [slot, first] of firsts.entries()) {
+        assert.deepEqual(greedy.fed[slot], (await timeDecode([stage], first, 5)).fed);
+        const alone = await timeSampledDecode([stage], first, 5, BENCH_SAMPLING, 40 + slot);
+        assert.deepEqual(sampled.fed[slot], alone.fed);
+      }
+      assert.notDeepEqual(greedy.fed[0], greedy.fed[1]);
+      assert.notDeepEqual(sampled.fed, greedy.fed, "the sampled slots draw");
+    } finally {
+      stage.close();
+    }
+  });
+});
+
+Deno.test("timeDecode from a base position continues the slot's prefix, as stepping by hand", async () => {
   await withModel(TINY, async (model) => {
     const stage = await openReferenceStage(model, { first: 0, end: 4, slots: 2, ctx: CTX });
     try {
-      const firsts = Array.from(seededIds(2, readHParams(model.metadata).V, 9));
-      const both = await timeConcurrentDecode([stage], firsts, 5);
-      for (const [slot, first] of firsts.entries()) {
-        assert.deepEqual(both.fed[slot], (await timeDecode([stage], first, 5)).fed);
+      const prefix = seededIds(12, readHParams(model.metadata).V, 6);
+      await timePrefill([stage], prefix, 1);
+      const run = await timeDecode([stage], 17, 4, { slot: 1, base: 12 });
+      await timePrefill([stage], prefix, 1);
+      const fed = [17];
+      for (let pos = 12; pos < 15; pos++) {
+        const out = await stage.run(1, { kind: "ids", ids: Uint32Array.of(fed.at(-1)!) }, 1, pos);
+        fed.push(out.kind === "ids" ? out.ids[0] : -1);
       }
-      assert.notDeepEqual(both.fed[0], both.fed[1]);
+      assert.deepEqual(Array.from(run.fed), fed);
+      // From position 0 the same first id decodes otherwise: the prefix was read.
+      assert.notDeepEqual((await timeDecode([stage], 17, 4, { slot: 1 })).fed, run.fed);
     } finally {
       stage.close();
     }
@@ -203,119 +238,4 @@ Deno.test("measure keeps a failure as the figure's error instead of throwing", a
   const ok = await measure("tg8", 8, 3, () => Promise.resolve(0.5), new Deadline(60), () => {});
   assert.equal(ok.timing?.median, 0.5);
   assert.match(lines[0], /^pp8: .*device lost/s);
-});
-
-Deno.test("formatTable: median (best–worst, ×slowest/median), load, server rows, notes", () => {
-  const t = (...seconds: number[]) => timingOf(seconds);
-  const table = formatTable(
-    {
-      date: "2026-11-29T10:00:00.000Z",
-      commit: "abc",
-      device: "GPU X",
-      model: { path: "m.gguf", bytes: 19.66e9, source: "made", makeSeconds: 42 },
-      engines: [
-        {
-          backend: "gpu",
-          gpu: "dawn",
-          openSeconds: 11.87,
-          figures: {
-            pp512: { tokens: 512, timing: t(0.5, 0.4, 0.6) },
-            tg128: { tokens: 128, timing: t(2) },
-            "tg128-fused": { tokens: 128, timing: t(1.6) },
-            "tg128-sampled": { tokens: 128, timing: t(2.56) },
-            tg128x2: { tokens: 256, error: "skipped: out of time" },
-          },
-          split: {
-            layers: "0:20 + 20:40",
-            decode: { tokens: 128, timing: t(0.32) },
-            concurrent: { tokens: 256, timing: t(2) },
-          },
-        },
-        { gpu: "builtin", error: "the builtin engine exited with code 1" },
-      ],
-      servers: [{
-        backend: "gpu",
-        gpu: "dawn",
-        promptTokens: 510,
-        maxTokens: 128,
-        modes: [
-          {
-            layers: "0:40",
-            startSeconds: 12.3,
-            routes: [
-              {
-                route: "/v1/messages",
-                greedy: {
-                  ttft: { tokens: 510, timing: t(0.45) },
-                  decode: { tokens: 1, timing: t(0.01, 0.011) },
-                },
-                sampled: {
-                  ttft: { tokens: 510, timing: t(0.5) },
-                  decode: { tokens: 1, timing: t(0.0125) },
-                },
-              },
-              {
-                route: "/completion",
-                greedy: {
-                  ttft: { tokens: 510, timing: t(0.25) },
-                  decode: { tokens: 1, timing: t(0.005) },
-                },
-                sampled: {
-                  ttft: { tokens: 510, timing: t(0.26) },
-                  decode: { tokens: 1, timing: t(0.006) },
-                },
-              },
-            ],
-          },
-          { layers: "0:20 + 20:40", error: "the worker did not start" },
-        ],
-      }],
-      peers: [{
-        name: "llama.cpp",
-        loadSeconds: 6.84,
-        figures: {
-          pp512: { tokens: 512, timing: t(0.1) },
-          tg128: { tokens: 128, timing: t(1) },
-          "tg128-nologits": { tokens: 128, timing: t(0.5) },
-        },
-      }],
-    },
-    [512],
-    128,
-    2,
-  );
-  const lines = table.split("\n");
-  assert.equal(lines[0], "2026-11-29, GPU X, commit abc");
-  assert.equal(lines[1], "model m.gguf (19.66 GB, made in 42 s)");
-  assert.match(lines[3], /^\| engine \| load s \| pp512 tok\/s \| tg128 tok\/s \| tg128 fused/);
-  assert.equal(
-    lines[5],
-    "| tandem gpu dawn | 11.9 | 1024 (1280–853, ×1.20) | 64.0 (64.0–64.0, ×1.00) | " +
-      "80.0 (80.0–80.0, ×1.00) | 50.0 (50.0–50.0, ×1.00) | (1) | 0:20 + 20:40 | " +
-      "2.5 (2.5–2.5, ×1.00) | 128 (128–128, ×1.00) |",
-  );
-  assert.equal(lines[6], "| tandem gpu builtin | (2) | — | — | — | — | — | — | — | — |");
-  assert.equal(
-    lines[7],
-    "| llama.cpp | 6.8 | 5120 (5120–5120, ×1.00) | 128 (128–128, ×1.00); 256 without sampling " +
-      "| — | — | — | — | — | — |",
-  );
-  assert.match(lines[9], /^\| through the server, 510-token prompt, 128 out \| start s \|/);
-  assert.equal(
-    lines[11],
-    "| tandem gpu dawn, layers 0:40, /v1/messages | 12.3 | 450 (450–450, ×1.00) | " +
-      "95.2 (100–90.9, ×1.05) | 500 (500–500, ×1.00) | 80.0 (80.0–80.0, ×1.00) |",
-  );
-  assert.equal(
-    lines[12],
-    "| tandem gpu dawn, layers 0:40, /completion | 12.3 | 250 (250–250, ×1.00) | " +
-      "200 (200–200, ×1.00) | 260 (260–260, ×1.00) | 167 (167–167, ×1.00) |",
-  );
-  assert.equal(lines[13], "| tandem gpu dawn, layers 0:20 + 20:40 | (3) | — | — | — | — |");
-  assert.match(lines[15], /Largest slowest\/median: ×1\.20 \(tandem gpu dawn pp512\)\.$/);
-  assert.deepEqual(lines.slice(17), [
-    "(1) skipped: out of time",
-    "(2) the builtin engine exited with code 1",
-    "(3) the worker did not start",
-  ]);
 });

@@ -7,7 +7,8 @@ import { readHParams } from "../engine/hparams.ts";
 import { PromptBuilder } from "../lib/server/prompt.ts";
 import { TokenizerThread } from "../lib/tokenizer/tokenizer_thread.ts";
 import { type Deadline, type Figure, OutOfTime, timingOf } from "./measure.ts";
-import { type RunningProcess, startHeadProcess, startWorker } from "./split.ts";
+import { layersName, startServing } from "./split.ts";
+import { requestTiming, streamRequest } from "../tools/loadtest.ts";
 
 export interface ServerBenchOptions {
   readonly model: string;
@@ -107,22 +108,6 @@ export async function promptOfLength(
   return { text: text(lo).join(" "), tokens: built.tokens, ids: built.ids };
 }
 
-/** The event blocks of a server-sent event stream, as (event, parsed data) pairs. */
-async function* sseEvents(
-  body: ReadableStream<Uint8Array>,
-): AsyncGenerator<{ event: string; data: Record<string, unknown> }> {
-  let rest = "";
-  for await (const text of body.pipeThrough(new TextDecoderStream())) {
-    const blocks = (rest + text).split("\n\n");
-    rest = blocks.pop()!;
-    for (const block of blocks) {
-      const event = /^event: (.*)$/m.exec(block)?.[1] ?? "";
-      const data = /^data: (.*)$/m.exec(block)?.[1];
-      if (data) yield { event, data: JSON.parse(data) };
-    }
-  }
-}
-
 type Sampling = { readonly temperature: number; readonly top_p?: number };
 
 /** The bench's prompt: the user text, and the ids the chat template makes of it. */
@@ -131,26 +116,10 @@ export interface BenchPrompt {
   readonly ids: readonly number[];
 }
 
-/** The request body of one streaming request on `route`. */
-function requestBody(
-  route: ServerRoute["route"],
-  prompt: BenchPrompt,
-  maxTokens: number,
-  sampling: Sampling,
-): Record<string, unknown> {
-  return route === "/v1/messages"
-    ? {
-      model: "bench",
-      max_tokens: maxTokens,
-      stream: true,
-      messages: [{ role: "user", content: prompt.text }],
-      ...sampling,
-    }
-    // The same ids as the chat request prefills, given as ids: no template, no tokenizing.
-    : { prompt: prompt.ids, n_predict: maxTokens, stream: true, ...sampling };
-}
-
-/** POSTs one streaming request to `route` and times its reply. */
+/**
+ * POSTs one streaming request to `route` and times its reply: /v1/messages gets the prompt's text
+ * (the head applies the template), /completion the same ids (no template, no tokenizing).
+ */
 export async function timeStream(
   url: string,
   route: ServerRoute["route"],
@@ -158,45 +127,18 @@ export async function timeStream(
   maxTokens: number,
   sampling: Sampling,
 ): Promise<StreamTiming> {
-  const start = performance.now();
-  const response = await fetch(`${url}${route}`, {
-    method: "POST",
-    headers: { "content-type": "application/json" },
-    body: JSON.stringify(requestBody(route, prompt, maxTokens, sampling)),
+  const times = await streamRequest(url, {
+    route,
+    prompt: route === "/completion" ? prompt.ids : prompt.text,
+    maxTokens,
+    temperature: sampling.temperature,
+    topP: sampling.top_p,
   });
-  if (!response.ok || !response.body) {
-    throw new Error(
-      `Cannot time a reply: the head answered ${response.status}: ${await response.text()}`,
-    );
-  }
-  let first: number | undefined;
-  let outputTokens = 0;
-  for await (const { event, data } of sseEvents(response.body)) {
-    if (event === "error" || "error" in data) {
-      throw new Error(`The head's stream failed: ${JSON.stringify(data)}`);
-    }
-    if (route === "/v1/messages") {
-      if (event === "content_block_delta") first ??= performance.now();
-      if (event === "message_delta") {
-        const usage = data.usage as { output_tokens?: number } | undefined;
-        outputTokens = Number(usage?.output_tokens);
-      }
-    } else if (data.stop === true) {
-      outputTokens = Number(data.tokens_predicted);
-    } else {
-      first ??= performance.now();
-    }
-  }
-  const end = performance.now();
-  if (!(outputTokens >= 1)) {
-    throw new Error(`Cannot time a reply that reported ${outputTokens} output tokens`);
-  }
-  // A reply whose only token is an end of turn streams no text: it ends when that token is out.
-  first ??= end;
+  const t = requestTiming(route, times);
   return {
-    ttftSeconds: (first - start) / 1000,
-    outputTokens,
-    afterFirstSeconds: (end - first) / 1000,
+    ttftSeconds: t.ttftMs / 1000,
+    outputTokens: t.tokens,
+    afterFirstSeconds: (t.totalMs - t.ttftMs) / 1000,
   };
 }
 
@@ -252,64 +194,59 @@ async function figure(
   }
 }
 
-/** The head unsplit, then split at options.split over a worker; one greedy and one sampled figure. */
-export async function benchServer(options: ServerBenchOptions): Promise<ServerReport> {
-  const model = await openGguf(options.model);
-  let prompt: { text: string; tokens: number; ids: number[] };
-  let nLayer: number;
+/** The bench's chat prompt of a model, and the model's layers and vocabulary. */
+export interface ModelPrompt {
+  readonly prompt: BenchPrompt & { readonly tokens: number };
+  readonly nLayer: number;
+  readonly vocab: number;
+}
+
+/** The longest user text whose chat prompt (the model's own template) fits `tokens`. */
+export async function benchPrompt(path: string, tokens: number): Promise<ModelPrompt> {
+  const model = await openGguf(path);
   try {
     const template = model.metadata.get("tokenizer.chat_template");
     if (typeof template !== "string") {
-      throw new TypeError(`Cannot bench the server on "${options.model}": it has no chat template`);
+      throw new TypeError(`Cannot bench the server on "${path}": it has no chat template`);
     }
     const thread = await TokenizerThread.start(model.metadata, template);
     try {
-      prompt = await promptOfLength(
-        new PromptBuilder(thread, options.promptTokens),
-        options.promptTokens,
-      );
+      const prompt = await promptOfLength(new PromptBuilder(thread, tokens), tokens);
+      const hp = readHParams(model.metadata);
+      return { prompt, nLayer: hp.nLayer, vocab: hp.V };
     } finally {
       thread.close();
     }
-    nLayer = readHParams(model.metadata).nLayer;
   } finally {
     model.close();
   }
-  const ctx = prompt.tokens + options.maxTokens + 16;
-  const common = {
-    model: options.model,
-    backend: options.backend,
-    gpu: options.gpu,
-    startTimeoutS: Math.min(Math.max(options.deadline.left, 1), 900),
-    log: options.log,
-  };
+}
+
+/** The head unsplit, then split at options.split over a worker; one greedy and one sampled figure. */
+export async function benchServer(options: ServerBenchOptions): Promise<ServerReport> {
+  const { prompt, nLayer } = await benchPrompt(options.model, options.promptTokens);
   const modes: ServerMode[] = [];
   const layouts = [undefined, ...(options.split === undefined ? [] : [options.split])];
-  for (const k of layouts) {
-    const layers = k === undefined ? `0:${nLayer}` : `0:${k} + ${k}:${nLayer}`;
-    const started: RunningProcess[] = [];
+  for (const split of layouts) {
+    const layers = layersName(nLayer, split);
+    let serving;
     try {
-      const start = performance.now();
-      let next: string | undefined;
-      if (k !== undefined) {
-        const worker = await startWorker({ ...common, first: k, end: nLayer, slots: 1, ctx });
-        started.push(worker);
-        next = worker.address;
-      }
-      const head = await startHeadProcess({
-        ...common,
-        ctx,
+      serving = await startServing({
+        ...options,
+        // One request at a time needs one slot; given to both, since the worker must have at
+        // least the head's and the head's own default (DEFAULT_SLOTS) is more.
         slots: 1,
-        layers: k ? `0:${k}` : undefined,
-        next,
+        ctx: prompt.tokens + options.maxTokens + 16,
+        nLayer,
+        split,
+        startTimeoutS: Math.min(Math.max(options.deadline.left, 1), 900),
       });
-      started.push(head);
-      const startSeconds = (performance.now() - start) / 1000;
       const routes: ServerRoute[] = [];
       for (const route of ["/v1/messages", "/completion"] as const) {
+        const url = serving.url;
         const run = (sampling: Sampling, what: string) =>
           figure(
-            () => timeStream(head.url, route, prompt, options.maxTokens, sampling),
+            () => timeStream(url, route, prompt, options.maxTokens, sampling),
             route,
             prompt.tokens,
             options,
@@ -319,12 +256,12 @@ export async function benchServer(options: ServerBenchOptions): Promise<ServerRe
         const sampled = await run({ temperature: 0.7, top_p: 0.9 }, "temperature 0.7");
         routes.push({ route, greedy, sampled });
       }
-      modes.push({ layers, startSeconds, routes });
+      modes.push({ layers, startSeconds: serving.startSeconds, routes });
     } catch (e) {
       options.log(`server ${layers}: ${(e as Error).message}`);
       modes.push({ layers, error: (e as Error).message });
     } finally {
-      for (const p of started.reverse()) await p.stop();
+      await serving?.stop();
     }
   }
   return {

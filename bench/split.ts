@@ -158,9 +158,13 @@ export interface HeadProcessOptions {
   readonly model: string;
   readonly backend: string;
   readonly gpu: string;
-  readonly ctx: number;
-  /** Slots of the head, as its worker's (the worker needs at least as many). */
+  /** Sequences it decodes at once (the worker after it needs at least as many). */
   readonly slots: number;
+  readonly ctx: number;
+  /** Requests that may wait for a slot (--queue); the head's default when undefined. */
+  readonly queue?: number;
+  /** Prompt positions a sequence runs per step beside others (--prefill-chunk); default when undefined. */
+  readonly prefillChunk?: number;
   /** "0:k" with `next` (the worker's address); the whole model without. */
   readonly layers?: string;
   readonly next?: string;
@@ -185,10 +189,14 @@ export async function startHeadProcess(options: HeadProcessOptions): Promise<Run
       options.model,
       "--port",
       "0",
-      "--ctx",
-      String(options.ctx),
       "--slots",
       String(options.slots),
+      "--ctx",
+      String(options.ctx),
+      ...(options.queue === undefined ? [] : ["--queue", String(options.queue)]),
+      ...(options.prefillChunk === undefined
+        ? []
+        : ["--prefill-chunk", String(options.prefillChunk)]),
       // Without the prefix cache every request prefills its whole prompt, as the figure means.
       "--snapshots",
       "0",
@@ -205,4 +213,71 @@ export async function startHeadProcess(options: HeadProcessOptions): Promise<Run
     throw new Error(`Cannot find the head's address in "${running.readyLine}"`);
   }
   return { ...running, url };
+}
+
+export interface ServingOptions {
+  readonly model: string;
+  readonly backend: string;
+  readonly gpu: string;
+  readonly slots: number;
+  readonly ctx: number;
+  readonly queue?: number;
+  readonly prefillChunk?: number;
+  /** The model's layers; with `split` k, the head holds 0:k and a worker k:nLayer. */
+  readonly nLayer: number;
+  readonly split?: number;
+  readonly startTimeoutS: number;
+  readonly log: (line: string) => void;
+}
+
+/** A head serving HTTP, after its worker when split. */
+export interface Serving {
+  readonly url: string;
+  /** "0:40" unsplit, "0:20 + 20:40" split. */
+  readonly layers: string;
+  /** Seconds until the head served (the worker's start included). */
+  readonly startSeconds: number;
+  /** Stops the head, then the worker. */
+  stop(): Promise<void>;
+}
+
+/** "0:n", or "0:k + k:n" for a split at k. */
+export function layersName(nLayer: number, split?: number): string {
+  return split === undefined ? `0:${nLayer}` : `0:${split} + ${split}:${nLayer}`;
+}
+
+/**
+ * Starts a head on the whole model, or a worker for layers k:n and a head on 0:k before it, each
+ * with the same slots and context; what was started is stopped again when a later start fails.
+ */
+export async function startServing(options: ServingOptions): Promise<Serving> {
+  const { split, nLayer } = options;
+  const started: RunningProcess[] = [];
+  const stop = async () => {
+    for (const p of started.reverse()) await p.stop();
+  };
+  const start = performance.now();
+  try {
+    let next: string | undefined;
+    if (split !== undefined) {
+      const worker = await startWorker({ ...options, first: split, end: nLayer });
+      started.push(worker);
+      next = worker.address;
+    }
+    const head = await startHeadProcess({
+      ...options,
+      layers: split === undefined ? undefined : `0:${split}`,
+      next,
+    });
+    started.push(head);
+    return {
+      url: head.url,
+      layers: layersName(nLayer, split),
+      startSeconds: (performance.now() - start) / 1000,
+      stop,
+    };
+  } catch (e) {
+    await stop();
+    throw e;
+  }
 }

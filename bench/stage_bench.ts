@@ -1,6 +1,8 @@
-// One engine's figures (pp, tg, tg on several slots, split decode) in a process of its own.
+// One engine's figures (pp, tg, sampled tg on many slots, tg after a long prefix, split decode) in a
+// process of its own; answers JSON on stdout, logs on stderr.
+//
 // Spawned by bench/decode.ts once per GPU provider, so that a crash or a leaked device in one
-// provider cannot take the other's figures with it; answers JSON on stdout, logs on stderr.
+// provider cannot take the other's figures with it.
 
 import { openGguf } from "../engine/gguf/read.ts";
 import type { GgufModel } from "../engine/gguf/gguf_model.ts";
@@ -27,6 +29,7 @@ import {
   DEFAULT_RUNS,
   type Figure,
   measure,
+  OutOfTime,
   seededIds,
   timeConcurrentDecode,
   timeDecode,
@@ -43,8 +46,12 @@ export interface StageBenchOptions {
   readonly gpu: ProviderName;
   readonly pp: readonly number[];
   readonly tg: number;
-  /** Slots decoding at once for the aggregate figure; 1 leaves it out. */
+  /** Slots decoding greedily at once for the aggregate figure; 1 leaves it out. */
   readonly slots: number;
+  /** Sequences sampled at once, each with its own seed, for the aggregate figures (tgNxS-sampled). */
+  readonly concurrency: readonly number[];
+  /** Also decode tg tokens after a prefix of this many positions (tgN@P); 0 leaves it out. */
+  readonly at: number;
   /** Layer where the in-process stage ends and the worker begins; undefined: no split. */
   readonly split?: number;
   readonly runs: number;
@@ -70,8 +77,13 @@ export interface StageReport {
   /** The WebGPU adapter's description (GPU backend only). */
   readonly adapter?: string;
   readonly openSeconds?: number;
+  /** Opening the stage of max(concurrency) slots the tg<n>x<s>-sampled figures run on. */
+  readonly manySlotsOpenSeconds?: number;
   readonly maxBatch?: number;
-  /** pp<n>, tg<n>, tg<n>-fused, tg<n>-sampled, tg<n>x<slots>; tokens per run inside. */
+  /**
+   * pp<n>, tg<n>, tg<n>-fused, tg<n>-sampled, tg<n>x<slots>, tg<n>@<at>, tg<n>x<s>-sampled for each
+   * s of the concurrency; tokens per run inside (all sequences' for the several-sequence ones).
+   */
   readonly figures: Readonly<Record<string, Figure>>;
   readonly split?: SplitReport;
   /** Set when the stage could not be opened at all. */
@@ -93,25 +105,44 @@ async function describeAdapter(gpu: string): Promise<string> {
   }`;
 }
 
+/** What a stage is opened with besides its engine: layers [first, end), slots, context, snapshots. */
+interface StageSize {
+  readonly first: number;
+  readonly end: number;
+  readonly slots: number;
+  readonly ctx: number;
+  readonly snapshots?: number;
+}
+
 async function openTimed(
   model: GgufModel,
   options: StageBenchOptions,
-  first: number,
-  end: number,
-  slots: number,
+  size: StageSize,
 ): Promise<{ stage: Stage; seconds: number }> {
   const start = performance.now();
   const stage = await openLocalStage(model, {
     engine: { backend: options.backend, gpu: options.gpu },
-    first,
-    end,
-    slots,
-    ctx: Math.max(...options.pp, options.tg),
+    ...size,
   });
   return { stage, seconds: (performance.now() - start) / 1000 };
 }
 
-/** pp, tg and the several-slot tg on one stage owning every layer. */
+/**
+ * The whole-model stage that runs pp, tg and the greedy several-slot tg: its context holds the
+ * longest prompt and the decode after the prefix, a snapshot keeps that prefix between runs.
+ */
+function wholeStageSize(options: StageBenchOptions, nLayer: number): StageSize {
+  const { pp, tg, at } = options;
+  return {
+    first: 0,
+    end: nLayer,
+    slots: Math.max(1, options.slots),
+    ctx: Math.max(...pp, tg, at > 0 ? at + tg : 0),
+    snapshots: at > 0 ? 1 : 0,
+  };
+}
+
+/** pp, tg, the greedy several-slot tg and tg after a prefix on one stage owning every layer. */
 async function wholeFigures(
   stage: Stage,
   options: StageBenchOptions,
@@ -119,7 +150,7 @@ async function wholeFigures(
   deadline: Deadline,
 ): Promise<Record<string, Figure>> {
   const figures: Record<string, Figure> = {};
-  const { runs, tg, seed } = options;
+  const { runs, tg, seed, at } = options;
   for (const n of options.pp) {
     const ids = seededIds(n, vocab, seed);
     figures[`pp${n}`] = await measure(
@@ -169,6 +200,55 @@ async function wholeFigures(
       log,
     );
   }
+  if (at > 0) {
+    // The prefix is prefilled once, in the warm-up, and kept in snapshot 0: each run restores it
+    // and decodes the same tg steps from position `at`, as tg does from position 0.
+    let saved = false;
+    figures[`tg${tg}@${at}`] = await measure(
+      `tg${tg} after ${at} positions`,
+      tg,
+      runs,
+      async () => {
+        if (!saved) {
+          await timePrefill([stage], seededIds(at, vocab, seed));
+          await stage.save(0, 0);
+          saved = true;
+        }
+        const base = await stage.restore(0, 0);
+        return (await timeDecode([stage], firsts[0], tg, { base })).seconds;
+      },
+      deadline,
+      log,
+    );
+  }
+  return figures;
+}
+
+/**
+ * tg sampled on s sequences at once for each s of the concurrency, every sequence from its own
+ * first id with its own seed (timeConcurrentDecode), on a stage of as many slots: the figures of
+ * continuous batching, against tg sampled on one.
+ */
+async function manySlotFigures(
+  stage: Stage,
+  options: StageBenchOptions,
+  vocab: number,
+  deadline: Deadline,
+): Promise<Record<string, Figure>> {
+  const figures: Record<string, Figure> = {};
+  const { runs, tg, seed } = options;
+  for (const s of options.concurrency) {
+    const firsts = Array.from(seededIds(s, vocab, seed + 1));
+    const name = `tg${tg}x${s}-sampled`;
+    figures[name] = await measure(
+      `tg${tg} sampled on ${s} sequences`,
+      tg * s,
+      runs,
+      async () => (await timeConcurrentDecode([stage], firsts, tg, BENCH_SAMPLING, seed)).seconds,
+      deadline,
+      log,
+    );
+  }
   return figures;
 }
 
@@ -183,22 +263,29 @@ async function splitFigure(
 ): Promise<SplitReport> {
   const layers = `0:${k} + ${k}:${nLayer}`;
   const name = `split tg${options.tg}`;
+  if (deadline.left <= 0) {
+    const error = "skipped: no time left to start the worker";
+    log(`${name}: ${error}`);
+    return { layers, decode: { tokens: options.tg, error } };
+  }
   let worker;
   let local: Stage | undefined;
   let remote: Stage | undefined;
   try {
+    // The split only decodes from position 0: tg positions are all its slots need.
+    const size = { first: 0, end: k, slots: options.slots, ctx: options.tg };
     worker = await startWorker({
       model: options.model,
       first: k,
       end: nLayer,
       backend: options.backend,
       gpu: options.gpu,
-      slots: options.slots,
-      ctx: Math.max(...options.pp, options.tg),
+      slots: size.slots,
+      ctx: size.ctx,
       startTimeoutS: Math.min(Math.max(deadline.left, 1), 900),
       log: (line) => console.error(line),
     });
-    const opened = await openTimed(model, options, 0, k, options.slots);
+    const opened = await openTimed(model, options, size);
     local = opened.stage;
     remote = await connectRemoteStage(worker.address, { local, model });
     const stages = [local, remote];
@@ -238,6 +325,50 @@ async function splitFigure(
   }
 }
 
+/**
+ * The several-sequence figures on a stage of their own, closed after them: max(concurrency) slots
+ * of tg positions, so that 64 slots do not each hold the longest prompt's context. A stage that
+ * cannot open gives each figure its error.
+ */
+async function manySlotStage(
+  model: GgufModel,
+  options: StageBenchOptions,
+  nLayer: number,
+  vocab: number,
+  deadline: Deadline,
+): Promise<{ figures: Record<string, Figure>; openSeconds?: number }> {
+  const slots = Math.max(...options.concurrency);
+  let opened;
+  try {
+    if (deadline.left <= 0) throw new OutOfTime(`no time left to open ${slots} slots`);
+    // A step takes up to maxBatch rows (the context's length by default): one for each sequence.
+    const ctx = Math.max(options.tg, slots);
+    opened = await openTimed(model, options, { first: 0, end: nLayer, slots, ctx });
+  } catch (e) {
+    const error = e instanceof OutOfTime
+      ? `skipped: ${e.message}`
+      : `Cannot open ${slots} slots: ${(e as Error).message}`;
+    log(`open ${slots} slots: ${e instanceof OutOfTime ? error : (e as Error).stack}`);
+    return {
+      figures: Object.fromEntries(
+        options.concurrency.map((s) => [
+          `tg${options.tg}x${s}-sampled`,
+          { tokens: options.tg * s, error },
+        ]),
+      ),
+    };
+  }
+  log(`opened ${slots} slots in ${opened.seconds.toFixed(1)} s`);
+  try {
+    return {
+      figures: await manySlotFigures(opened.stage, options, vocab, deadline),
+      openSeconds: opened.seconds,
+    };
+  } finally {
+    opened.stage.close();
+  }
+}
+
 /** Every figure of one backend/provider; failures are kept in the report, not thrown. */
 export async function benchStage(options: StageBenchOptions): Promise<StageReport> {
   const deadline = new Deadline(options.deadlineS);
@@ -251,18 +382,22 @@ export async function benchStage(options: StageBenchOptions): Promise<StageRepor
     const hp = readHParams(model.metadata);
     let opened;
     try {
-      opened = await openTimed(model, options, 0, hp.nLayer, Math.max(1, options.slots));
+      opened = await openTimed(model, options, wholeStageSize(options, hp.nLayer));
     } catch (e) {
       log(`open: ${(e as Error).stack}`);
       return { backend, gpu, adapter, figures: {}, error: (e as Error).message };
     }
     log(`opened ${hp.nLayer} layers in ${opened.seconds.toFixed(1)} s`);
-    let figures;
+    const figures: Record<string, Figure> = {};
     try {
-      figures = await wholeFigures(opened.stage, options, hp.V, deadline);
+      Object.assign(figures, await wholeFigures(opened.stage, options, hp.V, deadline));
     } finally {
       opened.stage.close();
     }
+    const many = options.concurrency.length > 0
+      ? await manySlotStage(model, options, hp.nLayer, hp.V, deadline)
+      : undefined;
+    Object.assign(figures, many?.figures);
     const split = options.split === undefined
       ? undefined
       : await splitFigure(model, options, options.split, hp.nLayer, hp.V, deadline);
@@ -271,6 +406,7 @@ export async function benchStage(options: StageBenchOptions): Promise<StageRepor
       gpu,
       adapter,
       openSeconds: opened.seconds,
+      manySlotsOpenSeconds: many?.openSeconds,
       maxBatch: opened.stage.maxBatch,
       figures,
       split,
@@ -290,7 +426,13 @@ const STAGE_BENCH = {
     gpu: flag(oneOf<ProviderName>(["builtin", "dawn"]), "the WebGPU provider", "builtin"),
     pp: flag(listOf(whole(1)), "prefill lengths", [512, 2048]),
     tg: flag(whole(1), "decode steps", 128),
-    slots: flag(whole(1), "slots decoding at once for the aggregate figure", 2),
+    slots: flag(whole(1), "slots decoding greedily at once for the aggregate figure", 2),
+    concurrency: flag(
+      listOf(whole(0)),
+      "sequences sampled at once, each its own seed, on a stage of that many slots (0: none)",
+      [0],
+    ),
+    at: flag(whole(0), "also decode tg tokens after a prefix of this many positions (0: none)", 0),
     split: flag(whole(1), "also decode through layers 0:K here + K:n in a worker"),
     runs: flag(whole(1), "timed runs per figure", DEFAULT_RUNS),
     seed: flag(whole(0), "seed of the prompt ids", 1),
@@ -307,6 +449,8 @@ if (import.meta.main) {
       pp: values.pp,
       tg: values.tg,
       slots: values.slots,
+      concurrency: values.concurrency.filter((s) => s > 0),
+      at: values.at,
       split: values.split,
       runs: values.runs,
       seed: values.seed,

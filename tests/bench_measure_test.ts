@@ -1,12 +1,19 @@
-// The bench's workloads that need a worker process or a GPU (bench/measure.ts, split.ts): the
-// split over a worker decodes one stage's tokens, and fused decoding feeds the stepwise tokens.
+// The bench's workloads that need a worker or a GPU (bench/measure.ts, split.ts): the split decodes
+// one stage's tokens, fused decoding the stepwise ones, sampled slots sharing steps their own.
 
 import assert from "node:assert/strict";
 import { openGpuStage } from "../engine/gpu/gpu_stage.ts";
 import { readHParams } from "../engine/hparams.ts";
 import { openReferenceStage } from "../engine/reference/reference_stage.ts";
 import { connectRemoteStage } from "../lib/wire/remote_stage.ts";
-import { seededIds, timeConcurrentDecode, timeDecode, timeFusedDecode } from "../bench/measure.ts";
+import {
+  BENCH_SAMPLING,
+  seededIds,
+  timeConcurrentDecode,
+  timeDecode,
+  timeFusedDecode,
+  timeSampledDecode,
+} from "../bench/measure.ts";
 import { startWorker } from "../bench/split.ts";
 import { gpuTest } from "./_gpu.ts";
 import { testModel, type TestModelSpec } from "./_models.ts";
@@ -79,6 +86,26 @@ gpuTest(
       } finally {
         stage.close();
         reference.close();
+      }
+    });
+  },
+);
+
+gpuTest(
+  "timeConcurrentDecode: sampled slots sharing the GPU's steps draw what each draws alone",
+  async (gpu) => {
+    await withModel(TINY, async (model) => {
+      // Four slots: the builtin provider shares steps from three active slots on.
+      const stage = await openGpuStage(model, gpu, { first: 0, end: 4, slots: 4, ctx: CTX });
+      try {
+        const firsts = Array.from(seededIds(4, readHParams(model.metadata).V, 21));
+        const together = await timeConcurrentDecode([stage], firsts, 6, BENCH_SAMPLING, 3);
+        for (const [slot, first] of firsts.entries()) {
+          const alone = await timeSampledDecode([stage], first, 6, BENCH_SAMPLING, 3 + slot);
+          assert.deepEqual(together.fed[slot], alone.fed, `slot ${slot}`);
+        }
+      } finally {
+        stage.close();
       }
     });
   },

@@ -3,28 +3,9 @@
 // Driven by bench/peers/llama.ts, which binds each step to a node-llama-cpp sequence; no
 // node-llama-cpp here, so tests/peer_load_test.ts runs in CI.
 
-import { median } from "../measure.ts";
+import { type LoadFailure, type LoadFigure, median } from "../measure.ts";
 
-/**
- * N sequences generating at once, as N clients of a server. bench/ defines a same-named type for
- * our server's loadtest; the two are compared row by row.
- */
-export interface LoadFigure {
-  /** Sequences in flight at once. */
-  readonly clients: number;
-  /** Generated tokens of all sequences over the wall seconds of a run (the median run). */
-  readonly aggregateTokPerS: number;
-  /** Median, over every sequence of every timed run, of the ms from the start to its first token. */
-  readonly ttftP50Ms: number;
-  /** 99th percentile (nearest rank) of the ms between consecutive tokens of one sequence. */
-  readonly gapP99Ms: number;
-}
-
-/** A client count whose load could not be measured, and why. */
-export interface LoadFailure {
-  readonly clients: number;
-  readonly error: string;
-}
+export type { LoadFailure, LoadFigure };
 
 /** One load run: its wall seconds, and per sequence the ms from the run's start to each token. */
 export interface LoadRun {

@@ -1,0 +1,69 @@
+// One engine's bench figures (bench/stage_bench.ts) on a tiny model and the CPU reference: every
+// figure asked for timed (none short of context or slots), or skipped past the deadline.
+
+import assert from "node:assert/strict";
+import { benchStage } from "../bench/stage_bench.ts";
+import { testModel } from "./_models.ts";
+
+Deno.test("benchStage: pp, tg, sampled tg on many slots, tg after a prefix and the split, each timed", async () => {
+  const report = await benchStage({
+    model: await testModel({ arch: "qwen35moe" }),
+    backend: "reference",
+    gpu: "builtin",
+    pp: [16, 40],
+    tg: 4,
+    slots: 2,
+    concurrency: [3, 5],
+    at: 40,
+    split: 2,
+    runs: 1,
+    seed: 1,
+    deadlineS: 120,
+  });
+  assert.equal(report.error, undefined);
+  const tokens = Object.fromEntries(
+    Object.entries(report.figures).map(([name, f]) => {
+      assert.equal(f.timing?.seconds.length, 1, `${name}: ${f.error}`);
+      return [name, f.tokens];
+    }),
+  );
+  assert.deepEqual(tokens, {
+    pp16: 16,
+    pp40: 40,
+    tg4: 4,
+    "tg4-sampled": 4,
+    tg4x2: 8,
+    "tg4@40": 4,
+    "tg4x3-sampled": 12,
+    "tg4x5-sampled": 20,
+  });
+  assert.ok(report.manySlotsOpenSeconds! >= 0);
+  assert.equal(report.split?.layers, "0:2 + 2:4");
+  assert.ok(report.split?.decode.timing && report.split.concurrent?.timing);
+});
+
+Deno.test("benchStage past its deadline skips every figure and opens no further stage or worker", async () => {
+  const report = await benchStage({
+    model: await testModel({ arch: "qwen35moe" }),
+    backend: "reference",
+    gpu: "builtin",
+    pp: [16],
+    tg: 4,
+    slots: 1,
+    concurrency: [3],
+    at: 20,
+    split: 2,
+    runs: 1,
+    seed: 1,
+    deadlineS: 0,
+  });
+  for (const [name, f] of Object.entries(report.figures)) {
+    assert.match(f.error ?? "", /^skipped: /, name);
+  }
+  assert.equal(report.figures["tg4x3-sampled"].error, "skipped: no time left to open 3 slots");
+  assert.equal(report.manySlotsOpenSeconds, undefined);
+  assert.deepEqual(report.split, {
+    layers: "0:2 + 2:4",
+    decode: { tokens: 4, error: "skipped: no time left to start the worker" },
+  });
+});
