@@ -174,6 +174,8 @@ export interface BatchOptions {
 export interface BatchTiming {
   readonly maskMs: number[];
   readonly acceptMs: number[];
+  /** Documents begun, the first N included. */
+  documents: number;
 }
 
 /**
@@ -192,6 +194,7 @@ export async function timeBatch(
   const compiled = await Promise.all(specs.map((s) => engine.compile(s)));
   const n = options.sequences;
   const grammarOf = (i: number) => compiled[i % compiled.length];
+  const out: BatchTiming = { maskMs: [], acceptMs: [], documents: n };
   const seqs = await Promise.all(
     Array.from(
       { length: n },
@@ -206,6 +209,7 @@ export async function timeBatch(
   const renew = async (i: number) => {
     seqs[i].c.dispose?.();
     seqs[i] = { c: await engine.constraint(grammarOf(i)), at: 0 };
+    out.documents++;
   };
   /** Accepts a token sequence i's mask allows; the ms accept took (renewing is not timed). */
   const advance = async (i: number, mask: Uint32Array): Promise<number> => {
@@ -224,7 +228,6 @@ export async function timeBatch(
   const maskOf = (i: number) =>
     seqs[i].c.mask(options.budget ? options.maxTokens - seqs[i].at : UNBUDGETED);
   for (let i = 0; i < n; i++) for (let k = 0; k < i; k++) await advance(i, await maskOf(i));
-  const out: BatchTiming = { maskMs: [], acceptMs: [] };
   for (let step = 0; step < options.steps; step++) {
     const start = performance.now();
     const masks = await Promise.all(seqs.map((_, i) => maskOf(i)));

@@ -5,7 +5,14 @@
 import assert from "node:assert/strict";
 import { rng } from "../tests/_fuzz.ts";
 import { tinyTokenizer } from "../tests/_tiny_tokenizer.ts";
-import { allowedIds, buildEngines, isSet, runDocument, UNBUDGETED } from "./grammar_engines.ts";
+import {
+  allowedIds,
+  buildEngines,
+  isSet,
+  runDocument,
+  timeBatch,
+  UNBUDGETED,
+} from "./grammar_engines.ts";
 import { BENCH_SPECS, type GrammarSpec, TEST_SPECS } from "./grammar_specs.ts";
 
 const { tokenizer } = tinyTokenizer("qwen35");
@@ -68,4 +75,23 @@ Deno.test("the listed differences: bytes that are never UTF-8, raw control chara
   // A pattern beside minLength or a format: xgrammar drops the length and the format.
   const gaps = await differenceAfter(TEST_SPECS["mask-pattern-gaps"], '"');
   assert.deepEqual(gaps[1], ["61", "61 62"]);
+});
+
+Deno.test("timeBatch times every step of N sequences, renewing those that finish", async () => {
+  const specs = [TEST_SPECS["sdk-weather-tool"], BENCH_SPECS.enum];
+  for (const engine of engines.list) {
+    // Documents of at most 12 tokens: every sequence finishes and starts again within 40 steps.
+    const timing = await timeBatch(engine, tokenizer, specs, {
+      sequences: 5,
+      steps: 40,
+      maxTokens: 12,
+      budget: true,
+      seed: 2,
+    });
+    assert.equal(timing.maskMs.length, 40);
+    assert.equal(timing.acceptMs.length, 40);
+    assert.ok(timing.maskMs.every((ms) => ms >= 0 && Number.isFinite(ms)), engine.name);
+    // Each of the 5 sequences, at most 12 tokens a document, has begun more than one.
+    assert.ok(timing.documents >= 5 + 5 * Math.floor(40 / 12), `${timing.documents} documents`);
+  }
 });

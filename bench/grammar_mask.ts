@@ -181,7 +181,9 @@ async function main(values: Values): Promise<void> {
       `${values.grammars.length} (${values.grammars.join(", ")}), each on its own document; ` +
       `ms per step, all sequences' masks (and accepts) together\n`,
   );
-  console.log("engine       steps  mask median     p90     p99     max  accept median     max");
+  console.log(
+    "engine       steps  mask median     p90     p99     max  accept median     max  documents",
+  );
   const specs = values.grammars.map((g) => BENCH_SPECS[g]);
   for (const engine of engines.list) {
     const timing = await timeBatch(engine, tokenizer, specs, {
@@ -198,7 +200,8 @@ async function main(values: Values): Promise<void> {
         `${f(quantile(mask, 0.5), 12)} ${f(quantile(mask, 0.9), 7)} ${
           f(quantile(mask, 0.99), 7)
         } ` +
-        `${f(mask.at(-1)!, 7)} ${f(quantile(accept, 0.5), 14)} ${f(accept.at(-1)!, 7)}`,
+        `${f(mask.at(-1)!, 7)} ${f(quantile(accept, 0.5), 14)} ${f(accept.at(-1)!, 7)} ` +
+        `${String(timing.documents).padStart(10)}`,
     );
   }
 }
