@@ -125,13 +125,11 @@ const lit = (text: string) => JSON.stringify(text);
 export class XgEngine implements MaskEngine<XgCompiledGrammar> {
   readonly name = "xgrammar";
   readonly #compiler: XgCompiler;
-  readonly vocabSize: number;
   /** Milliseconds the tokenizer info and compiler took to build. */
   readonly setupMs: number;
 
-  private constructor(compiler: XgCompiler, vocabSize: number, setupMs: number) {
+  private constructor(compiler: XgCompiler, setupMs: number) {
     this.#compiler = compiler;
-    this.vocabSize = vocabSize;
     this.setupMs = setupMs;
   }
 
@@ -156,7 +154,7 @@ export class XgEngine implements MaskEngine<XgCompiledGrammar> {
       [...tokenizer.eosIds],
     );
     const compiler = await xg.GrammarCompiler.createGrammarCompiler(info, true);
-    return new XgEngine(compiler, tokenizer.vocabSize, performance.now() - start);
+    return new XgEngine(compiler, performance.now() - start);
   }
 
   /** `spec` compiled against the vocabulary (xgrammar caches compiled grammars by their text). */
