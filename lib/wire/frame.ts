@@ -33,9 +33,11 @@
 //
 // The last three header words, `mask`, `bias` and `logits`, are used by RUN alone: the u32 words
 // of its allowed-token mask (0: every token) and its bias record count, both applied to the last
-// position's logits by the last stage (engine/stage.ts LogitAdjust), and which positions the last
-// stage computes logits for (engine/stage.ts LogitPositions: 0 all, 1 last, 2 none). IDS holds
-// the greedy ids of those positions: n of a RUN's n rows, 1 or 0.
+// position's logits by the last stage (engine/stage.ts LogitAdjust), and in `logits` which
+// positions the last stage computes logits for (engine/stage.ts LogitPositions: 0 all, 1 last,
+// 2 none) in its low byte and, in bit 8 (ROWS_DECODE), that the rows are generated tokens rather
+// than a prompt's (engine/stage.ts RowKind: which products compute them). IDS holds the greedy
+// ids of those positions: n of a RUN's n rows, 1 or 0.
 //
 // → client to worker, ← worker to client. D (n_embd) and the largest n are the worker's, learnt
 // by the client from HELLO. `end` in HELLO is one past the last layer served through that
@@ -46,6 +48,7 @@
 
 import {
   BIAS_RECORD_BYTES,
+  defaultRows,
   encodeBias,
   LOGIT_POSITIONS,
   type LogitAdjust,
@@ -54,6 +57,7 @@ import {
   MAX_BIAS_PAIRS,
   MAX_MASK_WORDS,
   MAX_TOPK,
+  type RowKind,
   type StageShape,
   type TopEntry,
 } from "../../engine/stage.ts";
@@ -144,6 +148,8 @@ export type Frame =
     readonly adjust?: LogitAdjust;
     /** Absent: "all". */
     readonly logits?: LogitPositions;
+    /** What the rows are; absent when encoding: defaultRows(n); always set when decoded. */
+    readonly kind?: RowKind;
   }
   | { readonly op: Op.Close | Op.Ping | Op.Pong | Op.Alive }
   | { readonly op: Op.Save | Op.Restore; readonly slot: number; readonly idx: number }
@@ -248,10 +254,11 @@ function requireRunFields(h: Header): void {
         `expected at most ${MAX_MASK_WORDS} and ${MAX_BIAS_PAIRS}`,
     );
   }
-  if (h.logits >= LOGIT_POSITIONS.length) {
+  if ((h.logits & ~(ROWS_DECODE | 0xff)) !== 0 || (h.logits & 0xff) >= LOGIT_POSITIONS.length) {
     throw new SyntaxError(
       `Cannot decode ${opName(h.op)} frame: logits is ${h.logits}, expected ` +
-        LOGIT_POSITIONS.map((p, i) => `${i} (${p})`).join(", "),
+        LOGIT_POSITIONS.map((p, i) => `${i} (${p})`).join(", ") +
+        `, plus ${ROWS_DECODE} for generated tokens' rows`,
     );
   }
 }
@@ -427,9 +434,11 @@ export function decodePayload(h: Header, payload: Uint8Array, limits: FrameLimit
         topk: h.topk,
         rows: decodeRows(payload.subarray(0, rowBytes), h.n, limits.nEmbd),
       } as const;
-      const logits = h.logits ? { logits: LOGIT_POSITIONS[h.logits] } : {};
-      if (h.mask === 0 && h.bias === 0) return { ...frame, ...logits };
-      return { ...frame, adjust: decodeAdjust(v, rowBytes, h), ...logits };
+      const positions = h.logits & 0xff;
+      const logits = positions ? { logits: LOGIT_POSITIONS[positions] } : {};
+      const kind: RowKind = h.logits & ROWS_DECODE ? "decode" : "prompt";
+      if (h.mask === 0 && h.bias === 0) return { ...frame, ...logits, kind };
+      return { ...frame, adjust: decodeAdjust(v, rowBytes, h), ...logits, kind };
     }
     case Op.Ids: {
       const ids = new Uint32Array(h.n);
@@ -509,7 +518,8 @@ function headerOf(f: Frame, messageBytes: number): Header {
         topk: f.topk,
         mask: f.adjust?.mask?.length ?? 0,
         bias: f.adjust?.bias?.length ?? 0,
-        logits: logitsWord(f.logits),
+        logits: logitsWord(f.logits) |
+          ((f.kind ?? defaultRows(f.n)) === "decode" ? ROWS_DECODE : 0),
       };
     case Op.Ids:
       return { ...zero, op: f.op, slot: f.slot, n: f.ids.length, base: f.base, topk: f.top.length };
@@ -526,7 +536,10 @@ function headerOf(f: Frame, messageBytes: number): Header {
   }
 }
 
-/** RUN's logits word: the index of its LogitPositions. */
+/** RUN's logits word: its rows are generated tokens' (engine/stage.ts RowKind "decode"). */
+export const ROWS_DECODE = 0x100;
+
+/** RUN's logits word's low byte: the index of its LogitPositions. */
 function logitsWord(logits: LogitPositions | undefined): number {
   const word = LOGIT_POSITIONS.indexOf(logits ?? "all");
   if (word < 0) {

@@ -42,7 +42,7 @@ const LIMITS: FrameLimits = { nEmbd: D, maxBatch: 100 };
 
 function runFrame(n: number, base: number): Frame {
   const rows = Float32Array.from({ length: n * D }, (_, i) => (i % 97) - 48.5);
-  return { op: Op.Run, slot: 1, base, n, topk: 2, rows };
+  return { op: Op.Run, slot: 1, base, n, topk: 2, rows, kind: n > 1 ? "prompt" : "decode" };
 }
 
 Deno.test("frames come out whole however the bytes are split, large payloads included", async () => {

@@ -26,7 +26,15 @@ function bytes(...words: number[]): number[] {
 
 /** One frame of every op, with values exactly representable in f32. */
 const SAMPLES: Frame[] = [
-  { op: Op.Run, slot: 1, base: 7, n: 2, topk: 4, rows: Float32Array.of(1, -2, 0.5, 3, 4.25, -0) },
+  {
+    op: Op.Run,
+    slot: 1,
+    base: 7,
+    n: 2,
+    topk: 4,
+    rows: Float32Array.of(1, -2, 0.5, 3, 4.25, -0),
+    kind: "prompt",
+  },
   {
     op: Op.Run,
     slot: 0,
@@ -35,6 +43,7 @@ const SAMPLES: Frame[] = [
     topk: 2,
     rows: Float32Array.of(1, 2, 3),
     adjust: { mask: Uint32Array.of(0xffff_ffff, 5), bias: [{ id: 7, bias: -1.5 }] },
+    kind: "decode",
   },
   {
     op: Op.Run,
@@ -44,6 +53,7 @@ const SAMPLES: Frame[] = [
     topk: 0,
     rows: Float32Array.of(1, 2, 3),
     adjust: { bias: [{ id: 1, bias: 100, subtract: 0.75 }, { id: 0, bias: -100, repeat: 2 }] },
+    kind: "decode",
   },
   {
     op: Op.Run,
@@ -54,8 +64,29 @@ const SAMPLES: Frame[] = [
     rows: Float32Array.of(1, 2, 3, 4, 5, 6),
     adjust: { mask: Uint32Array.of(1) },
     logits: "last",
+    kind: "prompt",
   },
-  { op: Op.Run, slot: 1, base: 0, n: 1, topk: 0, rows: Float32Array.of(1, 2, 3), logits: "none" },
+  // A prompt of one position, and generated tokens replayed several at a time.
+  {
+    op: Op.Run,
+    slot: 1,
+    base: 0,
+    n: 1,
+    topk: 0,
+    rows: Float32Array.of(1, 2, 3),
+    logits: "none",
+    kind: "prompt",
+  },
+  {
+    op: Op.Run,
+    slot: 1,
+    base: 9,
+    n: 2,
+    topk: 0,
+    rows: Float32Array.of(1, 2, 3, 4, 5, 6),
+    logits: "none",
+    kind: "decode",
+  },
   { op: Op.Close },
   { op: Op.Save, slot: 3, idx: 9 },
   { op: Op.Restore, slot: 0, idx: 2 },
@@ -104,8 +135,11 @@ Deno.test("the greeting and a Run frame are laid out as the header table says", 
     { op: Op.Run, slot: 2, base: 5, n: 1, topk: 3, rows: Float32Array.of(1.5, -2) },
     2,
   );
-  // 1.5 = 0x3fc00000, -2 = 0xc0000000.
-  assert.deepEqual([...run], [...bytes(1, 2, 1, 5, 3, 0, 0, 0), ...bytes(0x3fc00000, 0xc0000000)]);
+  // 1.5 = 0x3fc00000, -2 = 0xc0000000; one row and no kind given: a generated token's (0x100).
+  assert.deepEqual(
+    [...run],
+    [...bytes(1, 2, 1, 5, 3, 0, 0, 0x100), ...bytes(0x3fc00000, 0xc0000000)],
+  );
   const adjusted = encodeFrame({
     op: Op.Run,
     slot: 0,
@@ -118,9 +152,9 @@ Deno.test("the greeting and a Run frame are laid out as the header table says", 
   // A bias record is (id, bias, repeat, subtract): -2 = 0xc0000000, 1.5 = 0x3fc00000, 0 omitted.
   assert.deepEqual(
     [...adjusted],
-    [...bytes(1, 0, 1, 0, 1, 1, 1, 0), ...bytes(0, 6, 2, 0xc0000000, 0x3fc00000, 0)],
+    [...bytes(1, 0, 1, 0, 1, 1, 1, 0x100), ...bytes(0, 6, 2, 0xc0000000, 0x3fc00000, 0)],
   );
-  // The eighth word is RUN's logits: 0 all, 1 last, 2 none.
+  // The eighth word is RUN's logits: 0 all, 1 last, 2 none; 0x100: generated tokens' rows.
   const last = encodeFrame({
     op: Op.Run,
     slot: 0,
@@ -129,13 +163,14 @@ Deno.test("the greeting and a Run frame are laid out as the header table says", 
     topk: 0,
     rows: Float32Array.of(0),
     logits: "last",
+    kind: "prompt",
   }, 1);
   assert.deepEqual([...last], [...bytes(1, 0, 1, 0, 0, 0, 0, 1), ...bytes(0)]);
   const none = encodeFrame(
     { op: Op.Run, slot: 0, base: 0, n: 1, topk: 0, rows: Float32Array.of(0), logits: "none" },
     1,
   );
-  assert.deepEqual([...none].slice(28, 32), bytes(2));
+  assert.deepEqual([...none].slice(28, 32), bytes(0x102));
   // IDS answering a RUN with logits "none": no ids.
   const empty = encodeFrame({
     op: Op.Ids,
@@ -213,11 +248,12 @@ Deno.test("unknown ops and nonzero unused header words are refused", () => {
   assert.throws(() => decodeFrame(frame(Op.Ids, 0, 1, 0, 0, 1, 0, 0), LIMITS), /field mask is 1/);
   assert.throws(() => decodeFrame(frame(Op.Saved, 0, 0, 0, 0, 0, 2, 0), LIMITS), /field bias is 2/);
   assert.throws(() => decodeFrame(frame(Op.Ids, 0, 1, 0, 0, 0, 0, 1), LIMITS), /field logits is 1/);
-  // RUN's logits word names one of three position sets.
+  // RUN's logits word names one of three position sets and, in bit 8, the kind of rows.
   assert.throws(
     () => decodeFrame(frame(Op.Run, 0, 1, 0, 0, 0, 0, 3), LIMITS),
-    /Cannot decode Run frame: logits is 3, expected 0 \(all\), 1 \(last\), 2 \(none\)/,
+    /Cannot decode Run frame: logits is 3, expected 0 \(all\), 1 \(last\), 2 \(none\), plus 256/,
   );
+  assert.throws(() => decodeFrame(frame(Op.Run, 0, 1, 0, 0, 0, 0, 0x201), LIMITS), /logits is 513/);
 });
 
 Deno.test("counts above their caps are RangeErrors before any payload is read", () => {

@@ -271,8 +271,18 @@ export class Peer {
         `Cannot send ${n} rows to ${this.address}: it takes at most ${this.info.maxBatch} per frame`,
       );
     }
-    const { topk = 0, adjust, logits } = options;
-    const reply = await this.#exchange({ op: Op.Run, slot, base, n, topk, rows, adjust, logits });
+    const { topk = 0, adjust, logits, rows: kind } = options;
+    const reply = await this.#exchange({
+      op: Op.Run,
+      slot,
+      base,
+      n,
+      topk,
+      rows,
+      adjust,
+      logits,
+      kind,
+    });
     if (
       reply.op !== Op.Ids || reply.slot !== slot || reply.base !== base ||
       reply.ids.length !== greedyCount(logits, n) || reply.top.length > topk

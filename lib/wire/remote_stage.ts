@@ -11,7 +11,7 @@ import {
   type StageShape,
   type TopEntry,
 } from "../../engine/stage.ts";
-import { checkLogits, checkSlot } from "../../engine/stage_checks.ts";
+import { checkLogits, checkRows, checkSlot } from "../../engine/stage_checks.ts";
 import type { HelloInfo } from "./frame.ts";
 import { type ChainExpectation, modelFingerprint } from "./hello.ts";
 import { connectPeer, type Peer, type PeerOptions, StageUnavailableError } from "./peer.ts";
@@ -116,6 +116,8 @@ export class RemoteStage implements Stage {
     }
     checkSlot(this, slot);
     const logits = checkLogits(options);
+    // Every frame of a run carries the run's kind of rows, whatever its own length.
+    const kind = checkRows(options, n);
     const peer = await this.#live();
     if (base !== 0) this.#requireCurrent(this.#slotEpoch[slot], `slot ${slot}'s sequence`);
     this.#slotEpoch[slot] = this.#epoch;
@@ -124,12 +126,18 @@ export class RemoteStage implements Stage {
     let lse = NaN;
     const chunk = peer.info.maxBatch;
     // Chunks before the last need logits only where every position's are wanted.
-    const before = { logits: logits === "all" ? "all" : "none" } as const;
+    const before = { logits: logits === "all" ? "all" : "none", rows: kind } as const;
     for (let at = 0; at < n; at += chunk) {
       const m = Math.min(chunk, n - at);
       const last = at + m === n;
       const rows = input.rows.subarray(at * this.nEmbd, (at + m) * this.nEmbd);
-      const reply = await peer.run(slot, rows, m, base + at, last ? options : before);
+      const reply = await peer.run(
+        slot,
+        rows,
+        m,
+        base + at,
+        last ? { ...options, rows: kind } : before,
+      );
       ids.set(reply.ids, logits === "all" ? at : 0);
       if (last) ({ top, lse } = reply);
     }

@@ -240,7 +240,7 @@ export function serveStage(
     };
     switch (frame.op) {
       case Op.Run: {
-        const { slot, base, n, topk, adjust, logits } = frame;
+        const { slot, base, n, topk, adjust, logits, kind } = frame;
         checkSlot(slot);
         if (base + n > info.ctx) {
           throw new RangeError(
@@ -256,7 +256,7 @@ export function serveStage(
         // Counted now, before the run: a RUN read while this one is on the GPU is checked
         // against it.
         session.seen[slot] = base + n;
-        const run = { topk, adjust, logits };
+        const run = { topk, adjust, logits, rows: kind };
         let out = await stage.run(slot, { kind: "hidden", rows: frame.rows }, n, base, run);
         if (out.kind === "hidden" && next) {
           out = await next.run(slot, { kind: "hidden", rows: out.rows }, n, base, run);
