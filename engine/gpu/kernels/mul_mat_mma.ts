@@ -100,9 +100,8 @@ export const MUL_MAT_MMA: KernelFamily<MulMatMmaKey> = {
  * The tile a tensor-core product of `rows` rows (a part's, or an expert's) runs for tiles of at
  * most `slots` tokens (the run's tokens, or a gather table's tile): 128 rows × 128 slots where
  * both are plentiful, each weight staged once for many tokens; fewer slots for short runs and
- * fewer rows for small matrices, so the grid still fills the GPU. Falls back to one stage and to
- * fewer rows where the device's workgroup memory is short. Untimed guesses until the kernel bench
- * (bench/kernels/prefill_mma.ts) picks them on the GPU box; any tile gives the same bits.
+ * fewer rows for small matrices, so the grid still fills the GPU; one stage (measured), falling
+ * back to fewer rows where the device's workgroup memory is short. Any tile gives the same bits.
  */
 export function mmaTileFor(
   target: KernelTarget,
@@ -113,10 +112,12 @@ export function mmaTileFor(
 ): MmaTile {
   const big = rows >= 2048;
   const tokens = id || slots <= 32 ? 32 : slots <= 64 || !big ? 64 : 128;
-  const wanted: MmaTile = { rows: big || (id && rows >= 128) ? 128 : 64, tokens, stages: 2 };
+  // One stage: on the H100 under Dawn the double-staged tiles ran 1.2-3.5x slower than the same
+  // tiles staged once (docs/PERFORMANCE-NOTES.md, "Tensor cores", 2026-12-06), their larger
+  // workgroup memory leaving fewer workgroups to hide each other's loads.
+  const wanted: MmaTile = { rows: big || (id && rows >= 128) ? 128 : 64, tokens, stages: 1 };
   const tiles: MmaTile[] = [
     wanted,
-    { ...wanted, stages: 1 },
     { rows: 64, tokens: wanted.tokens, stages: 1 },
     { rows: 64, tokens: 32, stages: 1 },
   ];
