@@ -18,8 +18,9 @@ import type { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { bigTokenizer } from "../tests/_big_vocab.ts";
 import { rng } from "../tests/_fuzz.ts";
 import { tinyTokenizer } from "../tests/_tiny_tokenizer.ts";
-import { buildEngines, type MaskDiff, runDocument } from "./grammar_engines.ts";
+import { type MaskDiff, runDocument } from "./grammar_engines.ts";
 import { BENCH_SPECS, TEST_SPECS } from "./grammar_specs.ts";
+import { buildEngines } from "./xgrammar.ts";
 
 const SPECS = { ...TEST_SPECS, ...BENCH_SPECS };
 const NAMES = Object.keys(SPECS);

@@ -7,7 +7,6 @@ import type { TokenConstraint } from "../lib/scheduler/sequence.ts";
 import type { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { rng } from "../tests/_fuzz.ts";
 import { type GrammarSpec, ourGrammar } from "./grammar_specs.ts";
-import { XgEngine } from "./xgrammar.ts";
 
 /** A constraint that may hold memory outside the JS heap (xgrammar's matchers). */
 export type EngineConstraint = TokenConstraint & { dispose?(): void };
@@ -37,21 +36,13 @@ export class OurEngine implements MaskEngine<Grammar> {
   }
 }
 
-/** Both engines over one vocabulary, with what building each took (ms). */
+/** Engines over one vocabulary, with what building each took (ms); built by bench/xgrammar.ts. */
 export interface Engines {
   readonly tokenizer: TextTokenizer;
   readonly list: readonly MaskEngine[];
   readonly setupMs: readonly number[];
   /** Plain JSON string text tokens (lib/grammar's index), to steer documents to close strings. */
   readonly plain: Uint32Array;
-}
-
-export async function buildEngines(tokenizer: TextTokenizer): Promise<Engines> {
-  const start = performance.now();
-  const ours = new OurEngine(tokenizer);
-  const oursMs = performance.now() - start;
-  const xg = await XgEngine.of(tokenizer);
-  return { tokenizer, list: [ours, xg], setupMs: [oursMs, xg.setupMs], plain: ours.vocab.plain };
 }
 
 export const isSet = (mask: Uint32Array, id: number) => ((mask[id >>> 5] >>> (id & 31)) & 1) === 1;

@@ -5,15 +5,9 @@
 import assert from "node:assert/strict";
 import { rng } from "../tests/_fuzz.ts";
 import { tinyTokenizer } from "../tests/_tiny_tokenizer.ts";
-import {
-  allowedIds,
-  buildEngines,
-  isSet,
-  runDocument,
-  timeBatch,
-  UNBUDGETED,
-} from "./grammar_engines.ts";
+import { allowedIds, isSet, runDocument, timeBatch, UNBUDGETED } from "./grammar_engines.ts";
 import { BENCH_SPECS, type GrammarSpec, TEST_SPECS } from "./grammar_specs.ts";
+import { buildEngines } from "./xgrammar.ts";
 
 const { tokenizer } = tinyTokenizer("qwen35");
 const engines = await buildEngines(tokenizer);

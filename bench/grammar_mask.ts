@@ -20,7 +20,6 @@ import {
 import { bigTokenizer } from "../tests/_big_vocab.ts";
 import { rng } from "../tests/_fuzz.ts";
 import {
-  buildEngines,
   type EngineConstraint,
   type Engines,
   quantile,
@@ -29,6 +28,7 @@ import {
   UNBUDGETED,
 } from "./grammar_engines.ts";
 import { BENCH_SPECS, fresh, type GrammarSpec } from "./grammar_specs.ts";
+import { buildEngines } from "./xgrammar.ts";
 
 const NAMES = Object.keys(BENCH_SPECS);
 
