@@ -5,7 +5,14 @@
 import assert from "node:assert/strict";
 import { rng } from "../tests/_fuzz.ts";
 import { tinyTokenizer } from "../tests/_tiny_tokenizer.ts";
-import { allowedIds, isSet, runDocument, timeBatch, UNBUDGETED } from "./grammar_engines.ts";
+import {
+  allowedIds,
+  drawAllowed,
+  isSet,
+  runDocument,
+  timeBatch,
+  UNBUDGETED,
+} from "./grammar_engines.ts";
 import { BENCH_SPECS, type GrammarSpec, TEST_SPECS } from "./grammar_specs.ts";
 import { buildEngines } from "./xgrammar.ts";
 
@@ -88,4 +95,26 @@ Deno.test("timeBatch times every step of N sequences, renewing those that finish
     // Each of the 5 sequences, at most 12 tokens a document, has begun more than one.
     assert.ok(timing.documents >= 5 + 5 * Math.floor(40 / 12), `${timing.documents} documents`);
   }
+});
+
+Deno.test("drawAllowed draws the id that indexing allowedIds' list would, skipped ids left out", () => {
+  const random = rng(5);
+  for (const [vocabSize, density] of [[100, 0.5], [1000, 0.01], [1024, 0.9], [97, 0.03]]) {
+    const mask = new Uint32Array(Math.ceil(vocabSize / 32) + 1);
+    // Bits past vocabSize are set too: neither may ever return them.
+    for (let id = 0; id < mask.length * 32; id++) {
+      if (random() < density || id >= vocabSize) mask[id >>> 5] |= 1 << (id & 31);
+    }
+    const skip = new Set([0, 31, 32, vocabSize - 1]);
+    const listed = allowedIds(mask, vocabSize).filter((id) => !skip.has(id));
+    for (let draw = 0; draw < 50; draw++) {
+      const r = random();
+      const id = drawAllowed(mask, vocabSize, skip, () => r);
+      assert.equal(id, listed[Math.floor(r * listed.length)], `${vocabSize} tokens, r ${r}`);
+    }
+  }
+  const only = new Uint32Array(4);
+  only[1] = 1 << 3; // id 35, skipped: nothing is left.
+  assert.equal(drawAllowed(only, 128, [35], random), undefined);
+  assert.equal(drawAllowed(only, 128, [], () => 0.99), 35);
 });
