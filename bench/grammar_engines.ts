@@ -1,6 +1,7 @@
 // Two mask engines, lib/grammar and xgrammar, driven in lockstep through the same documents (each
 // step's token allowed by both), timed per mask and per step of N sequences, masks compared.
 
+import process from "node:process";
 import type { Grammar } from "../lib/grammar/grammar.ts";
 import { GrammarConstraint, VocabIndex } from "../lib/grammar/token_mask.ts";
 import type { TokenConstraint } from "../lib/scheduler/sequence.ts";
@@ -205,7 +206,13 @@ export interface BatchOptions {
 
 /** Per step of N sequences: the head CPU (ms) all their masks took, and all their accepts. */
 export interface BatchTiming {
+  /** Wall time from asking the masks to having them all. */
   readonly maskMs: number[];
+  /**
+   * The process's CPU time (every thread, user and system) over the same span: below maskMs
+   * when the thread was preempted (a shared box), above it when collector or compiler threads ran.
+   */
+  readonly maskCpuMs: number[];
   readonly acceptMs: number[];
   /** Documents begun, the first N included. */
   documents: number;
@@ -227,7 +234,7 @@ export async function timeBatch(
   const compiled = await Promise.all(specs.map((s) => engine.compile(s)));
   const n = options.sequences;
   const grammarOf = (i: number) => compiled[i % compiled.length];
-  const out: BatchTiming = { maskMs: [], acceptMs: [], documents: n };
+  const out: BatchTiming = { maskMs: [], maskCpuMs: [], acceptMs: [], documents: n };
   const seqs = await Promise.all(
     Array.from(
       { length: n },
@@ -260,9 +267,12 @@ export async function timeBatch(
     seqs[i].c.mask(options.budget ? options.maxTokens - seqs[i].at : UNBUDGETED);
   for (let i = 0; i < n; i++) for (let k = 0; k < i; k++) await advance(i, await maskOf(i));
   for (let step = 0; step < options.steps; step++) {
+    const cpu = process.cpuUsage();
     const start = performance.now();
     const masks = await Promise.all(seqs.map((_, i) => maskOf(i)));
     out.maskMs.push(performance.now() - start);
+    const used = process.cpuUsage(cpu);
+    out.maskCpuMs.push((used.user + used.system) / 1000);
     let acceptMs = 0;
     for (let i = 0; i < n; i++) acceptMs += await advance(i, masks[i]);
     out.acceptMs.push(acceptMs);

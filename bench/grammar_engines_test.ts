@@ -91,7 +91,10 @@ Deno.test("timeBatch times every step of N sequences, renewing those that finish
     });
     assert.equal(timing.maskMs.length, 40);
     assert.equal(timing.acceptMs.length, 40);
-    assert.ok(timing.maskMs.every((ms) => ms >= 0 && Number.isFinite(ms)), engine.name);
+    assert.equal(timing.maskCpuMs.length, 40);
+    for (const list of [timing.maskMs, timing.maskCpuMs]) {
+      assert.ok(list.every((ms) => ms >= 0 && Number.isFinite(ms)), engine.name);
+    }
     // Each of the 5 sequences, at most 12 tokens a document, has begun more than one.
     assert.ok(timing.documents >= 5 + 5 * Math.floor(40 / 12), `${timing.documents} documents`);
   }
