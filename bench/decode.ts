@@ -1,5 +1,6 @@
 // `deno task bench`: makes the bench model, runs our engine per GPU provider, the server and the
-// llama.cpp peer. The project's one performance measurement (docs/PERFORMANCE.md): tables, JSON, SVG.
+// llama.cpp peer, and times constrained sequences' token masks on the head's CPU. The project's one
+// performance measurement (docs/PERFORMANCE.md): tables, JSON, SVG.
 //
 // Each engine and the peer run in a child process (bench/stage_bench.ts, bench/peers/llama.ts),
 // the server's figures against head processes, one after another, so only one of them holds the
@@ -23,10 +24,12 @@ import type { StageReport } from "./stage_bench.ts";
 import { benchServer, type ServerReport } from "./server_bench.ts";
 import { benchLoad, type LoadBenchResult } from "./load_bench.ts";
 import { benchLongPrompt } from "./long_prompt.ts";
+import { benchGrammar, benchVocabulary, GRAMMAR_VOCABS } from "./grammar_batch.ts";
 import { benchPanels, plotSvg } from "./plot.ts";
 import {
   type BenchReport,
   type EngineEntry,
+  type GrammarEntry,
   mergeReports,
   type ModelReport,
   type Part,
@@ -52,7 +55,8 @@ const BENCH = {
   usage: "deno task bench",
   about: "Makes the bench model, runs our engine per GPU provider, the server (single requests, " +
     "under load, a long prompt beside live streams) and the llama.cpp peer, each in a child " +
-    "process, and prints tables; writes the JSON and an SVG plot (docs/PERFORMANCE.md).",
+    "process, times constrained sequences' token masks on the head's CPU, and prints tables; " +
+    "writes the JSON and an SVG plot (docs/PERFORMANCE.md).",
   flags: {
     model: flag(text("PATH"), "bench this file instead of making one"),
     preset: flag(oneOf(Object.keys(PRESETS) as PresetName[]), "the model to make", "qwen35moe-35b"),
@@ -66,7 +70,8 @@ const BENCH = {
     only: flag(
       listOf(oneOf(PARTS)),
       "the parts to run: peer (llama.cpp), engine (per provider), server (single requests), " +
-        "load (clients at once), long (a long prompt beside live streams)",
+        "load (clients at once), long (a long prompt beside live streams), grammar (token masks " +
+        "of constrained sequences decoding at once)",
       [...PARTS],
     ),
     backend: flag(oneOf(BACKENDS), "our engine", "gpu"),
@@ -104,6 +109,19 @@ const BENCH = {
     "long-streams": flag(whole(1), "streams decoding when it arrives", 8),
     "long-window": flag(whole(1), "tokens of each stream timed before it arrives", 64),
     "prefill-chunk": flag(whole(1), "the heads' --prefill-chunk (default theirs)"),
+    "grammar-sequences": flag(whole(1), "constrained sequences decoding at once", 16),
+    "grammar-steps": flag(whole(1), "steps timed per grammar case (after a cold run as long)", 300),
+    "grammar-tokens": flag(whole(2), "tokens of a constrained reply before it starts again", 64),
+    "grammar-vocab": flag(
+      oneOf(GRAMMAR_VOCABS),
+      "the masks' vocabulary: the model's (model), tests/_big_vocab.ts's 248,320 tokens (big), " +
+        "or the model's unless it is a generated one of that size, mostly unused fillers (auto)",
+      "auto",
+    ),
+    "grammar-budget": switchFlag(
+      "hold constrained replies to a budget of --grammar-tokens, as the server does for " +
+        "max_tokens up to 4096 (default: no budget, as for agents' max_tokens 32000)",
+    ),
     runs: flag(
       whole(1),
       "timed runs per figure after one warm-up; median, fastest and slowest are kept",
@@ -160,6 +178,11 @@ function parseFlags(values: FlagValues<typeof BENCH.flags>) {
     longStreams: values["long-streams"],
     longWindow: values["long-window"],
     prefillChunk: values["prefill-chunk"],
+    grammarSequences: values["grammar-sequences"],
+    grammarSteps: values["grammar-steps"],
+    grammarTokens: values["grammar-tokens"],
+    grammarBudget: values["grammar-budget"],
+    grammarVocab: values["grammar-vocab"],
     runs: values.runs,
     seed: values.seed,
     deadlineS: values["deadline-s"] ?? 1e9,
@@ -302,6 +325,20 @@ async function main(values: FlagValues<typeof BENCH.flags>): Promise<void> {
     );
   }
   const { parts } = flags;
+  // First, while nothing else runs: a figure of the head's CPU alone, which no deadline cuts.
+  const grammar: GrammarEntry | undefined = parts.has("grammar")
+    ? await benchVocabulary(model.path, flags.grammarVocab, flags.seed).then((vocab) =>
+      benchGrammar({
+        ...vocab,
+        sequences: flags.grammarSequences,
+        steps: flags.grammarSteps,
+        replyTokens: flags.grammarTokens,
+        budget: flags.grammarBudget,
+        seed: flags.seed,
+        log,
+      })
+    ).catch((e: Error) => ({ error: `the grammar part failed: ${e.message}` }))
+    : undefined;
   const common = [
     "--pp",
     flags.pp.join(","),
@@ -441,6 +478,7 @@ async function main(values: FlagValues<typeof BENCH.flags>): Promise<void> {
     peers,
     ...load,
     longPrompt,
+    grammar,
   }, flags);
 }
 

@@ -1,6 +1,8 @@
-// The bench's closing tables (engines, peers, many sequences, the server, load, the long prompt) and
-// their notes. Printed last by bench/decode.ts; the rows go into docs/PERFORMANCE.md.
+// The bench's closing tables (engines, peers, many sequences, the server, load, the long prompt,
+// grammar masks) and their notes. Printed last by bench/decode.ts; the rows go into
+// docs/PERFORMANCE.md.
 
+import type { GrammarReport } from "./grammar_batch.ts";
 import { type Figure, type LoadFailure, type LoadFigure, measuredLoad } from "./measure.ts";
 
 /** What a table row of figures through the server reads (ServerReport in bench/server_bench.ts). */
@@ -73,6 +75,7 @@ export interface TableInput {
     readonly gapP99WithMs?: number;
     readonly error?: string;
   };
+  readonly grammar?: GrammarReport | { readonly error: string };
 }
 
 /** Tokens per second of a figure's median run. */
@@ -220,8 +223,8 @@ export function formatTable(report: TableInput): string {
   const lines = [
     `${report.date.slice(0, 10)}, ${report.device}, commit ${report.commit}`,
     `model ${report.model.path} (${(report.model.bytes / 1e9).toFixed(2)} GB, ${made})`,
-    "",
-    ...table(head, rows),
+    // A run of other parts alone (--only grammar) has no engine or peer to show.
+    ...(rows.length ? ["", ...table(head, rows)] : []),
   ];
   // Many sequences at once and decode after a long prefix, each against its one-sequence figure.
   if (concurrency.length > 0 || at > 0) {
@@ -286,6 +289,7 @@ export function formatTable(report: TableInput): string {
     lines.push("", ...table(h, r));
   }
   lines.push(...loadLines(report, note));
+  lines.push(...grammarLines(report, note));
   lines.push(
     "",
     "Cells: median (best–worst run, slowest run's time / median's)." +
@@ -359,4 +363,45 @@ function loadLines(report: TableInput, note: (why: string) => string): string[] 
     );
   }
   return lines;
+}
+
+/** The grammar part's table: per case, ms of head CPU a step for all the sequences' masks. */
+function grammarLines(report: TableInput, note: (why: string) => string): string[] {
+  const g = report.grammar;
+  if (!g) return [];
+  if ("error" in g) return ["", `Grammar masks: not measured ${note(g.error)}.`];
+  const ms = (x: number) => x < 10 ? x.toFixed(2) : x.toFixed(1);
+  const budget = g.budget ? `a budget of ${g.replyTokens} tokens` : "no budget";
+  return [
+    "",
+    ...table(
+      [
+        `masks of ${g.sequences} constrained sequences at once, ms a step (${budget}, ` +
+        `${g.replyTokens}-token replies)`,
+        "grammars",
+        "p50",
+        "p90",
+        "p99",
+        "max",
+        "process CPU p99",
+        "process CPU max",
+        "cold p99",
+        "cold max",
+      ],
+      g.cases.map((c) => [
+        c.name,
+        c.grammars.join(", "),
+        ...[c.stepMsP50, c.stepMsP90, c.stepMsP99, c.stepMsMax].map(ms),
+        ms(c.processCpu.stepMsP99),
+        ms(c.processCpu.stepMsMax),
+        ms(c.cold.stepMsP99),
+        ms(c.cold.stepMsMax),
+      ]),
+    ),
+    `lib/grammar on ${g.cpu}, a ${g.vocabulary.tokens}-token vocabulary ` +
+    `(${g.vocabulary.source}; index built in ${(g.indexMs / 1000).toFixed(1)} s); load average ` +
+    `${g.loadAverage.map((l) => l.toFixed(1)).join(" → ")}. Wall time from asking the masks to ` +
+    "having them all; process CPU: every thread's in the same steps (far below the wall: the " +
+    "thread was preempted). Cold: the same workload's first run, before any of its masks was cached.",
+  ];
 }

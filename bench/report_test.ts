@@ -220,3 +220,71 @@ Deno.test("formatTable: many sequences and a long prefix against one, load rows 
     "(2) 0:40, 64 clients: skipped: 10 s left, about 40 s needed",
   ]);
 });
+
+Deno.test("formatTable: the grammar part's cases, or why it has none; a run of it alone shows no engine table", () => {
+  const step = (p50: number, max: number) => ({
+    stepMsP50: p50,
+    stepMsP90: p50 * 2,
+    stepMsP99: max / 2,
+    stepMsMax: max,
+  });
+  const alone: TableInput = {
+    ...FULL,
+    engines: [],
+    peers: [],
+    load: undefined,
+    loadSplit: undefined,
+    loadSetup: undefined,
+    longPrompt: undefined,
+    grammar: {
+      sequences: 16,
+      steps: 300,
+      replyTokens: 64,
+      budget: false,
+      vocabulary: { tokens: 248320, textTokens: 248317, source: "tests/_big_vocab.ts" },
+      indexMs: 1234,
+      cpu: "CPU Y (16 cores)",
+      loadAverage: [0.5, 1.25],
+      cases: [
+        {
+          name: "agentic",
+          grammars: ["tool-call"],
+          ...step(0.014, 0.8),
+          processCpu: step(0.02, 1.5),
+          acceptMsP50: 0.3,
+          documents: 90,
+          cold: step(0.05, 123.4),
+        },
+        {
+          name: "mix",
+          grammars: ["enum", "numbers"],
+          ...step(0.1, 12.34),
+          processCpu: step(0.1, 12),
+          acceptMsP50: 0.4,
+          documents: 100,
+          cold: step(0.2, 40),
+        },
+      ],
+    },
+  };
+  const lines = formatTable(alone).split("\n");
+  assert.deepEqual(lines.slice(1, 8), [
+    "model m.gguf (19.66 GB, given)",
+    "",
+    "| masks of 16 constrained sequences at once, ms a step (no budget, 64-token replies) | " +
+    "grammars | p50 | p90 | p99 | max | process CPU p99 | process CPU max | cold p99 | cold max |",
+    "|---|---|---|---|---|---|---|---|---|---|",
+    "| agentic | tool-call | 0.01 | 0.03 | 0.40 | 0.80 | 0.75 | 1.50 | 61.7 | 123.4 |",
+    "| mix | enum, numbers | 0.10 | 0.20 | 6.17 | 12.3 | 6.00 | 12.0 | 20.0 | 40.0 |",
+    "lib/grammar on CPU Y (16 cores), a 248320-token vocabulary (tests/_big_vocab.ts; index " +
+    "built in 1.2 s); load average 0.5 → 1.3. Wall time from asking the masks to having them " +
+    "all; process CPU: every thread's in the same steps (far below the wall: the thread was " +
+    "preempted). Cold: the same workload's first run, before any of its masks was cached.",
+  ]);
+  const failed = formatTable({ ...alone, grammar: { error: "the grammar part failed: boom" } });
+  assert.deepEqual(failed.split("\n").slice(2, 4), [
+    "",
+    "Grammar masks: not measured (1).",
+  ]);
+  assert.equal(failed.split("\n").at(-1), "(1) the grammar part failed: boom");
+});

@@ -1,6 +1,7 @@
 // The bench's result file (BenchReport): what one run of `deno task bench` writes, and one report
 // made of several part runs (--only), which a device command each may need (--merge).
 
+import type { GrammarReport } from "./grammar_batch.ts";
 import type { LoadFigure } from "./measure.ts";
 import type { LoadSetup } from "./load_bench.ts";
 import type { LongPromptReport } from "./long_prompt.ts";
@@ -12,9 +13,9 @@ import type { ModelSpec } from "../tools/synth/generate_model.ts";
 /**
  * The parts of a bench run, each selectable with --only so that a run fits one device command:
  * the llama.cpp peer, our engine per provider, single requests through the server, the server
- * under load, and a long prompt beside live streams.
+ * under load, a long prompt beside live streams, and the token masks of constrained sequences.
  */
-export const PARTS = ["peer", "engine", "server", "load", "long"] as const;
+export const PARTS = ["peer", "engine", "server", "load", "long", "grammar"] as const;
 export type Part = typeof PARTS[number];
 
 /** How the bench model came to be: made now (timed), reused from an earlier run, or given. */
@@ -30,6 +31,9 @@ export interface ModelReport {
 export type PeerEntry = PeerReport | { readonly name: string; readonly error: string };
 
 export type EngineEntry = StageReport | { readonly gpu: string; readonly error: string };
+
+/** The grammar part's report, or why it has none. */
+export type GrammarEntry = GrammarReport | { readonly error: string };
 
 /** The whole result file; docs/PERFORMANCE.md is written from it. */
 export interface BenchReport {
@@ -53,6 +57,8 @@ export interface BenchReport {
   readonly loadSplit?: readonly LoadFigure[];
   readonly loadSetup?: LoadSetup;
   readonly longPrompt?: LongPromptReport;
+  /** Constrained sequences' token masks per step, on the head's CPU (issue 26 point 4). */
+  readonly grammar?: GrammarEntry;
 }
 
 /** Distinct values in first-seen order. */
@@ -107,5 +113,6 @@ export function mergeReports(
     loadSplit: last("loadSplit"),
     loadSetup: last("loadSetup"),
     longPrompt: last("longPrompt"),
+    grammar: last("grammar"),
   };
 }

@@ -33,6 +33,7 @@ Deno.test("mergeReports: engines and peers joined by name, later figures over ea
     ],
     peers: [{ name: "llama.cpp", error: "not installed" }],
     load: [{ clients: 1, aggregateTokPerS: 1, ttftP50Ms: 1, gapP99Ms: 1 }],
+    grammar: { error: "the grammar part failed: no vocabulary" },
   };
   const second: BenchReport = {
     ...BASE,
@@ -74,6 +75,7 @@ Deno.test("mergeReports: engines and peers joined by name, later figures over ea
   assert.deepEqual(merged.peers, first.peers, "an entry of one run stays as it was");
   assert.deepEqual(merged.load, second.load);
   assert.deepEqual(merged.longPrompt, second.longPrompt);
+  assert.deepEqual(merged.grammar, first.grammar, "a section only an earlier run has is kept");
   assert.equal(merged.loadSplit, undefined);
   assert.throws(() => mergeReports([], []), RangeError);
 });

@@ -32,7 +32,11 @@ Deno.test("deno task bench: --only parts each write their figures; --merge joins
       ...common,
       ...small,
       "--only",
-      "engine,load",
+      "engine,load,grammar",
+      "--grammar-sequences",
+      "4",
+      "--grammar-steps",
+      "20",
       "--pp",
       "16",
       "--slots",
@@ -49,7 +53,7 @@ Deno.test("deno task bench: --only parts each write their figures; --merge joins
       `${dir}/a.svg`,
     ]);
     const a = await read(`${dir}/a.json`);
-    assert.deepEqual(a.parts, ["engine", "load"]);
+    assert.deepEqual(a.parts, ["engine", "load", "grammar"]);
     assert.deepEqual(a.servers, []);
     assert.deepEqual(a.peers, []);
     assert.equal(a.longPrompt, undefined);
@@ -63,6 +67,13 @@ Deno.test("deno task bench: --only parts each write their figures; --merge joins
       "tg4x2-sampled",
     ]);
     assert.deepEqual(a.load?.map((f) => f.clients), [2]);
+    // The tiny model's own vocabulary (auto: it is no generated model of the preset's size).
+    assert.ok(a.grammar && "cases" in a.grammar, JSON.stringify(a.grammar));
+    assert.deepEqual(a.grammar.vocabulary.source, "model");
+    assert.deepEqual(a.grammar.cases.map((c) => [c.name, c.grammars.length]), [
+      ["agentic", 1],
+      ["mix", 7],
+    ]);
     assert.match(
       await Deno.readTextFile(`${dir}/a.svg`),
       /^<!-- deno-fmt-ignore-file -->\n<svg [^]*tandem cpu, engine[^]*<\/svg>\n$/,
@@ -94,15 +105,17 @@ Deno.test("deno task bench: --only parts each write their figures; --merge joins
       `${dir}/m.svg`,
     ]);
     const m = await read(`${dir}/m.json`);
-    assert.deepEqual(m.parts, ["engine", "load", "long"]);
+    assert.deepEqual(m.parts, ["engine", "load", "grammar", "long"]);
     assert.deepEqual(m.merged, ["a.json", "b.json"]);
     assert.deepEqual(m.engines, a.engines);
     assert.deepEqual(m.load, a.load);
     assert.deepEqual(m.longPrompt, b.longPrompt);
+    assert.deepEqual(m.grammar, a.grammar);
     assert.match(
       tables,
       /^\| tandem reference cpu, layers 0:4 \| 2 \| [\d.]+ \| \d+ \| [\d.]+ \|$/m,
     );
+    assert.match(tables, /^\| agentic \| tool-call \| [\d.]+ \| [\d.]+ \| [\d.]+ \| [\d.]+ \|/m);
     assert.match(
       tables,
       /^A 60-token prompt beside 2 streams \(layers 0:4\): its first token \d+ ms/m,
