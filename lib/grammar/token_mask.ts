@@ -210,6 +210,12 @@ export class VocabIndex {
    * tools again with every request (tool_grammar.ts keeps their grammars).
    */
   readonly masks = new Lru<CachedMask>(MASK_CACHE);
+  /**
+   * The walks under way, by the same keys: a batched step asks every sequence's mask in one turn
+   * of the event loop, so sequences at one state (agents that start together, or meet a state
+   * none has reached before) would each walk it before the first walk's mask is cached.
+   */
+  readonly walks = new Map<string, Promise<CachedMask>>();
   /** classTokens() by class. */
   readonly #classes = new Lru<ClassTokens>(CLASS_CACHE);
   /** Each id's bytes (empty for control tokens). */
@@ -455,9 +461,22 @@ export class GrammarConstraint implements TokenConstraint {
     const budget = remaining - 1 > UNCHECKED_BUDGET ? Infinity : remaining - 1;
     // A mask walked with a budget B allows the same tokens as a walk with any budget from its
     // reach up to B: the allowed end within its reach, the refused ones past B.
+    const serves = (m: CachedMask) => m.reach !== -1 && m.reach <= budget && budget <= m.budget;
     const cached = this.#vocab.masks.get(key);
-    if (cached && cached.reach <= budget && budget <= cached.budget) return cached.mask;
-    let out = await this.#walk(budget);
+    if (cached && serves(cached)) return cached.mask;
+    const { walks } = this.#vocab;
+    const under = walks.get(key);
+    if (under) {
+      const theirs = await under;
+      if (serves(theirs)) return theirs.mask;
+    }
+    const walk = this.#walk(budget);
+    if (!walks.has(key)) {
+      walks.set(key, walk);
+      const done = () => walks.get(key) === walk && walks.delete(key);
+      walk.then(done, done);
+    }
+    let out = await walk;
     if (out.reach === -1) {
       // Too few tokens left to finish: keep to the grammar; the reply ends at its limit.
       out = await this.#walk(Infinity);

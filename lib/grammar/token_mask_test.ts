@@ -199,3 +199,25 @@ Deno.test("constraints of one grammar share its masks; another grammar's masks a
   assert.ok(allowed(first, t) && !allowed(first, n));
   assert.ok(allowed(nul, n) && !allowed(nul, t));
 });
+
+Deno.test("constraints at one state asked at once share one walk, unless its budget does not serve theirs", async () => {
+  // Fresh grammars: none of their masks is cached. With 0 ms slices a walk turns the event loop
+  // at every clock check, so the other constraints are asked while it is under way.
+  const schema: Json = { anyOf: [{ const: "a" }, { type: "string", minLength: 20 }] };
+  const at = (grammar: Grammar) => new GrammarConstraint(grammar, vocab, { sliceMs: 0 });
+  const shared = grammarOf(schema);
+  const masks = await Promise.all(Array.from({ length: 4 }, () => at(shared).mask(1000)));
+  assert.ok(masks.every((m) => m === masks[0]), "one walk's mask for all four");
+  assert.equal(vocab.walks.size, 0, "no walk is left under way");
+  const alone = async (remaining: number) => await at(grammarOf(schema)).mask(remaining);
+  assert.deepEqual(masks[0], await alone(1000));
+  // A budget of 2 bytes refuses the tokens that enter the long string ('"b'); 999 allows them.
+  // Whichever walks first, the other's budget is outside what its mask holds for.
+  const tight = await alone(3);
+  assert.notDeepEqual(tight, masks[0]);
+  for (const order of [[3, 1000], [1000, 3]]) {
+    const both = grammarOf(schema);
+    const got = await Promise.all(order.map((remaining) => at(both).mask(remaining)));
+    assert.deepEqual(got, order.map((r) => r === 3 ? tight : masks[0]), `order ${order}`);
+  }
+});
