@@ -325,7 +325,8 @@ async function main(values: FlagValues<typeof BENCH.flags>): Promise<void> {
     );
   }
   const { parts } = flags;
-  // First, while nothing else runs: a figure of the head's CPU alone, which no deadline cuts.
+  // First, while nothing else runs: a figure of the head's CPU alone. No deadline cuts it; the
+  // parts after it share what it leaves of one.
   const grammar: GrammarEntry | undefined = parts.has("grammar")
     ? await benchVocabulary(model.path, flags.grammarVocab, flags.seed).then((vocab) =>
       benchGrammar({
