@@ -70,7 +70,7 @@ export const DECODE_MAX_TOKENS = 4;
  * this many tokens' slots, run the decode kernel, each workgroup multiplying every weight chunk it
  * loads with several tokens (decodeTokens): a tile stages every chunk of W in workgroup memory
  * between two barriers, which costs more than reading W a few times from L2 until its 32 or 64
- * slots fill (docs/PERFORMANCE.md, "Steps of several sequences").
+ * slots fill (docs/PERFORMANCE.md, "Steps of many rows").
  */
 export const MATVEC_MAX_TOKENS = 64;
 
