@@ -41,8 +41,8 @@
 //   with every one of them, so a step of several sequences reads the weights ⌈T / TN⌉ times, and
 //   each token's sums are the ones it gets alone. Tokens past the step's last repeat its input
 //   and write nothing. With TN ≤ 2 a chunk's inputs are held in registers across the thread's
-//   rows; X_STREAM (TN ≥ 4, no NORM) reads each token's chunk where it is used instead, and skips
-//   the tokens that are not live. WIN (chunks a window covers) shrinks as TN grows, so the staged
+//   rows; X_STREAM (TN ≥ 4, no NORM) reads each token's chunk where it is used instead, and
+//   skips the blocks of tokens (2 + 2 + 4) that hold none live. WIN (chunks a window covers) shrinks as TN grows, so the staged
 //   inputs stay within ~18 KB. GATHERED (with ID): ids is a gather table (wgsl/moe_gather.wgsl)
 //   and a workgroup takes the slots of one of its tiles (one expert), TN at a time, as
 //   wgsl/mul_mat.wgsl's GATHERED tiles do: each expert's weights are read once for its slots.
@@ -320,6 +320,15 @@ struct Tokens {
   live: u32,
 }
 
+// The tokens a workgroup computes: TN ≤ 2 all of them; under X_STREAM its live tokens rounded up
+// to 2, 4 or 8 (each block's extra tokens repeat a live one's input; their outputs are dropped).
+fn busy_tokens(tk: Tokens) -> u32 {
+  if (TN <= 2u || tk.live <= 2u) {
+    return min(TN, 2u);
+  }
+  return select(8u, 4u, tk.live <= 4u);
+}
+
 // Token j's input offset in x.
 fn x_of(tk: Tokens, j: u32) -> u32 {
   if (j < 4u) {
@@ -421,7 +430,7 @@ fn stage_window(tk: Tokens, c0: u32, q: u32, scale: f32, scale2: f32) {
   if (TN > 1u) {
     xs[XB + at] = input4(tk.x_lo.y, c, q % 8u, scale2);
   }
-  for (var j = 2u; j < min(TN, tk.live); j++) {
+  for (var j = 2u; j < busy_tokens(tk); j++) {
     xs[j * XB + at] = input4(x_of(tk, j), c, q % 8u, 1.0);
   }
 }
@@ -446,6 +455,7 @@ fn rows_product(
   let last_row = matrix_rows(second) - 1u;
   let xo = tk.x_lo.x;
   let xo2 = tk.x_lo.y;
+  let busy = busy_tokens(tk);
   // With NORM and XSTAGE, a row of x that fits one window is read from memory once: staged raw,
   // summed from workgroup memory, then normed in place (g0..g3: nw of this invocation's slots).
   var held = false;
@@ -533,29 +543,18 @@ fn rows_product(
         let wv = weights32(second, at[r], c0 + cc);
 #ifdef REG_CLASSES
 #ifdef X_STREAM
+        // Whole blocks of tokens, so their fma chains interleave.
         p0[r] = p0[r] + chunk_sum(wv, chunk_input(xo, c0, cc, 1.0, 0u));
-        if (tk.live > 1u) {
-          p1[r] = p1[r] + chunk_sum(wv, chunk_input(xo2, c0, cc, 1.0, XB));
-        }
-        if (tk.live > 2u) {
+        p1[r] = p1[r] + chunk_sum(wv, chunk_input(xo2, c0, cc, 1.0, XB));
+        if (busy > 2u) {
           p2[r] = p2[r] + chunk_sum(wv, chunk_input(tk.x_lo.z, c0, cc, 1.0, 2u * XB));
-        }
-        if (tk.live > 3u) {
           p3[r] = p3[r] + chunk_sum(wv, chunk_input(tk.x_lo.w, c0, cc, 1.0, 3u * XB));
         }
-        if (TN > 4u) {
-          if (tk.live > 4u) {
-            p4[r] = p4[r] + chunk_sum(wv, chunk_input(tk.x_hi.x, c0, cc, 1.0, 4u * XB));
-          }
-          if (tk.live > 5u) {
-            p5[r] = p5[r] + chunk_sum(wv, chunk_input(tk.x_hi.y, c0, cc, 1.0, 5u * XB));
-          }
-          if (tk.live > 6u) {
-            p6[r] = p6[r] + chunk_sum(wv, chunk_input(tk.x_hi.z, c0, cc, 1.0, 6u * XB));
-          }
-          if (tk.live > 7u) {
-            p7[r] = p7[r] + chunk_sum(wv, chunk_input(tk.x_hi.w, c0, cc, 1.0, 7u * XB));
-          }
+        if (TN > 4u && busy > 4u) {
+          p4[r] = p4[r] + chunk_sum(wv, chunk_input(tk.x_hi.x, c0, cc, 1.0, 4u * XB));
+          p5[r] = p5[r] + chunk_sum(wv, chunk_input(tk.x_hi.y, c0, cc, 1.0, 5u * XB));
+          p6[r] = p6[r] + chunk_sum(wv, chunk_input(tk.x_hi.z, c0, cc, 1.0, 6u * XB));
+          p7[r] = p7[r] + chunk_sum(wv, chunk_input(tk.x_hi.w, c0, cc, 1.0, 7u * XB));
         }
 #else
         p0[r] = p0[r] + chunk_sum(wv, xv);
