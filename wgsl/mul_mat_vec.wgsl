@@ -42,10 +42,11 @@
 //   each token's sums are the ones it gets alone. Tokens past the step's last repeat its input
 //   and write nothing. With TN ≤ 2 a chunk's inputs are held in registers across the thread's
 //   rows; X_STREAM (TN ≥ 4, no NORM) reads each token's chunk where it is used instead, and
-//   skips the blocks of tokens (2 + 2 + 4) that hold none live. WIN (chunks a window covers) shrinks as TN grows, so the staged
-//   inputs stay within ~18 KB. GATHERED (with ID): ids is a gather table (wgsl/moe_gather.wgsl)
-//   and a workgroup takes the slots of one of its tiles (one expert), TN at a time, as
-//   wgsl/mul_mat.wgsl's GATHERED tiles do: each expert's weights are read once for its slots.
+//   skips the blocks of tokens (2 + 2 + 4) that hold none live. WIN (chunks a window covers)
+//   shrinks as TN grows, so the staged inputs stay within ~18 KB. GATHERED (with ID): ids is a
+//   gather table (wgsl/moe_gather.wgsl) and a workgroup takes the slots of one of its tiles (one
+//   expert), TN at a time, as wgsl/mul_mat.wgsl's GATHERED tiles do: each expert's weights are
+//   read once for its slots.
 // NORM with XSTAGE and k ≤ 32·WIN reads x once: staged raw, its squares summed from workgroup
 //   memory (rms_finish: the same order, the same scale), then normed in place.
 //
