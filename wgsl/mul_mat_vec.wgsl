@@ -41,8 +41,8 @@
 //   with every one of them, so a step of several sequences reads the weights ⌈T / TN⌉ times, and
 //   each token's sums are the ones it gets alone. Tokens past the step's last repeat its input
 //   and write nothing. With TN ≤ 2 a chunk's inputs are held in registers across the thread's
-//   rows; X_STREAM (TN ≥ 4, no NORM) reads each token's chunk where it is used instead, and
-//   skips the blocks of tokens (2 + 2 + 4) that hold none live. WIN (chunks a window covers)
+//   rows; X_STREAM (TN ≥ 4, no NORM) holds the thread's rows' chunks instead and reads each
+//   token's chunk once for all of them, skipping the blocks of tokens (2 + 2 + 4) none live. WIN (chunks a window covers)
 //   shrinks as TN grows, so the staged inputs stay within ~18 KB. GATHERED (with ID): ids is a
 //   gather table (wgsl/moe_gather.wgsl) and a workgroup takes the slots of one of its tiles (one
 //   expert), TN at a time, as wgsl/mul_mat.wgsl's GATHERED tiles do: each expert's weights are
@@ -246,6 +246,30 @@ fn chunk_sum(wv: array<vec4<f32>, 8>, x: Chunk) -> f32 {
   s = fma4(wv[6], x.v6, s);
   return fma4(wv[7], x.v7, s);
 }
+
+#ifdef X_STREAM
+// The class partials p of the thread's rows plus one token's chunk products with their weights
+// w0..w3 (the first RPT of them).
+fn add_chunk(
+  p: vec4<f32>,
+  w0: array<vec4<f32>, 8>,
+  w1: array<vec4<f32>, 8>,
+  w2: array<vec4<f32>, 8>,
+  w3: array<vec4<f32>, 8>,
+  x: Chunk,
+) -> vec4<f32> {
+  var q = p;
+  q.x = p.x + chunk_sum(w0, x);
+  if (RPT > 1u) {
+    q.y = p.y + chunk_sum(w1, x);
+  }
+  if (RPT > 2u) {
+    q.z = p.z + chunk_sum(w2, x);
+    q.w = p.w + chunk_sum(w3, x);
+  }
+  return q;
+}
+#endif
 
 // vec4 v of chunk c0 + cc's input (cc within the window), staged (from xs at xb) or from x.
 fn in4(xo: u32, c0: u32, cc: u32, v: u32, scale: f32, xb: u32) -> vec4<f32> {
@@ -533,40 +557,44 @@ fn rows_product(
     workgroupBarrier();
 #endif
     for (var cc = cu; cc < wn; cc += CU) {
-#ifndef X_STREAM
+#ifdef X_STREAM
+      // The chunk of each of the thread's rows, then each token's input read once for all of
+      // them, in whole blocks of tokens so their fma chains interleave (rows past RPT unused).
+      let c = c0 + cc;
+      let w0 = weights32(second, at.x, c);
+      let w1 = weights32(second, at.y, c);
+      let w2 = weights32(second, at.z, c);
+      let w3 = weights32(second, at.w, c);
+      p0 = add_chunk(p0, w0, w1, w2, w3, chunk_input(xo, c0, cc, 1.0, 0u));
+      p1 = add_chunk(p1, w0, w1, w2, w3, chunk_input(xo2, c0, cc, 1.0, XB));
+      if (busy > 2u) {
+        p2 = add_chunk(p2, w0, w1, w2, w3, chunk_input(tk.x_lo.z, c0, cc, 1.0, 2u * XB));
+        p3 = add_chunk(p3, w0, w1, w2, w3, chunk_input(tk.x_lo.w, c0, cc, 1.0, 3u * XB));
+      }
+      if (TN > 4u && busy > 4u) {
+        p4 = add_chunk(p4, w0, w1, w2, w3, chunk_input(tk.x_hi.x, c0, cc, 1.0, 4u * XB));
+        p5 = add_chunk(p5, w0, w1, w2, w3, chunk_input(tk.x_hi.y, c0, cc, 1.0, 5u * XB));
+        p6 = add_chunk(p6, w0, w1, w2, w3, chunk_input(tk.x_hi.z, c0, cc, 1.0, 6u * XB));
+        p7 = add_chunk(p7, w0, w1, w2, w3, chunk_input(tk.x_hi.w, c0, cc, 1.0, 7u * XB));
+      }
+#else
       let xv = chunk_input(xo, c0, cc, scale, 0u);
       var xv2 = xv;
       if (TN > 1u) {
         xv2 = chunk_input(xo2, c0, cc, scale2, XB);
       }
-#endif
       for (var r = 0u; r < RPT; r++) {
         let wv = weights32(second, at[r], c0 + cc);
 #ifdef REG_CLASSES
-#ifdef X_STREAM
-        // Whole blocks of tokens, so their fma chains interleave.
-        p0[r] = p0[r] + chunk_sum(wv, chunk_input(xo, c0, cc, 1.0, 0u));
-        p1[r] = p1[r] + chunk_sum(wv, chunk_input(xo2, c0, cc, 1.0, XB));
-        if (busy > 2u) {
-          p2[r] = p2[r] + chunk_sum(wv, chunk_input(tk.x_lo.z, c0, cc, 1.0, 2u * XB));
-          p3[r] = p3[r] + chunk_sum(wv, chunk_input(tk.x_lo.w, c0, cc, 1.0, 3u * XB));
-        }
-        if (TN > 4u && busy > 4u) {
-          p4[r] = p4[r] + chunk_sum(wv, chunk_input(tk.x_hi.x, c0, cc, 1.0, 4u * XB));
-          p5[r] = p5[r] + chunk_sum(wv, chunk_input(tk.x_hi.y, c0, cc, 1.0, 5u * XB));
-          p6[r] = p6[r] + chunk_sum(wv, chunk_input(tk.x_hi.z, c0, cc, 1.0, 6u * XB));
-          p7[r] = p7[r] + chunk_sum(wv, chunk_input(tk.x_hi.w, c0, cc, 1.0, 7u * XB));
-        }
-#else
         p0[r] = p0[r] + chunk_sum(wv, xv);
         if (TN > 1u) {
           p1[r] = p1[r] + chunk_sum(wv, xv2);
         }
-#endif
 #else
         sbuf[(WIN + 1u) * (g + GROUPS * r) + cc] = chunk_sum(wv, xv);
 #endif
       }
+#endif
     }
 #ifndef REG_CLASSES
     workgroupBarrier();

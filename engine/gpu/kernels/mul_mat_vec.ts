@@ -90,8 +90,9 @@ export function layoutName(l: MatVecLayout): string {
 export function decodeLayout(rows: number, id: boolean, tokens: MatVecTokens = 1): MatVecLayout {
   // Expert slots (8 × 1024 or 2048 rows): two rows a thread.
   if (id) return { wg: 128, cu: 16, rpt: 2, xstage: true };
-  // The LM head.
-  if (rows >= 65536) return { wg: 256, cu: 16, rpt: 4, xstage: true };
+  // The LM head; two rows a thread where a workgroup takes more than two tokens, whose thread
+  // holds each of its rows' chunks at once (32 registers a row).
+  if (rows >= 65536) return { wg: 256, cu: 16, rpt: tokens > 2 ? 2 : 4, xstage: true };
   // Joined projections (qkvz|ba, q|gate|k|v).
   if (rows >= 4096) return { wg: 256, cu: 16, rpt: 2, xstage: true };
   // Output projections, the shared expert's down; and fewer rows where a workgroup takes more
