@@ -1,12 +1,14 @@
 // GPU matrix products (engine/gpu/kernels/mul_mat.ts) against the CPU dequantizer and float64 dots.
-// Covers every weight type, decode and prefill tiles, split parts, expert ids, SwiGLU input, add,
-// and the decode epilogues (pair, conv, MoE sum) against the kernels they replace, bit for bit.
+// Covers every weight type, decode products (a token or several a workgroup) and prefill tiles,
+// split parts, expert ids (per slot and gathered), SwiGLU input, add, and the decode epilogues
+// (pair, conv, MoE sum) against the kernels they replace, bit for bit.
 
 import assert from "node:assert/strict";
 import { createStorage } from "../engine/gpu/buffers.ts";
 import type { GpuContext } from "../engine/gpu/device.ts";
 import { gatherTiles, gatherWords, moeGather } from "../engine/gpu/kernels/moe_gather.ts";
 import {
+  MATVEC_MAX_TOKENS,
   MUL_MAT_TYPES,
   mulMat,
   mulMatPair,
@@ -14,7 +16,7 @@ import {
   tileFor,
   type TileShape,
 } from "../engine/gpu/kernels/mul_mat.ts";
-import type { MatVecLayout } from "../engine/gpu/kernels/mul_mat_vec.ts";
+import type { MatVecLayout, MatVecTokens } from "../engine/gpu/kernels/mul_mat_vec.ts";
 import type { GpuTensor } from "../engine/gpu/tensor.ts";
 import { moeSum } from "../engine/gpu/kernels/moe_sum.ts";
 import { rmsNorm } from "../engine/gpu/kernels/rms_norm.ts";
@@ -184,14 +186,14 @@ gpuTest("mulMat() with add accumulates into y at an offset and stride", async (c
 });
 
 gpuTest(
-  "mulMat() over a gather table equals the per-slot expert products bit for bit",
+  "mulMat() over a gather table, as tiles or decode products, equals the per-slot products bit for bit",
   async (ctx) => {
     const type = GgmlType.Q5_K;
     const [K, M, E, T, nUsed] = [256, 13, 5, 13, 3];
     const r = rng(8);
     const bytes = randomBlocks(type, K * M * E, 0.5, r);
     const x = randomF32(T * K, r);
-    // Expert 4 gets more than one tile of slots, expert 1 none.
+    // Expert 4 gets 19 slots (several groups of every decode workgroup's size), expert 1 none.
     const ids = Uint32Array.from({ length: T * nUsed }, (_, s) => [4, 0, 2, 4, 3, 4][s % 6]);
     const tensor = await uploadWeights(ctx, { name: "exps", type, shape: [K, M, E] }, bytes, {
       maxPartBytes: 2 * M * rowBytes(type, K),
@@ -200,19 +202,31 @@ gpuTest(
     const idsb = upload(ctx, ids);
     const table = createStorage(ctx, "table", 4 * gatherWords(T * nUsed, E, PREFILL_TT));
     const perSlot = createStorage(ctx, "per slot", T * nUsed * M * 4);
-    const tiled = createStorage(ctx, "tiled", T * nUsed * M * 4);
+    // The tiles, then decode workgroups of 1, 2, 4 and 8 slots.
+    const runs = [
+      { tile: tileFor(ctx, M, true) },
+      ...([1, 2, 4, 8] as const).map((n) => ({
+        decodeTokens: n,
+      })),
+    ];
+    const gathered = runs.map(() => createStorage(ctx, "gathered", T * nUsed * M * 4));
     await submit(ctx, (enc) => {
       mulMat(enc, { w: tensor, x: xb, y: perSlot, ids: idsb }, { tokens: T, nUsed });
       moeGather(enc, { ids: idsb, table }, { slots: T * nUsed, experts: E, tt: PREFILL_TT });
-      mulMat(enc, { w: tensor, x: xb, y: tiled, ids: table }, {
-        tokens: T,
-        nUsed,
-        gatherTiles: gatherTiles(T * nUsed, E, PREFILL_TT),
-      });
+      runs.forEach((run, j) =>
+        mulMat(enc, { w: tensor, x: xb, y: gathered[j], ids: table }, {
+          ...run,
+          tokens: T,
+          nUsed,
+          gatherTiles: gatherTiles(T * nUsed, E, PREFILL_TT),
+        })
+      );
     });
     const a = await readF32(ctx, perSlot, T * nUsed * M);
-    const b = await readF32(ctx, tiled, T * nUsed * M);
-    assert.deepEqual(b, a);
+    for (const [j, run] of runs.entries()) {
+      assertSameBits(a, await readF32(ctx, gathered[j], T * nUsed * M), M, JSON.stringify(run));
+    }
+    const b = await readF32(ctx, gathered[0], T * nUsed * M);
     const w = dequantize(type, bytes, K * M * E);
     const want = new Float64Array(T * nUsed * M);
     const scale = new Float64Array(T * nUsed * M);
@@ -230,7 +244,10 @@ gpuTest(
   },
 );
 
-/** y of `tokens` tokens, each token in its own call, then all in one call (prefill tiles). */
+/**
+ * y of `tokens` tokens, each token in its own call, then all in one call (the engine's choice:
+ * decode products up to MATVEC_MAX_TOKENS, else prefill tiles; or the tile given).
+ */
 async function singleAndBatched(
   ctx: GpuContext,
   type: GgmlType,
@@ -279,16 +296,16 @@ function assertSameBits(single: Float32Array, batched: Float32Array, M: number, 
 gpuTest(
   "mulMat() gives every token the same bits alone as inside a batch (batch invariance)",
   async (ctx) => {
-    // K = 1280: 40 chunks, so decode takes two rounds (of 32 chunks) and classes 0..7 sum three
-    // chunks, 8..15 two; M = 70 rows: two row tiles, the second partial; 13 and 37 tokens:
-    // partial token tiles.
+    // K = 1280: 40 chunks, so classes 0..7 sum three chunks, 8..15 two; M = 70 rows: two row
+    // tiles, the second partial; 13 and 37 tokens: decode products in a partial last group; 6
+    // past the decode products' most: prefill tiles, the last partial.
     const cases: [GgmlType, number, { swiglu?: boolean; add?: boolean }][] = [
       [GgmlType.Q8_0, 13, {}],
-      [GgmlType.Q8_0, 37, { add: true }],
+      [GgmlType.Q8_0, MATVEC_MAX_TOKENS + 6, { add: true }],
       [GgmlType.IQ4_XS, 37, {}],
       [GgmlType.Q4_K, 13, { swiglu: true }],
-      [GgmlType.Q6_K, 37, {}],
-      [GgmlType.F32, 13, { swiglu: true, add: true }],
+      [GgmlType.Q6_K, MATVEC_MAX_TOKENS + 6, {}],
+      [GgmlType.F32, 37, { swiglu: true, add: true }],
     ];
     for (const [type, T, o] of cases) {
       const { single, batched } = await singleAndBatched(ctx, type, 1280, 70, T, o);
@@ -336,7 +353,7 @@ gpuTest("every prefill tile shape gives each token its bits alone", async (ctx) 
 
 gpuTest("every decode layout gives each token the bits of the prefill tile", async (ctx) => {
   // K = 2304: 72 chunks, two windows (64 + 8), classes 0..7 of five chunks and 8..15 of four;
-  // M = 70 rows: a partial last tile in every layout; 5 tokens: the batch runs as a tile.
+  // M = 70 rows: a partial last tile in every layout; 5 tokens, run as a tile.
   const [K, M, T] = [2304, 70, 5];
   const layouts: MatVecLayout[] = [
     { wg: 128, cu: 16, rpt: 1, xstage: true },
@@ -355,7 +372,7 @@ gpuTest("every decode layout gives each token the bits of the prefill tile", asy
     const tiled = createStorage(ctx, "tiled", T * M * 4);
     const alone = layouts.map(() => createStorage(ctx, "alone", T * M * 4));
     await submit(ctx, (enc) => {
-      mulMat(enc, { w, x, y: tiled }, { tokens: T });
+      mulMat(enc, { w, x, y: tiled }, { tokens: T, tile: tileFor(ctx, M, false) });
       layouts.forEach((decode, j) => {
         for (let t = 0; t < T; t++) {
           mulMat(enc, { w, x, y: alone[j] }, { tokens: 1, xOffset: t * K, yOffset: t * M, decode });
@@ -380,11 +397,69 @@ gpuTest("every decode layout gives each token the bits of the prefill tile", asy
 });
 
 gpuTest(
+  "decode workgroups of 2, 4 and 8 tokens give each token its bits alone, as does the engine's choice",
+  async (ctx) => {
+    // K = 2304: 72 chunks, so windows of 64, 32 and 16 chunks each end in a partial one; M = 70:
+    // a partial last row tile; 19 tokens: a partial last group of every size; inputs staged and
+    // not, accumulated and SwiGLU.
+    const [K, M, T] = [2304, 70, 19];
+    const w128r1 = { wg: 128, cu: 16, rpt: 1, xstage: true } as const;
+    const runs: { decode?: MatVecLayout; decodeTokens?: MatVecTokens }[] = [
+      {},
+      { decode: w128r1, decodeTokens: 2 },
+      { decode: w128r1, decodeTokens: 4 },
+      { decode: w128r1, decodeTokens: 8 },
+      { decode: { wg: 256, cu: 16, rpt: 2, xstage: true }, decodeTokens: 4 },
+      { decode: { wg: 256, cu: 16, rpt: 4, xstage: false }, decodeTokens: 8 },
+    ];
+    const cases: [GgmlType, { swiglu?: boolean; add?: boolean }][] = [
+      [GgmlType.F32, { add: true }],
+      [GgmlType.Q8_0, {}],
+      [GgmlType.Q6_K, { swiglu: true }],
+      [GgmlType.IQ4_XS, { add: true }],
+    ];
+    for (const [type, o] of cases) {
+      const r = rng(91 + type);
+      const w = await uploadWeights(
+        ctx,
+        { name: "w", type, shape: [K, M] },
+        randomBlocks(type, K * M, 0.5, r),
+      );
+      const xWidth = o.swiglu ? 2 * K : K;
+      const x = upload(ctx, randomF32(T * xWidth, r));
+      const y0 = randomF32(T * M, r);
+      const common = { ...o, upOffset: o.swiglu ? K : 0, xStrideT: xWidth };
+      const alone = upload(ctx, y0);
+      const together = runs.map(() => upload(ctx, y0));
+      await submit(ctx, (enc) => {
+        for (let t = 0; t < T; t++) {
+          mulMat(enc, { w, x, y: alone }, {
+            ...common,
+            tokens: 1,
+            xOffset: t * xWidth,
+            yOffset: t * M,
+          });
+        }
+        runs.forEach((run, j) =>
+          mulMat(enc, { w, x, y: together[j] }, { ...common, ...run, tokens: T })
+        );
+      });
+      const want = await readF32(ctx, alone, T * M);
+      for (const [j, run] of runs.entries()) {
+        const what = `${typeName(type)} ${JSON.stringify(run)}`;
+        assertSameBits(want, await readF32(ctx, together[j], T * M), M, what);
+      }
+    }
+  },
+);
+
+gpuTest(
   "mulMat() with a folded RMSNorm gives the bits of rmsNorm() then the product",
   async (ctx) => {
     // K = 1280 (a partial last round of 256 partials in the norm; x fits one staging window)
     // and 2304 (two windows: x normed as it is staged), 5 tokens: the unfolded product runs as
-    // a prefill tile, the folded one token by token; experts: 3 of 4, decode.
+    // a prefill tile, the folded one token by token and all five at once (two a workgroup);
+    // experts: 3 of 4, decode.
     const [M, T, E, nUsed, eps] = [70, 5, 4, 3, 1e-6];
     const r = rng(31);
     const ids = upload(ctx, Uint32Array.from([3, 0, 2]));
@@ -400,26 +475,26 @@ gpuTest(
         bytes.subarray(0, rowBytes(type, K) * M),
       );
       const exps = await uploadWeights(ctx, { name: "exps", type, shape: [K, M, E] }, bytes);
-      const [folded, unfolded] = [0, 1].map(() => createStorage(ctx, "y", T * M * 4));
+      const [folded, unfolded, together] = [0, 1, 2].map(() => createStorage(ctx, "y", T * M * 4));
       const [foldedIds, unfoldedIds] = [0, 1].map(() => createStorage(ctx, "y", nUsed * M * 4));
       const norm = { w: nw, eps };
       await submit(ctx, (enc) => {
         rmsNorm(enc, { x: xs, w: nw, y: h }, { n: K, rows: T, eps });
-        mulMat(enc, { w, x: h, y: unfolded }, { tokens: T });
+        mulMat(enc, { w, x: h, y: unfolded }, { tokens: T, tile: tileFor(ctx, M, false) });
         mulMat(enc, { w: exps, x: h, y: unfoldedIds, ids }, { tokens: 1, nUsed, xStrideI: 0 });
         for (let t = 0; t < T; t++) {
           mulMat(enc, { w, x: xs, y: folded }, { tokens: 1, norm, xOffset: t * K, yOffset: t * M });
         }
+        mulMat(enc, { w, x: xs, y: together }, { tokens: T, norm });
         mulMat(enc, { w: exps, x: xs, y: foldedIds, ids }, { tokens: 1, nUsed, xStrideI: 0, norm });
       });
-      for (
-        const [a, b, what] of [[folded, unfolded, "plain"], [
-          foldedIds,
-          unfoldedIds,
-          "experts",
-        ]] as const
-      ) {
-        const n = what === "plain" ? T * M : nUsed * M;
+      const pairs = [
+        [folded, unfolded, "plain"],
+        [together, unfolded, "plain, all tokens at once"],
+        [foldedIds, unfoldedIds, "experts"],
+      ] as const;
+      for (const [a, b, what] of pairs) {
+        const n = what === "experts" ? nUsed * M : T * M;
         const got = await readF32(ctx, a, n);
         const want = await readF32(ctx, b, n);
         assert.ok(want.some((v) => v !== 0), "the products are not all zero");
@@ -440,7 +515,8 @@ gpuTest(
 gpuTest(
   "mulMat() over a gather table of full tiles gives SwiGLU expert products bit for bit",
   async (ctx) => {
-    // 37 tokens × 3 ranks, expert 2 taking more than one tile of PREFILL_TT slots.
+    // 37 tokens × 3 ranks, expert 2 taking more than one tile of PREFILL_TT slots; as tiles and
+    // as the engine's decode products (a step of 37 tokens).
     const type = GgmlType.IQ4_XS;
     const [K, M, E, T, nUsed] = [512, 70, 4, 37, 3];
     const r = rng(11);
@@ -461,7 +537,7 @@ gpuTest(
     );
     const table = createStorage(ctx, "table", 4 * gatherWords(T * nUsed, E, PREFILL_TT));
     const perSlot = createStorage(ctx, "per slot", T * nUsed * M * 4);
-    const tiled = createStorage(ctx, "tiled", T * nUsed * M * 4);
+    const [tiled, decoded] = [0, 1].map(() => createStorage(ctx, "gathered", T * nUsed * M * 4));
     const layout = { nUsed, xStrideT: nUsed * 2 * K, xStrideI: 2 * K, upOffset: K, ...o };
     await submit(ctx, (enc) => {
       for (let t = 0; t < T; t++) {
@@ -473,16 +549,13 @@ gpuTest(
         });
       }
       moeGather(enc, { ids: idsb, table }, { slots: T * nUsed, experts: E, tt: PREFILL_TT });
-      mulMat(enc, { w, x, y: tiled, ids: table }, {
-        ...layout,
-        tokens: T,
-        gatherTiles: gatherTiles(T * nUsed, E, PREFILL_TT),
-      });
+      const gathered = { ...layout, tokens: T, gatherTiles: gatherTiles(T * nUsed, E, PREFILL_TT) };
+      mulMat(enc, { w, x, y: tiled, ids: table }, { ...gathered, tile: tileFor(ctx, M, true) });
+      mulMat(enc, { w, x, y: decoded, ids: table }, gathered);
     });
     const a = await readF32(ctx, perSlot, T * nUsed * M);
-    const b = await readF32(ctx, tiled, T * nUsed * M);
-    assert.ok(a.some((v) => v !== 0), "the products are not all zero");
-    assert.deepEqual(b, a);
+    assertSameBits(a, await readF32(ctx, tiled, T * nUsed * M), M, "tiles");
+    assertSameBits(a, await readF32(ctx, decoded, T * nUsed * M), M, "decode products");
   },
 );
 
@@ -615,31 +688,42 @@ gpuTest(
 gpuTest(
   "mulMat()'s MoE-sum epilogue adds to x the bits of the shared expert's down then moeSum",
   async (ctx) => {
-    // The shared expert's down (Q8_0, 96 rows, SwiGLU over 2·64 inputs) of 2 tokens, 3 routed
-    // experts' outputs and their weights, into a residual; W split so parts start mid-way.
-    const [Fs, D, k, T] = [64, 96, 3, 2];
-    const r = rng(47);
-    const w = await splitQ8Weights(ctx, "shared down", Fs, D, 40, r);
-    assert.ok(w.parts.length > 1, "the weights are split into parts");
-    const gateUp = upload(ctx, randomF32(T * 2 * Fs, r, 2));
-    const experts = upload(ctx, randomF32(T * k * D, r));
-    const weights = upload(ctx, randomF32(T * (k + 1), r));
-    const residual = randomF32(T * D, r);
-    const [x, xApart] = [upload(ctx, residual), upload(ctx, residual)];
-    const shared = createStorage(ctx, "shared", T * D * 4);
-    const down = { tokens: T, xStrideT: 2 * Fs, upOffset: Fs, swiglu: true };
-    await submit(ctx, (enc) => {
-      mulMat(enc, { w, x: gateUp, y: x }, { ...down, moeSum: { experts, weights, k } });
-      mulMat(enc, { w, x: gateUp, y: shared }, down);
-      moeSum(enc, { o: experts, s: shared, weights, x: xApart }, {
-        d: D,
-        k,
-        tokens: T,
-        sharedExpert: true,
-      });
-    });
-    const got = await readF32(ctx, x, T * D);
-    assert.ok(got.some((v, i) => v !== residual[i]), "the sum changed x");
-    assertSameBits(await readF32(ctx, xApart, T * D), got, D, "x, fused (batch) or apart (alone)");
+    // The shared expert's down (Q8_0, 96 rows, SwiGLU over 2·64 inputs) of 2 tokens (a decode
+    // step: a pair a workgroup) and of 9 (groups of eight), 3 routed experts' outputs and their
+    // weights, into a residual; W split so parts start mid-way.
+    for (const T of [2, 9]) await moeSumEpilogue(ctx, T);
   },
 );
+
+/** The MoE-sum epilogue of a step of T tokens against the product, then moeSum. */
+async function moeSumEpilogue(ctx: GpuContext, T: number): Promise<void> {
+  const [Fs, D, k] = [64, 96, 3];
+  const r = rng(47 + T);
+  const w = await splitQ8Weights(ctx, "shared down", Fs, D, 40, r);
+  assert.ok(w.parts.length > 1, "the weights are split into parts");
+  const gateUp = upload(ctx, randomF32(T * 2 * Fs, r, 2));
+  const experts = upload(ctx, randomF32(T * k * D, r));
+  const weights = upload(ctx, randomF32(T * (k + 1), r));
+  const residual = randomF32(T * D, r);
+  const [x, xApart] = [upload(ctx, residual), upload(ctx, residual)];
+  const shared = createStorage(ctx, "shared", T * D * 4);
+  const down = { tokens: T, xStrideT: 2 * Fs, upOffset: Fs, swiglu: true };
+  await submit(ctx, (enc) => {
+    mulMat(enc, { w, x: gateUp, y: x }, { ...down, moeSum: { experts, weights, k } });
+    mulMat(enc, { w, x: gateUp, y: shared }, down);
+    moeSum(enc, { o: experts, s: shared, weights, x: xApart }, {
+      d: D,
+      k,
+      tokens: T,
+      sharedExpert: true,
+    });
+  });
+  const got = await readF32(ctx, x, T * D);
+  assert.ok(got.some((v, i) => v !== residual[i]), "the sum changed x");
+  assertSameBits(
+    await readF32(ctx, xApart, T * D),
+    got,
+    D,
+    `x of ${T} tokens, fused (batch) or apart (alone)`,
+  );
+}

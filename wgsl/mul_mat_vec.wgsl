@@ -1,16 +1,18 @@
-// mul_mat_vec: the decode product y[t,i][row] (= or +=) W_e[row] · x[t,i] for a few tokens, every
-// weight type; with ID, e = ids[t, i] picks an expert of a stacked tensor. The prefill tiles are
-// wgsl/mul_mat.wgsl; both sum each output in the one order written there, so a token gets the same
-// bits alone (here) as inside a batch (there). Matches engine/reference/math.ts matVec over
-// engine/quant/dequant.ts rows.
+// mul_mat_vec: the decode product y[t,i][row] (= or +=) W_e[row] · x[t,i] for up to a few dozen
+// tokens, every weight type; with ID, e = ids[t, i] picks an expert of a stacked tensor. The
+// prefill tiles are wgsl/mul_mat.wgsl; both sum each output in the one order written there, so a
+// token gets the same bits alone (here) as inside a batch (there). Matches engine/reference/math.ts
+// matVec over engine/quant/dequant.ts rows.
 // Bindings: 0 w: weight bytes of one part | 1 x (f32) | 2 ids (u32 expert ids (T, ids_stride)
-//   under ID, a dummy otherwise) | 3 nw (k) f32 RMSNorm weight under NORM, a dummy otherwise
-//   | 4 y (f32) | under PAIR_F32: 5 w2 (an F32 matrix of rows2 rows) | 6 y2 (f32) | under CONV:
-//   5 cw (channels, kc) f32 | 6 cstate (kc − 1, channels) f32 from conv_state_offset | 7 u
-//   (channels) f32 | under MOE_SUM: 5 eo (T, sum_k, sum_d) f32 expert outputs | 6 ew (T,
-//   sum_k + 1) f32 | then params.
-// Dispatch: (row_tiles folded to 2-D, z): a workgroup takes ROWS = (WG / CU)·RPT rows of one
-//   token (z = T) or of one (token, rank) slot (ID: z = T·n_used).
+//   under ID, the gather table under GATHERED, a dummy otherwise) | 3 nw (k) f32 RMSNorm weight
+//   under NORM, a dummy otherwise | 4 y (f32) | under PAIR_F32: 5 w2 (an F32 matrix of rows2
+//   rows) | 6 y2 (f32) | under CONV: 5 cw (channels, kc) f32 | 6 cstate (kc − 1, channels) f32
+//   from conv_state_offset | 7 u (channels) f32 | under MOE_SUM: 5 eo (T, sum_k, sum_d) f32
+//   expert outputs | 6 ew (T, sum_k + 1) f32 | then params.
+// Dispatch: a workgroup takes ROWS = (WG / CU)·RPT rows of TN tokens. Plain: row_tiles ×
+//   ⌈T / TN⌉ workgroups folded to 2-D, a row tile's token groups next to each other (so they run
+//   together and the later ones read its weights from L2), z = 1; ID: row_tiles folded to 2-D,
+//   z = T·n_used (token, rank) slots; GATHERED: z = the gather table's most tiles.
 // Work: the products s_c of one chunk (32 values of k) are independent of one another, so the
 //   (row, chunk) pairs of a window of WIN chunks are spread freely: thread (cu = lid % CU,
 //   g = lid / CU) takes chunks cu, cu + CU, ... of the window for rows g, g + WG/CU, ... (RPT of
@@ -34,10 +36,17 @@
 //   token), MOE_SUM (y += Σ_i ew_i·eo_i + ew_k·(this product), wgsl/moe_sum.wgsl's sum in its
 //   order: the shared expert's down closing a MoE layer; not with ID or ADD). Both epilogues use
 //   the same explicit fmas as the kernels they replace, so an output has the same bits either way
-//   and a decode step matches a prefill run. T2 (with REG_CLASSES; not with ID, PAIR_F32 or CONV):
-//   a workgroup takes tokens 2z and 2z + 1 (the second if below tokens), multiplying each weight
-//   chunk it loads with both inputs: a step of several sequences reads the weights once, and each
-//   token's sums are the ones it gets alone.
+//   and a decode step matches a prefill run. TN (1, 2, 4 or 8; above 1 only with REG_CLASSES, not
+//   with PAIR_F32 or CONV): a workgroup takes TN tokens, multiplying each weight chunk it loads
+//   with every one of them, so a step of several sequences reads the weights ⌈T / TN⌉ times, and
+//   each token's sums are the ones it gets alone. Tokens past the step's last repeat its input
+//   and write nothing. With TN ≤ 2 a chunk's inputs are held in registers across the thread's
+//   rows; X_STREAM (TN ≥ 4, no NORM) holds the thread's rows' chunks instead and reads each
+//   token's chunk once for all of them, skipping the blocks of tokens (2 + 2 + 4) none live. WIN (chunks a window covers)
+//   shrinks as TN grows, so the staged inputs stay within ~18 KB. GATHERED (with ID): ids is a
+//   gather table (wgsl/moe_gather.wgsl) and a workgroup takes the slots of one of its tiles (one
+//   expert), TN at a time, as wgsl/mul_mat.wgsl's GATHERED tiles do: each expert's weights are
+//   read once for its slots.
 // NORM with XSTAGE and k ≤ 32·WIN reads x once: staged raw, its squares summed from workgroup
 //   memory (rms_finish: the same order, the same scale), then normed in place.
 //
@@ -90,8 +99,7 @@ enable subgroups;
 const CLASSES = 16u;
 const GROUPS = WG / CU;
 const ROWS = GROUPS * RPT;
-// Chunks a window covers (a multiple of CLASSES and of CU).
-const WIN = 64u;
+// WIN, chunks a window covers, is a define: a multiple of CLASSES and of CU.
 
 // Class partials of the workgroup's rows: pbuf[16·row + l].
 var<workgroup> pbuf: array<f32, ROWS * CLASSES>;
@@ -100,16 +108,11 @@ var<workgroup> pbuf: array<f32, ROWS * CLASSES>;
 // distinct banks when folded).
 var<workgroup> sbuf: array<f32, ROWS * (WIN + 1u)>;
 #endif
-#ifdef T2
-const TOKS = 2u;
-#else
-const TOKS = 1u;
-#endif
 // Where token j of the workgroup's inputs starts in xs.
 const XB = WIN * 9u;
 #ifdef XSTAGE
 // A window's x per token, 9 vec4 a chunk (padded so neighbouring chunks fall in distinct banks).
-var<workgroup> xs: array<vec4<f32>, XB * TOKS>;
+var<workgroup> xs: array<vec4<f32>, XB * TN>;
 #endif
 #ifdef ID
 var<workgroup> chosen: u32;
@@ -244,6 +247,30 @@ fn chunk_sum(wv: array<vec4<f32>, 8>, x: Chunk) -> f32 {
   return fma4(wv[7], x.v7, s);
 }
 
+#ifdef X_STREAM
+// The class partials p of the thread's rows plus one token's chunk products with their weights
+// w0..w3 (the first RPT of them).
+fn add_chunk(
+  p: vec4<f32>,
+  w0: array<vec4<f32>, 8>,
+  w1: array<vec4<f32>, 8>,
+  w2: array<vec4<f32>, 8>,
+  w3: array<vec4<f32>, 8>,
+  x: Chunk,
+) -> vec4<f32> {
+  var q = p;
+  q.x = p.x + chunk_sum(w0, x);
+  if (RPT > 1u) {
+    q.y = p.y + chunk_sum(w1, x);
+  }
+  if (RPT > 2u) {
+    q.z = p.z + chunk_sum(w2, x);
+    q.w = p.w + chunk_sum(w3, x);
+  }
+  return q;
+}
+#endif
+
 // vec4 v of chunk c0 + cc's input (cc within the window), staged (from xs at xb) or from x.
 fn in4(xo: u32, c0: u32, cc: u32, v: u32, scale: f32, xb: u32) -> vec4<f32> {
 #ifdef XSTAGE
@@ -306,12 +333,57 @@ fn staged_part(n: u32, lid: u32, xb: u32) -> f32 {
 #endif
 #endif
 
-// The products of the workgroup's rows (part rows part_row0 + row0 + ...) with the input at xo
-// (and under T2 at xo2): rows row0 + g + GROUPS·r (r < RPT ≤ 4, a vector's components) to lane 0
-// of row group g. Called by every invocation (barriers).
+// The workgroup's TN tokens (`live` of them real; the others repeat a live one's input and write
+// nothing): where token j's input starts in x and its outputs start in y (component j % 4 of the
+// low or high vector), and the step's index of token 0 (plain products: token j is t0 + j).
+struct Tokens {
+  x_lo: vec4<u32>,
+  x_hi: vec4<u32>,
+  y_lo: vec4<u32>,
+  y_hi: vec4<u32>,
+  t0: u32,
+  live: u32,
+}
+
+// The tokens a workgroup computes: TN ≤ 2 all of them; under X_STREAM its live tokens rounded up
+// to 2, 4 or 8 (each block's extra tokens repeat a live one's input; their outputs are dropped).
+fn busy_tokens(tk: Tokens) -> u32 {
+  if (TN <= 2u || tk.live <= 2u) {
+    return min(TN, 2u);
+  }
+  return select(8u, 4u, tk.live <= 4u);
+}
+
+// Token j's input offset in x.
+fn x_of(tk: Tokens, j: u32) -> u32 {
+  if (j < 4u) {
+    return tk.x_lo[j];
+  }
+  return tk.x_hi[j - 4u];
+}
+
+// Token j's input and output offsets into tk (j < TN).
+fn set_token(tk: ptr<function, Tokens>, j: u32, xo: u32, yo: u32) {
+  if (j < 4u) {
+    (*tk).x_lo[j] = xo;
+    (*tk).y_lo[j] = yo;
+  } else {
+    (*tk).x_hi[j - 4u] = xo;
+    (*tk).y_hi[j - 4u] = yo;
+  }
+}
+
+// Each token's outputs of the workgroup's rows r (RPT ≤ 4 of them: a vector's components), for
+// lane 0 of each row group.
 struct Totals {
-  a: vec4<f32>,
-  b: vec4<f32>,
+  o0: vec4<f32>,
+  o1: vec4<f32>,
+  o2: vec4<f32>,
+  o3: vec4<f32>,
+  o4: vec4<f32>,
+  o5: vec4<f32>,
+  o6: vec4<f32>,
+  o7: vec4<f32>,
 }
 
 // The RMSNorm scale of the input at xo, its raw x staged at xb when `held` (nw of this
@@ -373,11 +445,29 @@ fn fold_classes(p: vec4<f32>, cu: u32, g: u32, sid: u32, classes: u32) -> vec4<f
   return total;
 }
 
+#ifdef XSTAGE
+// vec4 slot q (chunk q / 8, vec4 q % 8) of the window from chunk c0 of every token of tk into xs,
+// normed by token 0's and 1's scales under NORM (the only tokens NORM takes).
+fn stage_window(tk: Tokens, c0: u32, q: u32, scale: f32, scale2: f32) {
+  let at = 9u * (q / 8u) + q % 8u;
+  let c = c0 + q / 8u;
+  xs[at] = input4(tk.x_lo.x, c, q % 8u, scale);
+  if (TN > 1u) {
+    xs[XB + at] = input4(tk.x_lo.y, c, q % 8u, scale2);
+  }
+  for (var j = 2u; j < busy_tokens(tk); j++) {
+    xs[j * XB + at] = input4(x_of(tk, j), c, q % 8u, 1.0);
+  }
+}
+#endif
+
+// The products of the workgroup's rows (part rows part_row0 + row0 + ...) with the inputs of
+// tk's tokens: rows row0 + g + GROUPS·r (r < RPT ≤ 4, a vector's components) to lane 0 of row
+// group g. Called by every invocation (barriers).
 fn rows_product(
   part_row0: u32,
   row0: u32,
-  xo: u32,
-  xo2: u32,
+  tk: Tokens,
   lid: u32,
   sid: u32,
   second: bool,
@@ -388,6 +478,9 @@ fn rows_product(
   let classes = min(chunks, CLASSES);
   let rb = row_bytes(second);
   let last_row = matrix_rows(second) - 1u;
+  let xo = tk.x_lo.x;
+  let xo2 = tk.x_lo.y;
+  let busy = busy_tokens(tk);
   // With NORM and XSTAGE, a row of x that fits one window is read from memory once: staged raw,
   // summed from workgroup memory, then normed in place (g0..g3: nw of this invocation's slots).
   var held = false;
@@ -403,7 +496,7 @@ fn rows_product(
     g1 = stage_raw(xo, lid + WG, chunks, 0u);
     g2 = stage_raw(xo, lid + 2u * WG, chunks, 0u);
     g3 = stage_raw(xo, lid + 3u * WG, chunks, 0u);
-    if (TOKS > 1u) {
+    if (TN > 1u) {
       stage_raw(xo2, lid, chunks, XB);
       stage_raw(xo2, lid + WG, chunks, XB);
       stage_raw(xo2, lid + 2u * WG, chunks, XB);
@@ -415,7 +508,7 @@ fn rows_product(
 #endif
   let scale = norm_scale(xo, 0u, held, lid);
   var scale2 = 1.0;
-  if (TOKS > 1u) {
+  if (TN > 1u) {
     scale2 = norm_scale(xo2, XB, held, lid);
   }
   // The byte offset of each of this thread's rows; a row past the part reads the last row
@@ -425,8 +518,15 @@ fn rows_product(
     at[r] = (part_row0 + min(row0 + g + GROUPS * r, last_row)) * rb;
   }
 #ifdef REG_CLASSES
-  var p = vec4<f32>(0.0);
+  // Each token's class partials of the thread's rows.
+  var p0 = vec4<f32>(0.0);
+  var p1 = vec4<f32>(0.0);
   var p2 = vec4<f32>(0.0);
+  var p3 = vec4<f32>(0.0);
+  var p4 = vec4<f32>(0.0);
+  var p5 = vec4<f32>(0.0);
+  var p6 = vec4<f32>(0.0);
+  var p7 = vec4<f32>(0.0);
 #else
   for (var q = lid; q < ROWS * CLASSES; q += WG) {
     pbuf[q] = 0.0;
@@ -442,7 +542,7 @@ fn rows_product(
       normalize_slot(lid + WG, wn, scale, g1, 0u);
       normalize_slot(lid + 2u * WG, wn, scale, g2, 0u);
       normalize_slot(lid + 3u * WG, wn, scale, g3, 0u);
-      if (TOKS > 1u) {
+      if (TN > 1u) {
         normalize_slot(lid, wn, scale2, g0, XB);
         normalize_slot(lid + WG, wn, scale2, g1, XB);
         normalize_slot(lid + 2u * WG, wn, scale2, g2, XB);
@@ -451,31 +551,50 @@ fn rows_product(
 #endif
     } else {
       for (var q = lid; q < wn * 8u; q += WG) {
-        xs[9u * (q / 8u) + q % 8u] = input4(xo, c0 + q / 8u, q % 8u, scale);
-        if (TOKS > 1u) {
-          xs[XB + 9u * (q / 8u) + q % 8u] = input4(xo2, c0 + q / 8u, q % 8u, scale2);
-        }
+        stage_window(tk, c0, q, scale, scale2);
       }
     }
     workgroupBarrier();
 #endif
     for (var cc = cu; cc < wn; cc += CU) {
+#ifdef X_STREAM
+      // The chunk of each of the thread's rows, then each token's input read once for all of
+      // them, in whole blocks of tokens so their fma chains interleave (rows past RPT unused).
+      let c = c0 + cc;
+      let w0 = weights32(second, at.x, c);
+      let w1 = weights32(second, at.y, c);
+      let w2 = weights32(second, at.z, c);
+      let w3 = weights32(second, at.w, c);
+      p0 = add_chunk(p0, w0, w1, w2, w3, chunk_input(xo, c0, cc, 1.0, 0u));
+      p1 = add_chunk(p1, w0, w1, w2, w3, chunk_input(xo2, c0, cc, 1.0, XB));
+      if (busy > 2u) {
+        p2 = add_chunk(p2, w0, w1, w2, w3, chunk_input(tk.x_lo.z, c0, cc, 1.0, 2u * XB));
+        p3 = add_chunk(p3, w0, w1, w2, w3, chunk_input(tk.x_lo.w, c0, cc, 1.0, 3u * XB));
+      }
+      if (TN > 4u && busy > 4u) {
+        p4 = add_chunk(p4, w0, w1, w2, w3, chunk_input(tk.x_hi.x, c0, cc, 1.0, 4u * XB));
+        p5 = add_chunk(p5, w0, w1, w2, w3, chunk_input(tk.x_hi.y, c0, cc, 1.0, 5u * XB));
+        p6 = add_chunk(p6, w0, w1, w2, w3, chunk_input(tk.x_hi.z, c0, cc, 1.0, 6u * XB));
+        p7 = add_chunk(p7, w0, w1, w2, w3, chunk_input(tk.x_hi.w, c0, cc, 1.0, 7u * XB));
+      }
+#else
       let xv = chunk_input(xo, c0, cc, scale, 0u);
-#ifdef T2
-      let xv2 = chunk_input(xo2, c0, cc, scale2, XB);
-#endif
+      var xv2 = xv;
+      if (TN > 1u) {
+        xv2 = chunk_input(xo2, c0, cc, scale2, XB);
+      }
       for (var r = 0u; r < RPT; r++) {
         let wv = weights32(second, at[r], c0 + cc);
-        let s = chunk_sum(wv, xv);
 #ifdef REG_CLASSES
-        p[r] = p[r] + s;
-#ifdef T2
-        p2[r] = p2[r] + chunk_sum(wv, xv2);
-#endif
+        p0[r] = p0[r] + chunk_sum(wv, xv);
+        if (TN > 1u) {
+          p1[r] = p1[r] + chunk_sum(wv, xv2);
+        }
 #else
-        sbuf[(WIN + 1u) * (g + GROUPS * r) + cc] = s;
+        sbuf[(WIN + 1u) * (g + GROUPS * r) + cc] = chunk_sum(wv, xv);
 #endif
       }
+#endif
     }
 #ifndef REG_CLASSES
     workgroupBarrier();
@@ -494,13 +613,23 @@ fn rows_product(
   // Each row's output, in order over its classes; lane 0 of the row group gets it.
   var out: Totals;
 #ifdef REG_CLASSES
-  out.a = fold_classes(p, cu, g, sid, classes);
-  if (TOKS > 1u) {
-    out.b = fold_classes(p2, cu, g, sid, classes);
+  out.o0 = fold_classes(p0, cu, g, sid, classes);
+  if (TN > 1u) {
+    out.o1 = fold_classes(p1, cu, g, sid, classes);
+  }
+  if (TN > 2u) {
+    out.o2 = fold_classes(p2, cu, g, sid, classes);
+    out.o3 = fold_classes(p3, cu, g, sid, classes);
+  }
+  if (TN > 4u) {
+    out.o4 = fold_classes(p4, cu, g, sid, classes);
+    out.o5 = fold_classes(p5, cu, g, sid, classes);
+    out.o6 = fold_classes(p6, cu, g, sid, classes);
+    out.o7 = fold_classes(p7, cu, g, sid, classes);
   }
 #else
   if (cu == 0u) {
-    out.a = sum_classes(g, classes);
+    out.o0 = sum_classes(g, classes);
   }
 #endif
   return out;
@@ -518,7 +647,66 @@ fn main(
 #ifndef SUBGROUPS
   let sid = 0u;
 #endif
-  var tile = wid.x + wid.y * nwg.x;
+  let flat = wid.x + wid.y * nwg.x;
+  // Lane 0 of row group g writes rows row0 + g + GROUPS·r.
+  let g = lid / CU;
+  let writer = lid % CU == 0u;
+#ifdef ID
+  let tile = flat;
+  if (tile >= params.row_tiles) {
+    return;
+  }
+  fill_iq4_table(lid);
+  let row0 = tile * ROWS;
+#ifdef GATHERED
+  // wid.z is a tile of the gather table: expert | count << 10 | first entry << 16.
+  if (lid == 0u) {
+    chosen = select(0xffffffffu, ids[1u + wid.z], wid.z < ids[0]);
+  }
+  let packed = workgroupUniformLoad(&chosen);
+  if (packed == 0xffffffffu) {
+    return;
+  }
+  let e = packed & 0x3ffu;
+  let n = (packed >> 10u) & 0x3fu;
+  let base = packed >> 16u;
+#else
+  // Slot wid.z = (token t, expert rank i).
+  if (lid == 0u) {
+    chosen = ids[(wid.z / params.n_used) * params.ids_stride + wid.z % params.n_used];
+  }
+  let e = workgroupUniformLoad(&chosen);
+  let n = 1u;
+#endif
+  // Only the part holding expert e computes it.
+  if (e < params.expert_first || e >= params.expert_first + params.expert_count) {
+    return;
+  }
+  let part_row0 = (e - params.expert_first) * params.rows;
+  // The slots, TN at a time: each slot (t, i) reads x[t][i] and writes y[t][i].
+  for (var s0 = 0u; s0 < n; s0 += TN) {
+    var tk: Tokens;
+    tk.live = min(TN, n - s0);
+    for (var j = 0u; j < TN; j++) {
+#ifdef GATHERED
+      let slot = ids[1u + params.ids_stride + base + s0 + min(j, tk.live - 1u)];
+#else
+      let slot = wid.z;
+#endif
+      let t = slot / params.n_used;
+      let i = slot % params.n_used;
+      let xo = params.x_offset + t * params.x_stride_t + i * params.x_stride_i;
+      set_token(&tk, j, xo, params.y_offset + t * params.y_stride_t + i * params.y_stride_i);
+    }
+    write_tokens(row0, g, writer, false, tk, rows_product(part_row0, row0, tk, lid, sid, false));
+  }
+#else
+  // A row tile's token groups sit next to each other in the grid.
+  let groups = (params.tokens + TN - 1u) / TN;
+  var tile = flat / groups;
+  var tk: Tokens;
+  tk.t0 = (flat % groups) * TN;
+  tk.live = min(TN, params.tokens - tk.t0);
   var second = false;
 #ifdef PAIR_F32
   if (tile >= params.row_tiles) {
@@ -535,39 +723,43 @@ fn main(
 #endif
   fill_iq4_table(lid);
   let row0 = tile * ROWS;
-  // Lane 0 of row group g writes rows row0 + g + GROUPS·r.
-  let g = lid / CU;
-  let writer = lid % CU == 0u;
-#ifdef ID
-  // Slot wid.z = (token t, expert rank i).
-  let t = wid.z / params.n_used;
-  let i = wid.z % params.n_used;
-  if (lid == 0u) {
-    chosen = ids[t * params.ids_stride + i];
+  for (var j = 0u; j < TN; j++) {
+    let t = min(tk.t0 + j, params.tokens - 1u);
+    let yo = params.y_offset + (tk.t0 + j) * params.y_stride_t + params.row_base;
+    set_token(&tk, j, params.x_offset + t * params.x_stride_t, yo);
   }
-  let e = workgroupUniformLoad(&chosen);
-  // Only the part holding expert e computes it.
-  if (e < params.expert_first || e >= params.expert_first + params.expert_count) {
-    return;
-  }
-  let xo = params.x_offset + t * params.x_stride_t + i * params.x_stride_i;
-  let yo = params.y_offset + t * params.y_stride_t + i * params.y_stride_i;
-  let part_row0 = (e - params.expert_first) * params.rows;
-  let xo2 = xo;
-  write_rows(row0, g, writer, second, t, yo, rows_product(part_row0, row0, xo, xo2, lid, sid, second).a);
-#else
-  // Tokens t and (T2) t + 1: a missing second token reads the first's input, writes nothing.
-  let t = wid.z * TOKS;
-  let t2 = min(t + 1u, params.tokens - 1u);
-  let xo = params.x_offset + t * params.x_stride_t;
-  let xo2 = params.x_offset + t2 * params.x_stride_t;
-  let yo = params.y_offset + t * params.y_stride_t + params.row_base;
-  let totals = rows_product(0u, row0, xo, xo2, lid, sid, second);
-  write_rows(row0, g, writer, second, t, yo, totals.a);
-  if (TOKS > 1u && t + 1u < params.tokens) {
-    write_rows(row0, g, writer, second, t + 1u, yo + params.y_stride_t, totals.b);
-  }
+  write_tokens(row0, g, writer, second, tk, rows_product(0u, row0, tk, lid, sid, second));
 #endif
+}
+
+// Every live token's outputs of the workgroup's rows.
+fn write_tokens(row0: u32, g: u32, writer: bool, second: bool, tk: Tokens, out: Totals) {
+  write_rows(row0, g, writer, second, tk.t0, tk.y_lo.x, out.o0);
+  if (TN > 1u && tk.live > 1u) {
+    write_rows(row0, g, writer, second, tk.t0 + 1u, tk.y_lo.y, out.o1);
+  }
+  if (TN > 2u) {
+    if (tk.live > 2u) {
+      write_rows(row0, g, writer, second, tk.t0 + 2u, tk.y_lo.z, out.o2);
+    }
+    if (tk.live > 3u) {
+      write_rows(row0, g, writer, second, tk.t0 + 3u, tk.y_lo.w, out.o3);
+    }
+  }
+  if (TN > 4u) {
+    if (tk.live > 4u) {
+      write_rows(row0, g, writer, second, tk.t0 + 4u, tk.y_hi.x, out.o4);
+    }
+    if (tk.live > 5u) {
+      write_rows(row0, g, writer, second, tk.t0 + 5u, tk.y_hi.y, out.o5);
+    }
+    if (tk.live > 6u) {
+      write_rows(row0, g, writer, second, tk.t0 + 6u, tk.y_hi.z, out.o6);
+    }
+    if (tk.live > 7u) {
+      write_rows(row0, g, writer, second, tk.t0 + 7u, tk.y_hi.w, out.o7);
+    }
+  }
 }
 
 // Token t's outputs of the workgroup's rows (yo: where row 0 of its part goes in y).
@@ -587,7 +779,7 @@ fn write_rows(row0: u32, g: u32, writer: bool, second: bool, t: u32, yo: u32, to
       put(yo + row, total[r]);
 #endif
 #ifdef CONV
-      // One token (z = 0): the output's column in y is its channel.
+      // One token (t = 0): the output's column in y is its channel.
       if (yo + row < params.conv_channels) {
         conv_token(yo + row, total[r]);
       }

@@ -117,7 +117,7 @@ export function randomF32(n: number, r: () => number, scale = 1): Float32Array<A
 }
 
 /** `n` distinct experts below `e`, in random order. */
-function distinct(n: number, e: number, r: () => number): number[] {
+export function distinct(n: number, e: number, r: () => number): number[] {
   const picked = new Set<number>();
   while (picked.size < n) picked.add(Math.floor(r() * e));
   return [...picked];
@@ -704,7 +704,7 @@ async function main(values: FlagValues<typeof DECODE_MATVEC.flags>): Promise<voi
   ctx.device.destroy();
 }
 
-function sameLayout(a: MatVecLayout, b: MatVecLayout): boolean {
+export function sameLayout(a: MatVecLayout, b: MatVecLayout): boolean {
   return a.wg === b.wg && a.cu === b.cu && a.rpt === b.rpt && a.xstage === b.xstage;
 }
 

@@ -18,7 +18,7 @@ import type { GgufModel } from "../gguf/gguf_model.ts";
 import { argmaxScratchWords } from "./kernels/argmax.ts";
 import { attentionPartialFloats } from "./kernels/attention.ts";
 import { gatherWords } from "./kernels/moe_gather.ts";
-import { DENSE_TT, PREFILL_TT } from "./kernels/mul_mat.ts";
+import { DENSE_TT, PREFILL_TT, PRODUCT_STEP_TOKENS } from "./kernels/mul_mat.ts";
 import { topKScratchWords, topKWords } from "./kernels/topk.ts";
 import { type HParams, readHParams } from "../hparams.ts";
 import {
@@ -1228,8 +1228,9 @@ function tensorCoresEmulatedByEnv(): boolean {
 const KERNEL_DEADLINE_MS = 30_000;
 
 /**
- * Records (never submits) steps of 1, 2 and maxBatch tokens, the shapes between which kernel
- * variants change, so that every variant the stage's steps use is asked for.
+ * Records (never submits) steps of 1, 2, the products' other PRODUCT_STEP_TOKENS and maxBatch
+ * tokens, the shapes between which kernel variants change, so that every variant the stage's
+ * steps use is asked for.
  */
 function recordSteps(
   enc: StepEncoder,
@@ -1251,7 +1252,7 @@ function recordSteps(
   }
 }
 
-/** Records steps of 1, 2 and maxBatch tokens of one kind, with their heads. */
+/** Records steps of 1, 2, PRODUCT_STEP_TOKENS and maxBatch tokens of one kind, with their heads. */
 function recordKind(
   enc: StepEncoder,
   plan: ForwardPlan,
@@ -1260,7 +1261,7 @@ function recordKind(
   prompt: boolean,
 ): void {
   const greedy = { buffer: plan.act.greedy, offset: 0 };
-  for (const T of new Set([1, Math.min(2, maxBatch), maxBatch])) {
+  for (const T of new Set([...PRODUCT_STEP_TOKENS.filter((t) => t < maxBatch), maxBatch])) {
     encodeLayers(enc, plan, [{ states, base: 0, row: 0, n: T }], 0, prompt);
     if (plan.weights.output) {
       // One word and one pair make logit_adjust record both of its passes.

@@ -28,7 +28,7 @@ import {
   mmaWorkgroupBytes,
   MUL_MAT_MMA,
 } from "./kernels/mul_mat_mma.ts";
-import { MUL_MAT_VEC } from "./kernels/mul_mat_vec.ts";
+import { MUL_MAT_VEC, type MulMatVecKey, workgroupBytes } from "./kernels/mul_mat_vec.ts";
 import { RMS_NORM } from "./kernels/rms_norm.ts";
 import { TOPK } from "./kernels/topk.ts";
 
@@ -93,19 +93,26 @@ const KEYS = new Map<string, readonly unknown[] | ((t: KernelTarget) => readonly
   ],
   [
     MUL_MAT_VEC.file,
-    MUL_MAT_TYPES.flatMap((type) =>
-      [
-        { wg: 128, cu: 16, rpt: 1, xstage: true },
-        { wg: 256, cu: 32, rpt: 2, xstage: false },
-        { wg: 128, cu: 64, rpt: 4, xstage: true },
-      ].flatMap((layout) => [
-        { type, layout },
-        { type, layout, norm: true },
-        { type, layout, swiglu: true, add: true },
-        { type, layout, id: true, norm: true },
-        { type, layout, id: true, swiglu: true },
-      ])
-    ),
+    (t) =>
+      MUL_MAT_TYPES.flatMap((type) =>
+        ([
+          { wg: 128, cu: 16, rpt: 1, xstage: true },
+          { wg: 256, cu: 32, rpt: 2, xstage: false },
+          { wg: 128, cu: 64, rpt: 4, xstage: true },
+        ] as const).flatMap((layout): MulMatVecKey[] => [
+          { type, layout },
+          { type, layout, norm: true },
+          { type, layout, swiglu: true, add: true },
+          { type, layout, id: true, norm: true },
+          { type, layout, id: true, swiglu: true },
+          ...(layout.cu !== 16 ? [] : [
+            { type, layout, norm: true, tokens: 2 },
+            { type, layout, add: true, tokens: 4 },
+            { type, layout, swiglu: true, tokens: 8 },
+            { type, layout, id: true, gathered: true, swiglu: true, tokens: 4 },
+          ] as const),
+        ])
+      ).filter((key) => workgroupBytes(key) <= t.limits.maxComputeWorkgroupStorageSize),
   ],
   [
     MUL_MAT_MMA.file,

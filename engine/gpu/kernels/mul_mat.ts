@@ -1,6 +1,6 @@
 // Matrix-vector and matrix-matrix products over quantized weights, plain or indexed by per-token
-// expert ids: prefill tiles here (wgsl/mul_mat.wgsl), decode products of a few tokens through
-// engine/gpu/kernels/mul_mat_vec.ts, tensor-core products (`mma`) through
+// expert ids: prefill tiles here (wgsl/mul_mat.wgsl), decode products of up to MATVEC_MAX_TOKENS
+// tokens through engine/gpu/kernels/mul_mat_vec.ts, tensor-core products (`mma`) through
 // engine/gpu/kernels/mul_mat_mma.ts. Used for every projection of engine/gpu/gpu_forward.ts and
 // the LM head.
 //
@@ -16,7 +16,9 @@ import {
   decodeLayout,
   layoutRows,
   type MatVecLayout,
+  type MatVecTokens,
   MUL_MAT_VEC,
+  type MulMatVecKey,
   workgroupBytes,
 } from "./mul_mat_vec.ts";
 import { type MmaTile, mulMatMma } from "./mul_mat_mma.ts";
@@ -55,10 +57,48 @@ export interface TileShape {
   readonly tokens: 32 | 64;
 }
 /**
- * Plain products of at most this many tokens run the decode kernel, a grid layer (z) a token:
- * a tile walks all of k in 32-value steps, which costs more than re-reading W a few times.
+ * A step of at most this many tokens is a decode step to the forward pass (engine/gpu/
+ * gpu_forward.ts): its RMSNorms fold into the products that read them, the router pairs with the
+ * shared expert's gate|up (mulMatPair), the experts run a product a (token, rank) slot and the
+ * shared expert's down closes the MoE layer (moeSum). A longer step normalises once, gathers the
+ * experts' slots (moe_gather) and sums them apart (moeDownSum).
  */
 export const DECODE_MAX_TOKENS = 4;
+
+/**
+ * Plain products of at most this many tokens, and expert products over a gather table of at most
+ * this many tokens' slots, run the decode kernel, each workgroup multiplying every weight chunk it
+ * loads with several tokens (decodeTokens): a tile stages every chunk of W in workgroup memory
+ * between two barriers, which costs more than reading W a few times from L2 until its 32 or 64
+ * slots fill (docs/PERFORMANCE.md, "Steps of many rows").
+ */
+export const MATVEC_MAX_TOKENS = 64;
+
+/**
+ * Token counts between which mulMat's choice of kernels changes: a step of each of these rows
+ * (that fits) asks for every variant steps use (engine/gpu/gpu_stage.ts compiles them ahead).
+ */
+export const PRODUCT_STEP_TOKENS: readonly number[] = [
+  1,
+  2,
+  DECODE_MAX_TOKENS + 1,
+  MATVEC_MAX_TOKENS + 1,
+];
+
+/**
+ * Tokens (gathered: slots) a decode workgroup takes in a product of `tokens` tokens: one alone;
+ * two for a decode step (a pair reads each weight once, measured against one a workgroup) and
+ * wherever the RMSNorm is folded; eight for a longer step, whose groups of eight each read W once
+ * (from L2 after the first); four slots of an expert, which rarely has more at these lengths.
+ */
+export function decodeTokens(
+  tokens: number,
+  o: { readonly gathered?: boolean; readonly norm?: boolean },
+): MatVecTokens {
+  if (o.gathered) return o.norm ? 2 : 4;
+  if (tokens <= 1) return 1;
+  return tokens <= DECODE_MAX_TOKENS || o.norm ? 2 : 8;
+}
 
 /** A prefill tile variant. */
 export interface MulMatKey {
@@ -198,9 +238,17 @@ export interface MulMatOptions {
   readonly moeSum?: MoeSumEpilogue;
   /** The decode layout instead of decodeLayout's (bench/kernels/decode_matvec.ts). */
   readonly decode?: MatVecLayout;
+  /**
+   * Decode products: the tokens a workgroup takes instead of decodeTokens' (bench/kernels/
+   * decode_steps.ts); 1 where the layout is not cu 16.
+   */
+  readonly decodeTokens?: MatVecTokens;
   /** Prefill tiles: whether to prefetch (default yes; bench/kernels/prefill_mul_mat.ts compares). */
   readonly prefetch?: boolean;
-  /** Prefill tiles: the tile's shape instead of tileFor's (bench/kernels/prefill_mul_mat.ts). */
+  /**
+   * The prefill tiles, in this shape instead of tileFor's, whatever the token count (bench/
+   * kernels/prefill_mul_mat.ts; decode_steps.ts times them against the decode products).
+   */
   readonly tile?: TileShape;
   /** Prefill tiles: false leaves x unpadded (MulMatKey.pad; the kernel bench compares). */
   readonly pad?: boolean;
@@ -277,6 +325,43 @@ export function tileFor(target: KernelTarget, rows: number, id: boolean): TileSh
 }
 
 /**
+ * The decode variant of a product of `rows` rows a part: the layout (o.decode or decodeLayout's)
+ * and the tokens a workgroup takes (o.decodeTokens or decodeTokens'), fewer where the layout or
+ * the device's workgroup memory cannot take them.
+ */
+function decodeKey(
+  target: KernelTarget,
+  type: GgmlType,
+  rows: number,
+  o: MulMatOptions,
+  e: { readonly id: boolean; readonly gathered: boolean },
+): MulMatVecKey {
+  const plain = !e.id || e.gathered;
+  const asked = !plain || o.conv ? 1 : o.decodeTokens ??
+    decodeTokens(o.tokens, { gathered: e.gathered, norm: !!o.norm });
+  const layout = o.decode ?? decodeLayout(rows, e.id, asked);
+  const key = {
+    type,
+    layout,
+    id: e.id,
+    gathered: e.gathered,
+    swiglu: o.swiglu,
+    add: o.add,
+    norm: !!o.norm,
+    conv: !!o.conv,
+    moeSum: !!o.moeSum,
+  };
+  let tokens: MatVecTokens = layout.cu === 16 ? asked : 1;
+  while (
+    tokens > 1 &&
+    workgroupBytes({ ...key, tokens }) > target.limits.maxComputeWorkgroupStorageSize
+  ) {
+    tokens = tokens / 2 as MatVecTokens;
+  }
+  return { ...key, tokens };
+}
+
+/**
  * Records y = W·x for `tokens` tokens: one dispatch per part of W. Plain: y[t][row] for all
  * rows of W. With ids: y[t][i][row] = W_{ids[t,i]}·x[t][i] for i < nUsed, rows of one expert.
  */
@@ -285,7 +370,7 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
   checkType(w.type);
   const id = b.ids !== undefined;
   const gathered = id && o.gatherTiles !== undefined;
-  const decode = id ? !gathered : o.tokens <= DECODE_MAX_TOKENS;
+  const decode = o.tile === undefined && ((id && !gathered) || o.tokens <= MATVEC_MAX_TOKENS);
   if (o.norm && (!decode || o.swiglu)) {
     throw new RangeError("Cannot fold RMSNorm into a prefill tile or a SwiGLU input");
   }
@@ -335,25 +420,14 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
       expert_count: id ? part.rows / w.matrixRows : 0,
     };
     if (decode) {
-      // A grid layer per token, or per (token, rank) slot of an expert stack; where a
-      // workgroup can take two tokens (t2), per pair of tokens, reading each weight once.
-      const layout = o.decode ?? decodeLayout(rows, id);
-      const tiles = Math.ceil(rows / layoutRows(layout));
-      const key = {
-        type: w.type,
-        layout,
-        id,
-        swiglu: o.swiglu,
-        add: o.add,
-        norm: !!o.norm,
-        conv: !!o.conv,
-        moeSum: !!o.moeSum,
-        t2: o.tokens > 1 && !id && layout.cu === 16 && !o.conv,
-      };
-      if (key.t2 && workgroupBytes(key) > enc.ctx.limits.maxComputeWorkgroupStorageSize) {
-        key.t2 = false;
-      }
-      const z = id ? o.tokens * nUsed : key.t2 ? Math.ceil(o.tokens / 2) : o.tokens;
+      // Workgroups of `tokens` tokens, reading each weight chunk once for all of them: plain, a
+      // row tile's groups of tokens side by side; gathered, a grid layer per tile of an expert's
+      // slots; else a grid layer per (token, rank) slot of an expert stack.
+      const key = decodeKey(enc.ctx, w.type, rows, o, { id, gathered });
+      const tiles = Math.ceil(rows / layoutRows(key.layout));
+      const tokens = key.tokens ?? 1;
+      const z = gathered ? o.gatherTiles! : id ? o.tokens * nUsed : 1;
+      const grid = id ? tiles : tiles * Math.ceil(o.tokens / tokens);
       const nw = o.norm?.w ?? dummyStorage(enc.ctx);
       const buffers: Record<string, BufferRef> = { w: part.buffer, x: b.x, ids, nw, y: b.y };
       const params: Record<string, number> = { ...base, ...at, row_tiles: tiles };
@@ -369,7 +443,7 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
         Object.assign(buffers, { eo: o.moeSum.experts, ew: o.moeSum.weights });
         Object.assign(params, { sum_k: o.moeSum.k, sum_d: w.matrixRows });
       }
-      enc.dispatch(MUL_MAT_VEC, key, buffers, params, { tiles, z });
+      enc.dispatch(MUL_MAT_VEC, key, buffers, params, { tiles: grid, z });
     } else {
       const tile = o.tile ?? tileFor(enc.ctx, rows, id);
       const tiles = Math.ceil(rows / tile.rows);
@@ -462,6 +536,6 @@ export function mulMatPair(
     row_tiles2: tiles2,
     y2_offset: o.y2Offset ?? 0,
     y2_stride_t: o.y2StrideT ?? rows2,
-  }, { tiles: tiles + tiles2, z: o.tokens });
+  }, { tiles: (tiles + tiles2) * o.tokens, z: 1 });
   return true;
 }

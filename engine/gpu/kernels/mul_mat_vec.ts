@@ -1,6 +1,7 @@
 // The decode matrix-vector product (wgsl/mul_mat_vec.wgsl): its variants, the workgroup layouts
-// it can run with, and the layout a product gets. engine/gpu/kernels/mul_mat.ts sends every call
-// of up to a few tokens here; bench/kernels/decode_matvec.ts checks and times the layouts.
+// it can run with, and the layout and tokens a workgroup a product gets. engine/gpu/kernels/
+// mul_mat.ts sends every call of up to MATVEC_MAX_TOKENS tokens here; bench/kernels/
+// decode_matvec.ts checks and times the layouts and bench/kernels/decode_steps.ts the token counts.
 
 import type { KernelFamily } from "../kernel.ts";
 import { GgmlType, typeName } from "../../quant/ggml_types.ts";
@@ -34,24 +35,42 @@ export interface MulMatVecKey {
   readonly conv?: boolean;
   /** y += the MoE layer's weighted experts and this product as the shared expert (MoeSumEpilogue). */
   readonly moeSum?: boolean;
-  /** A workgroup takes two tokens, each weight chunk loaded once for both (cu 16 layouts). */
-  readonly t2?: boolean;
+  /**
+   * Tokens (or, gathered, slots) a workgroup takes, each weight chunk it loads multiplied with
+   * all of them: cu 16 layouts, no pair or conv; NORM takes at most 2. Default 1.
+   */
+  readonly tokens?: MatVecTokens;
+  /**
+   * With id: ids is a gather table (engine/gpu/kernels/moe_gather.ts) and a workgroup takes the
+   * slots of one of its tiles, `tokens` at a time, so each expert's weights are read once.
+   */
+  readonly gathered?: boolean;
 }
+
+/** Tokens a decode workgroup can take (wgsl TN). */
+export type MatVecTokens = 1 | 2 | 4 | 8;
 
 /** Rows one workgroup of a layout computes. */
 export function layoutRows(l: MatVecLayout): number {
   return (l.wg / l.cu) * l.rpt;
 }
 
-/** Chunks of 32 values a window covers (wgsl WIN). */
-const WINDOW = 64;
+/**
+ * Chunks of 32 values a window covers (wgsl WIN): 64, or fewer where a workgroup takes more
+ * tokens, so their staged inputs stay within 18 KB (9 vec4s a chunk a token).
+ */
+function windowChunks(tokens: MatVecTokens): number {
+  return tokens <= 2 ? 64 : 128 / tokens;
+}
 
 /** Workgroup memory a variant declares, in bytes (checked against the device's limit). */
 export function workgroupBytes(key: MulMatVecKey): number {
   const rows = layoutRows(key.layout);
+  const tokens = key.tokens ?? 1;
+  const win = windowChunks(tokens);
   let bytes = 4 * rows * 16 + 4;
-  if (key.layout.cu !== 16) bytes += 4 * rows * (WINDOW + 1);
-  if (key.layout.xstage) bytes += 16 * WINDOW * 9 * (key.t2 ? 2 : 1);
+  if (key.layout.cu !== 16) bytes += 4 * rows * (win + 1);
+  if (key.layout.xstage) bytes += 16 * win * 9 * tokens;
   if (key.norm) bytes += 4 * 128;
   if (key.type === GgmlType.IQ4_NL || key.type === GgmlType.IQ4_XS) bytes += 64;
   return bytes;
@@ -63,20 +82,22 @@ export function layoutName(l: MatVecLayout): string {
 }
 
 /**
- * The layout a decode product of `rows` rows a grid layer runs with: the fastest on both
- * providers for the bench model's shapes on an H200 (docs/PERFORMANCE.md, "Decode
- * matrix-vector products"), by how many rows there are to spread. Every layout gives the same
- * bits.
+ * The layout a decode product of `rows` rows runs with, its workgroups taking `tokens` tokens
+ * each: the fastest on both providers for the bench model's shapes on an H200 (docs/
+ * PERFORMANCE.md, "Decode matrix-vector products"), by how many rows there are to spread. Every
+ * layout gives the same bits.
  */
-export function decodeLayout(rows: number, id: boolean): MatVecLayout {
+export function decodeLayout(rows: number, id: boolean, tokens: MatVecTokens = 1): MatVecLayout {
   // Expert slots (8 × 1024 or 2048 rows): two rows a thread.
   if (id) return { wg: 128, cu: 16, rpt: 2, xstage: true };
-  // The LM head.
-  if (rows >= 65536) return { wg: 256, cu: 16, rpt: 4, xstage: true };
+  // The LM head; two rows a thread where a workgroup takes more than two tokens, whose thread
+  // holds each of its rows' chunks at once (32 registers a row).
+  if (rows >= 65536) return { wg: 256, cu: 16, rpt: tokens > 2 ? 2 : 4, xstage: true };
   // Joined projections (qkvz|ba, q|gate|k|v).
   if (rows >= 4096) return { wg: 256, cu: 16, rpt: 2, xstage: true };
-  // Output projections, the shared expert's down.
-  if (rows >= 2048) return { wg: 128, cu: 16, rpt: 1, xstage: true };
+  // Output projections, the shared expert's down; and fewer rows where a workgroup takes more
+  // than two tokens, which only a cu 16 layout can (two where 64 lanes a row do without).
+  if (rows >= 2048 || tokens > 2) return { wg: 128, cu: 16, rpt: 1, xstage: true };
   // Few rows (shared expert's gate|up): 64 threads across each row's chunks.
   if (rows >= 512) return { wg: 128, cu: 64, rpt: 2, xstage: true };
   // Fewest (the router's 257): a row a thread, twice the workgroups.
@@ -97,11 +118,14 @@ export const MUL_MAT_VEC: KernelFamily<MulMatVecKey> = {
     }
     const regClasses = layout.cu === 16;
     const subgroups = regClasses && target.features.subgroups;
+    const tokens = v.tokens ?? 1;
     const defines: Record<string, number | true> = {
       [`TYPE_${typeName(v.type)}`]: true,
       WG: layout.wg,
       CU: layout.cu,
       RPT: layout.rpt,
+      TN: tokens,
+      WIN: windowChunks(tokens),
     };
     if (regClasses) defines.REG_CLASSES = true;
     if (layout.xstage) defines.XSTAGE = true;
@@ -139,20 +163,34 @@ export const MUL_MAT_VEC: KernelFamily<MulMatVecKey> = {
       }
       defines.MOE_SUM = true;
     }
-    if (v.t2) {
-      if (!regClasses || v.id || v.pairF32 || v.conv) {
+    if (tokens > 1) {
+      if (!regClasses || (v.id && !v.gathered) || v.pairF32 || v.conv) {
         throw new RangeError(
-          "Cannot give a workgroup two tokens but in a cu 16 layout of a plain product without the conv",
+          `Cannot give a workgroup ${tokens} tokens but in a cu 16 layout of a plain or gathered product without the pair or the conv`,
         );
       }
-      defines.T2 = true;
+      // Four or more tokens' chunks are read where they are used, not held across the rows.
+      if (tokens >= 4) {
+        if (v.norm) {
+          throw new RangeError(
+            `Cannot fold RMSNorm into a workgroup of ${tokens} tokens: 2 at most`,
+          );
+        }
+        defines.X_STREAM = true;
+      }
+    }
+    if (v.gathered) {
+      if (!v.id) throw new RangeError("Cannot gather the slots of a product without experts");
+      defines.GATHERED = true;
     }
     if (subgroups) defines.SUBGROUPS = true;
     const name = `mul_mat_vec_${typeName(v.type)}_${layoutName(layout)}${v.id ? "_id" : ""}${
-      v.swiglu ? "_swiglu" : ""
-    }${v.add ? "_add" : ""}${v.norm ? "_norm" : ""}${v.pairF32 ? "_pairf32" : ""}${
-      v.conv ? "_conv" : ""
-    }${v.moeSum ? "_moesum" : ""}${v.t2 ? "_t2" : ""}${subgroups ? "_sg" : ""}`;
+      v.gathered ? "_gathered" : ""
+    }${v.swiglu ? "_swiglu" : ""}${v.add ? "_add" : ""}${v.norm ? "_norm" : ""}${
+      v.pairF32 ? "_pairf32" : ""
+    }${v.conv ? "_conv" : ""}${v.moeSum ? "_moesum" : ""}${tokens > 1 ? `_t${tokens}` : ""}${
+      subgroups ? "_sg" : ""
+    }`;
     return { name, defines };
   },
 };
