@@ -1,14 +1,18 @@
 // mma_input: the f16 input of the tensor-core products (wgsl/mul_mat_mma.wgsl): each row r of
 // activations x (under SWIGLU silu(g)·u, g at the row's values and u up_offset further) as
-// xh[r] = f16(v / s_r) with s_r = 2^(e − 14), e the exponent of the row's largest |v|, so the
-// row's values lie below 2^15 in magnitude and no f16 overflows however large they are (hidden
-// states reach thousands, SwiGLU inputs more); the product multiplies its sums by s_r. A power of
-// two divides exactly, so the only rounding is f16's own; the largest |v| is the same whatever
-// order the threads meet the values in, so a row's bits depend on the row alone. Matches the
-// products' contract in engine/gpu/kernels/mul_mat_mma.ts (the reference: the f32 values).
+// v = x / s_r with s_r = 2^(e − 14), e the exponent of the row's largest |x|, so the row's values
+// lie below 2^15 in magnitude and no f16 overflows however large they are (hidden states reach
+// thousands, SwiGLU inputs more); the product multiplies its sums by s_r. Under SPLIT each v is
+// written as two f16, hi = f16(v) and lo = f16(v − hi): hi + lo holds v to 2^−22 of it (2^−25 of
+// the row's largest below that: lo loses the rest to f16's subnormals), which the product's
+// three matrix multiplies keep; without SPLIT, hi alone (the single-product variant the kernel
+// bench compares). A power of two divides exactly, and the largest |x| is the same whatever order
+// the threads meet the values in, so a row's bits depend on the row alone. Matches the products'
+// contract in engine/gpu/kernels/mul_mat_mma.ts (the reference: the f32 values).
 // Bindings: 0 x (f32; row r = t·n_rank + i at x_offset + t·x_stride_t + i·x_stride_i) | 1 xh (rw:
-//   rows of k f16, two a word) | 2 xscale (rw: s_r, f32) | 3 params.
-// Dispatch: (rows folded to 2-D), one workgroup a row. WG = 128. Variants: SWIGLU.
+//   rows of k f16 pairs: under SPLIT per 32-value chunk 16 words of hi pairs, then 16 of lo pairs,
+//   k words a row; else the hi pairs, k / 2 words a row) | 2 xscale (rw: s_r, f32) | 3 params.
+// Dispatch: (rows folded to 2-D), one workgroup a row. WG = 128. Variants: SWIGLU, SPLIT.
 
 struct Params {
   k: u32,
@@ -73,9 +77,21 @@ fn main(
     xscale[row] = pow2(se);
   }
   let words = params.k / 2u;
+#ifdef SPLIT
+  let out = row * params.k;
+#else
   let out = row * words;
+#endif
   for (var p = lid; p < words; p += WG) {
     let v = vec2<f32>(value(xo + 2u * p), value(xo + 2u * p + 1u)) * inv;
-    xh[out + p] = pack2x16float(v);
+    let hi = pack2x16float(v);
+#ifdef SPLIT
+    // v − hi is exact in f32 whichever neighbour the conversion picked for hi.
+    let at = out + 32u * (p / 16u) + p % 16u;
+    xh[at] = hi;
+    xh[at + 16u] = pack2x16float(v - unpack2x16float(hi));
+#else
+    xh[out + p] = hi;
+#endif
   }
 }

@@ -1,27 +1,36 @@
-// mul_mat_mma: y[t,i][row] (= or +=) s_r · Σ_k f16(W_e[row][k]) · xh_r[k] on tensor cores
-// (subgroup matrices, f16 × f16 → f32) for every weight type, over a tile of BM rows × BN token
-// slots (prefill); with GATHERED, e picks an expert of a stacked tensor and a tile takes up to
-// BN = 32 slots routed to one expert (wgsl/moe_gather.wgsl's table). xh_r and s_r are slot r's
-// input row as wgsl/mma_input.wgsl wrote it (f16 values scaled by 1/s_r, s_r a power of two).
-// Matches engine/reference/math.ts matVec over engine/quant/dequant.ts rows within f16's
-// rounding of each weight and input (llama.cpp's Vulkan coopmat path rounds weights the same way).
-// Bindings: 0 w: weight bytes of one part (rows of `k` values, quantized) | 1 xh (input rows of
-//   k f16, two a word) | 2 xscale (s_r) | 3 ids (u32: the gather table under GATHERED, a dummy
-//   otherwise) | 4 y (f32) | 5 params.
+// mul_mat_mma: y[t,i][row] (= or +=) s_r · Σ_k W_e[row][k] · v_r[k] on tensor cores (subgroup
+// matrices, f16 × f16 → f32) for every weight type but F32 and BF16, over a tile of BM rows × BN
+// token slots (prefill); with GATHERED, e picks an expert of a stacked tensor and a tile takes up
+// to BN = 32 slots routed to one expert (wgsl/moe_gather.wgsl's table). v_r and s_r are slot r's
+// input row as wgsl/mma_input.wgsl wrote it (x / s_r, s_r a power of two, as f16 hi + lo pairs).
+// SPLIT (the engine's products): each dequantized weight w is staged as two f16, a = f16(w) and
+// b = f16((w − a)·2^11), and each input value as hi + lo; the result takes, per 16 values of k,
+// a·hi, a·lo and b·(2^−11·hi) (b·lo, below 2^−22 of the term, is left out). Every weight the
+// dequantizer gives lies on a grid of 2^−24 (an f16 scale's ulp, or finer), so w − a is a multiple
+// of 2^−24 below ulp(a): b, 2^−13 or more where not 0, is a normal f16, exact where w needs at
+// most 22 bits, which every |w| < 2^−3 does (below 2^−14, a is w as an f16 subnormal and b is 0).
+// So a + 2^−11·b is w exactly, or within 2^−22 of it above 2^−3, up to f16's largest (65504).
+// Matches engine/reference/math.ts matVec over engine/quant/dequant.ts rows to f32's rounding
+// (docs/PERFORMANCE.md "Tensor cores"). Without SPLIT: a and hi alone, one matrix multiply a step
+// (the kernel bench's "f16" precision: weights and inputs rounded to f16, as llama.cpp's Vulkan
+// coopmat path rounds its weights).
+// Bindings: 0 w: weight bytes of one part (rows of `k` values, quantized) | 1 xh (input rows as
+//   mma_input writes them: f16 pairs two a word) | 2 xscale (s_r) | 3 ids (u32: the gather table
+//   under GATHERED, a dummy otherwise) | 4 y (f32) | 5 params.
 // Dispatch: (row_tiles folded to 2-D, z): z = token tiles, or the gather table's most tiles under
 //   GATHERED (workgroups past its tile count exit). WG = 128: four subgroups of 32 lanes (the
 //   device check of engine/gpu/device.ts), SGR × SGC over the tile, each FM × FN results of 16×16.
 // Variants: TYPE_<type> (one), BM (64, 128), BN (32, 64, 128), SGR, SGC, FM, FN (set from BM and
 //   BN by the binder), STAGES (1: one staging buffer, two barriers a chunk; 2: the next chunk is
-//   staged into a second buffer beside this chunk's products, one barrier), GATHERED, ADD (y +=
-//   result), PREFETCH (types with dequant.wgsl's load32: the chunk after the staged one loads into
-//   registers during the products), IQ4_TABLE_WORKGROUP (dequant.wgsl), EMULATE (the four matrix
-//   operations as f32 code over the same staged tiles: any device, so the tests check the staging,
-//   tiles, slots and epilogue where there are no tensor cores), STAGE_F32 (with EMULATE: staged
-//   values kept as f32 rounded to f16, where the device has no shader-f16).
+//   staged into a second buffer beside this chunk's products, one barrier), SPLIT, GATHERED, ADD
+//   (y += result), PREFETCH (types with dequant.wgsl's load32: the chunk after the staged one
+//   loads into registers during the products), IQ4_TABLE_WORKGROUP (dequant.wgsl), EMULATE (the
+//   matrix operations as f32 code over the same staged tiles: any device, so the tests check the
+//   staging, splitting, tiles, slots and epilogue where there are no tensor cores), STAGE_F32
+//   (with EMULATE: staged values kept as f32 rounded to f16, where the device has no shader-f16).
 //
 // Batch invariance: an output's sum starts at 0 and takes k's 16-value blocks in increasing order,
-// one subgroupMatrixMultiplyAccumulate each, then y = sum·s_r. Which tile, slot, subgroup or run
+// its matrix multiplies in one order each, then y = sum·s_r. Which tile, slot, subgroup or run
 // length a token gets changes none of that, so its bits depend on its weight row and input row
 // alone (tests/gpu_mma_test.ts checks it, emulated on any device and on the tensor cores).
 
@@ -52,20 +61,31 @@ struct Params {
 @group(0) @binding(5) var<uniform> params: Params;
 
 const WG = 128u;
-// Staged weights are k-major: a chunk's value k of tile row r at k·SW + r. A thread stages a row,
-// so the lanes of a store write consecutive f16 (no bank conflicts); each k run of SW is 16-byte
-// aligned for the matrix loads (8 of padding: the 8 runs a load phase reads fall in distinct banks).
+// Staged weights are k-major: a chunk's value k of tile row r at k·SW + r (a), under SPLIT with
+// its b at k·SW + BM + r. A thread stages a row, so the lanes of a store write consecutive f16 (no
+// bank conflicts); each k run of SW is 16-byte aligned for the matrix loads (8 of padding: the 8
+// runs a load phase reads fall in distinct banks).
+#ifdef SPLIT
+const SW = 2u * BM + 8u;
+#else
 const SW = BM + 8u;
+#endif
 const WSZ = 32u * SW;
-// Staged inputs are slot-major: a slot's chunk as 16 vec2<f16>, then 4 of padding, so slots are
-// 80 bytes apart (16-byte aligned; the 8 a load phase reads in distinct banks). Loads and strides
-// of xs count its elements, vec2s.
+// Staged inputs are slot-major: a slot's chunk as 16 vec2<f16> (hi), under SPLIT 16 more (lo),
+// then 4 of padding, so slots are 80 (144) bytes apart: 16-byte aligned, the 8 a load phase reads
+// in distinct banks. Loads and strides of xs count its elements, vec2s.
+#ifdef SPLIT
+const VK = 36u;
+#else
 const VK = 20u;
+#endif
 const XSZ = BN * VK;
+// Words of xh a slot's chunk takes: its 16 hi words, then (SPLIT) its 16 lo words.
+const XCW = VK - 4u;
 // Slots a thread stages a quarter of: one per 32 slots.
 const XPT = BN / 32u;
 
-// [stage][k][row] and [stage][slot][k / 2].
+// [stage][k][row (a), row (b)] and [stage][slot][hi, lo: k / 2].
 var<workgroup> ws: array<H1, STAGES * WSZ>;
 var<workgroup> xs: array<H2, STAGES * XSZ>;
 // One 16 × 16 result a subgroup on its way to y, slot-major.
@@ -78,14 +98,23 @@ var<workgroup> slot_s: array<f32, BN>;
 var<workgroup> chosen: u32;
 #endif
 
-// The chunk after the staged one, in registers: for each of this thread's slots (v0: s, v1:
-// s + 32, ...) words q, q + 4, q + 8, q + 12 of its chunk, and under PREFETCH the weight row's raw
-// words.
+// Words q, q + 4, q + 8, q + 12 of a slot's chunk of hi pairs, and under SPLIT the same of its lo.
+#ifdef SPLIT
+struct XWords {
+  hi: vec4<u32>,
+  lo: vec4<u32>,
+}
+#else
+alias XWords = vec4<u32>;
+#endif
+
+// The chunk after the staged one, in registers: this thread's words of each of its slots (v0: s,
+// v1: s + 32, ...), and under PREFETCH the weight row's raw words.
 struct XRaw {
-  v0: vec4<u32>,
-  v1: vec4<u32>,
-  v2: vec4<u32>,
-  v3: vec4<u32>,
+  v0: XWords,
+  v1: XWords,
+  v2: XWords,
+  v3: XWords,
 }
 var<private> xraw: XRaw;
 #ifdef PREFETCH
@@ -105,6 +134,12 @@ fn h1(v: f32) -> H1 {
 fn h2_bits(u: u32) -> H2 {
   return unpack2x16float(u);
 }
+
+// Rounded to f16, as f32 (f16's subnormals may flush to 0: SPLIT then stages a weight below
+// 2^−14 in b alone, within 2^−11 of it).
+fn round4(v: vec4<f32>) -> vec4<f32> {
+  return quantizeToF16(v);
+}
 #else
 enable f16;
 
@@ -113,6 +148,11 @@ alias H2 = vec2<f16>;
 
 fn h1(v: f32) -> H1 {
   return f16(v);
+}
+
+// Rounded to f16, as f32, f16's subnormals kept (quantizeToF16 may flush them).
+fn round4(v: vec4<f32>) -> vec4<f32> {
+  return vec4<f32>(vec4<f16>(v));
 }
 
 fn h2_bits(u: u32) -> H2 {
@@ -126,15 +166,17 @@ fn h2_bits(u: u32) -> H2 {
 #endif
 
 // The matrix operations: a 16 × 16 block of weights (rows × k, from ws) times one of inputs
-// (k × slots, from xs) into a 16 × 16 f32 result (rows × slots), stored slot-major into outs.
+// (k × slots, from xs) into a 16 × 16 f32 result (rows × slots), stored slot-major into outs; and
+// a block of inputs times 2^−11 (exact: a power of two).
 #ifdef EMULATE
-// A block is where it starts in ws or xs; a result is lane l's elements l, l + 32, ... of the
-// slot-major 16 × 16, the layout emit reads back.
+// A block is where it starts in ws or xs (an input block with its factor); a result is lane l's
+// elements l, l + 32, ... of the slot-major 16 × 16, the layout emit reads back.
 struct MatA {
   o: u32,
 }
 struct MatB {
   o: u32,
+  f: f32,
 }
 struct MatC {
   v: array<f32, 8>,
@@ -146,22 +188,28 @@ fn load_a(o: u32) -> MatA {
 }
 
 fn load_b(o: u32) -> MatB {
-  return MatB(o);
+  return MatB(o, 1.0);
 }
 
+fn scale_b(b: MatB) -> MatB {
+  return MatB(b.o, b.f * 0.00048828125);
+}
+
+// As a tensor core takes a step: the 16 products of an element summed on their own, then added
+// to the result (one rounding of the result a step, not 16).
 fn mma(a: MatA, b: MatB, c: MatC) -> MatC {
   var r = c;
   for (var e = 0u; e < 8u; e++) {
     let idx = 32u * e + lane_id;
     let wo = a.o + idx % 16u;
     let xo = b.o + (idx / 16u) * VK;
-    var acc = r.v[e];
+    var step = 0.0;
     for (var j = 0u; j < 8u; j++) {
-      let xv = vec2<f32>(xs[xo + j]);
-      acc = fma(f32(ws[wo + 2u * j * SW]), xv.x, acc);
-      acc = fma(f32(ws[wo + (2u * j + 1u) * SW]), xv.y, acc);
+      let xv = vec2<f32>(xs[xo + j]) * b.f;
+      step = fma(f32(ws[wo + 2u * j * SW]), xv.x, step);
+      step = fma(f32(ws[wo + (2u * j + 1u) * SW]), xv.y, step);
     }
-    r.v[e] = acc;
+    r.v[e] += step;
   }
   return r;
 }
@@ -189,6 +237,10 @@ fn load_b(o: u32) -> MatB {
   return subgroupMatrixLoad<MatB, col_major>(&xs, o, VK);
 }
 
+fn scale_b(b: MatB) -> MatB {
+  return subgroupMatrixScalarMultiply(b, 0.00048828125h);
+}
+
 fn mma(a: MatA, b: MatB, c: MatC) -> MatC {
   return subgroupMatrixMultiplyAccumulate(a, b, c);
 }
@@ -197,6 +249,50 @@ fn store_c(m: MatC, at: u32) {
   subgroupMatrixStore<col_major>(&outs, at, m, 16u);
 }
 #endif
+
+// The blocks one step of k (16 values) multiplies by: a row block's weights (a; under SPLIT b,
+// BM further in each k run) and a slot block's inputs (hi; under SPLIT lo, 16 vec2s further in
+// each slot, and hi·2^−11 for the b products).
+struct Ws {
+  a: MatA,
+#ifdef SPLIT
+  b: MatA,
+#endif
+}
+struct Xs {
+  hi: MatB,
+#ifdef SPLIT
+  lo: MatB,
+  his: MatB,
+#endif
+}
+
+fn load_w(o: u32) -> Ws {
+#ifdef SPLIT
+  return Ws(load_a(o), load_a(o + BM));
+#else
+  return Ws(load_a(o));
+#endif
+}
+
+fn load_x(o: u32) -> Xs {
+  let hi = load_b(o);
+#ifdef SPLIT
+  return Xs(hi, load_b(o + 16u), scale_b(hi));
+#else
+  return Xs(hi);
+#endif
+}
+
+// c + a·hi + a·lo + b·(2^−11·hi), each a matrix multiply-accumulate in that order (SPLIT), or
+// c + a·hi.
+fn prod(w: Ws, x: Xs, c: MatC) -> MatC {
+#ifdef SPLIT
+  return mma(w.b, x.his, mma(w.a, x.lo, mma(w.a, x.hi, c)));
+#else
+  return mma(w.a, x.hi, c);
+#endif
+}
 
 fn row_bytes() -> u32 {
   return (params.k / BLOCK_ELEMS) * BLOCK_BYTES;
@@ -210,12 +306,23 @@ fn put(i: u32, v: f32) {
 #endif
 }
 
-// Values 4v..4v+3 of a weight row's chunk, from `o` = value 4v of the row.
+// Values 4v..4v+3 of a weight row's chunk, from `o` = value 4v of the row: as a (rounded to f16)
+// and b (2^11 times what a leaves) under SPLIT; else rounded to f16.
 fn put_w4(o: u32, q: vec4<f32>) {
-  ws[o] = h1(q.x);
-  ws[o + SW] = h1(q.y);
-  ws[o + 2u * SW] = h1(q.z);
-  ws[o + 3u * SW] = h1(q.w);
+#ifdef SPLIT
+  let a = round4(q);
+  let b = (q - a) * 2048.0;
+  ws[o + BM] = h1(b.x);
+  ws[o + SW + BM] = h1(b.y);
+  ws[o + 2u * SW + BM] = h1(b.z);
+  ws[o + 3u * SW + BM] = h1(b.w);
+#else
+  let a = q;
+#endif
+  ws[o] = h1(a.x);
+  ws[o + SW] = h1(a.y);
+  ws[o + 2u * SW] = h1(a.z);
+  ws[o + 3u * SW] = h1(a.w);
 }
 
 fn put_w(buf: u32, r: u32, v: array<vec4<f32>, 8>) {
@@ -230,21 +337,40 @@ fn put_w(buf: u32, r: u32, v: array<vec4<f32>, 8>) {
   put_w4(o + 28u * SW, v[7]);
 }
 
-// Words q, q + 4, q + 8, q + 12 of a slot's chunk into its staged row. The four lanes of a slot
-// store consecutive words, and the eight slots of a subgroup land 20 words apart: every lane of a
-// store in its own bank.
-fn put_x(buf: u32, slot: u32, q: u32, v: vec4<u32>) {
-  let o = buf * XSZ + slot * VK + q;
+// Words q, q + 4, q + 8, q + 12 of 16 at `o` of the staged inputs.
+fn put_x4(o: u32, v: vec4<u32>) {
   xs[o] = h2_bits(v.x);
   xs[o + 4u] = h2_bits(v.y);
   xs[o + 8u] = h2_bits(v.z);
   xs[o + 12u] = h2_bits(v.w);
 }
 
-// A slot's chunk c, words q, q + 4, ...: the lanes of a slot read its 64 bytes together.
-fn xat(slot: u32, c: u32, q: u32) -> vec4<u32> {
-  let i = slot_x[slot] + 16u * c + q;
+// This thread's words of a slot's chunk into its staged row. The four lanes of a slot store
+// consecutive words, and the eight slots of a subgroup land VK (20 or 36) words apart: every lane
+// of a store in its own bank.
+fn put_x(buf: u32, slot: u32, q: u32, v: XWords) {
+  let o = buf * XSZ + slot * VK + q;
+#ifdef SPLIT
+  put_x4(o, v.hi);
+  put_x4(o + 16u, v.lo);
+#else
+  put_x4(o, v);
+#endif
+}
+
+// Words q, q + 4, q + 8, q + 12 of 16 from word i of xh.
+fn xat4(i: u32) -> vec4<u32> {
   return vec4<u32>(xh[i], xh[i + 4u], xh[i + 8u], xh[i + 12u]);
+}
+
+// A slot's chunk c, this thread's words: the lanes of a slot read its 64 (128) bytes together.
+fn xat(slot: u32, c: u32, q: u32) -> XWords {
+  let i = slot_x[slot] + XCW * c + q;
+#ifdef SPLIT
+  return XWords(xat4(i), xat4(i + 16u));
+#else
+  return xat4(i);
+#endif
 }
 
 // Loads chunk c's inputs of this thread's slots (s, s + 32, ...) and, under PREFETCH, its weight
@@ -369,7 +495,7 @@ fn main(
     let i = 0u;
 #endif
     let xrow = t * params.xh_stride_t + i * params.xh_stride_i;
-    slot_x[lid] = xrow * (params.k / 2u);
+    slot_x[lid] = xrow * (params.k / 32u) * XCW;
     slot_s[lid] = xscale[xrow];
     slot_y[lid] = params.y_offset + t * params.y_stride_t + i * params.y_stride_i;
   }
@@ -422,58 +548,52 @@ fn main(
     for (var kk = 0u; kk < 2u; kk++) {
       let wo = cur * WSZ + 16u * kk * SW + wr0;
       let xo = cur * XSZ + wc0 * VK + 8u * kk;
-      let a0 = load_a(wo);
-      var a1: MatA;
-      var a2: MatA;
-      var a3: MatA;
-      if (FM > 1u) {
-        a1 = load_a(wo + 16u);
-      }
-      if (FM > 2u) {
-        a2 = load_a(wo + 32u);
-        a3 = load_a(wo + 48u);
-      }
-      let b0 = load_b(xo);
-      var b1: MatB;
-      var b2: MatB;
-      var b3: MatB;
+      let x0 = load_x(xo);
+      var x1: Xs;
+      var x2: Xs;
+      var x3: Xs;
       if (FN > 1u) {
-        b1 = load_b(xo + 16u * VK);
+        x1 = load_x(xo + 16u * VK);
       }
       if (FN > 2u) {
-        b2 = load_b(xo + 32u * VK);
-        b3 = load_b(xo + 48u * VK);
+        x2 = load_x(xo + 32u * VK);
+        x3 = load_x(xo + 48u * VK);
       }
-      c00 = mma(a0, b0, c00);
+      // A row block's weights at a time, against every slot block of the subgroup.
+      let w0 = load_w(wo);
+      c00 = prod(w0, x0, c00);
       if (FN > 1u) {
-        c01 = mma(a0, b1, c01);
+        c01 = prod(w0, x1, c01);
       }
       if (FN > 2u) {
-        c02 = mma(a0, b2, c02);
-        c03 = mma(a0, b3, c03);
+        c02 = prod(w0, x2, c02);
+        c03 = prod(w0, x3, c03);
       }
       if (FM > 1u) {
-        c10 = mma(a1, b0, c10);
+        let w1 = load_w(wo + 16u);
+        c10 = prod(w1, x0, c10);
         if (FN > 1u) {
-          c11 = mma(a1, b1, c11);
+          c11 = prod(w1, x1, c11);
         }
         if (FN > 2u) {
-          c12 = mma(a1, b2, c12);
-          c13 = mma(a1, b3, c13);
+          c12 = prod(w1, x2, c12);
+          c13 = prod(w1, x3, c13);
         }
       }
       if (FM > 2u) {
-        c20 = mma(a2, b0, c20);
-        c30 = mma(a3, b0, c30);
+        let w2 = load_w(wo + 32u);
+        c20 = prod(w2, x0, c20);
+        let w3 = load_w(wo + 48u);
+        c30 = prod(w3, x0, c30);
         if (FN > 1u) {
-          c21 = mma(a2, b1, c21);
-          c31 = mma(a3, b1, c31);
+          c21 = prod(w2, x1, c21);
+          c31 = prod(w3, x1, c31);
         }
         if (FN > 2u) {
-          c22 = mma(a2, b2, c22);
-          c23 = mma(a2, b3, c23);
-          c32 = mma(a3, b2, c32);
-          c33 = mma(a3, b3, c33);
+          c22 = prod(w2, x2, c22);
+          c23 = prod(w2, x3, c23);
+          c32 = prod(w3, x2, c32);
+          c33 = prod(w3, x3, c33);
         }
       }
     }

@@ -19,6 +19,7 @@ import { argmaxScratchWords } from "./kernels/argmax.ts";
 import { attentionPartialFloats } from "./kernels/attention.ts";
 import { gatherWords } from "./kernels/moe_gather.ts";
 import { DENSE_TT, PREFILL_TT, PRODUCT_STEP_TOKENS } from "./kernels/mul_mat.ts";
+import { MMA_X_VALUE_BYTES } from "./kernels/mul_mat_mma.ts";
 import { topKScratchWords, topKWords } from "./kernels/topk.ts";
 import { type HParams, readHParams } from "../hparams.ts";
 import {
@@ -185,7 +186,8 @@ export function activationShape(
  * down over T·Ku rank rows), with its scales aligned to WebGPU's largest storage offset alignment.
  */
 function mmaScratchFloats(hp: HParams, T: number): number {
-  const bytes = (rows: number, k: number) => Math.ceil((4 * rows) / 256) * 256 + 2 * rows * k;
+  const bytes = (rows: number, k: number) =>
+    Math.ceil((4 * rows) / 256) * 256 + MMA_X_VALUE_BYTES * rows * k;
   const widest = Math.max(hp.D, hp.Hq * hp.Dh, hp.Nv * hp.Dv, hp.F, hp.Fs);
   return Math.ceil(Math.max(bytes(T, widest), bytes(T * hp.Ku, hp.Fe)) / 4);
 }

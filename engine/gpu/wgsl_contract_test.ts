@@ -23,7 +23,9 @@ import { MMA_INPUT } from "./kernels/mma_input.ts";
 import { MOE_GATHER } from "./kernels/moe_gather.ts";
 import { MUL_MAT, MUL_MAT_TYPES } from "./kernels/mul_mat.ts";
 import {
+  type MmaPrecision,
   mmaStagesF32,
+  mmaTakes,
   type MmaTile,
   mmaWorkgroupBytes,
   MUL_MAT_MMA,
@@ -117,11 +119,11 @@ const KEYS = new Map<string, readonly unknown[] | ((t: KernelTarget) => readonly
   [
     MUL_MAT_MMA.file,
     (t) => {
-      const fits = (tile: MmaTile, emulate: boolean) =>
-        mmaWorkgroupBytes(tile, mmaStagesF32(t, emulate)) <=
+      const fits = (tile: MmaTile, emulate: boolean, precision?: MmaPrecision) =>
+        mmaWorkgroupBytes(tile, mmaStagesF32(t, emulate), precision) <=
           t.limits.maxComputeWorkgroupStorageSize;
       return MMA_TILES.flatMap((tile) =>
-        MUL_MAT_TYPES.flatMap((type) => [
+        MUL_MAT_TYPES.filter(mmaTakes).flatMap((type) => [
           ...(fits(tile, false)
             ? [
               { type, tile },
@@ -130,11 +132,17 @@ const KEYS = new Map<string, readonly unknown[] | ((t: KernelTarget) => readonly
             ]
             : []),
           ...(fits(tile, true) ? [{ type, tile, prefetch: true, id: true, emulate: true }] : []),
+          ...(fits(tile, false, "f16")
+            ? [{ type, tile, precision: "f16" as const, prefetch: true, add: true }]
+            : []),
         ])
       );
     },
   ],
-  [MMA_INPUT.file, [{ swiglu: false }, { swiglu: true }]],
+  [
+    MMA_INPUT.file,
+    [false, true].flatMap((swiglu) => [false, true].map((split) => ({ swiglu, split }))),
+  ],
   [GET_ROWS.file, MUL_MAT_TYPES],
   [MOE_GATHER.file, ["count", "scan", "place"]],
   [TOPK.file, [false, true]],

@@ -1,17 +1,26 @@
-// The tensor-core products' input pass (wgsl/mma_input.wgsl): activation rows as f16 with a
-// power-of-two scale a row, written once per product by engine/gpu/kernels/mul_mat_mma.ts.
+// The tensor-core products' input pass (wgsl/mma_input.wgsl): activation rows as f16 pairs (hi +
+// lo) with a power-of-two scale a row, written once per product by engine/gpu/kernels/mul_mat_mma.ts.
 
 import type { BufferRef } from "../buffers.ts";
 import type { StepEncoder } from "../encoder.ts";
 import type { KernelFamily } from "../kernel.ts";
-import type { Defines } from "../wgsl.ts";
 
-/** A variant per input: plain rows, or [gate | up] rows read as silu(gate)·up. */
-export const MMA_INPUT: KernelFamily<{ readonly swiglu: boolean }> = {
+/** An input pass: plain rows or [gate | up] rows read as silu(gate)·up; hi + lo, or hi alone. */
+export interface MmaInputKey {
+  readonly swiglu: boolean;
+  /** Each value as hi + lo (the engine's products), or rounded to one f16 (MmaPrecision "f16"). */
+  readonly split: boolean;
+}
+
+/** A variant per input and precision. */
+export const MMA_INPUT: KernelFamily<MmaInputKey> = {
   file: "mma_input.wgsl",
   variant: (_, v) => {
-    const defines: Defines = v.swiglu ? { SWIGLU: true } : {};
-    return { name: `mma_input${v.swiglu ? "_swiglu" : ""}`, defines };
+    const defines: Record<string, true> = {};
+    if (v.swiglu) defines.SWIGLU = true;
+    if (v.split) defines.SPLIT = true;
+    const name = `mma_input${v.swiglu ? "_swiglu" : ""}${v.split ? "" : "_f16"}`;
+    return { name, defines };
   },
 };
 
@@ -26,11 +35,12 @@ export interface MmaInputOptions {
   readonly xStrideI: number;
   readonly swiglu: boolean;
   readonly upOffset: number;
+  readonly split: boolean;
 }
 
 /**
- * Records xh[r] = f16(x_r / s_r) and xscale[r] = s_r for the tokens·ranks rows r = t·ranks + i
- * (k values each; k even).
+ * Records xscale[r] = s_r and xh[r] = x_r / s_r as f16 (hi and lo chunk by chunk, or hi alone) for
+ * the tokens·ranks rows r = t·ranks + i (k values each; k a multiple of 32).
  */
 export function mmaInput(
   enc: StepEncoder,
@@ -38,7 +48,7 @@ export function mmaInput(
   o: MmaInputOptions,
 ): void {
   const rows = o.tokens * o.ranks;
-  enc.dispatch(MMA_INPUT, { swiglu: o.swiglu }, b, {
+  enc.dispatch(MMA_INPUT, { swiglu: o.swiglu, split: o.split }, b, {
     k: o.k,
     rows,
     n_rank: o.ranks,

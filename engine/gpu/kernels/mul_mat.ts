@@ -21,7 +21,7 @@ import {
   type MulMatVecKey,
   workgroupBytes,
 } from "./mul_mat_vec.ts";
-import { type MmaTile, mulMatMma } from "./mul_mat_mma.ts";
+import { type MmaPrecision, mmaTakes, type MmaTile, mulMatMma } from "./mul_mat_mma.ts";
 
 /** Weight types the kernels decode (docs/model_arch.md §6). */
 export const MUL_MAT_TYPES: readonly GgmlType[] = [
@@ -254,14 +254,17 @@ export interface MulMatOptions {
   readonly pad?: boolean;
   /**
    * Run these tokens on tensor cores, whatever their count, where the device has subgroup
-   * matrices (GpuFeatures.subgroupMatrix; today's kernels otherwise) and the weights are not F32:
-   * f16 weights and inputs, f32 sums in one order, so a token's bits depend only on its rows,
-   * never on the run it is in. Needs b.mmaX and, for expert stacks, a gather table (gatherTiles);
-   * not with `norm`, `conv`, `moeSum`, `decode`, `tile` or `pad`.
+   * matrices (GpuFeatures.subgroupMatrix; today's kernels otherwise) and the weight type is one
+   * mmaTakes (not F32 or BF16): weights and inputs as f16 pairs, f32 sums in one order, within
+   * f32's rounding of the exact product, so a token's bits depend only on its rows, never on the
+   * run it is in. Needs b.mmaX and, for expert stacks, a gather table (gatherTiles); not with
+   * `norm`, `conv`, `moeSum`, `decode`, `tile` or `pad`.
    */
   readonly mma?: boolean;
   /** Tensor-core products: the tile instead of mmaTileFor's (bench/kernels/prefill_mma.ts). */
   readonly mmaTile?: MmaTile;
+  /** Tensor-core products: "f16" instead of "split" (bench/kernels/prefill_mma.ts compares). */
+  readonly mmaPrecision?: MmaPrecision;
   /**
    * With `mma`: run the tensor-core path on any device, its matrix operations emulated by f32
    * code over the same staged f16 values (tests of its staging, tiles and epilogue without
@@ -389,9 +392,9 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
       `Cannot multiply by tensor "${w.name}": rows of ${w.cols} values are not a multiple of 32`,
     );
   }
-  // F32 weights (the router, F32 models) keep their exact products: rounded to f16 they would
-  // move routing decisions and the F32 models' exact parity with llama.cpp.
-  if (o.mma && w.type !== GgmlType.F32 && (enc.ctx.features.subgroupMatrix || o.mmaEmulate)) {
+  // F32 and BF16 weights (the router, F32 models) keep their exact products: their values can
+  // exceed what f16 holds.
+  if (o.mma && mmaTakes(w.type) && (enc.ctx.features.subgroupMatrix || o.mmaEmulate)) {
     mulMatMma(enc, b, o);
     return;
   }

@@ -21,10 +21,29 @@ export interface MmaTile {
   readonly stages: 1 | 2;
 }
 
+/**
+ * How a tensor-core product carries its f32 operands in f16. "split" (the engine's): each weight
+ * and input value as two f16, three matrix multiplies a step, within f32's rounding of the exact
+ * product. "f16": each rounded to one f16, one multiply a step, ~3e-4 off (the kernel bench times
+ * it beside "split", for what the accuracy costs).
+ */
+export type MmaPrecision = "split" | "f16";
+
+/**
+ * Weight types the tensor cores take: every type whose dequantized values lie in f16's range on
+ * f16's grid (docs/PERFORMANCE.md "Tensor cores"). F32 and BF16 reach 3.4e38, beyond any pair of
+ * f16, and keep the f32 tiles' exact products.
+ */
+export function mmaTakes(type: GgmlType): boolean {
+  return type !== GgmlType.F32 && type !== GgmlType.BF16;
+}
+
 /** A tensor-core variant; the input rows come from mma_input. */
 export interface MulMatMmaKey {
   readonly type: GgmlType;
   readonly tile: MmaTile;
+  /** Default "split". */
+  readonly precision?: MmaPrecision;
   /** Weights are an expert stack and a tile takes the slots of a gather table's tile. */
   readonly id?: boolean;
   /** Accumulate into y (residual add). */
@@ -35,13 +54,24 @@ export interface MulMatMmaKey {
   readonly emulate?: boolean;
 }
 
+/** f16 values each weight and input value takes: two (hi and lo) under "split". */
+function parts(precision: MmaPrecision = "split"): 1 | 2 {
+  return precision === "split" ? 2 : 1;
+}
+
 /**
- * Workgroup memory of a tile: per stage, a chunk's 32 values of each row and of each slot as f16
- * (twice that with its f16 values kept as f32), padded (8 values a k run of rows, 8 a slot); 4 KB
- * of results on their way out, 12 bytes a slot, the gather tile and the IQ4 table.
+ * Workgroup memory of a tile: per stage, a chunk's 32 values of each row and of each slot as f16,
+ * two of each under "split" (twice that with its f16 values kept as f32), padded (8 values a k run
+ * of rows, 8 a slot); 4 KB of results on their way out, 12 bytes a slot, the gather tile and the
+ * IQ4 table.
  */
-export function mmaWorkgroupBytes(t: MmaTile, stageF32 = false): number {
-  const staged = 64 * (t.rows + 8) + 80 * t.tokens;
+export function mmaWorkgroupBytes(
+  t: MmaTile,
+  stageF32 = false,
+  precision?: MmaPrecision,
+): number {
+  const p = parts(precision);
+  const staged = 64 * (p * t.rows + 8) + 16 * (4 * p + 1) * t.tokens;
   return (stageF32 ? 2 : 1) * t.stages * staged + 4096 + 12 * t.tokens + 4 + 64;
 }
 
@@ -63,7 +93,7 @@ export const MUL_MAT_MMA: KernelFamily<MulMatMmaKey> = {
   variant: (target, v) => {
     const t = v.tile;
     const stageF32 = mmaStagesF32(target, v.emulate);
-    const bytes = mmaWorkgroupBytes(t, stageF32);
+    const bytes = mmaWorkgroupBytes(t, stageF32, v.precision);
     if (bytes > target.limits.maxComputeWorkgroupStorageSize) {
       throw new RangeError(
         `Cannot run a ${t.rows} × ${t.tokens} tensor-core tile in ${t.stages} stage(s): it needs ${bytes} bytes of workgroup memory, the device allows ${target.limits.maxComputeWorkgroupStorageSize}; use a smaller tile`,
@@ -80,6 +110,8 @@ export const MUL_MAT_MMA: KernelFamily<MulMatMmaKey> = {
       FN: fn,
       STAGES: t.stages,
     };
+    const split = parts(v.precision) === 2;
+    if (split) defines.SPLIT = true;
     if (v.type === GgmlType.IQ4_NL || v.type === GgmlType.IQ4_XS) {
       defines.IQ4_TABLE_WORKGROUP = true;
     }
@@ -91,7 +123,9 @@ export const MUL_MAT_MMA: KernelFamily<MulMatMmaKey> = {
     if (prefetch) defines.PREFETCH = true;
     const name = `mul_mat_mma_${typeName(v.type)}_r${t.rows}t${t.tokens}s${t.stages}${
       prefetch ? "p" : ""
-    }${v.id ? "_id" : ""}${v.add ? "_add" : ""}${v.emulate ? "_emu" : ""}${stageF32 ? "32" : ""}`;
+    }${split ? "" : "_f16"}${v.id ? "_id" : ""}${v.add ? "_add" : ""}${v.emulate ? "_emu" : ""}${
+      stageF32 ? "32" : ""
+    }`;
     return { name, defines };
   },
 };
@@ -109,6 +143,7 @@ export function mmaTileFor(
   slots: number,
   id: boolean,
   emulate = false,
+  precision?: MmaPrecision,
 ): MmaTile {
   const big = rows >= 2048;
   const tokens = id || slots <= 32 ? 32 : slots <= 64 || !big ? 64 : 128;
@@ -122,13 +157,12 @@ export function mmaTileFor(
     { rows: 64, tokens: 32, stages: 1 },
   ];
   const stageF32 = mmaStagesF32(target, emulate);
-  const fits = tiles.find((t) =>
-    mmaWorkgroupBytes(t, stageF32) <= target.limits.maxComputeWorkgroupStorageSize
-  );
+  const bytes = (t: MmaTile) => mmaWorkgroupBytes(t, stageF32, precision);
+  const fits = tiles.find((t) => bytes(t) <= target.limits.maxComputeWorkgroupStorageSize);
   if (!fits) {
     throw new RangeError(
       `Cannot run tensor-core products: the smallest tile needs ${
-        mmaWorkgroupBytes(tiles[3], stageF32)
+        bytes(tiles[3])
       } bytes of workgroup memory, the device allows ${target.limits.maxComputeWorkgroupStorageSize}`,
     );
   }
@@ -141,13 +175,16 @@ function scaleBytes(target: KernelTarget, rows: number): number {
   return Math.ceil((rows * 4) / align) * align;
 }
 
+/** Bytes of scratch an input value takes: hi and lo, two f16 ("split"; "f16" uses half). */
+export const MMA_X_VALUE_BYTES = 4;
+
 /**
  * Bytes of the scratch buffer (MulMatBuffers.mmaX) a tensor-core product of `rows` input rows of
- * `k` values needs: a scale per row, then the rows as f16. Rows: the tokens, or tokens × Ku for
- * expert products whose ranks each have an input row (the experts' down).
+ * `k` values needs: a scale per row, then the rows as f16 pairs. Rows: the tokens, or tokens × Ku
+ * for expert products whose ranks each have an input row (the experts' down).
  */
 export function mmaScratchBytes(target: KernelTarget, rows: number, k: number): number {
-  return scaleBytes(target, rows) + rows * k * 2;
+  return scaleBytes(target, rows) + rows * k * MMA_X_VALUE_BYTES;
 }
 
 /** The scale and f16 windows of the scratch for `rows` rows of `k` values. */
@@ -156,6 +193,7 @@ function scratchSlices(
   scratch: GPUBuffer,
   rows: number,
   k: number,
+  precision: MmaPrecision | undefined,
 ): { xscale: BufferSlice; xh: BufferSlice } {
   const need = mmaScratchBytes(ctx, rows, k);
   if (scratch.size < need) {
@@ -166,19 +204,25 @@ function scratchSlices(
   const at = scaleBytes(ctx, rows);
   return {
     xscale: { buffer: scratch, offset: 0, size: rows * 4 },
-    xh: { buffer: scratch, offset: at, size: rows * k * 2 },
+    xh: { buffer: scratch, offset: at, size: rows * k * 2 * parts(precision) },
   };
 }
 
 /**
  * Records y = W·x on tensor cores, as mulMat's options place the operands: mma_input writes each
- * input row (token, or token × rank) once as f16 with its scale into b.mmaX, then one dispatch per
- * part of W. Dense, or over a gather table (ids with gatherTiles); SwiGLU inputs and `add` as in
- * the f32 tiles. Not with a folded norm, the decode epilogues or the f32 tiles' layout options.
+ * input row (token, or token × rank) once as f16 pairs with its scale into b.mmaX, then one
+ * dispatch per part of W. Dense, or over a gather table (ids with gatherTiles); SwiGLU inputs and
+ * `add` as in the f32 tiles. Weights of a type mmaTakes; not with a folded norm, the decode
+ * epilogues or the f32 tiles' layout options.
  */
 export function mulMatMma(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): void {
   const { w } = b;
   const id = b.ids !== undefined;
+  if (!mmaTakes(w.type)) {
+    throw new RangeError(
+      `Cannot run ${typeName(w.type)} weights on tensor cores: their values exceed f16's range`,
+    );
+  }
   if (o.norm || o.conv || o.moeSum || o.decode || o.tile || o.pad !== undefined) {
     throw new RangeError(
       "Cannot run a tensor-core product with a folded RMSNorm, a decode epilogue or the f32 tiles' layout options",
@@ -193,7 +237,8 @@ export function mulMatMma(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions):
   const k = w.cols;
   const nUsed = id ? (o.nUsed ?? 1) : 1;
   const ranks = id && (o.xStrideI ?? 0) !== 0 ? nUsed : 1;
-  const { xscale, xh } = scratchSlices(enc.ctx, b.mmaX, o.tokens * ranks, k);
+  const precision = o.mmaPrecision;
+  const { xscale, xh } = scratchSlices(enc.ctx, b.mmaX, o.tokens * ranks, k, precision);
   mmaInput(enc, { x: b.x, xh, xscale }, {
     k,
     tokens: o.tokens,
@@ -203,15 +248,18 @@ export function mulMatMma(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions):
     xStrideI: o.xStrideI ?? 0,
     swiglu: !!o.swiglu,
     upOffset: o.upOffset ?? 0,
+    split: parts(precision) === 2,
   });
   const ids: BufferRef = b.ids ?? dummyStorage(enc.ctx);
   const prefetch = (o.prefetch ?? true) && PREFETCH_TYPES.includes(w.type);
   const emulate = o.mmaEmulate;
   for (const part of w.parts) {
     const rows = id ? w.matrixRows : part.rows;
-    const tile = o.mmaTile ?? mmaTileFor(enc.ctx, rows, id ? PREFILL_TT : o.tokens, id, emulate);
+    const slots = id ? PREFILL_TT : o.tokens;
+    const tile = o.mmaTile ?? mmaTileFor(enc.ctx, rows, slots, id, emulate, precision);
     const tiles = Math.ceil(rows / tile.rows);
-    enc.dispatch(MUL_MAT_MMA, { type: w.type, tile, id, add: o.add, prefetch, emulate }, {
+    const key = { type: w.type, tile, precision, id, add: o.add, prefetch, emulate };
+    enc.dispatch(MUL_MAT_MMA, key, {
       w: part.buffer,
       xh,
       xscale,
