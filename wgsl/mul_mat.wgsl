@@ -35,8 +35,8 @@
 // Partial sums (chunk classes) per output.
 const LANES = 16u;
 
-#ifdef ID
-var<workgroup> chosen: u32;
+#ifdef GATHERED
+#include "_include/gather_tile.wgsl"
 #endif
 
 // The input value from x (g) and, under X_SWIGLU, its up value u.
@@ -210,17 +210,13 @@ fn main(
     return;
   }
 #ifdef GATHERED
-  // wid.z is a tile of the gather table (wgsl/moe_gather.wgsl): expert | count << 10 | first << 16.
-  if (lid == 0u) {
-    chosen = select(0xffffffffu, ids[1u + wid.z], wid.z < ids[0]);
-  }
-  let packed = workgroupUniformLoad(&chosen);
-  if (packed == 0xffffffffu) {
+  let gt = gather_tile(wid.z, lid);
+  if (!gt.live) {
     return;
   }
-  let e = packed & 0x3ffu;
-  let n = (packed >> 10u) & 0x3fu;
-  let base = packed >> 16u;
+  let e = gt.expert;
+  let n = gt.slots;
+  let base = gt.first;
   // Only the part holding expert e computes it.
   if (e < params.expert_first || e >= params.expert_first + params.expert_count) {
     return;

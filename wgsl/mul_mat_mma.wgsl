@@ -95,7 +95,7 @@ var<workgroup> slot_x: array<u32, BN>;
 var<workgroup> slot_y: array<u32, BN>;
 var<workgroup> slot_s: array<f32, BN>;
 #ifdef GATHERED
-var<workgroup> chosen: u32;
+#include "_include/gather_tile.wgsl"
 #endif
 
 // Words q, q + 4, q + 8, q + 12 of a slot's chunk of hi pairs, and under SPLIT the same of its lo.
@@ -461,17 +461,13 @@ fn main(
     return;
   }
 #ifdef GATHERED
-  // wid.z is a tile of the gather table: expert | count << 10 | first entry << 16.
-  if (lid == 0u) {
-    chosen = select(0xffffffffu, ids[1u + wid.z], wid.z < ids[0]);
-  }
-  let packed = workgroupUniformLoad(&chosen);
-  if (packed == 0xffffffffu) {
+  let gt = gather_tile(wid.z, lid);
+  if (!gt.live) {
     return;
   }
-  let e = packed & 0x3ffu;
-  let n = (packed >> 10u) & 0x3fu;
-  let base = packed >> 16u;
+  let e = gt.expert;
+  let n = gt.slots;
+  let base = gt.first;
   // Only the part holding expert e computes it.
   if (e < params.expert_first || e >= params.expert_first + params.expert_count) {
     return;

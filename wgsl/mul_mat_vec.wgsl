@@ -114,8 +114,12 @@ const XB = WIN * 9u;
 // A window's x per token, 9 vec4 a chunk (padded so neighbouring chunks fall in distinct banks).
 var<workgroup> xs: array<vec4<f32>, XB * TN>;
 #endif
+#ifdef GATHERED
+#include "_include/gather_tile.wgsl"
+#else
 #ifdef ID
 var<workgroup> chosen: u32;
+#endif
 #endif
 
 fn xval(i: u32) -> f32 {
@@ -659,17 +663,13 @@ fn main(
   fill_iq4_table(lid);
   let row0 = tile * ROWS;
 #ifdef GATHERED
-  // wid.z is a tile of the gather table: expert | count << 10 | first entry << 16.
-  if (lid == 0u) {
-    chosen = select(0xffffffffu, ids[1u + wid.z], wid.z < ids[0]);
-  }
-  let packed = workgroupUniformLoad(&chosen);
-  if (packed == 0xffffffffu) {
+  let gt = gather_tile(wid.z, lid);
+  if (!gt.live) {
     return;
   }
-  let e = packed & 0x3ffu;
-  let n = (packed >> 10u) & 0x3fu;
-  let base = packed >> 16u;
+  let e = gt.expert;
+  let n = gt.slots;
+  let base = gt.first;
 #else
   // Slot wid.z = (token t, expert rank i).
   if (lid == 0u) {

@@ -20,6 +20,7 @@ import rmsNorm from "../../wgsl/rms_norm.wgsl" with { type: "text" };
 import ssmConv from "../../wgsl/ssm_conv.wgsl" with { type: "text" };
 import topk from "../../wgsl/topk.wgsl" with { type: "text" };
 import dequant from "../../wgsl/_include/dequant.wgsl" with { type: "text" };
+import gatherTile from "../../wgsl/_include/gather_tile.wgsl" with { type: "text" };
 import matParams from "../../wgsl/_include/mat_params.wgsl" with { type: "text" };
 import reduce from "../../wgsl/_include/reduce.wgsl" with { type: "text" };
 import rms from "../../wgsl/_include/rms.wgsl" with { type: "text" };
@@ -44,6 +45,7 @@ export const WGSL_SOURCES: ReadonlyMap<string, string> = new Map([
   ["ssm_conv.wgsl", ssmConv],
   ["topk.wgsl", topk],
   ["_include/dequant.wgsl", dequant],
+  ["_include/gather_tile.wgsl", gatherTile],
   ["_include/mat_params.wgsl", matParams],
   ["_include/reduce.wgsl", reduce],
   ["_include/rms.wgsl", rms],
