@@ -250,47 +250,43 @@ fn store_c(m: MatC, at: u32) {
 }
 #endif
 
-// The blocks one step of k (16 values) multiplies by: a row block's weights (a; under SPLIT b,
-// BM further in each k run) and a slot block's inputs (hi; under SPLIT lo, 16 vec2s further in
-// each slot, and hi·2^−11 for the b products).
-struct Ws {
-  a: MatA,
+// The blocks one step of k (16 values) multiplies by beside a row block's weights a and a slot
+// block's inputs hi: under SPLIT the weights' b, BM further in each k run, the inputs' lo, 16
+// vec2s further in each slot, and his = 2^−11·hi; without, zero blocks that prod leaves unused.
+// (Separate values, not a struct of matrices, which the SPIR-V path would have to carry.)
 #ifdef SPLIT
-  b: MatA,
-#endif
-}
-struct Xs {
-  hi: MatB,
-#ifdef SPLIT
-  lo: MatB,
-  his: MatB,
-#endif
+fn load_wb(o: u32) -> MatA {
+  return load_a(o + BM);
 }
 
-fn load_w(o: u32) -> Ws {
-#ifdef SPLIT
-  return Ws(load_a(o), load_a(o + BM));
-#else
-  return Ws(load_a(o));
-#endif
+fn load_lo(o: u32) -> MatB {
+  return load_b(o + 16u);
 }
 
-fn load_x(o: u32) -> Xs {
-  let hi = load_b(o);
-#ifdef SPLIT
-  return Xs(hi, load_b(o + 16u), scale_b(hi));
+fn his(hi: MatB) -> MatB {
+  return scale_b(hi);
+}
 #else
-  return Xs(hi);
-#endif
+fn load_wb(o: u32) -> MatA {
+  return MatA();
 }
 
-// c + a·hi + a·lo + b·(2^−11·hi), each a matrix multiply-accumulate in that order (SPLIT), or
-// c + a·hi.
-fn prod(w: Ws, x: Xs, c: MatC) -> MatC {
+fn load_lo(o: u32) -> MatB {
+  return MatB();
+}
+
+fn his(hi: MatB) -> MatB {
+  return MatB();
+}
+#endif
+
+// c + a·hi + a·lo + b·his (his = 2^−11·hi), each a matrix multiply-accumulate in that order
+// (SPLIT), or c + a·hi.
+fn prod(a: MatA, b: MatA, hi: MatB, lo: MatB, his: MatB, c: MatC) -> MatC {
 #ifdef SPLIT
-  return mma(w.b, x.his, mma(w.a, x.lo, mma(w.a, x.hi, c)));
+  return mma(b, his, mma(a, lo, mma(a, hi, c)));
 #else
-  return mma(w.a, x.hi, c);
+  return mma(a, hi, c);
 #endif
 }
 
@@ -544,52 +540,70 @@ fn main(
     for (var kk = 0u; kk < 2u; kk++) {
       let wo = cur * WSZ + 16u * kk * SW + wr0;
       let xo = cur * XSZ + wc0 * VK + 8u * kk;
-      let x0 = load_x(xo);
-      var x1: Xs;
-      var x2: Xs;
-      var x3: Xs;
+      let h0 = load_b(xo);
+      let l0 = load_lo(xo);
+      let s0 = his(h0);
+      var h1: MatB;
+      var l1: MatB;
+      var s1: MatB;
+      var h2: MatB;
+      var l2: MatB;
+      var s2: MatB;
+      var h3: MatB;
+      var l3: MatB;
+      var s3: MatB;
       if (FN > 1u) {
-        x1 = load_x(xo + 16u * VK);
+        h1 = load_b(xo + 16u * VK);
+        l1 = load_lo(xo + 16u * VK);
+        s1 = his(h1);
       }
       if (FN > 2u) {
-        x2 = load_x(xo + 32u * VK);
-        x3 = load_x(xo + 48u * VK);
+        h2 = load_b(xo + 32u * VK);
+        l2 = load_lo(xo + 32u * VK);
+        s2 = his(h2);
+        h3 = load_b(xo + 48u * VK);
+        l3 = load_lo(xo + 48u * VK);
+        s3 = his(h3);
       }
       // A row block's weights at a time, against every slot block of the subgroup.
-      let w0 = load_w(wo);
-      c00 = prod(w0, x0, c00);
+      let a0 = load_a(wo);
+      let b0 = load_wb(wo);
+      c00 = prod(a0, b0, h0, l0, s0, c00);
       if (FN > 1u) {
-        c01 = prod(w0, x1, c01);
+        c01 = prod(a0, b0, h1, l1, s1, c01);
       }
       if (FN > 2u) {
-        c02 = prod(w0, x2, c02);
-        c03 = prod(w0, x3, c03);
+        c02 = prod(a0, b0, h2, l2, s2, c02);
+        c03 = prod(a0, b0, h3, l3, s3, c03);
       }
       if (FM > 1u) {
-        let w1 = load_w(wo + 16u);
-        c10 = prod(w1, x0, c10);
+        let a1 = load_a(wo + 16u);
+        let b1 = load_wb(wo + 16u);
+        c10 = prod(a1, b1, h0, l0, s0, c10);
         if (FN > 1u) {
-          c11 = prod(w1, x1, c11);
+          c11 = prod(a1, b1, h1, l1, s1, c11);
         }
         if (FN > 2u) {
-          c12 = prod(w1, x2, c12);
-          c13 = prod(w1, x3, c13);
+          c12 = prod(a1, b1, h2, l2, s2, c12);
+          c13 = prod(a1, b1, h3, l3, s3, c13);
         }
       }
       if (FM > 2u) {
-        let w2 = load_w(wo + 32u);
-        c20 = prod(w2, x0, c20);
-        let w3 = load_w(wo + 48u);
-        c30 = prod(w3, x0, c30);
+        let a2 = load_a(wo + 32u);
+        let b2 = load_wb(wo + 32u);
+        c20 = prod(a2, b2, h0, l0, s0, c20);
+        let a3 = load_a(wo + 48u);
+        let b3 = load_wb(wo + 48u);
+        c30 = prod(a3, b3, h0, l0, s0, c30);
         if (FN > 1u) {
-          c21 = prod(w2, x1, c21);
-          c31 = prod(w3, x1, c31);
+          c21 = prod(a2, b2, h1, l1, s1, c21);
+          c31 = prod(a3, b3, h1, l1, s1, c31);
         }
         if (FN > 2u) {
-          c22 = prod(w2, x2, c22);
-          c23 = prod(w2, x3, c23);
-          c32 = prod(w3, x2, c32);
-          c33 = prod(w3, x3, c33);
+          c22 = prod(a2, b2, h2, l2, s2, c22);
+          c23 = prod(a2, b2, h3, l3, s3, c23);
+          c32 = prod(a3, b3, h2, l2, s2, c32);
+          c33 = prod(a3, b3, h3, l3, s3, c33);
         }
       }
     }

@@ -1,9 +1,12 @@
 // Kernel bench of the tensor-core prefill products (engine/gpu/kernels/mul_mat_mma.ts) beside the
 // engine's f32 tiles (wgsl/mul_mat.wgsl) on the bench model's shapes, at each of --tokens, experts
-// routed unevenly as routers do. Every tensor-core tile is checked (within f16's rounding of the
-// f32 tile, the same bits in every tile, a few tokens run alone giving their bits in the run),
-// then all are timed in rounds. Prints a line a variant, then, last, each shape's best tile
-// against the f32 tile and what the products of a whole prefill of the model take either way.
+// routed unevenly as routers do. Every tensor-core tile of the engine's precision ("split": f16
+// pairs, three products) is checked (close to the f32 tile, the same bits in every tile, a few
+// tokens run alone giving their bits in the run), and the single-product precision ("f16") in the
+// tile it would take, for what the accuracy costs; then all are timed in rounds. Prints a line a
+// variant with its distance from the f32 tile, then, last, each shape's best split tile against
+// the f32 tile and the f16 products, and what the products of a whole prefill of the model take
+// each way.
 //
 //   deno run -A bench/kernels/prefill_mma.ts --gpu dawn [--tokens 512,2048] [--out r.json]
 //   deno run -A bench/kernels/prefill_mma.ts --gpu builtin --shapes tiny --emulate --allow-software-gpu
@@ -14,6 +17,7 @@ import { createStepTimer, ParamArena, StepEncoder } from "../../engine/gpu/encod
 import { gatherTiles, gatherWords, moeGather } from "../../engine/gpu/kernels/moe_gather.ts";
 import { mulMat, PREFILL_TT } from "../../engine/gpu/kernels/mul_mat.ts";
 import {
+  type MmaPrecision,
   mmaScratchBytes,
   mmaStagesF32,
   type MmaTile,
@@ -44,19 +48,20 @@ import {
   uploadShape,
 } from "./prefill_mul_mat.ts";
 
-/** The f32 tile the engine picks (no `tile`), or a tensor-core tile. */
+/** The f32 tile the engine picks (no `tile`), or a tensor-core tile of one precision. */
 interface Variant {
   readonly name: string;
   readonly tile?: MmaTile;
+  readonly precision?: MmaPrecision;
 }
 
 const DENSE_TILES: readonly MmaTile[] = [
-  { rows: 128, tokens: 128, stages: 2 },
-  { rows: 128, tokens: 64, stages: 2 },
-  { rows: 64, tokens: 64, stages: 2 },
-  { rows: 128, tokens: 32, stages: 2 },
   { rows: 128, tokens: 128, stages: 1 },
+  { rows: 128, tokens: 64, stages: 1 },
+  { rows: 64, tokens: 128, stages: 1 },
+  { rows: 64, tokens: 64, stages: 2 },
   { rows: 64, tokens: 64, stages: 1 },
+  { rows: 128, tokens: 32, stages: 2 },
 ];
 const GATHERED_TILES: readonly MmaTile[] = [
   { rows: 128, tokens: 32, stages: 2 },
@@ -65,23 +70,45 @@ const GATHERED_TILES: readonly MmaTile[] = [
   { rows: 64, tokens: 32, stages: 1 },
 ];
 
+/** Relative distance from the f32 tile a variant may keep: f32's rounding, or f16's. */
+const CHECK_BOUND: Readonly<Record<MmaPrecision, number>> = { split: 1e-4, f16: 3e-3 };
+
 function tileName(t: MmaTile): string {
   return `r${t.rows}t${t.tokens}s${t.stages}`;
 }
 
-/** The f32 tile, then the tensor-core tiles the device holds (* marks mmaTileFor's). */
-function variantsOf(ctx: GpuContext, shape: TileShape, tokens: number, emulate: boolean) {
+/**
+ * The f32 tile, then the split tiles the device holds (* marks mmaTileFor's), then under "f16"
+ * the single-product variant in the tile mmaTileFor gives it.
+ */
+function variantsOf(
+  ctx: GpuContext,
+  shape: TileShape,
+  tokens: number,
+  emulate: boolean,
+  precisions: readonly MmaPrecision[],
+): Variant[] {
   const id = !!shape.experts;
-  const chosen = mmaTileFor(ctx, shape.rows, id ? PREFILL_TT : tokens, id, emulate);
+  const slots = id ? PREFILL_TT : tokens;
   const stageF32 = mmaStagesF32(ctx, emulate);
-  const tiles = [chosen, ...(id ? GATHERED_TILES : DENSE_TILES)].filter((t, i, all) =>
-    all.findIndex((u) => tileName(u) === tileName(t)) === i &&
-    mmaWorkgroupBytes(t, stageF32) <= ctx.limits.maxComputeWorkgroupStorageSize
-  );
-  return [
-    { name: "f32*" },
-    ...tiles.map((tile, i) => ({ name: `${tileName(tile)}${i === 0 ? "*" : ""}`, tile })),
-  ] satisfies Variant[];
+  const variants: Variant[] = [{ name: "f32*" }];
+  if (precisions.includes("split")) {
+    const chosen = mmaTileFor(ctx, shape.rows, slots, id, emulate);
+    const tiles = [chosen, ...(id ? GATHERED_TILES : DENSE_TILES)].filter((t, i, all) =>
+      all.findIndex((u) => tileName(u) === tileName(t)) === i &&
+      mmaWorkgroupBytes(t, stageF32) <= ctx.limits.maxComputeWorkgroupStorageSize
+    );
+    variants.push(...tiles.map((tile, i) => ({
+      name: `${tileName(tile)}${i === 0 ? "*" : ""}`,
+      tile,
+      precision: "split" as const,
+    })));
+  }
+  if (precisions.includes("f16")) {
+    const tile = mmaTileFor(ctx, shape.rows, slots, id, emulate, "f16");
+    variants.push({ name: `f16 ${tileName(tile)}`, tile, precision: "f16" });
+  }
+  return variants;
 }
 
 /** The scratch of a shape's tensor-core products: a row a token, or a token's every rank. */
@@ -97,7 +124,9 @@ function record(
   mmaX: GPUBuffer,
   emulate: boolean,
 ): void {
-  const mma = v.tile ? { mma: true, mmaTile: v.tile, mmaEmulate: emulate } : {};
+  const mma = v.tile
+    ? { mma: true, mmaTile: v.tile, mmaPrecision: v.precision, mmaEmulate: emulate }
+    : {};
   mulMat(enc, { w: s.w, x: s.x, y: s.y, ids: s.table, mmaX }, { ...s.options, ...mma });
 }
 
@@ -158,7 +187,7 @@ async function checkAlone(
   const alone = await runY(ctx, arena, s, (enc) => {
     for (const t of checked) {
       const at = { tokens: 1, xOffset: t * s.xStride, yOffset: t * s.yStride };
-      const mma = { mma: true, mmaTile: v.tile, mmaEmulate: emulate };
+      const mma = { mma: true, mmaTile: v.tile, mmaPrecision: v.precision, mmaEmulate: emulate };
       let ids: GPUBuffer | undefined;
       let own: { gatherTiles: number } | undefined;
       if (s.table) {
@@ -180,10 +209,16 @@ async function checkAlone(
   return "ok";
 }
 
+/** A variant's verdict ("ok" lets it be timed) and its distance from the f32 tile. */
+interface Checked {
+  readonly verdict: string;
+  readonly err?: number;
+}
+
 /**
- * The variants' verdicts: the f32 tile runs; each tensor-core tile must stay within 3e-3 of it
- * (f16 weights and inputs), give the first tile's bits, and (the engine's tile) give a few tokens
- * run alone their bits in the whole run.
+ * The variants' verdicts: the f32 tile runs; each tensor-core variant must stay within its
+ * precision's CHECK_BOUND of it and give the first tile's bits of its precision, and (the first
+ * of each precision) give a few tokens run alone their bits in the whole run.
  */
 async function check(
   ctx: GpuContext,
@@ -193,50 +228,58 @@ async function check(
   variants: readonly Variant[],
   mmaX: GPUBuffer,
   emulate: boolean,
-): Promise<string[]> {
-  const verdicts: string[] = [];
+): Promise<Checked[]> {
+  const checked: Checked[] = [];
   let f32: Float32Array | undefined;
-  let first: { name: string; out: Float32Array } | undefined;
-  const checked = [...new Set([0, 1, Math.floor(s.tokens / 2), s.tokens - 1])];
+  const first = new Map<MmaPrecision, { name: string; out: Float32Array }>();
+  const alone = [...new Set([0, 1, Math.floor(s.tokens / 2), s.tokens - 1])];
   for (const v of variants) {
     try {
       const out = await runY(ctx, arena, s, (enc) => record(enc, s, v, mmaX, emulate));
-      if (!v.tile) {
+      if (!v.tile || !v.precision) {
         f32 = out;
-        verdicts.push(out.some((x, i) => x !== s.yInit[i]) ? "ok" : "wrong: nothing written");
+        checked.push({
+          verdict: out.some((x, i) => x !== s.yInit[i]) ? "ok" : "wrong: nothing written",
+        });
         continue;
       }
       if (!out.every(Number.isFinite)) {
-        verdicts.push("wrong: values that are not finite");
+        checked.push({ verdict: "wrong: values that are not finite" });
         continue;
       }
       const err = relError(out, f32!, s.yInit);
-      if (!(err <= 3e-3)) {
-        verdicts.push(`wrong: ${err.toExponential(2)} from the f32 tile`);
+      if (!(err <= CHECK_BOUND[v.precision])) {
+        checked.push({ verdict: `wrong: ${err.toExponential(2)} from the f32 tile`, err });
         continue;
       }
-      if (first) {
-        const diff = firstDiff(out, first.out, 0, out.length, first.name);
-        verdicts.push(diff || "ok");
+      const before = first.get(v.precision);
+      if (before) {
+        const diff = firstDiff(out, before.out, 0, out.length, before.name);
+        checked.push({ verdict: diff || "ok", err });
         continue;
       }
-      first = { name: v.name, out };
-      verdicts.push(await checkAlone(ctx, mem, arena, s, v, mmaX, emulate, out, checked));
+      first.set(v.precision, { name: v.name, out });
+      const verdict = await checkAlone(ctx, mem, arena, s, v, mmaX, emulate, out, alone);
+      checked.push({ verdict, err });
     } catch (e) {
-      verdicts.push(`rejected: ${(e as Error).message}`);
+      checked.push({ verdict: `rejected: ${(e as Error).message}` });
     }
   }
-  return verdicts;
+  return checked;
 }
 
 interface Result {
   readonly shape: string;
   readonly tokens: number;
   readonly variant: string;
+  /** The tensor-core variants' precision (none: the f32 tile). */
+  readonly precision?: MmaPrecision;
   readonly us?: number;
   readonly tflops?: number;
   /** The slowest timed pass over the fastest. */
   readonly spread?: number;
+  /** ‖out − f32 tile‖ / ‖f32 tile‖ (tensor-core variants). */
+  readonly err?: number;
   readonly check: string;
 }
 
@@ -244,9 +287,10 @@ function line(r: Result): string {
   const us = r.us === undefined
     ? ""
     : `${r.us.toFixed(1)} µs  ${r.tflops!.toFixed(1)} TFLOPS  ×${r.spread!.toFixed(2)}`;
-  return `${r.shape.padEnd(22)} T${String(r.tokens).padEnd(5)} ${r.variant.padEnd(11)} ${
+  const err = r.err === undefined ? "" : `Δ ${r.err.toExponential(1)}`;
+  return `${r.shape.padEnd(22)} T${String(r.tokens).padEnd(5)} ${r.variant.padEnd(15)} ${
     us.padEnd(36)
-  } ${r.check}`;
+  } ${err.padEnd(10)} ${r.check}`;
 }
 
 /**
@@ -266,26 +310,28 @@ function layersRunning(): Map<string, number> {
 }
 
 /**
- * The closing table: each shape's f32 tile against its fastest tensor-core tile, per token count;
- * with the full shapes, what the products of a prefill of each --tokens length take either way.
+ * The closing table: each shape's f32 tile against its fastest split tile (and the f16 products,
+ * where timed), per token count; with the full shapes, what the products of a prefill of each
+ * --tokens length take each way.
  */
 function summary(results: readonly Result[], tokensList: readonly number[], full: boolean) {
   const out = [
     "",
     `${"shape".padEnd(22)} ${"T".padEnd(5)} ${"f32 µs".padStart(9)} ${"TFLOPS".padStart(7)}  ${
-      "best mma".padEnd(11)
-    } ${"µs".padStart(9)} ${"TFLOPS".padStart(7)} ${"×".padStart(6)}`,
+      "best split".padEnd(11)
+    } ${"µs".padStart(9)} ${"TFLOPS".padStart(7)} ${"×".padStart(6)} ${"f16 µs".padStart(9)}`,
   ];
   const counts = layersRunning();
   for (const tokens of [...new Set(results.map((r) => r.tokens))]) {
-    let f32Total = 0;
-    let mmaTotal = 0;
+    const total = { f32: 0, split: 0, f16: 0 };
     let covered = true;
+    let f16Covered = true;
     const rows = results.filter((r) => r.tokens === tokens);
     for (const shape of [...new Set(rows.map((r) => r.shape))]) {
       const of = rows.filter((r) => r.shape === shape && r.us !== undefined);
-      const f32 = of.find((r) => r.variant === "f32*");
-      const best = of.filter((r) => r.variant !== "f32*").sort((a, b) => a.us! - b.us!)[0];
+      const f32 = of.find((r) => !r.precision);
+      const best = of.filter((r) => r.precision === "split").sort((a, b) => a.us! - b.us!)[0];
+      const f16 = of.find((r) => r.precision === "f16");
       const n = counts.get(shape) ?? 0;
       if (!f32 || !best) {
         if (n) covered = false;
@@ -297,20 +343,23 @@ function summary(results: readonly Result[], tokensList: readonly number[], full
           f32.tflops!.toFixed(1).padStart(7)
         }  ${best.variant.padEnd(11)} ${best.us!.toFixed(1).padStart(9)} ${
           best.tflops!.toFixed(1).padStart(7)
-        } ${(f32.us! / best.us!).toFixed(2).padStart(6)}`,
+        } ${(f32.us! / best.us!).toFixed(2).padStart(6)} ${
+          (f16 ? f16.us!.toFixed(1) : "-").padStart(9)
+        }`,
       );
-      f32Total += n * f32.us!;
-      mmaTotal += n * best.us!;
+      total.f32 += n * f32.us!;
+      total.split += n * best.us!;
+      if (f16) total.f16 += n * f16.us!;
+      else if (n) f16Covered = false;
     }
     const every = [...counts].every(([name, n]) => !n || rows.some((r) => r.shape === name));
     if (full && covered && every && tokensList.includes(tokens)) {
-      const tps = (us: number) => (tokens / (us / 1e6)).toFixed(0);
+      const way = (what: string, us: number) =>
+        `${what} ${(us / 1000).toFixed(1)} ms (${(tokens / (us / 1e6)).toFixed(0)} tok/s)`;
+      const ways = [way("f32", total.f32), way("split", total.split)];
+      if (f16Covered) ways.push(way("f16", total.f16));
       out.push(
-        `products of a ${tokens}-token prefill (${BENCH_MODEL.nLayer} layers): f32 ${
-          (f32Total / 1000).toFixed(1)
-        } ms (${tps(f32Total)} tok/s), mma ${(mmaTotal / 1000).toFixed(1)} ms (${
-          tps(mmaTotal)
-        } tok/s)`,
+        `products of a ${tokens}-token prefill (${BENCH_MODEL.nLayer} layers): ${ways.join(", ")}`,
       );
     }
   }
@@ -335,6 +384,11 @@ const PREFILL_MMA = {
     only: flag(text("NAME,..."), "shapes whose name contains one of these"),
     uniform: switchFlag("route every expert equally often (default: log-normal popularity)"),
     emulate: switchFlag("emulate the matrix operations (any device; for checking, not timing)"),
+    precision: flag(
+      listOf(oneOf(["split", "f16"] as const)),
+      "tensor-core precisions: split (the engine's, every tile) and f16 (one product, its tile)",
+      ["split"],
+    ),
     out: flag(text("FILE"), "write every result here as JSON"),
     "allow-software-gpu": switchFlag("accept a software (CPU) adapter"),
   },
@@ -372,9 +426,9 @@ async function main(values: FlagValues<typeof PREFILL_MMA.flags>): Promise<void>
       const runMem = new GpuMemory(ctx);
       const s = prepare(ctx, runMem, shape, tokens, w, !values.uniform);
       const mmaX = scratchFor(runMem, shape, tokens);
-      const variants = variantsOf(ctx, shape, tokens, emulate);
-      const verdicts = await check(ctx, runMem, arena, s, variants, mmaX, emulate);
-      const ok = variants.filter((_, i) => verdicts[i] === "ok");
+      const variants = variantsOf(ctx, shape, tokens, emulate, values.precision);
+      const checked = await check(ctx, runMem, arena, s, variants, mmaX, emulate);
+      const ok = variants.filter((_, i) => checked[i].verdict === "ok");
       const pass = (v: Variant, n: number) => (enc: StepEncoder) => {
         for (let i = 0; i < n; i++) record(enc, s, v, mmaX, emulate);
       };
@@ -387,6 +441,7 @@ async function main(values: FlagValues<typeof PREFILL_MMA.flags>): Promise<void>
           us.get(v)!.push((await timeDispatches(ctx, arena, timer, pass(v, n))) / n);
         }
       }
+      // The product's own flops (a split product runs three times as many on the tensor cores).
       const flops = 2 * shape.rows * shape.k * tokens * (shape.nUsed ?? 1);
       variants.forEach((v, i) => {
         const times = us.get(v);
@@ -397,11 +452,13 @@ async function main(values: FlagValues<typeof PREFILL_MMA.flags>): Promise<void>
             spread: Math.max(...times) / Math.min(...times),
           }
           : {};
-        const result = {
+        const result: Result = {
           shape: shape.name,
           tokens,
           variant: v.name,
-          check: verdicts[i],
+          precision: v.precision,
+          check: checked[i].verdict,
+          err: checked[i].err,
           ...timing,
         };
         results.push(result);
