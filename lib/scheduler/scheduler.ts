@@ -83,8 +83,9 @@ export class OverloadedError extends Error {
 
 /**
  * Prompt positions a step takes from a sequence while others generate (SchedulerOptions
- * .prefillChunk): a 256-position chunk beside other slots' decode rows keeps their next token
- * within a few decode steps' time on an H200 (docs/PERFORMANCE.md, "Continuous batching").
+ * .prefillChunk): at the ~5000 tok/s a prefill runs on an H100, a 256-position chunk holds the
+ * others' next tokens back ~50 ms, a handful of decode steps. Not yet tuned on the box (issue 23,
+ * point 4: a long prompt beside live streams, `deno task bench --only long`).
  */
 export const DEFAULT_PREFILL_CHUNK = 256;
 
