@@ -3,7 +3,7 @@
 // v = x / s_r with s_r = 2^(e − 14), e the exponent of the row's largest |x|, so the row's values
 // lie below 2^15 in magnitude and no f16 overflows however large they are (hidden states reach
 // thousands, SwiGLU inputs more); the product multiplies its sums by s_r. Under SPLIT each v is
-// written as two f16, hi = f16(v) and lo = f16(v − hi): hi + lo holds v to 2^−22 of it (2^−25 of
+// written as two f16, hi = f16(v) (wgsl/_include/f16_round.wgsl) and lo = f16(v − hi): hi + lo holds v to 2^−22 of it (2^−25 of
 // the row's largest below that: lo loses the rest to f16's subnormals), which the product's
 // three matrix multiplies keep; without SPLIT, hi alone (the single-product variant the kernel
 // bench compares). A power of two divides exactly, and the largest |x| is the same whatever order
@@ -32,6 +32,7 @@ struct Params {
 const WG = 128u;
 
 #include "_include/reduce.wgsl"
+#include "_include/f16_round.wgsl"
 
 // The row's value at x[i]: as the f32 tiles compute it (wgsl/mul_mat.wgsl xmix).
 fn value(i: u32) -> f32 {
@@ -84,14 +85,14 @@ fn main(
 #endif
   for (var p = lid; p < words; p += WG) {
     let v = vec2<f32>(value(xo + 2u * p), value(xo + 2u * p + 1u)) * inv;
-    let hi = pack2x16float(v);
 #ifdef SPLIT
-    // v − hi is exact in f32 whichever neighbour the conversion picked for hi.
+    // hi is an f16 value, so packing it is exact, and v − hi is exact in f32.
+    let hi = vec2<f32>(f16_round(v.x), f16_round(v.y));
     let at = out + 32u * (p / 16u) + p % 16u;
-    xh[at] = hi;
-    xh[at + 16u] = pack2x16float(v - unpack2x16float(hi));
+    xh[at] = pack2x16float(hi);
+    xh[at + 16u] = pack2x16float(v - hi);
 #else
-    xh[out + p] = hi;
+    xh[out + p] = pack2x16float(v);
 #endif
   }
 }

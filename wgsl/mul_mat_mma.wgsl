@@ -121,6 +121,8 @@ var<private> xraw: XRaw;
 var<private> wraw: Raw;
 #endif
 
+#include "_include/f16_round.wgsl"
+
 // One f16 value and two of a packed word, with their conversions from f32 and from the word.
 #ifdef STAGE_F32
 // Kept as f32 rounded to f16 (EMULATE on a device without shader-f16).
@@ -128,17 +130,11 @@ alias H1 = f32;
 alias H2 = vec2<f32>;
 
 fn h1(v: f32) -> H1 {
-  return quantizeToF16(v);
+  return f16_round(v);
 }
 
 fn h2_bits(u: u32) -> H2 {
   return unpack2x16float(u);
-}
-
-// Rounded to f16, as f32 (f16's subnormals may flush to 0: SPLIT then stages a weight below
-// 2^−14 in b alone, within 2^−11 of it).
-fn round4(v: vec4<f32>) -> vec4<f32> {
-  return quantizeToF16(v);
 }
 #else
 enable f16;
@@ -148,11 +144,6 @@ alias H2 = vec2<f16>;
 
 fn h1(v: f32) -> H1 {
   return f16(v);
-}
-
-// Rounded to f16, as f32, f16's subnormals kept (quantizeToF16 may flush them).
-fn round4(v: vec4<f32>) -> vec4<f32> {
-  return vec4<f32>(vec4<f16>(v));
 }
 
 fn h2_bits(u: u32) -> H2 {
@@ -300,6 +291,11 @@ fn put(i: u32, v: f32) {
 #else
   y[i] = v;
 #endif
+}
+
+// Rounded to f16, as f32, f16's subnormals kept.
+fn round4(v: vec4<f32>) -> vec4<f32> {
+  return vec4<f32>(f16_round(v.x), f16_round(v.y), f16_round(v.z), f16_round(v.w));
 }
 
 // Values 4v..4v+3 of a weight row's chunk, from `o` = value 4v of the row: as a (rounded to f16)

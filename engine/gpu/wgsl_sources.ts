@@ -20,6 +20,7 @@ import rmsNorm from "../../wgsl/rms_norm.wgsl" with { type: "text" };
 import ssmConv from "../../wgsl/ssm_conv.wgsl" with { type: "text" };
 import topk from "../../wgsl/topk.wgsl" with { type: "text" };
 import dequant from "../../wgsl/_include/dequant.wgsl" with { type: "text" };
+import f16Round from "../../wgsl/_include/f16_round.wgsl" with { type: "text" };
 import gatherTile from "../../wgsl/_include/gather_tile.wgsl" with { type: "text" };
 import matParams from "../../wgsl/_include/mat_params.wgsl" with { type: "text" };
 import reduce from "../../wgsl/_include/reduce.wgsl" with { type: "text" };
@@ -45,6 +46,7 @@ export const WGSL_SOURCES: ReadonlyMap<string, string> = new Map([
   ["ssm_conv.wgsl", ssmConv],
   ["topk.wgsl", topk],
   ["_include/dequant.wgsl", dequant],
+  ["_include/f16_round.wgsl", f16Round],
   ["_include/gather_tile.wgsl", gatherTile],
   ["_include/mat_params.wgsl", matParams],
   ["_include/reduce.wgsl", reduce],
