@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# The engine's gates on a real GPU, for the GPU box: the GPU test suite once per provider, then
+# The engine's gates on a real GPU, for the GPU box: the GPU test suite once per provider (Dawn
+# twice: as it runs by default, and with its tensor cores on, TANDEM_MMA=1), then
 # greedy ids of `small` models across dawn, builtin, the float64 reference and a 2-stage chain
 # (head on dawn, worker on builtin).
 #
@@ -16,12 +17,15 @@ layers=${LAYERS:-8}
 cut=$((layers / 2))
 summary=()
 
-for gpu in dawn builtin; do
+for run in dawn dawn-mma builtin; do
   start=$(date +%s)
-  TANDEM_GPU=$gpu timeout 250 "$deno" test -A --parallel tests/gpu_*_test.ts >"$out/suite-$gpu.log" 2>&1
+  gpu=${run%-mma}
+  mma=$([ "$run" = dawn-mma ] && echo 1 || echo 0)
+  TANDEM_GPU=$gpu TANDEM_MMA=$mma timeout 250 "$deno" test -A --parallel tests/gpu_*_test.ts \
+    >"$out/suite-$run.log" 2>&1
   rc=$?
-  line=$(grep -E '^(ok|FAILED) \|' "$out/suite-$gpu.log" | tail -1)
-  summary+=("suite $gpu: rc=$rc ${line:-no result line} ($(($(date +%s) - start)) s)")
+  line=$(grep -E '^(ok|FAILED) \|' "$out/suite-$run.log" | tail -1)
+  summary+=("suite $run: rc=$rc ${line:-no result line} ($(($(date +%s) - start)) s)")
 done
 
 prompt="The river keeps its own counsel, and the stones remember every flood."

@@ -287,7 +287,7 @@ export async function checkParity(
  * Exact math on F32 weights: llama.cpp multiplies F32 weights by F32 activations, so what remains
  * is summation order and its F16 KV cache. The reference engine measured ≤ 5.9e-4
  * (tools/fixtures/README.md). The GPU engine is held to it too, its prompt rows on tensor cores
- * included (their f16 operand pairs keep f32's accuracy: docs/PERFORMANCE.md "Tensor cores").
+ * included (their f16 operand pairs keep f32's accuracy: docs/PERFORMANCE-NOTES.md "Tensor cores").
  */
 export const F32_TOLERANCE = 1e-3;
 

@@ -7,6 +7,8 @@
 # suite's result line, any failure, the tests' measured errors and parity reports, and last the
 # bench's closing table.
 #
+# The tensor cores are off unless TANDEM_MMA=1 (engine/gpu/dawn.ts), so this script sets it.
+#
 # Usage (device run, carry [".gpu"]): source .gpu/setup.sh && bash bench/kernels/prefill_mma.sh
 # Full logs and the bench's JSON go to $OUT (or /tmp/mma). Extra arguments go to the bench.
 set -uo pipefail
@@ -32,13 +34,13 @@ suite() {
   grep -E 'largest relative error|[a-z0-9_-]+\.json: \{' "$out/$name.txt" | cut -c1-330
 }
 
-suite tests-dawn 150 TANDEM_GPU=dawn -- tests/gpu_mma_test.ts tests/gpu_mma_wgsl_test.ts \
+suite tests-dawn 150 TANDEM_GPU=dawn TANDEM_MMA=1 -- tests/gpu_mma_test.ts tests/gpu_mma_wgsl_test.ts \
   tests/gpu_mul_mat_test.ts tests/gpu_llama_parity_test.ts tests/gpu_stage_test.ts \
   tests/gpu_scheduler_test.ts
 suite tests-builtin-emulated 100 TANDEM_GPU=builtin TANDEM_MMA=emulate -- tests/gpu_mma_test.ts \
   tests/gpu_llama_parity_test.ts
 
-timeout 200 "$deno" run -A --node-modules-dir=manual bench/kernels/prefill_mma.ts --gpu dawn \
+TANDEM_MMA=1 timeout 200 "$deno" run -A --node-modules-dir=manual bench/kernels/prefill_mma.ts --gpu dawn \
   --precision split,f16 --out "$out/prefill_mma.json" "$@" >"$out/bench.txt" 2>&1
 rc=$?
 echo "bench rc=$rc"

@@ -25,8 +25,8 @@ export const DAWN_TOGGLES: readonly string[] = [
  * The toggles under which Dawn lists subgroup matrices and f16 on NVIDIA's Vulkan driver (the
  * GPU box, 2026-12-06: /work/shared/device/README.md): allow_unsafe_apis unlocks experimental
  * features, vulkan_enable_f16_on_nvidia lifts Dawn's default block of f16 there, and cooperative
- * matrices need the Vulkan memory model. Left out under TANDEM_MMA=0, so that run is today's
- * Dawn exactly (the memory model changes every kernel's SPIR-V).
+ * matrices need the Vulkan memory model. Set only under TANDEM_MMA=1, so that other runs are
+ * today's Dawn exactly (the memory model changes every kernel's SPIR-V).
  */
 export const DAWN_MMA_TOGGLES: readonly string[] = [
   "allow_unsafe_apis",
@@ -55,14 +55,16 @@ export function dawnOptions(env: string | undefined, mma = true): string[] {
 }
 
 /**
- * TANDEM_MMA=0 turns the tensor-core kernels off: no DAWN_MMA_TOGGLES here, no subgroup-matrix
- * feature in engine/gpu/device.ts.
+ * TANDEM_MMA=1 turns the tensor-core kernels on: DAWN_MMA_TOGGLES here, the subgroup-matrix feature
+ * in engine/gpu/device.ts. Off by default: on the H100 the split-precision products (the only ones
+ * that keep f32's accuracy) run no faster than the f32 tiles, and the expert products slower
+ * (docs/PERFORMANCE-NOTES.md, "Tensor cores").
  */
-export function subgroupMatrixAllowedByEnv(): boolean {
+export function subgroupMatrixWantedByEnv(): boolean {
   try {
-    return Deno.env.get("TANDEM_MMA") !== "0";
+    return Deno.env.get("TANDEM_MMA") === "1";
   } catch {
-    return true;
+    return false;
   }
 }
 
@@ -207,7 +209,7 @@ async function load(): Promise<GpuProvider> {
   paceDawnPolls(true);
   return {
     name: "dawn",
-    gpu: mod.create(dawnOptions(envOptions(), subgroupMatrixAllowedByEnv())) as GPU,
+    gpu: mod.create(dawnOptions(envOptions(), subgroupMatrixWantedByEnv())) as GPU,
     expectDone: expectGpuDone,
   };
 }

@@ -145,7 +145,7 @@ Deno.test("dawnOptions: key=value pairs whose values may hold commas, plus the e
   const toggles = `enable-dawn-features=${[...DAWN_TOGGLES, ...DAWN_MMA_TOGGLES].join(",")}`;
   assert.deepEqual(dawnOptions(undefined), [toggles]);
   assert.deepEqual(dawnOptions("backend=vulkan"), ["backend=vulkan", toggles]);
-  // Without the tensor cores (TANDEM_MMA=0), the toggles they need stay off.
+  // Without the tensor cores (TANDEM_MMA=1 unset), the toggles they need stay off.
   assert.deepEqual(dawnOptions(undefined, false), [
     `enable-dawn-features=${DAWN_TOGGLES.join(",")}`,
   ]);

@@ -1,7 +1,7 @@
 // Opens a WebGPU device on a provider: adapter checks, limits, optional features, logging.
 // Everything GPU-side (buffers, kernels, stages) takes the GpuContext this returns.
 
-import { subgroupMatrixAllowedByEnv } from "./dawn.ts";
+import { subgroupMatrixWantedByEnv } from "./dawn.ts";
 import {
   isSoftwareAdapter,
   type ProviderChoice,
@@ -25,8 +25,8 @@ export interface GpuFeatures {
    * Tensor cores: `chromium-experimental-subgroup-matrix` with an f16 × f16 → f32 16×16×16
    * configuration, `shader-f16`, and subgroups of exactly SUBGROUP_MATRIX_LANES lanes, which the
    * prefill products' layout of four subgroups a workgroup assumes (engine/gpu/kernels/
-   * mul_mat_mma.ts; fallback: the f32 tiles). Off under OpenGpuOptions.subgroupMatrix false or
-   * TANDEM_MMA=0.
+   * mul_mat_mma.ts; fallback: the f32 tiles). On only under TANDEM_MMA=1, and not then with
+   * OpenGpuOptions.subgroupMatrix false.
    */
   readonly subgroupMatrix: boolean;
 }
@@ -66,7 +66,7 @@ export interface OpenGpuOptions {
   readonly allowSoftware?: boolean;
   /** Where start-up and device-lost lines go; default stderr. */
   readonly log?: (line: string) => void;
-  /** false: leave subgroup matrices off even where the adapter has them (also TANDEM_MMA=0). */
+  /** false: leave subgroup matrices off even under TANDEM_MMA=1. */
   readonly subgroupMatrix?: boolean;
 }
 
@@ -214,7 +214,7 @@ export async function openGpu(options: OpenGpuOptions = {}): Promise<GpuContext>
     );
   }
   const wanted: GPUFeatureName[] = ["shader-f16", "subgroups", "timestamp-query"];
-  const mma = options.subgroupMatrix !== false && subgroupMatrixAllowedByEnv() &&
+  const mma = options.subgroupMatrix !== false && subgroupMatrixWantedByEnv() &&
     subgroupMatrixUsable(adapter.features, info as SubgroupMatrixInfo);
   if (mma) wanted.push(SUBGROUP_MATRIX_FEATURE);
   const requiredFeatures = wanted.filter((f) => adapter.features.has(f));

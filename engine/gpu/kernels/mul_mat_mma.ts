@@ -31,7 +31,7 @@ export type MmaPrecision = "split" | "f16";
 
 /**
  * Weight types the tensor cores take: every type whose dequantized values lie in f16's range on
- * f16's grid (docs/PERFORMANCE.md "Tensor cores"). F32 and BF16 reach 3.4e38, beyond any pair of
+ * f16's grid (docs/PERFORMANCE-NOTES.md "Tensor cores"). F32 and BF16 reach 3.4e38, beyond any pair of
  * f16, and keep the f32 tiles' exact products.
  */
 export function mmaTakes(type: GgmlType): boolean {
