@@ -222,9 +222,10 @@ export async function timeFusedDecode(
 }
 
 /**
- * One independent decode per entry of `firsts` (slot i starts from firsts[i] at position 0), all
- * in flight at once as separate requests would be; greedy, or with `sampling` each slot i drawing
- * from its own stream seeded `seed + i`. Returns the wall time of the whole set.
+ * One independent decode per entry of `firsts` (slot i starts from firsts[i] at position `base`,
+ * after a prompt of that many positions, or from an empty context at 0), all in flight at once as
+ * separate requests would be; greedy, or with `sampling` each slot i drawing from its own stream
+ * seeded `seed + i`. Returns the wall time of the whole set.
  */
 export async function timeConcurrentDecode(
   stages: readonly Stage[],
@@ -232,11 +233,12 @@ export async function timeConcurrentDecode(
   n: number,
   sampling?: SamplingParams,
   seed = 0,
+  base = 0,
 ): Promise<{ readonly seconds: number; readonly fed: readonly Uint32Array[] }> {
   const start = performance.now();
   const runs = await Promise.all(
     firsts.map((first, slot) =>
-      decodeSteps(stages, first, n, { slot }, sampling && { sampling, seed: seed + slot })
+      decodeSteps(stages, first, n, { slot, base }, sampling && { sampling, seed: seed + slot })
     ),
   );
   return { seconds: (performance.now() - start) / 1000, fed: runs.map((r) => r.fed) };

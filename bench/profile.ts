@@ -1,9 +1,9 @@
 // Where a step's GPU time goes, per kernel: one whole-model GPU stage, one prefill chunk and
-// single-token decode steps as the server runs them (the LM head for the last position alone),
-// every dispatch timed by a DispatchProfiler (engine/gpu/profiler.ts).
+// single-token decode steps as the server runs them (LM head for the last position alone), of one
+// greedy sequence or --sequences N sampled at once, every dispatch timed by a DispatchProfiler.
 //
 //   deno run -A bench/profile.ts --model M.gguf [--gpu builtin|dawn] [--allow-software-gpu]
-//                                [--prefill 512] [--decode 32]
+//                                [--prefill 512] [--decode 32] [--sequences 1]
 
 import { openGpuStage, type StepProfile } from "../engine/gpu/gpu_stage.ts";
 import { openGguf } from "../engine/gguf/read.ts";
@@ -24,7 +24,7 @@ import {
   text,
   whole,
 } from "../lib/cli.ts";
-import { seededIds } from "./measure.ts";
+import { BENCH_SAMPLING, seededIds, timeConcurrentDecode, timePrefill } from "./measure.ts";
 
 /** GPU time of one kernel variant over the steps of a report. */
 export interface KernelRow {
@@ -33,44 +33,70 @@ export interface KernelRow {
   readonly ns: number;
 }
 
-/** One run (prefill chunk or decode step) as measured from outside the stage. */
+/** One step (prefill chunk or decode step of every sequence) as the stage timed it (StepProfile). */
 export interface StepReport {
+  /** Rows of the step: the chunk's positions, or one per sequence decoding. */
   readonly tokens: number;
   /** Dispatches the stage encoded (its own count, StepProfile.dispatches). */
   readonly dispatches: number;
-  /** From the run() call until its ids were back. */
+  /** From the step's first run() call until its outputs were back. */
   readonly wallMs: number;
-  /** CPU time recording and submitting the step. */
+  /**
+   * From the step's first run() call to its submit: recording and submitting it, and in a step of
+   * several sequences the others' runs joining it (their host-side sampling among them).
+   */
   readonly encodeMs: number;
   /** Per-dispatch timings; undefined where the device has no timestamp-query. */
   readonly gpu?: ProfiledStep;
 }
 
 export interface ProfileOptions {
+  /** Positions of each sequence's prompt, prefilled in one chunk. */
   readonly prefill: number;
   readonly decode: number;
+  /**
+   * Sequences decoding at once (default 1, greedy): more share each decode step, each sampled
+   * with BENCH_SAMPLING from its own seed, as bench/stage_bench.ts's tgNxS-sampled figures run.
+   */
+  readonly sequences?: number;
   readonly seed?: number;
 }
 
 export interface ProfileReport {
+  /** The first sequence's prompt (the others are prefilled alike, each from its own seed). */
   readonly prefill: StepReport;
+  /** One per decode step, each carrying a row of every sequence. */
   readonly decode: readonly StepReport[];
 }
 
+function stepReport(p: StepProfile): StepReport {
+  return {
+    tokens: p.tokens,
+    dispatches: p.dispatches,
+    wallMs: p.encodeMs + p.waitMs,
+    encodeMs: p.encodeMs,
+    gpu: p.kernels,
+  };
+}
+
 /**
- * Opens all layers of `model` on `gpu` (one slot, context prefill + decode), runs a prefill
- * chunk of seeded ids and `decode` greedy single-token steps, each asking the logits of its last
- * position alone as the server's scheduler does, and returns each run's timings.
+ * Opens all layers of `model` on `gpu` (a slot per sequence, context prefill + decode), prefills
+ * each sequence's prompt of seeded ids (seed + its slot) in one chunk, then runs `decode` steps of
+ * every sequence from position `prefill` (timeConcurrentDecode), each asking the logits of its
+ * last position alone as the server's scheduler does, and returns each step's timings.
  */
 export async function profileModel(
   model: GgufModel,
   gpu: GpuContext,
   options: ProfileOptions,
 ): Promise<ProfileReport> {
-  const { prefill, decode } = options;
-  if (!Number.isInteger(prefill) || prefill < 1 || !Number.isInteger(decode) || decode < 0) {
+  const { prefill, decode, sequences = 1, seed = 1 } = options;
+  if (
+    !Number.isInteger(prefill) || prefill < 1 || !Number.isInteger(decode) || decode < 0 ||
+    !Number.isInteger(sequences) || sequences < 1
+  ) {
     throw new RangeError(
-      `Cannot profile a prefill of ${prefill} and ${decode} decode steps: expected prefill ≥ 1, decode ≥ 0`,
+      `Cannot profile a prefill of ${prefill} and ${decode} decode steps of ${sequences} sequences: expected prefill ≥ 1, decode ≥ 0, sequences ≥ 1`,
     );
   }
   const hp = readHParams(model.metadata);
@@ -79,38 +105,32 @@ export async function profileModel(
   const stage = await openGpuStage(model, gpu, {
     first: 0,
     end: hp.nLayer,
-    slots: 1,
+    slots: sequences,
     ctx: prefill + decode,
-    maxBatch: prefill,
+    // A decode step takes a row of every sequence.
+    maxBatch: Math.max(prefill, sequences),
+    // The sequences' runs share each step, as the server's do where maps are cheap.
+    shareSteps: true,
     profile: (p) => samples.push(p),
     dispatchProfiler: profiler,
     log: () => {},
   });
   try {
-    const timed = async (ids: Uint32Array, base: number) => {
-      const started = performance.now();
-      const out = await stage.run(0, { kind: "ids", ids }, ids.length, base, { logits: "last" });
-      const wallMs = performance.now() - started;
-      const sample = samples.at(-1)!;
-      const report: StepReport = {
-        tokens: ids.length,
-        dispatches: sample.dispatches,
-        wallMs,
-        encodeMs: sample.encodeMs,
-        gpu: await profiler?.collect(),
-      };
-      if (out.kind !== "ids") throw new Error("Cannot profile: a whole-model stage returned rows");
-      return { report, next: out.ids[out.ids.length - 1] };
-    };
-    const first = await timed(seededIds(prefill, hp.V, options.seed ?? 1), 0);
-    const steps: StepReport[] = [];
-    let next = first.next;
-    for (let s = 0; s < decode; s++) {
-      const step = await timed(Uint32Array.of(next), prefill + s);
-      steps.push(step.report);
-      next = step.next;
+    for (let slot = 0; slot < sequences; slot++) {
+      await timePrefill([stage], seededIds(prefill, hp.V, seed + slot), slot);
     }
-    return { prefill: first.report, decode: steps };
+    const firsts = Array.from(seededIds(sequences, hp.V, seed + sequences));
+    const sampling = sequences > 1 ? BENCH_SAMPLING : undefined;
+    await timeConcurrentDecode([stage], firsts, decode, sampling, seed, prefill);
+    if (samples.length !== sequences + decode) {
+      throw new Error(
+        `Cannot profile ${sequences} sequences: their prompts and ${decode} decode steps ran as ${samples.length} steps, expected ${
+          sequences + decode
+        }`,
+      );
+    }
+    const reports = samples.map(stepReport);
+    return { prefill: reports[0], decode: reports.slice(sequences) };
   } finally {
     stage.close();
     profiler?.destroy();
@@ -202,19 +222,26 @@ const PROFILE = {
   name: "Profile",
   usage: "deno run -A bench/profile.ts",
   about: "GPU time per kernel of one whole-model GPU stage: one prefill chunk, then " +
-    "single-token decode steps, as the server runs them (logits of the last position only).",
+    "single-token decode steps, as the server runs them (logits of the last position only), " +
+    "of one greedy sequence or of several sampled sequences sharing each step.",
   flags: {
     model: requiredFlag(text("PATH"), "the GGUF file"),
     gpu: flag(oneOf(PROVIDER_CHOICES), "the WebGPU provider", "builtin"),
     "allow-software-gpu": switchFlag("accept a software (CPU) adapter"),
     prefill: flag(whole(1), "prefill chunk length", 512),
     decode: flag(whole(0), "single-token decode steps after it", 32),
-    seed: flag(whole(0), "prefill ids seed", 1),
+    sequences: flag(
+      whole(1),
+      "sequences decoding at once, each after its own prompt; more than 1: sampled at " +
+        "temperature 0.7, each its own seed, sharing each step",
+      1,
+    ),
+    seed: flag(whole(0), "seed of the prompts' ids and of the sampling", 1),
   },
 } satisfies Command<FlagTable>;
 
 async function main(flags: FlagValues<typeof PROFILE.flags>): Promise<void> {
-  const { prefill, decode } = flags;
+  const { prefill, decode, sequences } = flags;
   const gpu = await openGpu({
     gpu: flags.gpu,
     allowSoftware: flags["allow-software-gpu"],
@@ -227,12 +254,16 @@ async function main(flags: FlagValues<typeof PROFILE.flags>): Promise<void> {
     const report = await profileModel(model, gpu, {
       prefill,
       decode,
+      sequences,
       seed: flags.seed,
     });
     console.log(`GPU: ${gpu.summary}\nmodel: ${flags.model}\n`);
     console.log(formatSteps(`prefill`, [report.prefill]));
     if (report.decode.length) {
-      console.log(`\n${formatSteps("decode (mean per step)", report.decode)}`);
+      const title = sequences > 1
+        ? `decode (mean per step of ${sequences} sampled sequences)`
+        : "decode (mean per step)";
+      console.log(`\n${formatSteps(title, report.decode)}`);
       console.log(formatDecodeSteps(report.decode, prefill));
     }
     console.log(

@@ -1,5 +1,5 @@
 // Checks bench/profile.ts and the DispatchProfiler under it on a tiny qwen35moe model: the table
-// covers every dispatched kernel, counts match the encoder's, and times fit in the step's span.
+// covers every dispatched kernel, counts match, times fit the span, N sequences share each step.
 
 import assert from "node:assert/strict";
 import type { GpuContext } from "../engine/gpu/device.ts";
@@ -77,6 +77,20 @@ gpuTest("bench/profile: per-kernel GPU times of a prefill chunk and decode steps
     for (const r of decodeRows) {
       assert.match(table, new RegExp(`\\n  ${r.kernel} +${r.dispatches / 2} `), r.kernel);
     }
+  });
+});
+
+gpuTest("bench/profile: decode steps of several sampled sequences, a row of each", async (gpu) => {
+  await withModel({ arch: "qwen35moe" }, async (model) => {
+    const report = await profileModel(model, gpu, { prefill: 3, decode: 2, sequences: 2 });
+    assert.equal(report.prefill.tokens, 3);
+    // One step per decode step, each carrying both sequences' rows (not a step per sequence).
+    assert.deepEqual(report.decode.map((s) => s.tokens), [2, 2]);
+    for (const s of report.decode) assert.ok(s.wallMs >= s.encodeMs, "wall covers encoding");
+    assert.match(formatSteps("decode", report.decode), /decode: 2 runs of 2 token\(s\)/);
+    if (!gpu.features.timestamps) return;
+    // Sampled: each step returns every sequence's top-k.
+    report.decode.forEach((s, i) => checkStep(gpu, s, `decode ${i}`, [...FAMILIES, "topk"]));
   });
 });
 

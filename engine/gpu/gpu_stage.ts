@@ -13,7 +13,7 @@ import {
   type StepTimer,
 } from "./encoder.ts";
 import { collectVariants, compileAhead, settleKernels } from "./kernel.ts";
-import type { DispatchProfiler } from "./profiler.ts";
+import type { DispatchProfiler, ProfiledStep } from "./profiler.ts";
 import type { GgufModel } from "../gguf/gguf_model.ts";
 import { argmaxScratchWords } from "./kernels/argmax.ts";
 import { attentionPartialFloats } from "./kernels/attention.ts";
@@ -70,7 +70,10 @@ export interface GpuStageOptions extends StageOpenOptions {
   readonly log?: (line: string) => void;
   /** Called after every run with its timings (GPU time where the device has timestamp-query). */
   readonly profile?: (p: StepProfile) => void;
-  /** Times every dispatch of every run (bench/profile.ts); collect it after each run. */
+  /**
+   * Times every dispatch of every run (bench/profile.ts): the stage collects each step's timings
+   * before its outputs return (StepProfile.kernels), so shared steps of several slots are timed too.
+   */
   readonly dispatchProfiler?: DispatchProfiler;
   /**
    * Runs of several slots share a step (default: where an awaited map costs less than
@@ -97,6 +100,8 @@ export interface StepProfile {
   readonly waitMs: number;
   /** GPU time from the first dispatch's start to the last one's end; undefined without timestamps. */
   readonly gpuMs?: number;
+  /** Every dispatch's GPU interval, where the stage was opened with a dispatchProfiler. */
+  readonly kernels?: ProfiledStep;
 }
 
 /** GPU bytes of a stage by part; `total` also counts readbacks and the params arena. */
@@ -1040,7 +1045,11 @@ export class GpuStage implements Stage {
       const all = readback
         ? await mapRead(readback, p.total)
         : await this.#gpu.device.queue.onSubmittedWorkDone().then(() => new ArrayBuffer(0));
-      this.#waits.set(shape, performance.now() - t.submitted);
+      const waitMs = performance.now() - t.submitted;
+      this.#waits.set(shape, waitMs);
+      // Collected before the outputs return: the next step, encoded once they have, reuses the
+      // profiler's buffers.
+      const kernels = await this.#dispatchProfiler?.collect();
       if (this.#profile) {
         const ns = this.#timer ? new BigUint64Array(all, p.timeAt, 2) : undefined;
         this.#profile({
@@ -1048,8 +1057,9 @@ export class GpuStage implements Stage {
           dispatches: t.dispatches,
           encodeMs: t.submitted - t.started,
           submitMs: t.submitMs,
-          waitMs: performance.now() - t.submitted,
+          waitMs,
           gpuMs: ns ? Number(ns[1] - ns[0]) / 1e6 : undefined,
+          kernels,
         });
       }
       for (const error of await Promise.all(errors)) {

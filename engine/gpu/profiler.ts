@@ -21,8 +21,8 @@ export interface ProfiledStep {
 const QUERIES_PER_SET = 4096;
 
 /**
- * Collects the timestamps of one step at a time: pass it to StepEncoder.submit (or to a GPU
- * stage, which passes it on), then `collect()` once the step's outputs are back. A pass per
+ * Collects the timestamps of one step at a time: pass it to StepEncoder.submit, then `collect()`
+ * once the step's outputs are back (a GPU stage given one collects each step itself). A pass per
  * dispatch costs some overlap and a little launch time, so wall times under a profiler are an
  * upper bound of the unprofiled ones.
  */
