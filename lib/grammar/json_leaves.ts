@@ -117,13 +117,7 @@ export class StringLeaf implements Leaf<StringState> {
     if (count >= this.rules.maxLength) return false;
     const { patterns } = this.rules;
     if (!this.bound) return sets.length === 0 || patterns[0].meets(sets[at], lo, hi);
-    if (patterns.length < 2) {
-      return this.#lengthIn(
-        count + 1,
-        (i) => patterns[i].lengthsAfter(sets[at + i], lo, hi),
-        () => patterns[0].lengthBitsAfter(sets[at], lo, hi),
-      );
-    }
+    if (patterns.length < 2) return this.#lengthIn(count + 1, sets, at, lo, hi);
     // Patterns together: each character they may read, one per stretch that steps them alike.
     const from = Array.from(patterns, (_, i) => sets[at + i]);
     return this.#stretches(from, lo, hi).some((cp) => {
@@ -186,38 +180,38 @@ export class StringLeaf implements Leaf<StringState> {
    * character may lead there.
    */
   closable(count: number, sets: ArrayLike<number>, at = 0): boolean {
-    if (!this.bound) return true;
-    const { patterns } = this.rules;
-    return this.#lengthIn(
-      count,
-      (i) => patterns[i].lengths(sets[at + i]),
-      () =>
-        patterns.length === 1
-          ? patterns[0].lengthBits(sets[at])
-          : this.#jointBits(Array.from(patterns, (_, i) => sets[at + i])),
-    );
+    return !this.bound || this.#lengthIn(count, sets, at, -1, -1);
   }
 
   /**
-   * Whether a body of `count` characters can take some number of characters more that its
-   * patterns may take together (`lengths(i)`: pattern i's fewest and most; `bits()`: the lengths
-   * they share, as Pattern.lengthBits gives one's) within minLength and maxLength. One pattern's
-   * fewest and most are lengths it takes, so its bits are read only where the bounds cut between
-   * them (`(ab|abcdef)` with minLength 3 and maxLength 5); past LENGTH_HORIZON by fewest and
-   * most alone.
+   * Whether a body of `count` characters, its patterns' states at sets[at], sets[at + 1], …, can
+   * take some number of characters more that its patterns may take together within minLength and
+   * maxLength: from those states, or (lo ≥ 0, one pattern) once its state has read a character in
+   * [lo, hi] (count then includes it). One pattern's fewest and most are lengths it takes, so the
+   * lengths between (Pattern.lengthBits) are read only where the bounds cut between them
+   * (`(ab|abcdef)` with minLength 3 and maxLength 5); past LENGTH_HORIZON by fewest and most
+   * alone. Mask walks ask it at every character, so it reads the states itself: callbacks would
+   * be two allocations a call.
    */
   #lengthIn(
     count: number,
-    lengths: (i: number) => readonly [number, number],
-    bits: () => Uint32Array,
+    sets: ArrayLike<number>,
+    at: number,
+    lo: number,
+    hi: number,
   ): boolean {
-    const k = this.rules.patterns.length;
+    const { patterns } = this.rules;
+    const k = patterns.length;
     let least = Math.max(0, this.rules.minLength - count);
     let room = this.rules.maxLength - count;
     let fewest = 0;
     let most = 0;
     for (let i = 0; i < k; i++) {
-      [fewest, most] = lengths(i);
+      const lengths = lo < 0
+        ? patterns[i].lengths(sets[at + i])
+        : patterns[i].lengthsAfter(sets[at + i], lo, hi);
+      fewest = lengths[0];
+      most = lengths[1];
       if (fewest > least) least = fewest;
       if (most < room) room = most;
     }
@@ -225,7 +219,11 @@ export class StringLeaf implements Leaf<StringState> {
     if (k === 0 || (k === 1 && (fewest === least || most === room))) return true;
     const top = Math.min(room, LENGTH_HORIZON);
     if (least > top) return true;
-    const shared = bits();
+    const shared = lo >= 0
+      ? patterns[0].lengthBitsAfter(sets[at], lo, hi)
+      : k === 1
+      ? patterns[0].lengthBits(sets[at])
+      : this.#jointBits(Array.from(patterns, (_, i) => sets[at + i]));
     for (let w = least >>> 5; w <= top >>> 5; w++) {
       let word = shared[w];
       if (w === least >>> 5) word &= -1 << (least & 31);

@@ -614,31 +614,62 @@ export class GrammarConstraint implements TokenConstraint {
       );
       trie = v.special;
     }
-    // The special tokens' leading plain characters: per depth, whether all are of the run (its
-    // states in sets), else the patterns' states in chars, stepped as the plain tokens' are. A
-    // leaf state is made for them only at the first byte that is not one (leafStates holds
-    // undefined until then).
-    const onRun = new Uint8Array(v.maxRun + 2);
-    onRun[0] = 1;
-    const chars = sets.slice();
+    // Per depth, the parse so far, in one of three forms: the grammar's state once the leaf has
+    // ended inside the token (generic); the leaf's state as an object (leafStates), as a byte
+    // walk makes them; or, in a plain body (numeric), its count and its patterns' states, k at a
+    // time, as numbers: in sets while all its characters are of the run, else in chars. A walk
+    // enters a body (after an opening quote or an escape) with most of the vocabulary's tokens
+    // still alive, so the numbers step them without making an object per byte; an object is made
+    // for a body only at a byte that is not plain text ('"', '\\', a control byte), and kept in
+    // leafStates for the siblings. A half-read character is in pendings in either leaf form.
+    const depths = v.maxBytes + 1;
+    const onRun = new Uint8Array(depths);
+    const numeric = new Uint8Array(depths);
+    const counts = new Uint32Array(depths);
+    const chars = new Int32Array(depths * k);
+    chars.set(sets);
     // The body's state after d characters of the run, and where it goes on each first byte that
     // is not a plain character, by d·256 + byte (tokens of one run share them).
     const runStates: unknown[] = [];
     const runSteps = new Map<number, ReturnType<typeof readByte>>();
-    // Per depth: the leaf's state and a half-read character, or the grammar's state once the
-    // leaf has ended (generic) inside the token.
     const leafStates: unknown[] = [cursor.state];
     const pendings: (Utf8Partial | null)[] = [null];
     const generic: (ParseState | null)[] = [null];
+    if (body) {
+      onRun[0] = 1;
+      numeric[0] = 1;
+      counts[0] = body.count;
+    }
     // The grammar's state once the leaf ended, per ended leaf state (tokens share them).
     const ended = new Map<unknown, ParseState>();
+    /** Depth d + 1 as a plain body, its states still to be written. */
+    const enterBody = (d: number, count: number, pending: Utf8Partial | null, state: unknown) => {
+      numeric[d + 1] = 1;
+      onRun[d + 1] = 0;
+      counts[d + 1] = count;
+      pendings[d + 1] = pending;
+      leafStates[d + 1] = state;
+      generic[d + 1] = null;
+    };
+    /** Depth d + 1 after a byte read into a leaf state object: in numbers once a plain body. */
+    const stepped = (d: number, step: NonNullable<ReturnType<typeof readByte>>) => {
+      const plain = step.pending === null ? string?.plainBody(step.state as never) : null;
+      if (plain) {
+        enterBody(d, plain.count, null, step.state);
+        chars.set(plain.sets, (d + 1) * k);
+        return;
+      }
+      numeric[d + 1] = 0;
+      onRun[d + 1] = 0;
+      leafStates[d + 1] = step.state;
+      pendings[d + 1] = step.pending;
+      generic[d + 1] = null;
+    };
     await walkTrie(trie, slices, (n) => {
       const d = trie.depth[n] - 1;
       const b = trie.symbol[n];
       if (b >= CHAR) {
-        leafStates[d + 1] = undefined;
-        pendings[d + 1] = null;
-        generic[d + 1] = null;
+        enterBody(d, counts[d] + 1, null, undefined);
         onRun[d + 1] = onRun[d] && (d === 0 ? run.head : run.chars).has(b - CHAR) ? 1 : 0;
         if (onRun[d + 1]) return d + 1 <= run.longest;
         // The token leaves the run here: its states so far are the run's.
@@ -651,18 +682,31 @@ export class GrammarConstraint implements TokenConstraint {
         generic[d + 1] = next;
         return next !== null;
       }
+      if (numeric[d] && b >= 0x20 && b !== 0x22 && b !== 0x5c) {
+        // A plain byte in a plain body: as readByte and StringLeaf.step would read it.
+        const next = utf8Step(pendings[d], b);
+        if (next === null) return false;
+        if (onRun[d]) chars.set(sets.subarray(d * k, d * k + k), d * k);
+        if (typeof next === "number") {
+          enterBody(d, counts[d] + 1, null, undefined);
+          // readChar counts from the body before the token; here, d bytes before this one.
+          return readChar(string!, counts[d] - d, chars, k, d + 1, next);
+        }
+        enterBody(d, counts[d], next, undefined);
+        chars.copyWithin((d + 1) * k, d * k, d * k + k);
+        const [lo, hi] = utf8Range(next);
+        return lo <= hi && string!.fits(counts[d], chars, lo, hi, d * k);
+      }
       let ls = leafStates[d];
       if (ls === undefined && onRun[d]) {
-        ls = leafStates[d] = runStates[d] ??= string!.bodyState(body!.count + d, sets, d * k);
+        ls = leafStates[d] = runStates[d] ??= string!.bodyState(counts[d], sets, d * k);
         let step = runSteps.get(d * 256 + b);
         if (step === undefined) runSteps.set(d * 256 + b, step = readByte(leaf, ls, null, b));
         if (step === null) return false;
-        leafStates[d + 1] = step.state;
-        pendings[d + 1] = step.pending;
-        generic[d + 1] = null;
+        stepped(d, step);
         return true;
       }
-      ls ??= leafStates[d] = string!.bodyState(body!.count + d, chars, d * k);
+      ls ??= leafStates[d] = string!.bodyState(counts[d], chars, d * k);
       const p = pendings[d];
       // Once the leaf may end, the grammar goes on from it (it may read more or move on).
       if (p === null && leaf.done(ls)) {
@@ -674,18 +718,19 @@ export class GrammarConstraint implements TokenConstraint {
       }
       const step = readByte(leaf, ls, p, b);
       if (step === null) return false;
-      leafStates[d + 1] = step.state;
-      pendings[d + 1] = step.pending;
-      generic[d + 1] = null;
+      stepped(d, step);
       return true;
     }, (n) => {
       const d = trie.depth[n];
       let left = 0;
       if (budget !== Infinity) {
         const gs = generic[d];
+        const need = pendings[d]?.need ?? 0;
         left = gs
           ? g.distance(gs)
-          : leaf.distance(leafStates[d]) + after + (pendings[d]?.need ?? 0);
+          : numeric[d]
+          ? string!.closeDistance(counts[d], onRun[d] ? sets : chars, d * k) + after + need
+          : leaf.distance(leafStates[d]) + after + need;
       }
       reach = this.#allowAll(trie, n, mask, left, budget, reach);
     });
