@@ -44,8 +44,8 @@ export const PLAN = {
       `positions per run, as --max-batch (default ${DEFAULT_MAX_BATCH}, or the context if shorter)`,
     ),
     "tensor-cores": switchFlag(
-      "the stages run prompts on tensor cores (Dawn on a GPU with subgroup matrices; its start-up " +
-        "line lists them): count their f16 input scratch",
+      "the stages run prompts on tensor cores (TANDEM_MMA=1, Dawn on a GPU with subgroup " +
+        "matrices; its start-up line lists them): count their f16 input scratch",
     ),
   },
 } satisfies Command<FlagTable>;
