@@ -94,6 +94,13 @@ function plainSymbols(text: { cps: number[]; partial: Utf8Partial | null }): num
   return symbols;
 }
 
+/** The most characters `bytes` may add to a text (VocabIndex.maxChars). */
+function charsAtMost(bytes: Uint8Array): number {
+  let starts = 0;
+  for (const b of bytes) if ((b & 0xc0) !== 0x80) starts++;
+  return bytes.length && (bytes[0] & 0xc0) === 0x80 ? starts + 1 : starts;
+}
+
 /** Lexicographic order of symbol lists, a prefix first. */
 function compareSymbols(a: readonly number[], b: readonly number[]): number {
   for (let i = 0; i < a.length && i < b.length; i++) if (a[i] !== b[i]) return a[i] - b[i];
@@ -202,8 +209,15 @@ export class VocabIndex {
   readonly plainNeed: Uint8Array;
   /** The most plain characters a token starts with (all of a plain one's, or a special's first). */
   readonly maxRun: number;
-  /** The longest token's bytes: no token holds more characters (mask keys rely on it). */
+  /** The longest token's bytes: the deepest a walk of the tries goes. */
   readonly maxBytes: number;
+  /**
+   * The most characters a token adds to a string body (mask keys rely on it): one per byte that
+   * begins a UTF-8 character, and one for leading continuation bytes that end one begun before.
+   * A character or escape spans at least that, so this is below maxBytes on a vocabulary with
+   * multi-byte tokens: 49 against 80 on tests/_big_vocab.ts's.
+   */
+  readonly maxChars: number;
   /**
    * Masks by grammar and state key, shared by every constraint over this vocabulary: a grammar
    * revisits few states (inside a string, between keys), and agents send the same schemas and
@@ -238,7 +252,7 @@ export class VocabIndex {
     all.sort((a, b) => (a.key < b.key ? -1 : a.key > b.key ? 1 : 0));
     const special: { id: number; symbols: number[] }[] = [];
     const plain: { id: number; symbols: number[] }[] = [];
-    let maxChars = 0;
+    let maxPlain = 0;
     for (const { id, bytes } of all) {
       const text = plainText(bytes);
       if (!text) {
@@ -249,7 +263,7 @@ export class VocabIndex {
       this.plain[id >>> 5] |= 1 << (id & 31);
       this.plainChars[id] = symbols.length;
       this.plainNeed[id] = text.partial?.need ?? 0;
-      maxChars = Math.max(maxChars, symbols.length);
+      maxPlain = Math.max(maxPlain, symbols.length);
       plain.push({ id, symbols });
     }
     this.all = buildTrie(all.map((e) => ({ id: e.id, symbols: e.bytes })));
@@ -259,8 +273,9 @@ export class VocabIndex {
     this.maxRun = special.reduce((most, e) => {
       const run = e.symbols.findIndex((symbol) => symbol < CHAR);
       return Math.max(most, run < 0 ? e.symbols.length : run);
-    }, maxChars);
+    }, maxPlain);
     this.maxBytes = all.reduce((most, e) => Math.max(most, e.bytes.length), 0);
+    this.maxChars = all.reduce((most, e) => Math.max(most, charsAtMost(e.bytes)), 0);
   }
 
   /** The bytes of token `id` (none for control tokens). */
@@ -457,7 +472,7 @@ export class GrammarConstraint implements TokenConstraint {
    * A walk over the vocabulary lets the event loop turn every SLICE_MS.
    */
   async mask(remaining: number): Promise<Uint32Array> {
-    const key = this.#cacheKey + this.#state.maskKey(this.#vocab.maxBytes);
+    const key = this.#cacheKey + this.#state.maskKey(this.#vocab.maxChars);
     const budget = remaining - 1 > UNCHECKED_BUDGET ? Infinity : remaining - 1;
     // A mask walked with a budget B allows the same tokens as a walk with any budget from its
     // reach up to B: the allowed end within its reach, the refused ones past B.

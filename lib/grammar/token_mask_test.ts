@@ -5,7 +5,9 @@ import assert from "node:assert/strict";
 import { Ajv } from "ajv";
 import { SplitMix64 } from "../sampling/sample.ts";
 import type { Json } from "../server/fields.ts";
-import { tinyTokenizer } from "../../tests/_tiny_tokenizer.ts";
+import { handMetadata, tinyTokenizer } from "../../tests/_tiny_tokenizer.ts";
+import { byteLevelEncode } from "../tokenizer/pre_tokenize.ts";
+import { TextTokenizer, TokenType } from "../tokenizer/tokenizer.ts";
 import { Grammar } from "./grammar.ts";
 import { JsonGrammarBuilder, ref, rule } from "./json_grammar.ts";
 import { GrammarConstraint, VocabIndex } from "./token_mask.ts";
@@ -192,7 +194,7 @@ Deno.test("constraints of one grammar share its masks; another grammar's masks a
   assert.equal(await new GrammarConstraint(yes, vocab).mask(100), first, "computed once");
   // Both grammars' start states have the same key; the masks differ all the same.
   const no = grammarOf({ const: null });
-  assert.equal(no.start().maskKey(vocab.maxBytes), yes.start().maskKey(vocab.maxBytes));
+  assert.equal(no.start().maskKey(vocab.maxChars), yes.start().maskKey(vocab.maxChars));
   const nul = await new GrammarConstraint(no, vocab).mask(100);
   const t = tokenizer.encode("t")[0];
   const n = tokenizer.encode("n")[0];
@@ -220,4 +222,33 @@ Deno.test("constraints at one state asked at once share one walk, unless its bud
     const got = await Promise.all(order.map((remaining) => at(both).mask(remaining)));
     assert.deepEqual(got, order.map((r) => r === 3 ? tight : masks[0]), `order ${order}`);
   }
+});
+
+Deno.test("mask keys look as far as a token's characters reach, not its bytes", async () => {
+  // The longest token is "éééé": 8 bytes, 4 characters.
+  const e = byteLevelEncode("é");
+  const wide = TextTokenizer.fromGguf(
+    handMetadata([[...e].join(" "), `${e} ${e}`, `${e}${e} ${e}${e}`], {
+      extra: [["<|end|>", TokenType.Control]],
+    }),
+  );
+  const index = VocabIndex.of(wide);
+  assert.equal(index.maxBytes, 8);
+  assert.equal(index.maxChars, 4);
+  const schema: Json = { type: "string", maxLength: 20 };
+  const shared = grammarOf(schema);
+  /** A constraint of `grammar` after `count` characters of the string. */
+  const at = (count: number, grammar = shared) => {
+    const c = new GrammarConstraint(grammar, index);
+    for (const id of wide.encode(`"${"a".repeat(count)}`)) c.accept(id);
+    return c;
+  };
+  // 8 and 7 characters from maxLength: apart for a token of 8 characters, alike for one of 4, so
+  // the second reuses the first's mask, which is the one its own walk gives.
+  const twelve = await at(12).mask(100);
+  assert.equal(await at(13).mask(100), twelve, "one key");
+  assert.deepEqual(await at(13, grammarOf(schema)).mask(100), twelve);
+  const four = wide.encode("éééé")[0];
+  assert.ok(allowed(await at(16).mask(100), four), "4 characters fit before maxLength");
+  assert.ok(!allowed(await at(17).mask(100), four), "3 do not");
 });
