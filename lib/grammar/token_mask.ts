@@ -133,6 +133,12 @@ function specialSymbols(bytes: Uint8Array): number[] {
   return symbols;
 }
 
+/**
+ * A leading plain character of a token that is not plain text, whichever it is (VocabIndex.tails):
+ * CHAR + U+0000, which no plain character is.
+ */
+const RUN = CHAR;
+
 /** The code points [lo, hi] an incomplete-character symbol may become, and the bytes it lacks. */
 function partialOf(symbol: number): { lo: number; hi: number; need: number } {
   const lo = symbol >>> 3;
@@ -169,7 +175,8 @@ const CLASS_CACHE = 16;
 /**
  * The plain tokens whose first whole character lies in one class and the others in another (a
  * run's, such as `[A-Z][a-z]{1,30}` or, the same class twice, `[A-Za-z ,.]{1,40}`; or every
- * character), by length, and where the others leave them.
+ * character), by length, and where the others leave them; likewise the tokens that are not plain
+ * text, by their leading plain characters.
  */
 interface ClassTokens {
   /** Per c up to SHORT_CHARS: the tokens of at most c whole characters, as a mask. */
@@ -183,10 +190,39 @@ interface ClassTokens {
   readonly partialSymbol: Uint32Array;
   /**
    * The plain trie's nodes of a whole character outside the classes after r inside them (their
-   * subtrees are every other plain token), by r and then symbol: r's from exitFrom[r] on.
+   * subtrees are every other plain token).
    */
-  readonly exits: Uint32Array;
-  readonly exitFrom: Uint32Array;
+  readonly exits: Exits;
+  /** The tokens that are not plain text whose leading plain characters lie in the classes. */
+  readonly specialOnRun: Uint32Array;
+  /** The special trie's nodes of a leading character outside the classes, as `exits`. */
+  readonly specialExits: Exits;
+}
+
+/** Trie nodes by r (characters of a run before them) and then symbol: r's from from[r] on. */
+interface Exits {
+  readonly nodes: Uint32Array;
+  readonly from: Uint32Array;
+}
+
+/** Exits of `trie` from lists of its nodes by r, each list in preorder. */
+function exitsOf(trie: TokenTrie, lists: readonly number[][]): Exits {
+  const { symbol } = trie;
+  const from = new Uint32Array(lists.length + 1);
+  lists.forEach((list, r) => from[r + 1] = from[r] + list.length);
+  const nodes = new Uint32Array(from[lists.length]);
+  lists.forEach((list, r) => {
+    // The roots come in order; deeper exits come by parent, sorted as symbol·2³² + node.
+    if (list.every((n, i) => i === 0 || symbol[list[i - 1]] <= symbol[n])) {
+      nodes.set(list, from[r]);
+      return;
+    }
+    const keys = new Float64Array(list.length);
+    for (let i = 0; i < list.length; i++) keys[i] = symbol[list[i]] * 2 ** 32 + list[i];
+    keys.sort();
+    for (let i = 0; i < keys.length; i++) nodes[from[r] + i] = keys[i] % 2 ** 32;
+  });
+  return { nodes, from };
 }
 
 /** The vocabulary as the mask walks need it, built once per tokenizer. */
@@ -200,6 +236,13 @@ export class VocabIndex {
    * body still reads.
    */
   readonly special: TokenTrie;
+  /**
+   * The same tokens with each leading plain character as RUN: a body reads those of a run alike
+   * (#run), so this trie walks what follows them once per number of them and text after, not per
+   * token (25,047 tokens on tests/_big_vocab.ts; their 15,927 nodes of leading characters here
+   * are at most 48, one per number).
+   */
+  readonly tails: TokenTrie;
   /** Plain string text tokens by their characters, as a string body reads them. */
   readonly plainTrie: TokenTrie;
   /** Plain string text tokens as a mask, and their characters and missing bytes by id. */
@@ -268,6 +311,11 @@ export class VocabIndex {
     }
     this.all = buildTrie(all.map((e) => ({ id: e.id, symbols: e.bytes })));
     this.special = buildTrie(special.sort((a, b) => compareSymbols(a.symbols, b.symbols)));
+    const tails = special.map((e) => ({
+      id: e.id,
+      symbols: e.symbols.map((x) => Math.min(x, RUN)),
+    }));
+    this.tails = buildTrie(tails.sort((a, b) => compareSymbols(a.symbols, b.symbols)));
     this.plainTrie = buildTrie(plain);
     this.plainIds = Uint32Array.from(plain, (e) => e.id);
     this.maxRun = special.reduce((most, e) => {
@@ -322,29 +370,36 @@ export class VocabIndex {
     for (let c = 1; c <= SHORT_CHARS; c++) {
       for (let w = 0; w < upTo[c].length; w++) upTo[c][w] |= upTo[c - 1][w];
     }
-    const exitFrom = new Uint32Array(exits.length + 1);
-    exits.forEach((list, r) => exitFrom[r + 1] = exitFrom[r] + list.length);
-    const sorted = new Uint32Array(exitFrom[exits.length]);
-    exits.forEach((list, r) => {
-      // The roots come in order; deeper exits come by parent, sorted as symbol·2³² + node.
-      if (list.every((n, i) => i === 0 || symbol[list[i - 1]] <= symbol[n])) {
-        sorted.set(list, exitFrom[r]);
-        return;
-      }
-      const keys = new Float64Array(list.length);
-      for (let i = 0; i < list.length; i++) keys[i] = symbol[list[i]] * 2 ** 32 + list[i];
-      keys.sort();
-      for (let i = 0; i < keys.length; i++) sorted[exitFrom[r] + i] = keys[i] % 2 ** 32;
-    });
     return {
       upTo,
       counts,
       long: Uint32Array.from(long),
       partial: Uint32Array.from(partial),
       partialSymbol: Uint32Array.from(partialSymbol),
-      exits: sorted,
-      exitFrom,
+      exits: exitsOf(this.plainTrie, exits),
+      ...this.#specialOnRun(head, chars),
     };
+  }
+
+  /**
+   * The tokens that are not plain text whose leading characters lie in `head` and then `chars`,
+   * and the special trie's nodes where the others leave those classes.
+   */
+  #specialOnRun(head: CharSet, chars: CharSet): Pick<ClassTokens, "specialOnRun" | "specialExits"> {
+    const { symbol, depth, end, first, ids } = this.special;
+    const onRun = new Uint32Array(this.plain.length);
+    const exits = Array.from({ length: this.maxRun + 1 }, (): number[] => []);
+    for (let n = 0; n < symbol.length;) {
+      if (symbol[n] < CHAR) {
+        // Past the leading characters: every token of the subtree (ids in preorder) is on the run.
+        for (let t = first[n]; t < first[end[n]]; t++) onRun[ids[t] >>> 5] |= 1 << (ids[t] & 31);
+        n = end[n];
+      } else if (!(depth[n] === 1 ? head : chars).has(symbol[n] - CHAR)) {
+        exits[depth[n] - 1].push(n);
+        n = end[n];
+      } else n++;
+    }
+    return { specialOnRun: onRun, specialExits: exitsOf(this.special, exits) };
   }
 
   static #cache = new WeakMap<TextTokenizer, VocabIndex>();
@@ -559,7 +614,10 @@ export class GrammarConstraint implements TokenConstraint {
     return Math.max(reach, budget === Infinity ? UNCHECKED_REACH : left);
   }
 
-  /** Allows the tokens trie node `n` spells if `left` bytes fit the budget; the reach so far. */
+  /**
+   * Allows the tokens trie node `n` spells (those of `only` when given) if `left` bytes fit the
+   * budget; the reach so far.
+   */
   #allowAll(
     trie: TokenTrie,
     n: number,
@@ -567,9 +625,13 @@ export class GrammarConstraint implements TokenConstraint {
     left: number,
     budget: number,
     reach: number,
+    only?: Uint32Array,
   ): number {
     for (let t = trie.first[n]; t < trie.first[n + 1]; t++) {
-      reach = this.#allow(mask, trie.ids[t], left, budget, reach);
+      const id = trie.ids[t];
+      if (!only || (only[id >>> 5] >>> (id & 31)) & 1) {
+        reach = this.#allow(mask, id, left, budget, reach);
+      }
     }
     return reach;
   }
@@ -600,7 +662,8 @@ export class GrammarConstraint implements TokenConstraint {
    * The walk inside one leaf (a string or number being written): tokens step the leaf itself
    * until it ends, and only then the grammar. In a string body, the plain text tokens of its run
    * are allowed by length, the other plain ones step its patterns by character from where they
-   * leave the run, and only the tokens that are not plain text are walked byte by byte.
+   * leave the run, and only the tokens that are not plain text are walked byte by byte, past
+   * leading characters of the run once per number of them (VocabIndex.tails).
    */
   async #leafWalk(
     cursor: LeafCursor,
@@ -627,7 +690,6 @@ export class GrammarConstraint implements TokenConstraint {
         this.#byClass(string, body.count, run, sets, after, budget, mask),
         await this.#exitWalk(string, body.count, run, sets, after, budget, mask, slices),
       );
-      trie = v.special;
     }
     // Per depth, the parse so far, in one of three forms: the grammar's state once the leaf has
     // ended inside the token (generic); the leaf's state as an object (leafStates), as a byte
@@ -680,14 +742,23 @@ export class GrammarConstraint implements TokenConstraint {
       pendings[d + 1] = step.pending;
       generic[d + 1] = null;
     };
-    await walkTrie(trie, slices, (n) => {
+    /** Depth d + 1 as one more character of the run. */
+    const runChar = (d: number) => {
+      enterBody(d, counts[d] + 1, null, undefined);
+      onRun[d + 1] = 1;
+    };
+    // The tokens that walkTrie allows: only those of `only` when given.
+    let only: Uint32Array | undefined;
+    const step = (n: number) => {
       const d = trie.depth[n] - 1;
       const b = trie.symbol[n];
-      if (b >= CHAR) {
+      if (b === RUN) {
+        runChar(d);
+        return d + 1 <= run.longest;
+      }
+      if (b > RUN) {
+        // A leading character that leaves the run here (exit walks start at those) or after.
         enterBody(d, counts[d] + 1, null, undefined);
-        onRun[d + 1] = onRun[d] && (d === 0 ? run.head : run.chars).has(b - CHAR) ? 1 : 0;
-        if (onRun[d + 1]) return d + 1 <= run.longest;
-        // The token leaves the run here: its states so far are the run's.
         if (onRun[d]) chars.set(sets.subarray(d * k, d * k + k), d * k);
         return readChar(string!, body!.count, chars, k, d + 1, b - CHAR);
       }
@@ -731,11 +802,12 @@ export class GrammarConstraint implements TokenConstraint {
         generic[d + 1] = next;
         return next !== null;
       }
-      const step = readByte(leaf, ls, p, b);
-      if (step === null) return false;
-      stepped(d, step);
+      const next = readByte(leaf, ls, p, b);
+      if (next === null) return false;
+      stepped(d, next);
       return true;
-    }, (n) => {
+    };
+    const spelt = (n: number) => {
       const d = trie.depth[n];
       let left = 0;
       if (budget !== Infinity) {
@@ -747,8 +819,30 @@ export class GrammarConstraint implements TokenConstraint {
           ? string!.closeDistance(counts[d], onRun[d] ? sets : chars, d * k) + after + need
           : leaf.distance(leafStates[d]) + after + need;
       }
-      reach = this.#allowAll(trie, n, mask, left, budget, reach);
-    });
+      reach = this.#allowAll(trie, n, mask, left, budget, reach, only);
+    };
+    if (!string || !body) {
+      await walkTrie(trie, slices, step, spelt);
+      return reach;
+    }
+    // In a body, the tokens that are not plain text: those whose leading characters are of the
+    // run once per number of them and text after; then the others from where they leave it, the
+    // depths up to there as the run left them.
+    const tokens = v.classTokens(run.head, run.chars);
+    trie = v.tails;
+    only = tokens.specialOnRun;
+    await walkTrie(trie, slices, step, spelt);
+    for (let d = 0; d < run.longest; d++) runChar(d);
+    trie = v.special;
+    only = undefined;
+    const spans = exitSpans(
+      trie,
+      tokens.specialExits,
+      run.longest,
+      (r) => readsAt(string, sets, r),
+      (cp) => CHAR + cp,
+    );
+    await walkTrie(trie, slices, step, spelt, spans);
     return reach;
   }
 
@@ -762,8 +856,7 @@ export class GrammarConstraint implements TokenConstraint {
     // The part of `within` that steps every pattern's state after l characters alike.
     const alike = (l: number, within: CharSet) =>
       patterns.reduce((part, p, i) => p.alike(sets[l * k + i], part), within);
-    const readsAt = (l: number) => CharSet.common(patterns.map((p, i) => p.reads(sets[l * k + i])));
-    const head = alike(0, readsAt(0));
+    const head = alike(0, readsAt(leaf, sets, 0));
     let chars = head;
     const most = this.#vocab.maxRun;
     let longest = 0;
@@ -773,7 +866,7 @@ export class GrammarConstraint implements TokenConstraint {
       // A longer token reads on from here: after the first character, the class that steps the
       // states alike; then the part of it that still does (a part of a class steps as the rest
       // did before, so the states so far still hold).
-      if (l < most) chars = alike(l, l === 1 ? readsAt(1) : chars);
+      if (l < most) chars = alike(l, l === 1 ? readsAt(leaf, sets, 1) : chars);
     }
     // A loop's class (the same after the first character) serves every length of it. A first
     // character of one class and one or two of another would have their classes built for that
@@ -853,26 +946,16 @@ export class GrammarConstraint implements TokenConstraint {
   ): Promise<number> {
     const v = this.#vocab;
     const trie = v.plainTrie;
-    const { patterns } = leaf.rules;
-    const k = patterns.length;
-    const { exits, exitFrom } = v.classTokens(run.head, run.chars);
+    const k = leaf.rules.patterns.length;
+    const { exits } = v.classTokens(run.head, run.chars);
     const states = sets.slice();
-    // A pattern reads few of the vocabulary's tens of thousands of characters: after r characters
-    // of the run, walk only the exits the states there read. Longest runs first: a walk writes
-    // only the states deeper than its run's, which those walks have done with.
-    const spans: number[] = [];
-    for (let r = run.longest; r >= 0; r--) {
-      const reads = CharSet.common(patterns.map((p, i) => p.reads(sets[r * k + i]))).ranges;
-      for (let i = 0; i < reads.length; i += 2) {
-        const to = exitAt(trie, exits, exitFrom[r], exitFrom[r + 1], 8 * (reads[i + 1] + 1));
-        for (let e = exitAt(trie, exits, exitFrom[r], to, 8 * reads[i]); e < to; e++) {
-          // Exits side by side in the trie walk as one span.
-          const n = exits[e];
-          if (spans.length && spans.at(-1) === n) spans[spans.length - 1] = trie.end[n];
-          else spans.push(n, trie.end[n]);
-        }
-      }
-    }
+    const spans = exitSpans(
+      trie,
+      exits,
+      run.longest,
+      (r) => readsAt(leaf, sets, r),
+      (cp) => 8 * cp,
+    );
     let reach = -1;
     await walkTrie(trie, slices, (n) => {
       const d = trie.depth[n];
@@ -908,6 +991,43 @@ interface Run {
 }
 
 const NO_RUN: Run = { head: CharSet.EMPTY, chars: CharSet.EMPTY, longest: 0 };
+
+/** The characters that every pattern of `leaf` reads after l characters of a run, by `sets`. */
+function readsAt(leaf: StringLeaf, sets: Int32Array, l: number): CharSet {
+  const { patterns } = leaf.rules;
+  return CharSet.common(patterns.map((p, i) => p.reads(sets[l * patterns.length + i])));
+}
+
+/**
+ * The spans of `trie` that walk its `exits` after each number of a run's characters up to
+ * `longest`: only those whose character the states there read (`reads`, as code point ranges;
+ * `symbolOf`, a character's least symbol), as a pattern reads few of the vocabulary's tens of
+ * thousands of characters. Longest runs first: a walk writes only the states deeper than its
+ * run's, which those walks have done with.
+ */
+function exitSpans(
+  trie: TokenTrie,
+  exits: Exits,
+  longest: number,
+  reads: (r: number) => CharSet,
+  symbolOf: (cp: number) => number,
+): number[] {
+  const { nodes, from } = exits;
+  const spans: number[] = [];
+  for (let r = longest; r >= 0; r--) {
+    const ranges = reads(r).ranges;
+    for (let i = 0; i < ranges.length; i += 2) {
+      const to = exitAt(trie, nodes, from[r], from[r + 1], symbolOf(ranges[i + 1] + 1));
+      for (let e = exitAt(trie, nodes, from[r], to, symbolOf(ranges[i])); e < to; e++) {
+        // Exits side by side in the trie walk as one span.
+        const n = nodes[e];
+        if (spans.length && spans.at(-1) === n) spans[spans.length - 1] = trie.end[n];
+        else spans.push(n, trie.end[n]);
+      }
+    }
+  }
+  return spans;
+}
 
 /** The first of exits[from…to) whose node's symbol is `symbol` or more (`to` when none). */
 function exitAt(

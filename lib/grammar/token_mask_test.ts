@@ -8,6 +8,7 @@ import type { Json } from "../server/fields.ts";
 import { handMetadata, tinyTokenizer } from "../../tests/_tiny_tokenizer.ts";
 import { byteLevelEncode } from "../tokenizer/pre_tokenize.ts";
 import { TextTokenizer, TokenType } from "../tokenizer/tokenizer.ts";
+import { CharSet } from "./charset.ts";
 import { Grammar } from "./grammar.ts";
 import { JsonGrammarBuilder, ref, rule } from "./json_grammar.ts";
 import { GrammarConstraint, VocabIndex } from "./token_mask.ts";
@@ -251,4 +252,53 @@ Deno.test("mask keys look as far as a token's characters reach, not its bytes", 
   const four = wide.encode("éééé")[0];
   assert.ok(allowed(await at(16).mask(100), four), "4 characters fit before maxLength");
   assert.ok(!allowed(await at(17).mask(100), four), "3 do not");
+});
+
+Deno.test("a class's tokens that are not plain text: its own by their leading characters, the others where they leave it", () => {
+  const quote = '"';
+  const newline = byteLevelEncode("\n");
+  const hand = TextTokenizer.fromGguf(
+    handMetadata(
+      [
+        "a b",
+        `ab ${quote}`,
+        "Z b",
+        `Zb ${quote}`,
+        "a 1",
+        `a1 ${newline}`,
+        `1 ${quote}`,
+        `${quote} x`,
+      ],
+      { extra: [["<|end|>", TokenType.Control]] },
+    ),
+  );
+  const index = VocabIndex.of(hand);
+  const lower = CharSet.range(0x61, 0x7a);
+  const tokens = index.classTokens(lower, lower);
+  const { special } = index;
+  // By text: encoding splits a quote from the letters before it.
+  const id = (text: string) =>
+    special.ids.find((t) => new TextDecoder().decode(index.bytesOf(t)) === text)!;
+  const isOnRun = (t: number) => allowed(tokens.specialOnRun, t);
+  /** The exits (as r, the run's characters before them) whose subtrees hold token t. */
+  const exitsOver = (t: number) => {
+    const at = special.ids.indexOf(t);
+    const { nodes, from } = tokens.specialExits;
+    const rs: number[] = [];
+    for (let r = 0; r + 1 < from.length; r++) {
+      for (let e = from[r]; e < from[r + 1]; e++) {
+        const n = nodes[e];
+        if (special.first[n] <= at && at < special.first[special.end[n]]) rs.push(r);
+      }
+    }
+    return rs;
+  };
+  assert.ok(isOnRun(id('ab"')) && isOnRun(id('"x')), "leading characters of the class, or none");
+  assert.deepEqual(exitsOver(id('Zb"')), [0]);
+  assert.deepEqual(exitsOver(id('1"')), [0]);
+  assert.deepEqual(exitsOver(id("a1\n")), [1]);
+  // Every token that is not plain text is one or the other, once.
+  for (const t of special.ids) {
+    assert.equal(exitsOver(t).length + (isOnRun(t) ? 1 : 0), 1, JSON.stringify(index.bytesOf(t)));
+  }
 });
