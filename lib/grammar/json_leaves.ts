@@ -23,6 +23,16 @@ const SIMPLE_ESCAPES: Readonly<Record<number, number>> = {
   0x74: 9,
 };
 
+/**
+ * The escapes whose letter is a plain character of a string body, by letter: the character each
+ * stands for (`\"` and `\\` begin with bytes that are not plain text; `\u` reads hex digits).
+ */
+export const LETTER_ESCAPES: ReadonlyMap<number, number> = new Map(
+  Object.entries(SIMPLE_ESCAPES)
+    .map(([letter, c]) => [Number(letter), c] as const)
+    .filter(([letter]) => letter !== QUOTE && letter !== BACKSLASH),
+);
+
 function hexValue(cp: number): number {
   if (cp >= 0x30 && cp <= 0x39) return cp - 0x30;
   if (cp >= 0x41 && cp <= 0x46) return cp - 0x37;
@@ -275,6 +285,16 @@ export class StringLeaf implements Leaf<StringState> {
    */
   plainBody(s: StringState): { readonly count: number; readonly sets: readonly number[] } | null {
     return s.phase === 1 && s.esc === 0 && s.prefix === null ? s : null;
+  }
+
+  /**
+   * The body's character count and pattern states right after a backslash, when the escaped
+   * character is read by count and patterns alone (no excluded name in reach); null otherwise.
+   */
+  afterBackslash(
+    s: StringState,
+  ): { readonly count: number; readonly sets: readonly number[] } | null {
+    return s.phase === 1 && s.esc === 1 && s.prefix === null ? s : null;
   }
 
   /**

@@ -6,7 +6,7 @@ import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
 import { CharSet } from "./charset.ts";
 import { type Grammar, GrammarError, type LeafCursor, type ParseState } from "./grammar.ts";
 import { Lru } from "./lru.ts";
-import { StringLeaf } from "./json_leaves.ts";
+import { LETTER_ESCAPES, StringLeaf } from "./json_leaves.ts";
 import { type Utf8Partial, utf8Range, utf8Step } from "./utf8.ts";
 
 /**
@@ -678,10 +678,13 @@ export class GrammarConstraint implements TokenConstraint {
     let trie = v.all;
     const string = leaf instanceof StringLeaf ? leaf : null;
     const body = string?.plainBody(cursor.state as never) ?? null;
+    const escape = body ? null : string?.afterBackslash(cursor.state as never) ?? null;
+    // The body's characters before the token.
+    const start = (body ?? escape)?.count ?? 0;
     const k = string?.rules.patterns.length ?? 0;
     // In a body, the patterns' states after each number of characters of its run (#run), k at a
     // time, which every token's leading characters of the run's classes share.
-    const sets = new Int32Array(body ? (v.maxRun + 1) * k : 0);
+    const sets = new Int32Array(body || escape ? (v.maxRun + 1) * k : 0);
     let run = NO_RUN;
     if (string && body) {
       sets.set(body.sets);
@@ -712,10 +715,10 @@ export class GrammarConstraint implements TokenConstraint {
     const leafStates: unknown[] = [cursor.state];
     const pendings: (Utf8Partial | null)[] = [null];
     const generic: (ParseState | null)[] = [null];
+    counts[0] = start;
     if (body) {
       onRun[0] = 1;
       numeric[0] = 1;
-      counts[0] = body.count;
     }
     // The grammar's state once the leaf ended, per ended leaf state (tokens share them).
     const ended = new Map<unknown, ParseState>();
@@ -760,7 +763,7 @@ export class GrammarConstraint implements TokenConstraint {
         // A leading character that leaves the run here (exit walks start at those) or after.
         enterBody(d, counts[d] + 1, null, undefined);
         if (onRun[d]) chars.set(sets.subarray(d * k, d * k + k), d * k);
-        return readChar(string!, body!.count, chars, k, d + 1, b - CHAR);
+        return readChar(string!, start, chars, k, d + 1, b - CHAR);
       }
       const gs = generic[d];
       if (gs) {
@@ -821,57 +824,99 @@ export class GrammarConstraint implements TokenConstraint {
       }
       reach = this.#allowAll(trie, n, mask, left, budget, reach, only);
     };
-    if (!string || !body) {
-      await walkTrie(trie, slices, step, spelt);
+    /**
+     * The tokens that are not plain text, from `tails` spans: those whose leading characters are
+     * of the run once per number of them and text after; then the others from where they leave
+     * it, the depths up to there as the run left them.
+     */
+    const specialWalks = async (tails: readonly number[]) => {
+      const tokens = v.classTokens(run.head, run.chars);
+      trie = v.tails;
+      only = tokens.specialOnRun;
+      await walkTrie(trie, slices, step, spelt, tails);
+      for (let d = 0; d < run.longest; d++) runChar(d);
+      trie = v.special;
+      only = undefined;
+      const spans = exitSpans(
+        trie,
+        tokens.specialExits,
+        run,
+        (r) => readsAt(string!, sets, r),
+        (cp) => CHAR + cp,
+      );
+      await walkTrie(trie, slices, step, spelt, spans);
+    };
+    if (string && body) {
+      await specialWalks([0, v.tails.symbol.length]);
       return reach;
     }
-    // In a body, the tokens that are not plain text: those whose leading characters are of the
-    // run once per number of them and text after; then the others from where they leave it, the
-    // depths up to there as the run left them.
-    const tokens = v.classTokens(run.head, run.chars);
-    trie = v.tails;
-    only = tokens.specialOnRun;
+    if (string && escape) {
+      // After a backslash, a token that starts with an escape's letter reads its character, then
+      // goes on as in a body ("\nothing": a newline, then "othing"): per group of letters whose
+      // characters step the states alike, a run with them as its head, as #run makes a body's.
+      const groups = new Map<string, number[]>();
+      for (const [letter, c] of LETTER_ESCAPES) {
+        sets.set(escape.sets);
+        if (!readChar(string, start, sets, k, 1, c)) continue;
+        const key = sets.subarray(k, 2 * k).join();
+        const group = groups.get(key);
+        if (group) group.push(letter);
+        else groups.set(key, [letter]);
+      }
+      for (const letters of groups.values()) {
+        sets.set(escape.sets);
+        readChar(string, start, sets, k, 1, LETTER_ESCAPES.get(letters[0])!);
+        run = this.#run(string, start, sets, CharSet.of(...letters));
+        reach = Math.max(
+          reach,
+          this.#byClass(string, start, run, sets, after, budget, mask),
+          await this.#exitWalk(string, start, run, sets, after, budget, mask, slices),
+        );
+        // The run's states by depth are this group's.
+        runStates.length = 0;
+        runSteps.clear();
+        await specialWalks(rootSpans(v.tails, (symbol) => symbol === RUN));
+      }
+      // The tokens of other first bytes byte by byte: '"', '\\', 'u' (hex digits follow) and the
+      // letters of escapes the string refuses here.
+      const read = new Set([...groups.values()].flat());
+      trie = v.all;
+      await walkTrie(trie, slices, step, spelt, rootSpans(trie, (symbol) => !read.has(symbol)));
+      return reach;
+    }
     await walkTrie(trie, slices, step, spelt);
-    for (let d = 0; d < run.longest; d++) runChar(d);
-    trie = v.special;
-    only = undefined;
-    const spans = exitSpans(
-      trie,
-      tokens.specialExits,
-      run.longest,
-      (r) => readsAt(string, sets, r),
-      (cp) => CHAR + cp,
-    );
-    await walkTrie(trie, slices, step, spelt, spans);
     return reach;
   }
 
   /**
    * The run of a string body of `count` characters, its patterns' states at sets[0…k]: its
    * states after each number of characters in sets, k at a time, from the most it reads down.
+   * After a backslash, `letters` are those of escapes whose characters step the states alike,
+   * one of them read into sets[k…2k] already: the run's head.
    */
-  #run(leaf: StringLeaf, count: number, sets: Int32Array): Run {
+  #run(leaf: StringLeaf, count: number, sets: Int32Array, letters?: CharSet): Run {
     const { patterns } = leaf.rules;
     const k = patterns.length;
     // The part of `within` that steps every pattern's state after l characters alike.
     const alike = (l: number, within: CharSet) =>
       patterns.reduce((part, p, i) => p.alike(sets[l * k + i], part), within);
-    const head = alike(0, readsAt(leaf, sets, 0));
+    const head = letters ?? alike(0, readsAt(leaf, sets, 0));
     let chars = head;
     const most = this.#vocab.maxRun;
     let longest = 0;
     for (let l = 1; l <= most && !chars.empty; l++) {
-      if (!readChar(leaf, count, sets, k, l, chars.ranges[0])) break;
+      if (!(letters && l === 1) && !readChar(leaf, count, sets, k, l, chars.ranges[0])) break;
       longest = l;
       // A longer token reads on from here: after the first character, the class that steps the
       // states alike; then the part of it that still does (a part of a class steps as the rest
       // did before, so the states so far still hold).
       if (l < most) chars = alike(l, l === 1 ? readsAt(leaf, sets, 1) : chars);
     }
+    if (letters) return { head, chars, longest, shortest: 1 };
     // A loop's class (the same after the first character) serves every length of it. A first
     // character of one class and one or two of another would have their classes built for that
     // alone (a date's "-0", "01", a sentence's "x."), to save little: the empty run serves them.
-    return longest < 3 && !head.equals(chars) ? NO_RUN : { head, chars, longest };
+    return longest < 3 && !head.equals(chars) ? NO_RUN : { head, chars, longest, shortest: 0 };
   }
 
   /**
@@ -915,10 +960,11 @@ export class GrammarConstraint implements TokenConstraint {
       const l = v.plainChars[id];
       if (l <= longest && fits[l]) mask[id >>> 5] |= 1 << (id & 31);
     }
-    // A token that ends in an incomplete character: some completion must fit, as the walk checks.
+    // A token that ends in an incomplete character: some completion must fit, as the walk checks
+    // (one of no whole character does not start an escape).
     tokens.partial.forEach((id, t) => {
       const whole = v.plainChars[id] - 1;
-      if (whole > longest) return;
+      if (whole > longest || whole < run.shortest) return;
       const { lo, hi, need } = partialOf(tokens.partialSymbol[t]);
       if (!leaf.fits(count + whole, sets, lo, hi, whole * k)) return;
       const left = budget === Infinity
@@ -952,7 +998,7 @@ export class GrammarConstraint implements TokenConstraint {
     const spans = exitSpans(
       trie,
       exits,
-      run.longest,
+      run,
       (r) => readsAt(leaf, sets, r),
       (cp) => 8 * cp,
     );
@@ -982,15 +1028,17 @@ export class GrammarConstraint implements TokenConstraint {
 
 /**
  * A string body's run: its first character from `head` and the others from `chars`, each class
- * stepping the states alike, for up to `longest` characters.
+ * stepping the states alike, for up to `longest` characters. Tokens leave it after `shortest`
+ * characters or more: 1 after a backslash, where `head` is the letters of the escapes read.
  */
 interface Run {
   readonly head: CharSet;
   readonly chars: CharSet;
   readonly longest: number;
+  readonly shortest: number;
 }
 
-const NO_RUN: Run = { head: CharSet.EMPTY, chars: CharSet.EMPTY, longest: 0 };
+const NO_RUN: Run = { head: CharSet.EMPTY, chars: CharSet.EMPTY, longest: 0, shortest: 0 };
 
 /** The characters that every pattern of `leaf` reads after l characters of a run, by `sets`. */
 function readsAt(leaf: StringLeaf, sets: Int32Array, l: number): CharSet {
@@ -999,22 +1047,22 @@ function readsAt(leaf: StringLeaf, sets: Int32Array, l: number): CharSet {
 }
 
 /**
- * The spans of `trie` that walk its `exits` after each number of a run's characters up to
- * `longest`: only those whose character the states there read (`reads`, as code point ranges;
- * `symbolOf`, a character's least symbol), as a pattern reads few of the vocabulary's tens of
- * thousands of characters. Longest runs first: a walk writes only the states deeper than its
- * run's, which those walks have done with.
+ * The spans of `trie` that walk its `exits` after each number of `run`'s characters a token may
+ * leave it after: only those whose character the states there read (`reads`, as code point
+ * ranges; `symbolOf`, a character's least symbol), as a pattern reads few of the vocabulary's
+ * tens of thousands of characters. Longest runs first: a walk writes only the states deeper than
+ * its run's, which those walks have done with.
  */
 function exitSpans(
   trie: TokenTrie,
   exits: Exits,
-  longest: number,
+  run: Run,
   reads: (r: number) => CharSet,
   symbolOf: (cp: number) => number,
 ): number[] {
   const { nodes, from } = exits;
   const spans: number[] = [];
-  for (let r = longest; r >= 0; r--) {
+  for (let r = run.longest; r >= run.shortest; r--) {
     const ranges = reads(r).ranges;
     for (let i = 0; i < ranges.length; i += 2) {
       const to = exitAt(trie, nodes, from[r], from[r + 1], symbolOf(ranges[i + 1] + 1));
@@ -1025,6 +1073,17 @@ function exitSpans(
         else spans.push(n, trie.end[n]);
       }
     }
+  }
+  return spans;
+}
+
+/** The spans of `trie` that walk the subtrees of its first symbols that `keep` keeps. */
+function rootSpans(trie: TokenTrie, keep: (symbol: number) => boolean): number[] {
+  const spans: number[] = [];
+  for (let n = 0; n < trie.symbol.length; n = trie.end[n]) {
+    if (!keep(trie.symbol[n])) continue;
+    if (spans.length && spans.at(-1) === n) spans[spans.length - 1] = trie.end[n];
+    else spans.push(n, trie.end[n]);
   }
   return spans;
 }

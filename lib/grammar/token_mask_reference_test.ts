@@ -265,12 +265,42 @@ Deno.test("masks equal the brute-force reference on a 248,320-token vocabulary",
     additionalProperties: false,
   };
   await checkWalk(schemaGrammar(schema), vocab, r, 30, "big vocabulary");
+  /** A constraint of `g` and its state after `text`, fed a byte token at a time. */
+  const after = (g: Grammar, text: string) => {
+    const c = new GrammarConstraint(g, vocab, { sliceMs: Infinity });
+    let state = g.start();
+    for (const b of new TextEncoder().encode(text)) {
+      c.accept(vocab.all.ids.find((id) => vocab.bytesOf(id).join() === String(b))!);
+      state = g.feed(state, b)!;
+    }
+    return { c, state };
+  };
   // At a string's first character with minLength 2: ' "' closes it too soon, '  "' and '!("' do
   // not (tokens that start with plain characters share the body's state per length, not across).
   const short = schemaGrammar({ type: "string", minLength: 2 });
-  const quote = vocab.all.ids.find((id) => vocab.bytesOf(id).join() === "34")!;
-  const c = new GrammarConstraint(short, vocab, { sliceMs: Infinity });
-  c.accept(quote);
-  const state = short.feed(short.start(), 0x22)!;
-  sameMask(await c.mask(100), referenceMask(short, vocab, state, 100), vocab, "minLength 2");
+  const first = after(short, '"');
+  sameMask(
+    await first.c.mask(100),
+    referenceMask(short, vocab, first.state, 100),
+    vocab,
+    "minLength 2",
+  );
+  // Right after a backslash, tokens that start with an escape's letter ("nothing") read its
+  // character, then go on as a body does: escapes that the pattern or bounds refuse ('.' reads no
+  // newline), that leave no room, or that step the pattern apart from the others; tight budgets.
+  const escapes: [Json, string][] = [
+    [{ type: "string", pattern: "^.{0,30}$", minLength: 2 }, '"ab\\'],
+    [{ type: "string", maxLength: 6 }, '"abcd\\'],
+    [{ type: "string", pattern: "^[a-z\\n]{0,8}$" }, '"ab\\'],
+    [{ type: "string", pattern: "^(\\t[a-z]+|\\n[0-9]+|/x)$" }, '"\\'],
+    [{ type: "string", minLength: 12 }, '"\\'],
+  ];
+  for (const [schema, text] of escapes) {
+    const g = schemaGrammar(schema);
+    for (const remaining of [100, 4]) {
+      const { c, state } = after(g, text);
+      const label = `${JSON.stringify(schema)} after ${JSON.stringify(text)}, ${remaining} left`;
+      sameMask(await c.mask(remaining), referenceMask(g, vocab, state, remaining), vocab, label);
+    }
+  }
 });
