@@ -245,6 +245,13 @@ export class VocabIndex {
   readonly tails: TokenTrie;
   /** Plain string text tokens by their characters, as a string body reads them. */
   readonly plainTrie: TokenTrie;
+  /**
+   * The tokens that are '"' and then plain text, by that text's characters (7,348 tokens start
+   * with '"' on tests/_big_vocab.ts, 6,666 of them so), and the other tokens that start with '"',
+   * by their bytes: a quote that opens a string, or an escaped one, enters a body.
+   */
+  readonly quoted: TokenTrie;
+  readonly quotedOthers: TokenTrie;
   /** Plain string text tokens as a mask, and their characters and missing bytes by id. */
   readonly plain: Uint32Array;
   readonly plainIds: Uint32Array;
@@ -317,6 +324,16 @@ export class VocabIndex {
     }));
     this.tails = buildTrie(tails.sort((a, b) => compareSymbols(a.symbols, b.symbols)));
     this.plainTrie = buildTrie(plain);
+    const quoted: { id: number; symbols: number[] }[] = [];
+    const quotedOthers: { id: number; symbols: Uint8Array }[] = [];
+    for (const { id, bytes } of all) {
+      if (bytes[0] !== 0x22) continue;
+      const text = bytes.length > 1 ? plainText(bytes.subarray(1)) : null;
+      if (text) quoted.push({ id, symbols: plainSymbols(text) });
+      else quotedOthers.push({ id, symbols: bytes });
+    }
+    this.quoted = buildTrie(quoted.sort((a, b) => compareSymbols(a.symbols, b.symbols)));
+    this.quotedOthers = buildTrie(quotedOthers);
     this.plainIds = Uint32Array.from(plain, (e) => e.id);
     this.maxRun = special.reduce((most, e) => {
       const run = e.symbols.findIndex((symbol) => symbol < CHAR);
@@ -850,6 +867,8 @@ export class GrammarConstraint implements TokenConstraint {
       await specialWalks([0, v.tails.symbol.length]);
       return reach;
     }
+    // First bytes whose tokens are walked apart.
+    const apart = new Set<number>();
     if (string && escape) {
       // After a backslash, a token that starts with an escape's letter reads its character, then
       // goes on as in a body ("\nothing": a newline, then "othing"): per group of letters whose
@@ -877,14 +896,28 @@ export class GrammarConstraint implements TokenConstraint {
         runSteps.clear();
         await specialWalks(rootSpans(v.tails, (symbol) => symbol === RUN));
       }
-      // The tokens of other first bytes byte by byte: '"', '\\', 'u' (hex digits follow) and the
-      // letters of escapes the string refuses here.
-      const read = new Set([...groups.values()].flat());
-      trie = v.all;
-      await walkTrie(trie, slices, step, spelt, rootSpans(trie, (symbol) => !read.has(symbol)));
-      return reach;
+      for (const letter of [...groups.values()].flat()) apart.add(letter);
     }
-    await walkTrie(trie, slices, step, spelt);
+    // A '"' that enters a plain body (an opening quote, or an escaped one): the tokens of it and
+    // then plain text read that text as the plain tokens that leave a body's run; the others that
+    // start with it are walked byte by byte (a walk of all would make a body state a byte).
+    const quoted = string && !body ? string.step(cursor.state as never, 0x22) : null;
+    const opened = quoted ? string!.plainBody(quoted) : null;
+    if (opened) {
+      apart.add(0x22);
+      const states = new Int32Array((v.maxBytes + 1) * k);
+      states.set(opened.sets);
+      reach = Math.max(
+        reach,
+        await this.#charWalk(string!, opened.count, v.quoted, states, after, budget, mask, slices),
+      );
+      trie = v.quotedOthers;
+      await walkTrie(trie, slices, step, spelt);
+    }
+    // The other tokens byte by byte: after a backslash, '\\', 'u' (hex digits follow) and the
+    // letters of escapes the string refuses.
+    trie = v.all;
+    await walkTrie(trie, slices, step, spelt, rootSpans(trie, (symbol) => !apart.has(symbol)));
     return reach;
   }
 
@@ -977,8 +1010,7 @@ export class GrammarConstraint implements TokenConstraint {
 
   /**
    * The other plain text tokens of that body: those that leave its run, walked from where they
-   * leave it, each character counting and stepping the patterns (an incomplete last one must
-   * still fit them) and the string still closable after it, as StringLeaf.step would, on numbers.
+   * leave it (#charWalk).
    */
   async #exitWalk(
     leaf: StringLeaf,
@@ -991,17 +1023,46 @@ export class GrammarConstraint implements TokenConstraint {
     slices: Slices,
   ): Promise<number> {
     const v = this.#vocab;
-    const trie = v.plainTrie;
-    const k = leaf.rules.patterns.length;
     const { exits } = v.classTokens(run.head, run.chars);
-    const states = sets.slice();
     const spans = exitSpans(
-      trie,
+      v.plainTrie,
       exits,
       run,
       (r) => readsAt(leaf, sets, r),
       (cp) => 8 * cp,
     );
+    return await this.#charWalk(
+      leaf,
+      count,
+      v.plainTrie,
+      sets.slice(),
+      after,
+      budget,
+      mask,
+      slices,
+      spans,
+    );
+  }
+
+  /**
+   * Walks `trie`, a trie of plain text by characters (or `spans` of it), into a string body that
+   * had `count` characters before, its patterns' states after d characters at states[dk…] (k of
+   * them, those above the spans' depth given): each character counting and stepping the patterns
+   * (an incomplete last one must still fit them) and the string still closable after it, as
+   * StringLeaf.step would, on numbers.
+   */
+  async #charWalk(
+    leaf: StringLeaf,
+    count: number,
+    trie: TokenTrie,
+    states: Int32Array,
+    after: number,
+    budget: number,
+    mask: Uint32Array,
+    slices: Slices,
+    spans?: readonly number[],
+  ): Promise<number> {
+    const k = leaf.rules.patterns.length;
     let reach = -1;
     await walkTrie(trie, slices, (n) => {
       const d = trie.depth[n];

@@ -288,12 +288,17 @@ Deno.test("masks equal the brute-force reference on a 248,320-token vocabulary",
   // Right after a backslash, tokens that start with an escape's letter ("nothing") read its
   // character, then go on as a body does: escapes that the pattern or bounds refuse ('.' reads no
   // newline), that leave no room, or that step the pattern apart from the others; tight budgets.
+  // Before an opening quote or after a backslash, tokens of '"' and then plain text read that text
+  // as a body does.
   const escapes: [Json, string][] = [
     [{ type: "string", pattern: "^.{0,30}$", minLength: 2 }, '"ab\\'],
     [{ type: "string", maxLength: 6 }, '"abcd\\'],
     [{ type: "string", pattern: "^[a-z\\n]{0,8}$" }, '"ab\\'],
     [{ type: "string", pattern: "^(\\t[a-z]+|\\n[0-9]+|/x)$" }, '"\\'],
     [{ type: "string", minLength: 12 }, '"\\'],
+    [{ type: "string", pattern: '^[a-z"]{0,4}$' }, '"ab\\'],
+    [{ type: "string", pattern: "^[a-z]{2,3}$" }, ""],
+    [{ type: "string", maxLength: 2 }, ""],
   ];
   for (const [schema, text] of escapes) {
     const g = schemaGrammar(schema);
