@@ -246,12 +246,12 @@ export class VocabIndex {
   /** Plain string text tokens by their characters, as a string body reads them. */
   readonly plainTrie: TokenTrie;
   /**
-   * The tokens that are '"' and then plain text, by that text's characters (7,348 tokens start
-   * with '"' on tests/_big_vocab.ts, 6,666 of them so), and the other tokens that start with '"',
-   * by their bytes: a quote that opens a string, or an escaped one, enters a body.
+   * The tokens that start with '"' or '\\', the bytes after which a string may enter a body (an
+   * opening quote, an escaped quote or backslash), by that byte: those that go on with plain text
+   * by its characters, the others by their bytes. On tests/_big_vocab.ts, 7,348 tokens start
+   * with '"' (6,666 then plain text) and 4,312 with '\\' (4,098).
    */
-  readonly quoted: TokenTrie;
-  readonly quotedOthers: TokenTrie;
+  readonly afterFirst: ReadonlyMap<number, { plain: TokenTrie; others: TokenTrie }>;
   /** Plain string text tokens as a mask, and their characters and missing bytes by id. */
   readonly plain: Uint32Array;
   readonly plainIds: Uint32Array;
@@ -324,16 +324,18 @@ export class VocabIndex {
     }));
     this.tails = buildTrie(tails.sort((a, b) => compareSymbols(a.symbols, b.symbols)));
     this.plainTrie = buildTrie(plain);
-    const quoted: { id: number; symbols: number[] }[] = [];
-    const quotedOthers: { id: number; symbols: Uint8Array }[] = [];
-    for (const { id, bytes } of all) {
-      if (bytes[0] !== 0x22) continue;
-      const text = bytes.length > 1 ? plainText(bytes.subarray(1)) : null;
-      if (text) quoted.push({ id, symbols: plainSymbols(text) });
-      else quotedOthers.push({ id, symbols: bytes });
-    }
-    this.quoted = buildTrie(quoted.sort((a, b) => compareSymbols(a.symbols, b.symbols)));
-    this.quotedOthers = buildTrie(quotedOthers);
+    this.afterFirst = new Map([0x22, 0x5c].map((first) => {
+      const plain: { id: number; symbols: number[] }[] = [];
+      const others: { id: number; symbols: Uint8Array }[] = [];
+      for (const { id, bytes } of all) {
+        if (bytes[0] !== first) continue;
+        const text = bytes.length > 1 ? plainText(bytes.subarray(1)) : null;
+        if (text) plain.push({ id, symbols: plainSymbols(text) });
+        else others.push({ id, symbols: bytes });
+      }
+      plain.sort((a, b) => compareSymbols(a.symbols, b.symbols));
+      return [first, { plain: buildTrie(plain), others: buildTrie(others) }];
+    }));
     this.plainIds = Uint32Array.from(plain, (e) => e.id);
     this.maxRun = special.reduce((most, e) => {
       const run = e.symbols.findIndex((symbol) => symbol < CHAR);
@@ -898,24 +900,35 @@ export class GrammarConstraint implements TokenConstraint {
       }
       for (const letter of [...groups.values()].flat()) apart.add(letter);
     }
-    // A '"' that enters a plain body (an opening quote, or an escaped one): the tokens of it and
-    // then plain text read that text as the plain tokens that leave a body's run; the others that
-    // start with it are walked byte by byte (a walk of all would make a body state a byte).
-    const quoted = string && !body ? string.step(cursor.state as never, 0x22) : null;
-    const opened = quoted ? string!.plainBody(quoted) : null;
-    if (opened) {
-      apart.add(0x22);
+    // A '"' or '\\' that enters a plain body (an opening quote, an escaped quote or backslash): the
+    // tokens of it and then plain text read that text as the plain tokens that leave a body's run;
+    // the others that start with it are walked byte by byte (a walk of all would make a body
+    // state a byte).
+    for (const [first, tokens] of v.afterFirst) {
+      const next = string && !body ? string.step(cursor.state as never, first) : null;
+      const opened = next ? string!.plainBody(next) : null;
+      if (!opened) continue;
+      apart.add(first);
       const states = new Int32Array((v.maxBytes + 1) * k);
       states.set(opened.sets);
       reach = Math.max(
         reach,
-        await this.#charWalk(string!, opened.count, v.quoted, states, after, budget, mask, slices),
+        await this.#charWalk(
+          string!,
+          opened.count,
+          tokens.plain,
+          states,
+          after,
+          budget,
+          mask,
+          slices,
+        ),
       );
-      trie = v.quotedOthers;
+      trie = tokens.others;
       await walkTrie(trie, slices, step, spelt);
     }
-    // The other tokens byte by byte: after a backslash, '\\', 'u' (hex digits follow) and the
-    // letters of escapes the string refuses.
+    // The other tokens byte by byte: after a backslash, 'u' (hex digits follow) and the letters
+    // of escapes the string refuses.
     trie = v.all;
     await walkTrie(trie, slices, step, spelt, rootSpans(trie, (symbol) => !apart.has(symbol)));
     return reach;
