@@ -169,8 +169,12 @@ function grammarKey(grammar: Grammar): string {
 
 /** Plain tokens up to this many characters get masks by length (most tokens are shorter). */
 const SHORT_CHARS = 32;
-/** Character classes whose tokens are kept by length (about 1 MB each). */
-const CLASS_CACHE = 16;
+/**
+ * Character classes whose tokens are kept by length (about 1 MB each, so at most ~32 MB): the
+ * bench's mix of seven schemas alone meets 15, and a class pushed out costs 2-15 ms to build again
+ * on the 248k-token vocabulary, inside a step's masks.
+ */
+const CLASS_CACHE = 32;
 
 /**
  * The plain tokens whose first whole character lies in one class and the others in another (a
