@@ -4,6 +4,7 @@
 import type { Grammar } from "../lib/grammar/grammar.ts";
 import type { Json, JsonObject } from "../lib/server/fields.ts";
 import { replyGrammar } from "../lib/server/tool_grammar.ts";
+import { ORDER, PYDANTIC_LIKE, WALK_SCHEMAS } from "../tests/_structured_schemas.ts";
 
 export type GrammarSpec =
   | { readonly kind: "schema"; readonly schema: Json }
@@ -122,32 +123,6 @@ export const BENCH_SPECS: Readonly<Record<string, GrammarSpec>> = {
   },
 };
 
-/** A schema as Pydantic writes one (tests/http_structured_test.ts). */
-const ORDER: Json = {
-  $defs: {
-    Line: {
-      type: "object",
-      title: "Line",
-      properties: {
-        sku: { type: "string", pattern: "^[A-Z]{2}\\d{2}$", title: "Sku" },
-        qty: { type: "integer", minimum: 1, maximum: 9, title: "Qty" },
-      },
-      required: ["sku", "qty"],
-      additionalProperties: false,
-    },
-  },
-  type: "object",
-  title: "Order",
-  properties: {
-    kind: { enum: ["buy", "sell"], title: "Kind" },
-    note: { anyOf: [{ type: "string", maxLength: 6 }, { type: "null" }], default: null },
-    lines: { type: "array", items: { $ref: "#/$defs/Line" }, minItems: 1, maxItems: 2 },
-    rush: { type: "boolean" },
-  },
-  required: ["kind", "lines", "rush"],
-  additionalProperties: false,
-};
-
 /**
  * The grammars of the structured-output tests, named by the test file each comes from
  * (tests/http_structured_test.ts, lib/grammar/json_grammar_walk_test.ts and token_mask_test.ts,
@@ -172,101 +147,18 @@ export const TEST_SPECS: Readonly<Record<string, GrammarSpec>> = {
   },
   "walk-oneof-bounds": {
     kind: "schema",
-    schema: {
-      oneOf: [
-        {
-          type: "object",
-          properties: {
-            shape: { const: "circle" },
-            r: { type: "number", exclusiveMinimum: 0, exclusiveMaximum: 2.5 },
-          },
-          required: ["shape", "r"],
-          additionalProperties: false,
-        },
-        {
-          type: "object",
-          properties: {
-            shape: { const: "rect" },
-            w: { type: "integer", minimum: -3, maximum: 300 },
-            h: { type: "number", minimum: -0.5, maximum: 0.5 },
-          },
-          required: ["shape", "w"],
-          additionalProperties: false,
-        },
-      ],
-    },
+    schema: WALK_SCHEMAS["oneOf of disjoint objects told apart by const, exclusive decimal bounds"],
   },
   "walk-nested": {
     kind: "schema",
-    schema: {
-      type: "object",
-      properties: {
-        user: {
-          type: "object",
-          properties: {
-            name: { type: "string", minLength: 2, maxLength: 5 },
-            tags: {
-              type: "array",
-              items: { type: "string", enum: ["a", 'b"', "é"] },
-              maxItems: 3,
-            },
-          },
-          required: ["name"],
-        },
-        scores: { type: "object", additionalProperties: { type: "integer", maximum: 5 } },
-        flags: {
-          type: "array",
-          prefixItems: [{ type: "boolean" }, { type: "null" }],
-          items: false,
-        },
-      },
-      required: ["user", "scores"],
-    },
+    schema:
+      WALK_SCHEMAS["nested objects and arrays, string lengths, additionalProperties as a schema"],
   },
   "walk-recursion-allof": {
     kind: "schema",
-    schema: {
-      $defs: {
-        node: {
-          type: "object",
-          properties: {
-            v: { type: ["integer", "string"], maxLength: 3 },
-            kids: { type: "array", items: { $ref: "#/$defs/node" }, maxItems: 2 },
-          },
-          required: ["v"],
-          additionalProperties: false,
-        },
-      },
-      allOf: [{ $ref: "#/$defs/node" }, { properties: { v: { const: 7 } } }],
-    },
+    schema: WALK_SCHEMAS["recursion through $ref, type lists, allOf, const values"],
   },
-  "mask-pydantic": {
-    kind: "schema",
-    schema: {
-      $defs: {
-        Item: {
-          type: "object",
-          properties: {
-            sku: { type: "string", pattern: "^[A-Z]{2}-\\d{3}$" },
-            qty: { type: "integer", minimum: 1, maximum: 99 },
-            price: { type: "number", exclusiveMinimum: 0, maximum: 1000 },
-          },
-          required: ["sku", "qty"],
-          additionalProperties: false,
-        },
-      },
-      type: "object",
-      properties: {
-        kind: { enum: ["order", "quote"] },
-        when: { type: "string", format: "date" },
-        note: { anyOf: [{ type: "string", maxLength: 8 }, { type: "null" }] },
-        items: { type: "array", items: { $ref: "#/$defs/Item" }, minItems: 1, maxItems: 3 },
-        flags: { type: "array", items: { type: "boolean" }, maxItems: 2 },
-      },
-      required: ["kind", "items"],
-      additionalProperties: false,
-    },
-  },
+  "mask-pydantic": { kind: "schema", schema: PYDANTIC_LIKE },
   "mask-pattern-gaps": {
     kind: "schema",
     schema: { type: "string", pattern: "^(ab|abcdef|xyz)$", minLength: 3, maxLength: 5 },

@@ -4,32 +4,7 @@
 import assert from "node:assert/strict";
 import { Ajv, type ValidateFunction } from "ajv";
 import { backendTest, parseSse, post, startTestHead } from "./_head.ts";
-
-/** A schema as Pydantic writes one: $defs, $ref, anyOf with null, enum, bounds, a pattern. */
-const ORDER = {
-  $defs: {
-    Line: {
-      type: "object",
-      title: "Line",
-      properties: {
-        sku: { type: "string", pattern: "^[A-Z]{2}\\d{2}$", title: "Sku" },
-        qty: { type: "integer", minimum: 1, maximum: 9, title: "Qty" },
-      },
-      required: ["sku", "qty"],
-      additionalProperties: false,
-    },
-  },
-  type: "object",
-  title: "Order",
-  properties: {
-    kind: { enum: ["buy", "sell"], title: "Kind" },
-    note: { anyOf: [{ type: "string", maxLength: 6 }, { type: "null" }], default: null },
-    lines: { type: "array", items: { $ref: "#/$defs/Line" }, minItems: 1, maxItems: 2 },
-    rush: { type: "boolean" },
-  },
-  required: ["kind", "lines", "rush"],
-  additionalProperties: false,
-};
+import { ORDER } from "./_structured_schemas.ts";
 
 function validator(schema: object): ValidateFunction {
   return new Ajv({ strict: false }).compile(schema);

@@ -3,95 +3,9 @@
 
 import assert from "node:assert/strict";
 import { Ajv2020 } from "ajv/dist/2020.js";
-import type { Json } from "../server/fields.ts";
 import { Grammar, type ParseState } from "./grammar.ts";
 import { JsonGrammarBuilder, ref, rule } from "./json_grammar.ts";
-
-/** Schemas as MCP servers and Pydantic write them, each leaning on different keywords. */
-const SCHEMAS: Record<string, Json> = {
-  "$defs, $ref, anyOf with null, enum, pattern, integer bounds, additionalProperties false": {
-    $defs: {
-      Line: {
-        type: "object",
-        properties: {
-          sku: { type: "string", pattern: "^[A-Z]{2}\\d{2}$" },
-          qty: { type: "integer", minimum: 1, maximum: 9 },
-        },
-        required: ["sku", "qty"],
-        additionalProperties: false,
-      },
-    },
-    type: "object",
-    properties: {
-      kind: { enum: ["buy", "sell"] },
-      note: { anyOf: [{ type: "string", maxLength: 6 }, { type: "null" }], default: null },
-      lines: { type: "array", items: { $ref: "#/$defs/Line" }, minItems: 1, maxItems: 2 },
-    },
-    required: ["kind", "lines"],
-    additionalProperties: false,
-  },
-  "oneOf of disjoint objects told apart by const, exclusive decimal bounds": {
-    oneOf: [
-      {
-        type: "object",
-        properties: {
-          shape: { const: "circle" },
-          r: { type: "number", exclusiveMinimum: 0, exclusiveMaximum: 2.5 },
-        },
-        required: ["shape", "r"],
-        additionalProperties: false,
-      },
-      {
-        type: "object",
-        properties: {
-          shape: { const: "rect" },
-          w: { type: "integer", minimum: -3, maximum: 300 },
-          h: { type: "number", minimum: -0.5, maximum: 0.5 },
-        },
-        required: ["shape", "w"],
-        additionalProperties: false,
-      },
-    ],
-  },
-  "nested objects and arrays, string lengths, additionalProperties as a schema": {
-    type: "object",
-    properties: {
-      user: {
-        type: "object",
-        properties: {
-          name: { type: "string", minLength: 2, maxLength: 5 },
-          tags: {
-            type: "array",
-            items: { type: "string", enum: ["a", 'b"', "é"] },
-            maxItems: 3,
-          },
-        },
-        required: ["name"],
-      },
-      scores: { type: "object", additionalProperties: { type: "integer", maximum: 5 } },
-      flags: { type: "array", prefixItems: [{ type: "boolean" }, { type: "null" }], items: false },
-    },
-    required: ["user", "scores"],
-  },
-  "recursion through $ref, type lists, allOf, const values": {
-    $defs: {
-      node: {
-        type: "object",
-        properties: {
-          v: { type: ["integer", "string"], maxLength: 3 },
-          kids: { type: "array", items: { $ref: "#/$defs/node" }, maxItems: 2 },
-        },
-        required: ["v"],
-        additionalProperties: false,
-      },
-    },
-    allOf: [
-      { $ref: "#/$defs/node" },
-      { properties: { v: { const: 7 } } },
-    ],
-  },
-  "a free object (json_object)": { type: "object" },
-};
+import { WALK_SCHEMAS } from "../../tests/_structured_schemas.ts";
 
 /** Code points a walk draws from: printable ASCII, a 2-byte and a 4-byte character. */
 const ALPHABET = [...Array.from({ length: 95 }, (_, i) => 0x20 + i), 0xe9, 0x1f600];
@@ -135,7 +49,7 @@ function seeded(seed: number): () => number {
   };
 }
 
-for (const [name, schema] of Object.entries(SCHEMAS)) {
+for (const [name, schema] of Object.entries(WALK_SCHEMAS)) {
   Deno.test(`random walks validate with ajv: ${name}`, () => {
     const builder = new JsonGrammarBuilder(schema, { strict: true });
     const grammar = new Grammar(rule("root", [[ref(builder.value(schema, ""))]]));

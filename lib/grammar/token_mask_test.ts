@@ -5,6 +5,7 @@ import assert from "node:assert/strict";
 import { Ajv } from "ajv";
 import { SplitMix64 } from "../sampling/sample.ts";
 import type { Json } from "../server/fields.ts";
+import { PYDANTIC_LIKE } from "../../tests/_structured_schemas.ts";
 import { handMetadata, tinyTokenizer } from "../../tests/_tiny_tokenizer.ts";
 import { byteLevelEncode } from "../tokenizer/pre_tokenize.ts";
 import { TextTokenizer, TokenType } from "../tokenizer/tokenizer.ts";
@@ -56,31 +57,6 @@ async function generate(
     ended: c.done || ids.length < maxTokens,
   };
 }
-
-const PYDANTIC_LIKE: Json = {
-  $defs: {
-    Item: {
-      type: "object",
-      properties: {
-        sku: { type: "string", pattern: "^[A-Z]{2}-\\d{3}$" },
-        qty: { type: "integer", minimum: 1, maximum: 99 },
-        price: { type: "number", exclusiveMinimum: 0, maximum: 1000 },
-      },
-      required: ["sku", "qty"],
-      additionalProperties: false,
-    },
-  },
-  type: "object",
-  properties: {
-    kind: { enum: ["order", "quote"] },
-    when: { type: "string", format: "date" },
-    note: { anyOf: [{ type: "string", maxLength: 8 }, { type: "null" }] },
-    items: { type: "array", items: { $ref: "#/$defs/Item" }, minItems: 1, maxItems: 3 },
-    flags: { type: "array", items: { type: "boolean" }, maxItems: 2 },
-  },
-  required: ["kind", "items"],
-  additionalProperties: false,
-};
 
 Deno.test("any logit order yields a value the schema validates, within the token budget", async () => {
   const ajv = new Ajv({ strict: false });
