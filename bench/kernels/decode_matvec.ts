@@ -145,7 +145,7 @@ interface Setup {
 }
 
 /** Bytes of weights resident at once across the copies: several times any GPU's L2. */
-const ROTATE_BYTES = 256 * 2 ** 20;
+export const ROTATE_BYTES = 256 * 2 ** 20;
 /** Rows checked against the CPU per shape. */
 const CHECKED_ROWS = 24;
 
@@ -153,19 +153,30 @@ function silu(g: number): number {
   return g / (1 + Math.exp(-g));
 }
 
-async function prepare(ctx: GpuContext, mem: GpuMemory, shape: MatVecShape): Promise<Setup> {
-  const r = rng(shape.rows * 31 + shape.k);
+/**
+ * `bytes` as shape's weight tensor, and for a dense product copies of it at distinct addresses
+ * (ROTATE_BYTES in all), so that back-to-back products read memory, not L2; an expert stack is
+ * one copy, its experts rotating instead.
+ */
+export async function uploadRotated(
+  ctx: GpuContext,
+  mem: GpuMemory,
+  shape: {
+    readonly name: string;
+    readonly type: GgmlType;
+    readonly rows: number;
+    readonly k: number;
+    readonly experts?: number;
+  },
+  bytes: Uint8Array,
+): Promise<GpuTensor[]> {
   const { type, rows, k } = shape;
   const experts = shape.experts ?? 1;
-  const nUsed = shape.nUsed ?? 1;
-  const rb = rowBytes(type, k);
-  const bytes = randomBlocks(type, k * rows * experts, 0.05, r);
   const first = await uploadTensorBytes(mem, {
     name: shape.name,
     type,
     shape: experts > 1 ? [k, rows, experts] : [k, rows],
   }, bytes);
-  const read = nUsed * rows * rb;
   const nCopies = shape.experts ? 1 : Math.max(1, Math.ceil(ROTATE_BYTES / bytes.length));
   const copies = [first];
   const enc = ctx.device.createCommandEncoder();
@@ -180,6 +191,18 @@ async function prepare(ctx: GpuContext, mem: GpuMemory, shape: MatVecShape): Pro
     });
   }
   ctx.device.queue.submit([enc.finish()]);
+  return copies;
+}
+
+async function prepare(ctx: GpuContext, mem: GpuMemory, shape: MatVecShape): Promise<Setup> {
+  const r = rng(shape.rows * 31 + shape.k);
+  const { type, rows, k } = shape;
+  const experts = shape.experts ?? 1;
+  const nUsed = shape.nUsed ?? 1;
+  const rb = rowBytes(type, k);
+  const bytes = randomBlocks(type, k * rows * experts, 0.05, r);
+  const read = nUsed * rows * rb;
+  const copies = await uploadRotated(ctx, mem, shape, bytes);
   // Expert sets: enough distinct sets that the experts read in a row are not cached.
   const nSets = shape.experts ? Math.max(1, Math.min(64, Math.ceil((4 * ROTATE_BYTES) / read))) : 1;
   const sets = Array.from({ length: nSets }, () => distinct(nUsed, experts, r));

@@ -32,7 +32,7 @@ import {
   type MatVecTokens,
 } from "../../engine/gpu/kernels/mul_mat_vec.ts";
 import { PROVIDER_CHOICES } from "../../engine/gpu/provider.ts";
-import { type GpuTensor, uploadTensorBytes } from "../../engine/gpu/tensor.ts";
+import type { GpuTensor } from "../../engine/gpu/tensor.ts";
 import { GgmlType, rowBytes } from "../../engine/quant/ggml_types.ts";
 import {
   type Command,
@@ -49,7 +49,15 @@ import {
 import { rng } from "../../tests/_fuzz.ts";
 import { randomBlocks } from "../../tools/synth/random_blocks.ts";
 import { BENCH_MODEL, benchProducts, type ProductShape } from "./bench_shapes.ts";
-import { distinct, median, randomF32, sameLayout, timeDispatches } from "./decode_matvec.ts";
+import {
+  distinct,
+  median,
+  randomF32,
+  ROTATE_BYTES,
+  sameLayout,
+  timeDispatches,
+  uploadRotated,
+} from "./decode_matvec.ts";
 
 /** A product of the model and how many times one step runs it. */
 interface StepShape extends ProductShape {
@@ -106,9 +114,6 @@ function tinyShapes(): StepShape[] {
   ];
 }
 
-/** Bytes of weights resident at once across a dense product's copies: several times any L2. */
-const ROTATE_BYTES = 256 * 2 ** 20;
-
 /** A shape's weights: copies of W at distinct addresses, so back-to-back products read memory. */
 interface Weights {
   readonly shape: StepShape;
@@ -121,25 +126,7 @@ async function prepareWeights(ctx: GpuContext, mem: GpuMemory, shape: StepShape)
   const { type, rows, k } = shape;
   const experts = shape.experts ?? 1;
   const bytes = randomBlocks(type, k * rows * experts, 0.05, rng(rows * 31 + k));
-  const first = await uploadTensorBytes(mem, {
-    name: shape.name,
-    type,
-    shape: experts > 1 ? [k, rows, experts] : [k, rows],
-  }, bytes);
-  const copies = [first];
-  const enc = ctx.device.createCommandEncoder();
-  const nCopies = shape.experts ? 1 : Math.max(1, Math.ceil(ROTATE_BYTES / bytes.length));
-  for (let c = 1; c < nCopies; c++) {
-    copies.push({
-      ...first,
-      parts: first.parts.map((p) => {
-        const buffer = mem.storage(`${shape.name} copy ${c}`, p.buffer.size);
-        enc.copyBufferToBuffer(p.buffer, 0, buffer, 0, p.buffer.size);
-        return { ...p, buffer };
-      }),
-    });
-  }
-  ctx.device.queue.submit([enc.finish()]);
+  const copies = await uploadRotated(ctx, mem, shape, bytes);
   return { shape, copies, rowBytes: rowBytes(type, k) };
 }
 
