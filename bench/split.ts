@@ -215,19 +215,11 @@ export async function startHeadProcess(options: HeadProcessOptions): Promise<Run
   return { ...running, url };
 }
 
-export interface ServingOptions {
-  readonly model: string;
-  readonly backend: string;
-  readonly gpu: string;
-  readonly slots: number;
-  readonly ctx: number;
-  readonly queue?: number;
-  readonly prefillChunk?: number;
+/** A head's options but its layers, which `split` decides. */
+export interface ServingOptions extends Omit<HeadProcessOptions, "layers" | "next"> {
   /** The model's layers; with `split` k, the head holds 0:k and a worker k:nLayer. */
   readonly nLayer: number;
   readonly split?: number;
-  readonly startTimeoutS: number;
-  readonly log: (line: string) => void;
 }
 
 /** A head serving HTTP, after its worker when split. */

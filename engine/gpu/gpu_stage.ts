@@ -1049,7 +1049,7 @@ export class GpuStage implements Stage {
       this.#waits.set(shape, waitMs);
       // Collected before the outputs return: the next step, encoded once they have, reuses the
       // profiler's buffers.
-      const kernels = await this.#dispatchProfiler?.collect();
+      const kernels = this.#dispatchProfiler ? await this.#dispatchProfiler.collect() : undefined;
       if (this.#profile) {
         const ns = this.#timer ? new BigUint64Array(all, p.timeAt, 2) : undefined;
         this.#profile({
