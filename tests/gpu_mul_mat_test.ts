@@ -9,6 +9,7 @@ import type { GpuContext } from "../engine/gpu/device.ts";
 import { gatherTiles, gatherWords, moeGather } from "../engine/gpu/kernels/moe_gather.ts";
 import {
   MATVEC_MAX_TOKENS,
+  MATVEC_WIDE_MAX_TOKENS,
   MUL_MAT_TYPES,
   mulMat,
   mulMatPair,
@@ -16,7 +17,11 @@ import {
   tileFor,
   type TileShape,
 } from "../engine/gpu/kernels/mul_mat.ts";
-import type { MatVecLayout, MatVecTokens } from "../engine/gpu/kernels/mul_mat_vec.ts";
+import {
+  type MatVecLayout,
+  type MatVecTokens,
+  WIDE_ROWS,
+} from "../engine/gpu/kernels/mul_mat_vec.ts";
 import type { GpuTensor } from "../engine/gpu/tensor.ts";
 import { moeSum } from "../engine/gpu/kernels/moe_sum.ts";
 import { rmsNorm } from "../engine/gpu/kernels/rms_norm.ts";
@@ -310,6 +315,12 @@ gpuTest(
     for (const [type, T, o] of cases) {
       const { single, batched } = await singleAndBatched(ctx, type, 1280, 70, T, o);
       assertSameBits(single, batched, 70, `${typeName(type)} T=${T} ${JSON.stringify(o)}`);
+    }
+    // A joined projection's rows: past MATVEC_WIDE_MAX_TOKENS the tiles, below it four tokens a
+    // workgroup in 256 threads.
+    for (const T of [MATVEC_WIDE_MAX_TOKENS - 3, MATVEC_WIDE_MAX_TOKENS + 3]) {
+      const { single, batched } = await singleAndBatched(ctx, GgmlType.Q8_0, 256, WIDE_ROWS, T, {});
+      assertSameBits(single, batched, WIDE_ROWS, `Q8_0 ${WIDE_ROWS} rows T=${T}`);
     }
   },
 );

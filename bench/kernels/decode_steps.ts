@@ -20,6 +20,7 @@ import {
   DECODE_MAX_TOKENS,
   decodeTokens,
   MATVEC_MAX_TOKENS,
+  matVecTakes,
   mulMat,
   type MulMatOptions,
   PREFILL_TT,
@@ -240,9 +241,10 @@ const MORE_LAYOUTS: readonly MatVecLayout[] = [
 function variants(ctx: GpuContext, shape: StepShape, T: number, more: boolean): Variant[] {
   const id = shape.experts !== undefined;
   const decodeStep = T <= DECODE_MAX_TOKENS;
-  const matvec = T <= MATVEC_MAX_TOKENS;
+  // The forward pass runs the experts a slot a workgroup while its shared down is a decode product.
+  const matvec = id ? T <= MATVEC_MAX_TOKENS : matVecTakes(T, shape.rows);
   const out: Variant[] = [];
-  if (id) out.push({ name: "per slot", options: {}, engine: decodeStep, old: decodeStep });
+  if (id) out.push({ name: "per slot", options: {}, engine: matvec, old: decodeStep });
   if (T === 1) {
     if (!id) out.push({ name: "t1", options: {}, engine: true, old: true });
     return out;
@@ -258,9 +260,9 @@ function variants(ctx: GpuContext, shape: StepShape, T: number, more: boolean): 
   // A layout of 32 or 64 lanes a row takes one token a workgroup whatever it is asked.
   const named = (n: MatVecTokens, layout: MatVecLayout) =>
     `${id ? "gathered " : ""}t${layout.cu === 16 ? n : 1} ${layoutName(layout)}`;
-  const chosen = decodeTokens(T, { gathered: id });
+  const chosen = decodeTokens(T, { gathered: id, rows: shape.rows });
   const engineName = named(chosen, decodeLayout(shape.rows, id, chosen));
-  const engine = matvec && (!id || !decodeStep);
+  const engine = matvec && !id;
   const sizes: MatVecTokens[] = T === 2 ? [1, 2] : T <= 4 ? [1, 2, 4] : [2, 4, 8];
   const seen = new Set<string>();
   for (const n of sizes) {

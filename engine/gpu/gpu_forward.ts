@@ -16,6 +16,7 @@ import { moeRoute } from "./kernels/moe_route.ts";
 import { moeDownSum } from "./kernels/moe_sum.ts";
 import {
   DECODE_MAX_TOKENS,
+  matVecTakes,
   mulMat,
   type MulMatOptions,
   mulMatPair,
@@ -427,12 +428,16 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
     logitsStride: E + 1,
     sharedGate: true,
   });
-  // prefill (and every tensor-core run): the (token, rank) slots grouped by expert, so weights
-  // are read once per token tile
+  // While the shared expert's down runs as decode products (to MATVEC_MAX_TOKENS rows), the
+  // experts run a (token, rank) slot a workgroup and that down's epilogue closes the layer: on
+  // the H100 a slot a workgroup, reading an expert again from L2 for each of its slots, took
+  // 15-45% less time than the gathered products at 8 to 64 rows (docs/PERFORMANCE-NOTES.md,
+  // "Steps of many rows"). Longer runs (and every tensor-core run) group the slots by expert, so
+  // weights are read once per token tile.
   let ids = act.route;
   let tiles: number | undefined;
-  const decode = T <= DECODE_MAX_TOKENS && !pm.mma;
-  if (!decode) {
+  const perSlot = !pm.mma && matVecTakes(T, w.sharedDown.matrixRows);
+  if (!perSlot) {
     moeGather(enc, { ids: act.route, table: act.gather }, {
       slots: T * Ku,
       experts: E,
@@ -457,7 +462,7 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
   if (!paired) project(enc, w.sharedGateUp, h, act.sharedGateUp, 2 * Fs, { tokens: T });
   const down = { xStrideT: Ku * 2 * Fe, xStrideI: 2 * Fe, upOffset: Fe, swiglu: true };
   const sharedDown = { tokens: T, xStrideT: 2 * Fs, upOffset: Fs, swiglu: true, ...pm };
-  if (decode) {
+  if (perSlot) {
     // down of silu(gate)·up per expert; then the shared expert's down, whose epilogue adds
     // Σ weight·expert in rank order + gate·shared to the residual
     mulMat(enc, { w: w.down, x: act.gateUp, ids, y: act.expertOut }, {

@@ -15,10 +15,12 @@ import { GgmlType, typeName } from "../../quant/ggml_types.ts";
 import {
   decodeLayout,
   layoutRows,
+  LM_HEAD_ROWS,
   type MatVecLayout,
   type MatVecTokens,
   MUL_MAT_VEC,
   type MulMatVecKey,
+  WIDE_ROWS,
   workgroupBytes,
 } from "./mul_mat_vec.ts";
 import { type MmaPrecision, mmaTakes, type MmaTile, mulMatMma } from "./mul_mat_mma.ts";
@@ -75,6 +77,19 @@ export const DECODE_MAX_TOKENS = 4;
 export const MATVEC_MAX_TOKENS = 64;
 
 /**
+ * Plain products of WIDE_ROWS rows or more (the joined projections, the LM head) take the decode
+ * kernel only to this many tokens: past it their tiles, which read x once for 64 or 128 rows, beat
+ * eight tokens a workgroup reading W again for every eight (H100: 135 against 158 µs for the
+ * qkvz|ba of 32 rows, 2.4 against 3.6 ms for the LM head; docs/PERFORMANCE-NOTES.md).
+ */
+export const MATVEC_WIDE_MAX_TOKENS = 16;
+
+/** Whether mulMat runs a plain product of `tokens` tokens over `rows` rows as decode products. */
+export function matVecTakes(tokens: number, rows: number): boolean {
+  return tokens <= (rows >= WIDE_ROWS ? MATVEC_WIDE_MAX_TOKENS : MATVEC_MAX_TOKENS);
+}
+
+/**
  * Token counts between which mulMat's choice of kernels changes: a step of each of these rows
  * (that fits) asks for every variant steps use (engine/gpu/gpu_stage.ts compiles them ahead).
  */
@@ -82,22 +97,26 @@ export const PRODUCT_STEP_TOKENS: readonly number[] = [
   1,
   2,
   DECODE_MAX_TOKENS + 1,
+  MATVEC_WIDE_MAX_TOKENS + 1,
   MATVEC_MAX_TOKENS + 1,
 ];
 
 /**
- * Tokens (gathered: slots) a decode workgroup takes in a product of `tokens` tokens: one alone;
- * two for a decode step (a pair reads each weight once, measured against one a workgroup) and
- * wherever the RMSNorm is folded; eight for a longer step, whose groups of eight each read W once
- * (from L2 after the first); four slots of an expert, which rarely has more at these lengths.
+ * Tokens (gathered: slots) a decode workgroup takes in a product of `tokens` tokens of `rows`
+ * rows: one alone; two for a decode step (a pair reads each weight once, measured against one a
+ * workgroup) and wherever the RMSNorm is folded; four to 16 tokens, eight beyond and for the LM
+ * head, each group reading W once (from L2 after the first): on the H100 four a workgroup took
+ * 10-45% less time than eight at 8 and 16 tokens, except the LM head's (bench/kernels/
+ * decode_steps.ts); four slots of an expert, which rarely has more at these lengths.
  */
 export function decodeTokens(
   tokens: number,
-  o: { readonly gathered?: boolean; readonly norm?: boolean },
+  o: { readonly gathered?: boolean; readonly norm?: boolean; readonly rows?: number },
 ): MatVecTokens {
   if (o.gathered) return o.norm ? 2 : 4;
   if (tokens <= 1) return 1;
-  return tokens <= DECODE_MAX_TOKENS || o.norm ? 2 : 8;
+  if (tokens <= DECODE_MAX_TOKENS || o.norm) return 2;
+  return tokens <= 16 && (o.rows ?? 0) < LM_HEAD_ROWS ? 4 : 8;
 }
 
 /** A prefill tile variant. */
@@ -341,7 +360,7 @@ function decodeKey(
 ): MulMatVecKey {
   const plain = !e.id || e.gathered;
   const asked = !plain || o.conv ? 1 : o.decodeTokens ??
-    decodeTokens(o.tokens, { gathered: e.gathered, norm: !!o.norm });
+    decodeTokens(o.tokens, { gathered: e.gathered, norm: !!o.norm, rows });
   const layout = o.decode ?? decodeLayout(rows, e.id, asked);
   const key = {
     type,
@@ -373,7 +392,8 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
   checkType(w.type);
   const id = b.ids !== undefined;
   const gathered = id && o.gatherTiles !== undefined;
-  const decode = o.tile === undefined && ((id && !gathered) || o.tokens <= MATVEC_MAX_TOKENS);
+  const decode = o.tile === undefined &&
+    (id ? !gathered || o.tokens <= MATVEC_MAX_TOKENS : matVecTakes(o.tokens, w.matrixRows));
   if (o.norm && (!decode || o.swiglu)) {
     throw new RangeError("Cannot fold RMSNorm into a prefill tile or a SwiGLU input");
   }

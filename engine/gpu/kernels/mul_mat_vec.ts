@@ -47,6 +47,12 @@ export interface MulMatVecKey {
   readonly gathered?: boolean;
 }
 
+/** Rows from which a plain product is an LM head to the decode layouts and token counts. */
+export const LM_HEAD_ROWS = 65536;
+
+/** Rows from which a plain product is a joined projection (qkvz|ba, q|gate|k|v) or an LM head. */
+export const WIDE_ROWS = 4096;
+
 /** Tokens a decode workgroup can take (wgsl TN). */
 export type MatVecTokens = 1 | 2 | 4 | 8;
 
@@ -92,9 +98,14 @@ export function decodeLayout(rows: number, id: boolean, tokens: MatVecTokens = 1
   if (id) return { wg: 128, cu: 16, rpt: 2, xstage: true };
   // The LM head; two rows a thread where a workgroup takes more than two tokens, whose thread
   // holds each of its rows' chunks at once (32 registers a row).
-  if (rows >= 65536) return { wg: 256, cu: 16, rpt: tokens > 2 ? 2 : 4, xstage: true };
-  // Joined projections (qkvz|ba, q|gate|k|v).
-  if (rows >= 4096) return { wg: 256, cu: 16, rpt: 2, xstage: true };
+  if (rows >= LM_HEAD_ROWS) return { wg: 256, cu: 16, rpt: tokens > 2 ? 2 : 4, xstage: true };
+  // Joined projections (qkvz|ba, q|gate|k|v); and, where a workgroup takes more than two tokens,
+  // the output projections and the shared expert: on the H100 their 4 and 8 tokens a workgroup
+  // took 30-55% less time in 256 threads of two rows than in 128 of one (bench/kernels/
+  // decode_steps.ts, docs/PERFORMANCE-NOTES.md "Steps of many rows").
+  if (rows >= WIDE_ROWS || (tokens > 2 && rows >= 1024)) {
+    return { wg: 256, cu: 16, rpt: 2, xstage: true };
+  }
   // Output projections, the shared expert's down; and fewer rows where a workgroup takes more
   // than two tokens, which only a cu 16 layout can (two where 64 lanes a row do without).
   if (rows >= 2048 || tokens > 2) return { wg: 128, cu: 16, rpt: 1, xstage: true };
