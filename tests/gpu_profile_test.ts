@@ -7,6 +7,7 @@ import { builtKernel } from "../engine/gpu/kernel.ts";
 import { gpuTest } from "./_gpu.ts";
 import { withModel } from "./_stage_gates.ts";
 import { formatSteps, kernelRows, profileModel, type StepReport } from "../bench/profile.ts";
+import { MATVEC_MAX_TOKENS } from "../engine/gpu/kernels/mul_mat.ts";
 
 /**
  * Families every qwen35moe step dispatches (DeltaNet and attention layers, MoE, the head);
@@ -58,8 +59,10 @@ function checkStep(
 
 gpuTest("bench/profile: per-kernel GPU times of a prefill chunk and decode steps", async (gpu) => {
   await withModel({ arch: "qwen35moe" }, async (model) => {
-    const report = await profileModel(model, gpu, { prefill: 6, decode: 2 });
-    assert.equal(report.prefill.tokens, 6);
+    // Past the decode products' most tokens: the experts gathered, their sum a kernel of its own.
+    const prefill = MATVEC_MAX_TOKENS + 6;
+    const report = await profileModel(model, gpu, { prefill, decode: 2 });
+    assert.equal(report.prefill.tokens, prefill);
     assert.deepEqual(report.decode.map((s) => s.tokens), [1, 1]);
     if (!gpu.features.timestamps) {
       assert.ok(report.prefill.gpu === undefined);
@@ -82,7 +85,8 @@ gpuTest("bench/profile: per-kernel GPU times of a prefill chunk and decode steps
 
 gpuTest("bench/profile: decode steps of several sampled sequences, a row of each", async (gpu) => {
   await withModel({ arch: "qwen35moe" }, async (model) => {
-    const report = await profileModel(model, gpu, { prefill: 3, decode: 2, sequences: 2 });
+    const report = await profileModel(model, gpu, { prefill: 3, at: 5, decode: 2, sequences: 2 });
+    // The chunk after the 5 positions before it, not theirs.
     assert.equal(report.prefill.tokens, 3);
     // One step per decode step, each carrying both sequences' rows (not a step per sequence).
     assert.deepEqual(report.decode.map((s) => s.tokens), [2, 2]);
