@@ -1,9 +1,10 @@
-// Where a step's GPU time goes, per kernel: one whole-model GPU stage, one prefill chunk and
-// single-token decode steps as the server runs them (LM head for the last position alone), of one
-// greedy sequence or --sequences N sampled at once, every dispatch timed by a DispatchProfiler.
+// Where a step's GPU time goes, per kernel: one whole-model GPU stage, one prefill chunk (at
+// position 0, or --at deep in a long prompt) and single-token decode steps as the server runs them
+// (LM head for the last position alone), of one greedy sequence or --sequences N sampled at once,
+// every dispatch timed by a DispatchProfiler.
 //
 //   deno run -A bench/profile.ts --model M.gguf [--gpu builtin|dawn] [--allow-software-gpu]
-//                                [--prefill 512] [--decode 32] [--sequences 1]
+//                                [--prefill 512] [--at 0] [--decode 32] [--sequences 1]
 
 import { openGpuStage, type StepProfile } from "../engine/gpu/gpu_stage.ts";
 import { openGguf } from "../engine/gguf/read.ts";
@@ -24,7 +25,7 @@ import {
   text,
   whole,
 } from "../lib/cli.ts";
-import { BENCH_SAMPLING, seededIds, timeConcurrentDecode, timePrefill } from "./measure.ts";
+import { BENCH_SAMPLING, seededIds, timeConcurrentDecode } from "./measure.ts";
 
 /** GPU time of one kernel variant over the steps of a report. */
 export interface KernelRow {
@@ -51,8 +52,13 @@ export interface StepReport {
 }
 
 export interface ProfileOptions {
-  /** Positions of each sequence's prompt, prefilled in one chunk. */
+  /** Positions of each sequence's profiled chunk, prefilled in one step. */
   readonly prefill: number;
+  /**
+   * Positions each sequence holds before that chunk (default 0), prefilled in chunks of up to
+   * AT_CHUNK: a chunk deep in a long prompt, as a server's chunked prefill runs it.
+   */
+  readonly at?: number;
   readonly decode: number;
   /**
    * Sequences decoding at once (default 1, greedy): more share each decode step, each sampled
@@ -62,8 +68,11 @@ export interface ProfileOptions {
   readonly seed?: number;
 }
 
+/** Positions a step of the prefix before the profiled chunk takes (ProfileOptions.at). */
+export const AT_CHUNK = 2048;
+
 export interface ProfileReport {
-  /** The first sequence's prompt (the others are prefilled alike, each from its own seed). */
+  /** The first sequence's chunk (the others are prefilled alike, each from its own seed). */
   readonly prefill: StepReport;
   /** One per decode step, each carrying a row of every sequence. */
   readonly decode: readonly StepReport[];
@@ -80,25 +89,27 @@ function stepReport(p: StepProfile): StepReport {
 }
 
 /**
- * Opens all layers of `model` on `gpu` (a slot per sequence, context prefill + decode), prefills
- * each sequence's prompt of seeded ids (seed + its slot) in one chunk, then runs `decode` steps of
- * every sequence from position `prefill` (timeConcurrentDecode), each asking the logits of its
- * last position alone as the server's scheduler does, and returns each step's timings.
+ * Opens all layers of `model` on `gpu` (a slot per sequence, context at + prefill + decode),
+ * prefills each sequence's prompt of seeded ids (seed + its slot): `at` positions in chunks of up
+ * to AT_CHUNK, then one chunk of `prefill`; then runs `decode` steps of every sequence from
+ * position at + prefill (timeConcurrentDecode), each asking the logits of its last position alone
+ * as the server's scheduler does, and returns the first sequence's chunk and each decode step.
  */
 export async function profileModel(
   model: GgufModel,
   gpu: GpuContext,
   options: ProfileOptions,
 ): Promise<ProfileReport> {
-  const { prefill, decode, sequences = 1, seed = 1 } = options;
+  const { prefill, decode, sequences = 1, seed = 1, at = 0 } = options;
   if (
     !Number.isInteger(prefill) || prefill < 1 || !Number.isInteger(decode) || decode < 0 ||
-    !Number.isInteger(sequences) || sequences < 1
+    !Number.isInteger(sequences) || sequences < 1 || !Number.isInteger(at) || at < 0
   ) {
     throw new RangeError(
-      `Cannot profile a prefill of ${prefill} and ${decode} decode steps of ${sequences} sequences: expected prefill ≥ 1, decode ≥ 0, sequences ≥ 1`,
+      `Cannot profile a prefill of ${prefill} at ${at} and ${decode} decode steps of ${sequences} sequences: expected prefill ≥ 1, at ≥ 0, decode ≥ 0, sequences ≥ 1`,
     );
   }
+  const prefixSteps = Math.ceil(at / AT_CHUNK);
   const hp = readHParams(model.metadata);
   const profiler = gpu.features.timestamps ? new DispatchProfiler(gpu) : undefined;
   const samples: StepProfile[] = [];
@@ -106,9 +117,9 @@ export async function profileModel(
     first: 0,
     end: hp.nLayer,
     slots: sequences,
-    ctx: prefill + decode,
+    ctx: at + prefill + decode,
     // A decode step takes a row of every sequence.
-    maxBatch: Math.max(prefill, sequences),
+    maxBatch: Math.max(prefill, sequences, at > 0 ? AT_CHUNK : 1),
     // The sequences' runs share each step, as the server's do where maps are cheap.
     shareSteps: true,
     profile: (p) => samples.push(p),
@@ -117,20 +128,30 @@ export async function profileModel(
   });
   try {
     for (let slot = 0; slot < sequences; slot++) {
-      await timePrefill([stage], seededIds(prefill, hp.V, seed + slot), slot);
+      const ids = seededIds(at + prefill, hp.V, seed + slot);
+      for (let p = 0; p < at; p += AT_CHUNK) {
+        const end = Math.min(p + AT_CHUNK, at);
+        await stage.run(slot, { kind: "ids", ids: ids.subarray(p, end) }, end - p, p, {
+          logits: "none",
+        });
+      }
+      await stage.run(slot, { kind: "ids", ids: ids.subarray(at) }, prefill, at, {
+        logits: "last",
+      });
     }
     const firsts = Array.from(seededIds(sequences, hp.V, seed + sequences));
     const sampling = sequences > 1 ? BENCH_SAMPLING : undefined;
-    await timeConcurrentDecode([stage], firsts, decode, sampling, seed, prefill);
-    if (samples.length !== sequences + decode) {
+    await timeConcurrentDecode([stage], firsts, decode, sampling, seed, at + prefill);
+    const prompts = sequences * (prefixSteps + 1);
+    if (samples.length !== prompts + decode) {
       throw new Error(
         `Cannot profile ${sequences} sequences: their prompts and ${decode} decode steps ran as ${samples.length} steps, expected ${
-          sequences + decode
+          prompts + decode
         }`,
       );
     }
     const reports = samples.map(stepReport);
-    return { prefill: reports[0], decode: reports.slice(sequences) };
+    return { prefill: reports[prefixSteps], decode: reports.slice(prompts) };
   } finally {
     stage.close();
     profiler?.destroy();
@@ -229,6 +250,11 @@ const PROFILE = {
     gpu: flag(oneOf(PROVIDER_CHOICES), "the WebGPU provider", "builtin"),
     "allow-software-gpu": switchFlag("accept a software (CPU) adapter"),
     prefill: flag(whole(1), "prefill chunk length", 512),
+    at: flag(
+      whole(0),
+      `positions before the profiled chunk, prefilled in chunks of up to ${AT_CHUNK}`,
+      0,
+    ),
     decode: flag(whole(0), "single-token decode steps after it", 32),
     sequences: flag(
       whole(1),
@@ -241,7 +267,7 @@ const PROFILE = {
 } satisfies Command<FlagTable>;
 
 async function main(flags: FlagValues<typeof PROFILE.flags>): Promise<void> {
-  const { prefill, decode, sequences } = flags;
+  const { prefill, decode, sequences, at } = flags;
   const gpu = await openGpu({
     gpu: flags.gpu,
     allowSoftware: flags["allow-software-gpu"],
@@ -253,18 +279,19 @@ async function main(flags: FlagValues<typeof PROFILE.flags>): Promise<void> {
   try {
     const report = await profileModel(model, gpu, {
       prefill,
+      at,
       decode,
       sequences,
       seed: flags.seed,
     });
     console.log(`GPU: ${gpu.summary}\nmodel: ${flags.model}\n`);
-    console.log(formatSteps(`prefill`, [report.prefill]));
+    console.log(formatSteps(at > 0 ? `prefill at ${at}` : "prefill", [report.prefill]));
     if (report.decode.length) {
       const title = sequences > 1
         ? `decode (mean per step of ${sequences} sampled sequences)`
         : "decode (mean per step)";
       console.log(`\n${formatSteps(title, report.decode)}`);
-      console.log(formatDecodeSteps(report.decode, prefill));
+      console.log(formatDecodeSteps(report.decode, at + prefill));
     }
     console.log(
       "\nEach dispatch runs in a compute pass of its own while profiled, so wall times are an upper bound of the unprofiled ones.",
