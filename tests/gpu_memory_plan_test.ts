@@ -1,10 +1,11 @@
 // engine/gpu/memory_plan.ts against what a GPU stage really holds (GpuStage.memory, from the one
 // owner of its buffers): weights by kind, slot state, snapshots and activations, byte for byte;
-// and the LM-head chunk both size the logits by.
+// and the LM-head chunk both size the logits by; a stage the device cannot back refuses to open.
 
 import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf/read.ts";
-import { activationShape, openGpuStage } from "../engine/gpu/gpu_stage.ts";
+import type { GpuContext } from "../engine/gpu/device.ts";
+import { activationShape, GpuOutOfMemoryError, openGpuStage } from "../engine/gpu/gpu_stage.ts";
 import { planStage } from "../engine/gpu/memory_plan.ts";
 import { readHParams } from "../engine/hparams.ts";
 import { gpuTest } from "./_gpu.ts";
@@ -66,3 +67,67 @@ Deno.test("LM-head chunks are whole 64-position tiles where the logits budget sp
     model.close();
   }
 });
+
+/**
+ * The tests' device, except that every out-of-memory error scope reports that a buffer could not
+ * be backed, as a device without the memory does (WebGPU raises it nowhere else).
+ */
+function withoutMemory(gpu: GpuContext): GpuContext {
+  const filters: GPUErrorFilter[] = [];
+  const device = new Proxy(gpu.device, {
+    get(target, key) {
+      if (key === "pushErrorScope") {
+        return (filter: GPUErrorFilter) => {
+          filters.push(filter);
+          target.pushErrorScope(filter);
+        };
+      }
+      if (key === "popErrorScope") {
+        return async () => {
+          const error = await target.popErrorScope();
+          return filters.pop() === "out-of-memory"
+            ? new GPUOutOfMemoryError("vkAllocateMemory failed with VK_ERROR_OUT_OF_DEVICE_MEMORY")
+            : error;
+        };
+      }
+      const value = Reflect.get(target, key, target);
+      return typeof value === "function" ? value.bind(target) : value;
+    },
+  });
+  return { ...gpu, device };
+}
+
+gpuTest(
+  "a stage the device cannot back refuses to open and says what to lower; the device runs on",
+  async (gpu) => {
+    const model = await openGguf(await testModel(MODELS[0]));
+    try {
+      const span = { first: 0, end: 4 };
+      await assert.rejects(
+        openGpuStage(model, withoutMemory(gpu), { ...span, ...OPTIONS, log: () => {} }),
+        (e: Error) => {
+          assert.ok(e instanceof GpuOutOfMemoryError, `${e.name}: ${e.message}`);
+          assert.match(
+            e.message,
+            /ran out of memory placing .* 2 slots \+ 1 snapshots of 96 positions/,
+          );
+          assert.match(
+            e.message,
+            /VK_ERROR_OUT_OF_DEVICE_MEMORY\): give fewer --slots, a shorter --ctx/,
+          );
+          return true;
+        },
+      );
+      // The device's error scopes are balanced again: a stage that fits opens and runs on it.
+      const stage = await openGpuStage(model, gpu, { ...span, ...OPTIONS, log: () => {} });
+      try {
+        const out = await stage.run(0, { kind: "ids", ids: Uint32Array.of(1, 2, 3) }, 3, 0);
+        assert.equal(out.kind, "ids");
+      } finally {
+        stage.close();
+      }
+    } finally {
+      model.close();
+    }
+  },
+);

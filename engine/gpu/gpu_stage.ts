@@ -1165,6 +1165,10 @@ export async function openGpuStage(
   const { first, end, slots, ctx, maxBatch, snapshots } = checkOpenOptions(options, hp.nLayer);
   const log = options.log ?? ((line: string) => console.error(line));
   const mem = new GpuMemory(gpu);
+  // WebGPU tells no free memory, and a buffer the device cannot back fails only into an error
+  // scope: without one the stage would open, the server report healthy, and every step fail.
+  gpu.device.pushErrorScope("out-of-memory");
+  let scoped = true;
   try {
     const mma = gpu.features.subgroupMatrix
       ? "hardware"
@@ -1199,6 +1203,20 @@ export async function openGpuStage(
         formatBytes(stateTotal)
       }; activations for ${maxBatch} tokens: ${formatBytes(actBytes)}`,
     );
+    scoped = false;
+    const oom = await gpu.device.popErrorScope();
+    if (oom) {
+      throw new GpuOutOfMemoryError(
+        `Cannot open layers ${first}..${end}: the GPU ran out of memory placing ${
+          formatBytes(mem.bytes)
+        } (${formatBytes(mem.bytes - stateTotal - actBytes)} of weights, ${
+          formatBytes(stateTotal)
+        } of state for ${slots} slots + ${snapshots} snapshots of ${ctx} positions, ${
+          formatBytes(actBytes)
+        } of activations; ${oom.message.split("\n")[0]}): give fewer --slots, a shorter ` +
+          "--ctx or fewer --snapshots (`deno task plan` prints what each takes)",
+      );
+    }
     const plan: ForwardPlan = { hp, first, weights, act, lmChunk, strides, mma };
     const used = await buildKernels(
       new StepEncoder(gpu, arena),
@@ -1219,9 +1237,15 @@ export async function openGpuStage(
     );
     return new GpuStage(mem, arena, hp, plan, sets, first, end, slots, ctx, maxBatch, options);
   } catch (e) {
+    if (scoped) await gpu.device.popErrorScope().catch(() => {});
     mem.destroy();
     throw e;
   }
+}
+
+/** The device could not back a stage's buffers: fewer slots, positions or snapshots may fit. */
+export class GpuOutOfMemoryError extends RangeError {
+  override name = "GpuOutOfMemoryError";
 }
 
 /** TANDEM_MMA=emulate: GpuStageOptions.emulateTensorCores for every stage of the process. */
