@@ -250,16 +250,16 @@ Deno.test("a class's tokens that are not plain text: its own by their leading ch
   );
   const index = VocabIndex.of(hand);
   const lower = CharSet.range(0x61, 0x7a);
-  const tokens = index.classTokens(lower, lower);
+  const tokens = index.runSpecials(lower, lower);
   const { special } = index;
   // By text: encoding splits a quote from the letters before it.
   const id = (text: string) =>
     special.ids.find((t) => new TextDecoder().decode(index.bytesOf(t)) === text)!;
-  const isOnRun = (t: number) => allowed(tokens.specialOnRun, t);
+  const isOnRun = (t: number) => allowed(tokens.onRun, t);
   /** The exits (as r, the run's characters before them) whose subtrees hold token t. */
   const exitsOver = (t: number) => {
     const at = special.ids.indexOf(t);
-    const { nodes, from } = tokens.specialExits;
+    const { nodes, from } = tokens.exits;
     const rs: number[] = [];
     for (let r = 0; r + 1 < from.length; r++) {
       for (let e = from[r]; e < from[r + 1]; e++) {
