@@ -170,9 +170,18 @@ function grammarKey(grammar: Grammar): string {
 /** Plain tokens up to this many characters get masks by length (most tokens are shorter). */
 const SHORT_CHARS = 32;
 /**
- * Character classes whose tokens are kept by length (about 1 MB each, so at most ~32 MB): the
- * bench's mix of seven schemas alone meets 15, and a class pushed out costs 2-15 ms to build again
- * on the 248k-token vocabulary, inside a step's masks.
+ * A class of at least this many tokens per word of a vocabulary mask keeps masks by length; one
+ * of fewer lists its tokens by length. The masks cost ~1 ms to build on the 248k-token vocabulary
+ * whatever the class (33 of 31 KB), which a class met for the first time adds to a step's masks,
+ * and a class of a few thousand tokens (an escape's letters, a '"' and then text) sets its bits
+ * one by one in less time than a mask's words take to OR.
+ */
+const DENSE_PER_WORD = 2;
+/**
+ * Character classes whose tokens are kept by length (on the 248k-token vocabulary ~1.2 MB at most
+ * for a class of many tokens, 20-150 KB for one of few: ~40 MB at most): the bench's mix of
+ * seven schemas alone meets 25 (with the tries after '"' and '\\'), and a class of many tokens
+ * pushed out costs 2-15 ms to build again, inside a step's masks.
  */
 const CLASS_CACHE = 32;
 
@@ -183,13 +192,19 @@ const CLASS_CACHE = 32;
  * length, and where the others leave them.
  */
 interface ClassTokens {
-  /** Per c up to SHORT_CHARS: the tokens of at most c whole characters, as a mask. */
-  readonly upTo: readonly Uint32Array[];
   /** The tokens of whole characters, how many of each length. */
   readonly counts: Uint32Array;
-  /** The tokens of more than SHORT_CHARS whole characters, and their trie nodes (depth: length). */
-  readonly long: Uint32Array;
-  readonly longNode: Uint32Array;
+  /**
+   * Per c up to SHORT_CHARS: the tokens of at most c whole characters, as a mask; null for a
+   * class of few tokens (DENSE_PER_WORD), whose tokens are all listed.
+   */
+  readonly upTo: readonly Uint32Array[] | null;
+  /**
+   * The tokens of whole characters that upTo does not hold, by length: those of l characters are
+   * listed[listedFrom[l]…listedFrom[l + 1]).
+   */
+  readonly listed: Uint32Array;
+  readonly listedFrom: Uint32Array;
   /**
    * The tokens that end in an incomplete character, and their trie nodes (symbol: that
    * character; depth: one more than the whole ones).
@@ -396,10 +411,9 @@ export class VocabIndex {
 
   #buildClass(trie: TokenTrie, head: CharSet, chars: CharSet): ClassTokens {
     const { symbol, depth, end, first, ids } = trie;
-    const upTo = Array.from({ length: SHORT_CHARS + 1 }, () => new Uint32Array(this.plain.length));
     const counts = new Uint32Array(this.maxRun + 1);
-    const long: number[] = [];
-    const longNode: number[] = [];
+    // The nodes that spell tokens of whole characters of the classes.
+    const spelling: number[] = [];
     const partial: number[] = [];
     const partialNode: number[] = [];
     const exits = Array.from({ length: this.maxRun + 1 }, (): number[] => []);
@@ -411,27 +425,43 @@ export class VocabIndex {
         n = end[n];
         continue;
       }
-      for (let t = first[n]; t < first[n + 1]; t++) {
-        const id = ids[t];
-        if (!whole) {
-          partial.push(id);
-          partialNode.push(n);
-        } else if (d > SHORT_CHARS) {
-          long.push(id);
-          longNode.push(n);
-        } else upTo[d][id >>> 5] |= 1 << (id & 31);
-        if (whole) counts[d]++;
+      if (whole && first[n] !== first[n + 1]) {
+        spelling.push(n);
+        counts[d] += first[n + 1] - first[n];
+      }
+      for (let t = first[n]; t < first[n + 1] && !whole; t++) {
+        partial.push(ids[t]);
+        partialNode.push(n);
       }
       n++;
     }
-    for (let c = 1; c <= SHORT_CHARS; c++) {
-      for (let w = 0; w < upTo[c].length; w++) upTo[c][w] |= upTo[c - 1][w];
+    const words = this.plain.length;
+    const dense = counts.reduce((a, b) => a + b, 0) >= DENSE_PER_WORD * words;
+    const upTo = dense
+      ? Array.from({ length: SHORT_CHARS + 1 }, () => new Uint32Array(words))
+      : null;
+    const listedFrom = new Uint32Array(this.maxRun + 2);
+    for (let l = 1; l <= this.maxRun; l++) {
+      listedFrom[l + 1] = listedFrom[l] + (upTo && l <= SHORT_CHARS ? 0 : counts[l]);
+    }
+    const listed = new Uint32Array(listedFrom[this.maxRun + 1]);
+    const at = listedFrom.slice();
+    for (const n of spelling) {
+      const d = depth[n];
+      for (let t = first[n]; t < first[n + 1]; t++) {
+        const id = ids[t];
+        if (upTo && d <= SHORT_CHARS) upTo[d][id >>> 5] |= 1 << (id & 31);
+        else listed[at[d]++] = id;
+      }
+    }
+    for (let c = 1; upTo && c <= SHORT_CHARS; c++) {
+      for (let w = 0; w < words; w++) upTo[c][w] |= upTo[c - 1][w];
     }
     return {
-      upTo,
       counts,
-      long: Uint32Array.from(long),
-      longNode: Uint32Array.from(longNode),
+      upTo,
+      listed,
+      listedFrom,
       partial: Uint32Array.from(partial),
       partialNode: Uint32Array.from(partialNode),
       exits: exitsOf(trie, exits),
@@ -1050,6 +1080,7 @@ export class GrammarConstraint implements TokenConstraint {
     const { longest } = run;
     const { depth, symbol } = v.plainTextTrie(first);
     const tokens = v.classTokens(run.head, run.chars, first);
+    const { upTo, listed, listedFrom } = tokens;
     const fits = new Uint8Array(longest + 1);
     let reach = -1;
     for (let l = 1; l <= longest; l++) {
@@ -1059,19 +1090,22 @@ export class GrammarConstraint implements TokenConstraint {
       if (tokens.counts[l]) reach = Math.max(reach, budget === Infinity ? UNCHECKED_REACH : left);
     }
     // Runs of lengths that fit, as differences of the masks by length.
-    for (let a = 1; a <= Math.min(longest, SHORT_CHARS); a++) {
+    const short = upTo ? Math.min(longest, SHORT_CHARS) : 0;
+    for (let a = 1; a <= short; a++) {
       if (!fits[a]) continue;
       let b = a;
-      while (b < Math.min(longest, SHORT_CHARS) && fits[b + 1]) b++;
-      const upper = tokens.upTo[b];
-      const lower = tokens.upTo[a - 1];
+      while (b < short && fits[b + 1]) b++;
+      const upper = upTo![b];
+      const lower = upTo![a - 1];
       for (let w = 0; w < mask.length; w++) mask[w] |= upper[w] & ~lower[w];
       a = b;
     }
-    tokens.long.forEach((id, t) => {
-      const l = depth[tokens.longNode[t]];
-      if (l <= longest && fits[l]) mask[id >>> 5] |= 1 << (id & 31);
-    });
+    for (let l = short + 1; l <= longest; l++) {
+      if (!fits[l]) continue;
+      for (let t = listedFrom[l]; t < listedFrom[l + 1]; t++) {
+        mask[listed[t] >>> 5] |= 1 << (listed[t] & 31);
+      }
+    }
     // A token that ends in an incomplete character: some completion must fit, as the walk checks
     // (one of no whole character does not start an escape).
     tokens.partial.forEach((id, t) => {
