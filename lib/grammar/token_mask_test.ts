@@ -278,3 +278,27 @@ Deno.test("a class's tokens that are not plain text: its own by their leading ch
     assert.equal(exitsOver(t).length + (isOnRun(t) ? 1 : 0), 1, JSON.stringify(index.bytesOf(t)));
   }
 });
+
+Deno.test("a token of '\"' and more plain characters than any plain token is read whole", async () => {
+  // The only plain tokens are single bytes: the run of a body is one character long, unless it
+  // counts the characters after a '"' too.
+  const quoted = '"abcdefgh';
+  const merges = [...quoted].slice(1).map((c, i) => `${quoted.slice(0, i + 1)} ${c}`);
+  const hand = TextTokenizer.fromGguf(
+    handMetadata(merges, {
+      omit: merges.slice(0, -1).map((m) => m.replace(" ", "")),
+      extra: [["<|end|>", TokenType.Control]],
+    }),
+  );
+  const index = VocabIndex.of(hand);
+  const [id] = hand.encode(quoted);
+  assert.equal(new TextDecoder().decode(index.bytesOf(id)), quoted);
+  const opening = async (schema: Json) =>
+    allowed(await new GrammarConstraint(grammarOf(schema), index).mask(100), id);
+  assert.ok(await opening({ type: "string", maxLength: 8 }), "8 characters fit");
+  assert.ok(!(await opening({ type: "string", maxLength: 7 })), "7 do not");
+  // After a backslash: an escaped quote, then the letters.
+  const escaped = new GrammarConstraint(grammarOf({ type: "string", maxLength: 10 }), index);
+  for (const t of hand.encode('"a\\')) escaped.accept(t);
+  assert.ok(allowed(await escaped.mask(100), id), "a quote and 8 characters fit after 1");
+});
