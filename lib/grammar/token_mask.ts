@@ -170,37 +170,60 @@ function grammarKey(grammar: Grammar): string {
 /** Plain tokens up to this many characters get masks by length (most tokens are shorter). */
 const SHORT_CHARS = 32;
 /**
- * Character classes whose tokens are kept by length (about 1 MB each, so at most ~32 MB): the
- * bench's mix of seven schemas alone meets 15, and a class pushed out costs 2-15 ms to build again
- * on the 248k-token vocabulary, inside a step's masks.
+ * A class of at least this many tokens per word of a vocabulary mask keeps masks by length; one
+ * of fewer lists its tokens by length. The masks cost ~1 ms to build on the 248k-token vocabulary
+ * whatever the class (33 of 31 KB), which a class met for the first time adds to a step's masks,
+ * and a class of a few thousand tokens (an escape's letters, a '"' and then text) sets its bits
+ * one by one in less time than a mask's words take to OR.
+ */
+const DENSE_PER_WORD = 2;
+/**
+ * Character classes whose tokens are kept by length (on the 248k-token vocabulary ~1.2 MB at most
+ * for a class of many tokens, 20-150 KB for one of few: ~40 MB at most): the bench's mix of
+ * seven schemas alone meets 25 (with the tries after '"' and '\\'), and a class of many tokens
+ * pushed out costs 2-15 ms to build again, inside a step's masks.
  */
 const CLASS_CACHE = 32;
 
 /**
- * The plain tokens whose first whole character lies in one class and the others in another (a
- * run's, such as `[A-Z][a-z]{1,30}` or, the same class twice, `[A-Za-z ,.]{1,40}`; or every
- * character), by length, and where the others leave them; likewise the tokens that are not plain
- * text, by their leading plain characters.
+ * The tokens of a trie of plain text (VocabIndex.plainTrie, or an afterFirst one's) whose first
+ * whole character lies in one class and the others in another (a run's, such as
+ * `[A-Z][a-z]{1,30}` or, the same class twice, `[A-Za-z ,.]{1,40}`; or every character), by
+ * length, and where the others leave them.
  */
 interface ClassTokens {
-  /** Per c up to SHORT_CHARS: the tokens of at most c whole characters, as a mask. */
-  readonly upTo: readonly Uint32Array[];
   /** The tokens of whole characters, how many of each length. */
   readonly counts: Uint32Array;
-  /** The tokens of more than SHORT_CHARS whole characters. */
-  readonly long: Uint32Array;
-  /** The tokens that end in an incomplete character, and that character's symbol. */
-  readonly partial: Uint32Array;
-  readonly partialSymbol: Uint32Array;
   /**
-   * The plain trie's nodes of a whole character outside the classes after r inside them (their
-   * subtrees are every other plain token).
+   * Per c up to SHORT_CHARS: the tokens of at most c whole characters, as a mask; null for a
+   * class of few tokens (DENSE_PER_WORD), whose tokens are all listed.
+   */
+  readonly upTo: readonly Uint32Array[] | null;
+  /**
+   * The tokens of whole characters that upTo does not hold, by length: those of l characters are
+   * listed[listedFrom[l]…listedFrom[l + 1]).
+   */
+  readonly listed: Uint32Array;
+  readonly listedFrom: Uint32Array;
+  /**
+   * The tokens that end in an incomplete character, and their trie nodes (symbol: that
+   * character; depth: one more than the whole ones).
+   */
+  readonly partial: Uint32Array;
+  readonly partialNode: Uint32Array;
+  /**
+   * The trie's nodes of a whole character outside the classes after r inside them (their
+   * subtrees are every other token of the trie).
    */
   readonly exits: Exits;
-  /** The tokens that are not plain text whose leading plain characters lie in the classes. */
-  readonly specialOnRun: Uint32Array;
-  /** The special trie's nodes of a leading character outside the classes, as `exits`. */
-  readonly specialExits: Exits;
+}
+
+/** The tokens that are not plain text, by their leading plain characters in a run's classes. */
+interface RunSpecials {
+  /** Those whose leading plain characters all lie in the classes. */
+  readonly onRun: Uint32Array;
+  /** The special trie's nodes of a leading character outside the classes, as ClassTokens.exits. */
+  readonly exits: Exits;
 }
 
 /** Trie nodes by r (characters of a run before them) and then symbol: r's from from[r] on. */
@@ -256,12 +279,12 @@ export class VocabIndex {
    * with '"' (6,666 then plain text) and 4,312 with '\\' (4,098).
    */
   readonly afterFirst: ReadonlyMap<number, { plain: TokenTrie; others: TokenTrie }>;
-  /** Plain string text tokens as a mask, and their characters and missing bytes by id. */
+  /** Plain string text tokens as a mask. */
   readonly plain: Uint32Array;
-  readonly plainIds: Uint32Array;
-  readonly plainChars: Uint16Array;
-  readonly plainNeed: Uint8Array;
-  /** The most plain characters a token starts with (all of a plain one's, or a special's first). */
+  /**
+   * The most plain characters a token starts with, or has after an afterFirst byte: all of a
+   * plain one's, a special's first, an afterFirst plain one's after its first byte.
+   */
   readonly maxRun: number;
   /** The longest token's bytes: the deepest a walk of the tries goes. */
   readonly maxBytes: number;
@@ -284,8 +307,10 @@ export class VocabIndex {
    * none has reached before) would each walk it before the first walk's mask is cached.
    */
   readonly walks = new Map<string, Promise<CachedMask>>();
-  /** classTokens() by class. */
+  /** classTokens() by trie and classes. */
   readonly #classes = new Lru<ClassTokens>(CLASS_CACHE);
+  /** runSpecials() by classes (about 40 KB each on the 248k-token vocabulary). */
+  readonly #runSpecials = new Lru<RunSpecials>(CLASS_CACHE);
   /** Each id's bytes (empty for control tokens). */
   readonly #bytes: Uint8Array[];
 
@@ -293,8 +318,6 @@ export class VocabIndex {
     this.vocabSize = tokenizer.vocabSize;
     this.eos = [...tokenizer.eosIds];
     this.plain = new Uint32Array(Math.ceil(this.vocabSize / 32));
-    this.plainChars = new Uint16Array(this.vocabSize);
-    this.plainNeed = new Uint8Array(this.vocabSize);
     this.#bytes = [];
     const all: { id: number; bytes: Uint8Array; key: string }[] = [];
     for (let id = 0; id < this.vocabSize; id++) {
@@ -315,8 +338,6 @@ export class VocabIndex {
       }
       const symbols = plainSymbols(text);
       this.plain[id >>> 5] |= 1 << (id & 31);
-      this.plainChars[id] = symbols.length;
-      this.plainNeed[id] = text.partial?.need ?? 0;
       maxPlain = Math.max(maxPlain, symbols.length);
       plain.push({ id, symbols });
     }
@@ -337,13 +358,17 @@ export class VocabIndex {
       for (; i < all.length && all[i].bytes[0] === first; i++) {
         const { id, bytes } = all[i];
         const text = bytes.length > 1 ? plainText(bytes.subarray(1)) : null;
-        if (text) plain.push({ id, symbols: plainSymbols(text) });
-        else others.push({ id, symbols: bytes });
+        if (!text) {
+          others.push({ id, symbols: bytes });
+          continue;
+        }
+        const symbols = plainSymbols(text);
+        maxPlain = Math.max(maxPlain, symbols.length);
+        plain.push({ id, symbols });
       }
       plain.sort((a, b) => compareSymbols(a.symbols, b.symbols));
       return [first, { plain: buildTrie(plain), others: buildTrie(others) }];
     }));
-    this.plainIds = Uint32Array.from(plain, (e) => e.id);
     this.maxRun = special.reduce((most, e) => {
       const run = e.symbols.findIndex((symbol) => symbol < CHAR);
       return Math.max(most, run < 0 ? e.symbols.length : run);
@@ -364,21 +389,33 @@ export class VocabIndex {
   }
 
   /**
-   * The plain tokens whose first whole character lies in `head` and the others in `chars`, built
-   * once per classes (a walk of the plain trie that skips a refused character's subtree).
+   * The plain text tokens by their characters, or with `first` (a key of afterFirst) the tokens
+   * of that byte and then plain text by the characters after it: the tries that ClassTokens sort.
    */
-  classTokens(head: CharSet, chars: CharSet): ClassTokens {
-    const key = `${head.ranges}|${chars.ranges}`;
-    return this.#classes.getOrBuild(key, () => this.#buildClass(head, chars));
+  plainTextTrie(first?: number): TokenTrie {
+    return first === undefined ? this.plainTrie : this.afterFirst.get(first)!.plain;
   }
 
-  #buildClass(head: CharSet, chars: CharSet): ClassTokens {
-    const { symbol, depth, end, first, ids } = this.plainTrie;
-    const upTo = Array.from({ length: SHORT_CHARS + 1 }, () => new Uint32Array(this.plain.length));
+  /**
+   * The tokens of plainTextTrie(first) whose first whole character lies in `head` and the others
+   * in `chars`, built once per trie and classes (a walk of the trie that skips a refused
+   * character's subtree).
+   */
+  classTokens(head: CharSet, chars: CharSet, first?: number): ClassTokens {
+    const key = `${first ?? ""}|${head.ranges}|${chars.ranges}`;
+    return this.#classes.getOrBuild(
+      key,
+      () => this.#buildClass(this.plainTextTrie(first), head, chars),
+    );
+  }
+
+  #buildClass(trie: TokenTrie, head: CharSet, chars: CharSet): ClassTokens {
+    const { symbol, depth, end, first, ids } = trie;
     const counts = new Uint32Array(this.maxRun + 1);
-    const long: number[] = [];
+    // The nodes that spell tokens of whole characters of the classes.
+    const spelling: number[] = [];
     const partial: number[] = [];
-    const partialSymbol: number[] = [];
+    const partialNode: number[] = [];
     const exits = Array.from({ length: this.maxRun + 1 }, (): number[] => []);
     for (let n = 0; n < symbol.length;) {
       const whole = (symbol[n] & 7) === WHOLE;
@@ -388,36 +425,59 @@ export class VocabIndex {
         n = end[n];
         continue;
       }
-      for (let t = first[n]; t < first[n + 1]; t++) {
-        const id = ids[t];
-        if (!whole) {
-          partial.push(id);
-          partialSymbol.push(symbol[n]);
-        } else if (d > SHORT_CHARS) long.push(id);
-        else upTo[d][id >>> 5] |= 1 << (id & 31);
-        if (whole) counts[d]++;
+      if (whole && first[n] !== first[n + 1]) {
+        spelling.push(n);
+        counts[d] += first[n + 1] - first[n];
+      }
+      for (let t = first[n]; t < first[n + 1] && !whole; t++) {
+        partial.push(ids[t]);
+        partialNode.push(n);
       }
       n++;
     }
-    for (let c = 1; c <= SHORT_CHARS; c++) {
-      for (let w = 0; w < upTo[c].length; w++) upTo[c][w] |= upTo[c - 1][w];
+    const words = this.plain.length;
+    const dense = counts.reduce((a, b) => a + b, 0) >= DENSE_PER_WORD * words;
+    const upTo = dense
+      ? Array.from({ length: SHORT_CHARS + 1 }, () => new Uint32Array(words))
+      : null;
+    const listedFrom = new Uint32Array(this.maxRun + 2);
+    for (let l = 1; l <= this.maxRun; l++) {
+      listedFrom[l + 1] = listedFrom[l] + (upTo && l <= SHORT_CHARS ? 0 : counts[l]);
+    }
+    const listed = new Uint32Array(listedFrom[this.maxRun + 1]);
+    const at = listedFrom.slice();
+    for (const n of spelling) {
+      const d = depth[n];
+      for (let t = first[n]; t < first[n + 1]; t++) {
+        const id = ids[t];
+        if (upTo && d <= SHORT_CHARS) upTo[d][id >>> 5] |= 1 << (id & 31);
+        else listed[at[d]++] = id;
+      }
+    }
+    for (let c = 1; upTo && c <= SHORT_CHARS; c++) {
+      for (let w = 0; w < words; w++) upTo[c][w] |= upTo[c - 1][w];
     }
     return {
-      upTo,
       counts,
-      long: Uint32Array.from(long),
+      upTo,
+      listed,
+      listedFrom,
       partial: Uint32Array.from(partial),
-      partialSymbol: Uint32Array.from(partialSymbol),
-      exits: exitsOf(this.plainTrie, exits),
-      ...this.#specialOnRun(head, chars),
+      partialNode: Uint32Array.from(partialNode),
+      exits: exitsOf(trie, exits),
     };
   }
 
   /**
    * The tokens that are not plain text whose leading characters lie in `head` and then `chars`,
-   * and the special trie's nodes where the others leave those classes.
+   * and the special trie's nodes where the others leave those classes, built once per classes.
    */
-  #specialOnRun(head: CharSet, chars: CharSet): Pick<ClassTokens, "specialOnRun" | "specialExits"> {
+  runSpecials(head: CharSet, chars: CharSet): RunSpecials {
+    const key = `${head.ranges}|${chars.ranges}`;
+    return this.#runSpecials.getOrBuild(key, () => this.#buildRunSpecials(head, chars));
+  }
+
+  #buildRunSpecials(head: CharSet, chars: CharSet): RunSpecials {
     const { symbol, depth, end, first, ids } = this.special;
     const onRun = new Uint32Array(this.plain.length);
     const exits = Array.from({ length: this.maxRun + 1 }, (): number[] => []);
@@ -431,7 +491,7 @@ export class VocabIndex {
         n = end[n];
       } else n++;
     }
-    return { specialOnRun: onRun, specialExits: exitsOf(this.special, exits) };
+    return { onRun, exits: exitsOf(this.special, exits) };
   }
 
   static #cache = new WeakMap<TextTokenizer, VocabIndex>();
@@ -721,10 +781,7 @@ export class GrammarConstraint implements TokenConstraint {
     if (string && body) {
       sets.set(body.sets);
       run = this.#run(string, body.count, sets);
-      reach = Math.max(
-        this.#byClass(string, body.count, run, sets, after, budget, mask),
-        await this.#exitWalk(string, body.count, run, sets, after, budget, mask, slices),
-      );
+      reach = await this.#plainTokens(string, body.count, run, sets, after, budget, mask, slices);
     }
     // Per depth, the parse so far, in one of three forms: the grammar's state once the leaf has
     // ended inside the token (generic); the leaf's state as an object (leafStates), as a byte
@@ -862,16 +919,16 @@ export class GrammarConstraint implements TokenConstraint {
      * it, the depths up to there as the run left them.
      */
     const specialWalks = async (tails: readonly number[]) => {
-      const tokens = v.classTokens(run.head, run.chars);
+      const specials = v.runSpecials(run.head, run.chars);
       trie = v.tails;
-      only = tokens.specialOnRun;
+      only = specials.onRun;
       await walkTrie(trie, slices, step, spelt, tails);
       for (let d = 0; d < run.longest; d++) runChar(d);
       trie = v.special;
       only = undefined;
       const spans = exitSpans(
         trie,
-        tokens.specialExits,
+        specials.exits,
         run,
         (r) => readsAt(string!, sets, r),
         (cp) => CHAR + cp,
@@ -903,8 +960,7 @@ export class GrammarConstraint implements TokenConstraint {
         run = this.#run(string, start, sets, CharSet.of(...letters));
         reach = Math.max(
           reach,
-          this.#byClass(string, start, run, sets, after, budget, mask),
-          await this.#exitWalk(string, start, run, sets, after, budget, mask, slices),
+          await this.#plainTokens(string, start, run, sets, after, budget, mask, slices),
         );
         // The run's states by depth are this group's.
         runStates.length = 0;
@@ -914,27 +970,30 @@ export class GrammarConstraint implements TokenConstraint {
       for (const letter of [...groups.values()].flat()) apart.add(letter);
     }
     // A '"' or '\\' that enters a plain body (an opening quote, an escaped quote or backslash): the
-    // tokens of it and then plain text read that text as the plain tokens that leave a body's run;
-    // the others that start with it are walked byte by byte (a walk of all would make a body
-    // state a byte).
+    // tokens of it and then plain text read that text as a body's plain tokens, by the run from
+    // there (the states of a pattern that counts, such as `.{0,80}`, are another at each
+    // character, so each is a mask walked anew: ~1 ms a walk by character on the 248k-token
+    // vocabulary, ~0.05 ms by a class already built); the others that start with it are walked
+    // byte by byte (a walk of all would make a body state a byte).
     for (const [first, tokens] of v.afterFirst) {
       const next = string && !body ? string.step(cursor.state as never, first) : null;
       const opened = next ? string!.plainBody(next) : null;
       if (!opened) continue;
       apart.add(first);
-      const states = new Int32Array((v.maxBytes + 1) * k);
+      const states = new Int32Array((v.maxRun + 1) * k);
       states.set(opened.sets);
       reach = Math.max(
         reach,
-        await this.#charWalk(
+        await this.#plainTokens(
           string!,
           opened.count,
-          tokens.plain,
+          this.#run(string!, opened.count, states),
           states,
           after,
           budget,
           mask,
           slices,
+          first,
         ),
       );
       trie = tokens.others;
@@ -979,10 +1038,32 @@ export class GrammarConstraint implements TokenConstraint {
   }
 
   /**
-   * The plain text tokens of a string body of `count` characters whose characters are all of its
-   * run (#run), by length: a token of L of them is read as any other of that length is, so the
-   * bounds and distance are asked once per length instead of per token, and the mask is a
-   * difference of the class's masks of tokens by length.
+   * The tokens of plainTextTrie(first) read as plain text into a string body of `count`
+   * characters, its run (#run) and the run's states in `sets`: by class, then from where they
+   * leave the run.
+   */
+  async #plainTokens(
+    leaf: StringLeaf,
+    count: number,
+    run: Run,
+    sets: Int32Array,
+    after: number,
+    budget: number,
+    mask: Uint32Array,
+    slices: Slices,
+    first?: number,
+  ): Promise<number> {
+    return Math.max(
+      this.#byClass(leaf, count, run, sets, after, budget, mask, first),
+      await this.#exitWalk(leaf, count, run, sets, after, budget, mask, slices, first),
+    );
+  }
+
+  /**
+   * The tokens of plainTextTrie(first) whose characters are all of a string body's run (#run),
+   * the body of `count` characters, by length: a token of L of them is read as any other of
+   * that length is, so the bounds and distance are asked once per length instead of per token,
+   * and the mask is a difference of the class's masks of tokens by length.
    */
   #byClass(
     leaf: StringLeaf,
@@ -992,11 +1073,14 @@ export class GrammarConstraint implements TokenConstraint {
     after: number,
     budget: number,
     mask: Uint32Array,
+    first?: number,
   ): number {
     const v = this.#vocab;
     const k = leaf.rules.patterns.length;
     const { longest } = run;
-    const tokens = v.classTokens(run.head, run.chars);
+    const { depth, symbol } = v.plainTextTrie(first);
+    const tokens = v.classTokens(run.head, run.chars, first);
+    const { upTo, listed, listedFrom } = tokens;
     const fits = new Uint8Array(longest + 1);
     let reach = -1;
     for (let l = 1; l <= longest; l++) {
@@ -1006,25 +1090,29 @@ export class GrammarConstraint implements TokenConstraint {
       if (tokens.counts[l]) reach = Math.max(reach, budget === Infinity ? UNCHECKED_REACH : left);
     }
     // Runs of lengths that fit, as differences of the masks by length.
-    for (let a = 1; a <= Math.min(longest, SHORT_CHARS); a++) {
+    const short = upTo ? Math.min(longest, SHORT_CHARS) : 0;
+    for (let a = 1; a <= short; a++) {
       if (!fits[a]) continue;
       let b = a;
-      while (b < Math.min(longest, SHORT_CHARS) && fits[b + 1]) b++;
-      const upper = tokens.upTo[b];
-      const lower = tokens.upTo[a - 1];
+      while (b < short && fits[b + 1]) b++;
+      const upper = upTo![b];
+      const lower = upTo![a - 1];
       for (let w = 0; w < mask.length; w++) mask[w] |= upper[w] & ~lower[w];
       a = b;
     }
-    for (const id of tokens.long) {
-      const l = v.plainChars[id];
-      if (l <= longest && fits[l]) mask[id >>> 5] |= 1 << (id & 31);
+    for (let l = short + 1; l <= longest; l++) {
+      if (!fits[l]) continue;
+      for (let t = listedFrom[l]; t < listedFrom[l + 1]; t++) {
+        mask[listed[t] >>> 5] |= 1 << (listed[t] & 31);
+      }
     }
     // A token that ends in an incomplete character: some completion must fit, as the walk checks
     // (one of no whole character does not start an escape).
     tokens.partial.forEach((id, t) => {
-      const whole = v.plainChars[id] - 1;
+      const node = tokens.partialNode[t];
+      const whole = depth[node] - 1;
       if (whole > longest || whole < run.shortest) return;
-      const { lo, hi, need } = partialOf(tokens.partialSymbol[t]);
+      const { lo, hi, need } = partialOf(symbol[node]);
       if (!leaf.fits(count + whole, sets, lo, hi, whole * k)) return;
       const left = budget === Infinity
         ? 0
@@ -1035,8 +1123,8 @@ export class GrammarConstraint implements TokenConstraint {
   }
 
   /**
-   * The other plain text tokens of that body: those that leave its run, walked from where they
-   * leave it (#charWalk).
+   * The other tokens of plainTextTrie(first) in that body: those that leave its run, walked from
+   * where they leave it (#charWalk).
    */
   async #exitWalk(
     leaf: StringLeaf,
@@ -1047,11 +1135,13 @@ export class GrammarConstraint implements TokenConstraint {
     budget: number,
     mask: Uint32Array,
     slices: Slices,
+    first?: number,
   ): Promise<number> {
     const v = this.#vocab;
-    const { exits } = v.classTokens(run.head, run.chars);
+    const trie = v.plainTextTrie(first);
+    const { exits } = v.classTokens(run.head, run.chars, first);
     const spans = exitSpans(
-      v.plainTrie,
+      trie,
       exits,
       run,
       (r) => readsAt(leaf, sets, r),
@@ -1060,7 +1150,7 @@ export class GrammarConstraint implements TokenConstraint {
     return await this.#charWalk(
       leaf,
       count,
-      v.plainTrie,
+      trie,
       sets.slice(),
       after,
       budget,
@@ -1071,8 +1161,8 @@ export class GrammarConstraint implements TokenConstraint {
   }
 
   /**
-   * Walks `trie`, a trie of plain text by characters (or `spans` of it), into a string body that
-   * had `count` characters before, its patterns' states after d characters at states[dk…] (k of
+   * Walks `spans` of `trie`, a trie of plain text by characters, into a string body that had
+   * `count` characters before, its patterns' states after d characters at states[dk…] (k of
    * them, those above the spans' depth given): each character counting and stepping the patterns
    * (an incomplete last one must still fit them) and the string still closable after it, as
    * StringLeaf.step would, on numbers.
@@ -1086,7 +1176,7 @@ export class GrammarConstraint implements TokenConstraint {
     budget: number,
     mask: Uint32Array,
     slices: Slices,
-    spans?: readonly number[],
+    spans: readonly number[],
   ): Promise<number> {
     const k = leaf.rules.patterns.length;
     let reach = -1;

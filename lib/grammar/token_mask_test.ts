@@ -250,16 +250,16 @@ Deno.test("a class's tokens that are not plain text: its own by their leading ch
   );
   const index = VocabIndex.of(hand);
   const lower = CharSet.range(0x61, 0x7a);
-  const tokens = index.classTokens(lower, lower);
+  const tokens = index.runSpecials(lower, lower);
   const { special } = index;
   // By text: encoding splits a quote from the letters before it.
   const id = (text: string) =>
     special.ids.find((t) => new TextDecoder().decode(index.bytesOf(t)) === text)!;
-  const isOnRun = (t: number) => allowed(tokens.specialOnRun, t);
+  const isOnRun = (t: number) => allowed(tokens.onRun, t);
   /** The exits (as r, the run's characters before them) whose subtrees hold token t. */
   const exitsOver = (t: number) => {
     const at = special.ids.indexOf(t);
-    const { nodes, from } = tokens.specialExits;
+    const { nodes, from } = tokens.exits;
     const rs: number[] = [];
     for (let r = 0; r + 1 < from.length; r++) {
       for (let e = from[r]; e < from[r + 1]; e++) {
@@ -277,4 +277,28 @@ Deno.test("a class's tokens that are not plain text: its own by their leading ch
   for (const t of special.ids) {
     assert.equal(exitsOver(t).length + (isOnRun(t) ? 1 : 0), 1, JSON.stringify(index.bytesOf(t)));
   }
+});
+
+Deno.test("a token of '\"' and more plain characters than any plain token is read whole", async () => {
+  // The only plain tokens are single bytes: the run of a body is one character long, unless it
+  // counts the characters after a '"' too.
+  const quoted = '"abcdefgh';
+  const merges = [...quoted].slice(1).map((c, i) => `${quoted.slice(0, i + 1)} ${c}`);
+  const hand = TextTokenizer.fromGguf(
+    handMetadata(merges, {
+      omit: merges.slice(0, -1).map((m) => m.replace(" ", "")),
+      extra: [["<|end|>", TokenType.Control]],
+    }),
+  );
+  const index = VocabIndex.of(hand);
+  const [id] = hand.encode(quoted);
+  assert.equal(new TextDecoder().decode(index.bytesOf(id)), quoted);
+  const opening = async (schema: Json) =>
+    allowed(await new GrammarConstraint(grammarOf(schema), index).mask(100), id);
+  assert.ok(await opening({ type: "string", maxLength: 8 }), "8 characters fit");
+  assert.ok(!(await opening({ type: "string", maxLength: 7 })), "7 do not");
+  // After a backslash: an escaped quote, then the letters.
+  const escaped = new GrammarConstraint(grammarOf({ type: "string", maxLength: 10 }), index);
+  for (const t of hand.encode('"a\\')) escaped.accept(t);
+  assert.ok(allowed(await escaped.mask(100), id), "a quote and 8 characters fit after 1");
 });
