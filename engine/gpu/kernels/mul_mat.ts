@@ -255,11 +255,14 @@ export interface MulMatOptions {
   readonly conv?: ConvEpilogue;
   /** Decode, no ids, no add: the MoE layer's sum as the product's epilogue. */
   readonly moeSum?: MoeSumEpilogue;
-  /** The decode layout instead of decodeLayout's (bench/kernels/decode_matvec.ts). */
+  /**
+   * The decode layout instead of decodeLayout's, a decode product at any length (bench/kernels/
+   * decode_matvec.ts).
+   */
   readonly decode?: MatVecLayout;
   /**
-   * Decode products: the tokens a workgroup takes instead of decodeTokens' (bench/kernels/
-   * decode_steps.ts); 1 where the layout is not cu 16.
+   * Decode products: the tokens a workgroup takes instead of decodeTokens', a decode product at
+   * any length (bench/kernels/decode_steps.ts); 1 where the layout is not cu 16.
    */
   readonly decodeTokens?: MatVecTokens;
   /** Prefill tiles: whether to prefetch (default yes; bench/kernels/prefill_mul_mat.ts compares). */
@@ -392,8 +395,10 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
   checkType(w.type);
   const id = b.ids !== undefined;
   const gathered = id && o.gatherTiles !== undefined;
-  const decode = o.tile === undefined &&
-    (id ? !gathered || o.tokens <= MATVEC_MAX_TOKENS : matVecTakes(o.tokens, w.matrixRows));
+  // A layout or token count asked for is a decode product at any length (the kernel benches').
+  const asked = o.decode !== undefined || o.decodeTokens !== undefined;
+  const decode = o.tile === undefined && (asked ||
+    (id ? !gathered || o.tokens <= MATVEC_MAX_TOKENS : matVecTakes(o.tokens, w.matrixRows)));
   if (o.norm && (!decode || o.swiglu)) {
     throw new RangeError("Cannot fold RMSNorm into a prefill tile or a SwiGLU input");
   }
