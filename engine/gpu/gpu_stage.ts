@@ -1167,7 +1167,9 @@ export async function openGpuStage(
   const mem = new GpuMemory(gpu);
   // WebGPU tells no free memory, and a buffer the device cannot back fails only into an error
   // scope: without one the stage would open, the server report healthy, and every step fail.
+  // The inner scope takes the validation errors of every later write into such a buffer.
   gpu.device.pushErrorScope("out-of-memory");
+  gpu.device.pushErrorScope("validation");
   let scoped = true;
   try {
     const mma = gpu.features.subgroupMatrix
@@ -1204,6 +1206,7 @@ export async function openGpuStage(
       }; activations for ${maxBatch} tokens: ${formatBytes(actBytes)}`,
     );
     scoped = false;
+    const invalid = await gpu.device.popErrorScope();
     const oom = await gpu.device.popErrorScope();
     if (oom) {
       throw new GpuOutOfMemoryError(
@@ -1215,6 +1218,11 @@ export async function openGpuStage(
           formatBytes(actBytes)
         } of activations; ${oom.message.split("\n")[0]}): give fewer --slots, a shorter ` +
           "--ctx or fewer --snapshots (`deno task plan` prints what each takes)",
+      );
+    }
+    if (invalid) {
+      throw new Error(
+        `Cannot open layers ${first}..${end}: the GPU refused a buffer or write: ${invalid.message}`,
       );
     }
     const plan: ForwardPlan = { hp, first, weights, act, lmChunk, strides, mma };
@@ -1237,7 +1245,10 @@ export async function openGpuStage(
     );
     return new GpuStage(mem, arena, hp, plan, sets, first, end, slots, ctx, maxBatch, options);
   } catch (e) {
-    if (scoped) await gpu.device.popErrorScope().catch(() => {});
+    if (scoped) {
+      await gpu.device.popErrorScope().catch(() => {});
+      await gpu.device.popErrorScope().catch(() => {});
+    }
     mem.destroy();
     throw e;
   }
