@@ -21,7 +21,7 @@ import {
   whole,
 } from "./lib/cli.ts";
 import { DEFAULT_CTX, DEFAULT_MAX_BATCH, DEFAULT_SLOTS } from "./engine/stage.ts";
-import { DEFAULT_PREFILL_CHUNK } from "./lib/scheduler/scheduler.ts";
+import { DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_STEP_MS } from "./lib/scheduler/scheduler.ts";
 import { describePath, type ResolvedPath } from "./engine/gguf/model_files.ts";
 import type { RoleFiles } from "./lib/launch/grants.ts";
 import { freeLoopbackPort, runRole } from "./lib/launch/launch.ts";
@@ -57,6 +57,11 @@ export const HEAD = {
       whole(1),
       "prompt positions a sequence runs per step while others generate (shorter: their tokens " +
         "wait less; default " + DEFAULT_PREFILL_CHUNK + ")",
+    ),
+    "prefill-step-ms": flag(
+      decimal(0, 60_000),
+      "how long a step holding a prompt chunk may take while others generate: deep in a long " +
+        "prompt its chunks shrink to fit (default " + DEFAULT_PREFILL_STEP_MS + "; 0: no limit)",
     ),
     "api-key-file": flag(text("PATH"), "a file holding the API key clients must send"),
     "max-body-bytes": flag(whole(1), "larger request bodies get 413", 32 * 1024 * 1024),
@@ -141,6 +146,7 @@ export async function serveHead(
     snapshots: flags.snapshots,
     maxBatch: flags["max-batch"],
     prefillChunk: flags["prefill-chunk"],
+    prefillStepMs: flags["prefill-step-ms"],
     apiKey: apiKeyFile ? await readApiKey(apiKeyFile) : undefined,
     maxBodyBytes: flags["max-body-bytes"],
     headerTimeoutMs: flags["header-timeout"] * 1000,

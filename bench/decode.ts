@@ -38,6 +38,7 @@ import {
 } from "./results.ts";
 import {
   type Command,
+  decimal,
   flag,
   type FlagTable,
   type FlagValues,
@@ -109,6 +110,7 @@ const BENCH = {
     "long-streams": flag(whole(1), "streams decoding when it arrives", 8),
     "long-window": flag(whole(1), "tokens of each stream timed before it arrives", 64),
     "prefill-chunk": flag(whole(1), "the heads' --prefill-chunk (default theirs)"),
+    "prefill-step-ms": flag(decimal(0, 60_000), "the heads' --prefill-step-ms (default theirs)"),
     "grammar-sequences": flag(whole(1), "constrained sequences decoding at once", 16),
     "grammar-steps": flag(whole(1), "steps timed per grammar case (after a cold run as long)", 300),
     "grammar-tokens": flag(whole(2), "tokens of a constrained reply before it starts again", 64),
@@ -178,6 +180,7 @@ function parseFlags(values: FlagValues<typeof BENCH.flags>) {
     longStreams: values["long-streams"],
     longWindow: values["long-window"],
     prefillChunk: values["prefill-chunk"],
+    prefillStepMs: values["prefill-step-ms"],
     grammarSequences: values["grammar-sequences"],
     grammarSteps: values["grammar-steps"],
     grammarTokens: values["grammar-tokens"],
@@ -438,6 +441,7 @@ async function main(values: FlagValues<typeof BENCH.flags>): Promise<void> {
     gpu: flags.serving,
     promptTokens: flags.serverPrompt,
     prefillChunk: flags.prefillChunk,
+    prefillStepMs: flags.prefillStepMs,
     seed: flags.seed,
     log: logLine,
   };

@@ -28,6 +28,8 @@ export interface LoadBenchOptions {
   readonly requests: number;
   /** The heads' --prefill-chunk; their default when undefined. */
   readonly prefillChunk?: number;
+  /** The heads' --prefill-step-ms; their default when undefined. */
+  readonly prefillStepMs?: number;
   readonly seed: number;
   readonly deadline: Deadline;
   readonly log: (line: string) => void;
@@ -45,6 +47,7 @@ export interface LoadSetup {
   readonly topK?: number;
   readonly requestsPerClient: number;
   readonly prefillChunk?: number;
+  readonly prefillStepMs?: number;
   /** Each layout's layers, slots and start seconds. */
   readonly heads: readonly {
     readonly layers: string;
@@ -172,6 +175,7 @@ export async function benchLoad(options: LoadBenchOptions): Promise<LoadBenchRes
       topK: BENCH_SAMPLING.topK,
       requestsPerClient: options.requests,
       prefillChunk: options.prefillChunk,
+      prefillStepMs: options.prefillStepMs,
       heads,
       notes,
     },

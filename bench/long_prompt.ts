@@ -23,6 +23,8 @@ export interface LongPromptOptions {
   readonly window: number;
   /** The head's --prefill-chunk; its default when undefined. */
   readonly prefillChunk?: number;
+  /** The head's --prefill-step-ms; its default when undefined. */
+  readonly prefillStepMs?: number;
   readonly seed: number;
   readonly deadline: Deadline;
   readonly log: (line: string) => void;

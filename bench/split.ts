@@ -165,6 +165,8 @@ export interface HeadProcessOptions {
   readonly queue?: number;
   /** Prompt positions a sequence runs per step beside others (--prefill-chunk); default when undefined. */
   readonly prefillChunk?: number;
+  /** How long such a step may take (--prefill-step-ms); default when undefined. */
+  readonly prefillStepMs?: number;
   /** "0:k" with `next` (the worker's address); the whole model without. */
   readonly layers?: string;
   readonly next?: string;
@@ -197,6 +199,9 @@ export async function startHeadProcess(options: HeadProcessOptions): Promise<Run
       ...(options.prefillChunk === undefined
         ? []
         : ["--prefill-chunk", String(options.prefillChunk)]),
+      ...(options.prefillStepMs === undefined
+        ? []
+        : ["--prefill-step-ms", String(options.prefillStepMs)]),
       // Without the prefix cache every request prefills its whole prompt, as the figure means.
       "--snapshots",
       "0",

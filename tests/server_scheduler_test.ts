@@ -1,5 +1,5 @@
 // The scheduler on real stages: split-driver overlap against a worker process, cancellation in
-// prefill, queued sequences equal to their solo runs.
+// prefill, queued sequences equal to their solo runs, prompt chunks that shrink to a step budget.
 
 import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf/read.ts";
@@ -12,7 +12,12 @@ import type {
   StageRunOptions,
 } from "../engine/stage.ts";
 import { StageLink } from "../lib/scheduler/link.ts";
-import { OverloadedError, Scheduler } from "../lib/scheduler/scheduler.ts";
+import {
+  MIN_SHARED_CHUNK,
+  OverloadedError,
+  Scheduler,
+  sharedChunk,
+} from "../lib/scheduler/scheduler.ts";
 import type { SequenceEvent, SequenceRequest } from "../lib/scheduler/sequence.ts";
 import { tinyModel } from "./_head.ts";
 import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
@@ -33,6 +38,8 @@ class RecordingStage implements Stage {
   beforeRun: ((slot: number, base: number) => void) | undefined;
   /** How long each run waits after its work, as a GPU stage waits for its step to finish. */
   waitMs = 0;
+  /** And how long more for each of its positions. */
+  waitMsPerPosition = 0;
   constructor(readonly inner: Stage) {}
   get first() {
     return this.inner.first;
@@ -68,7 +75,8 @@ class RecordingStage implements Stage {
     this.beforeRun?.(slot, base);
     const start = performance.now();
     const out = await this.inner.run(slot, input, n, base, options);
-    if (this.waitMs) await new Promise((r) => setTimeout(r, this.waitMs));
+    const wait = this.waitMs + this.waitMsPerPosition * n;
+    if (wait) await new Promise((r) => setTimeout(r, wait));
     this.spans.push({ slot, n, start, end: performance.now() });
     return out;
   }
@@ -277,6 +285,66 @@ Deno.test("sequences queued behind busy slots run in turn and match their solo r
   } finally {
     await scheduler.close();
     stage.close();
+    model.close();
+  }
+});
+
+Deno.test("sharedChunk() fits a step budget at the measured cost and settles where the step takes it", () => {
+  assert.equal(sharedChunk(256, 80), 256, "no cost measured yet: the most");
+  assert.equal(sharedChunk(256, 0, 10), 256, "no budget: the most");
+  assert.equal(sharedChunk(256, 80, 0.5), 160);
+  assert.equal(sharedChunk(256, 80, 0.1), 256, "never past the most");
+  assert.equal(sharedChunk(256, 80, 40), MIN_SHARED_CHUNK, "never under MIN_SHARED_CHUNK");
+  assert.equal(sharedChunk(8, 80, 40), 8, "nor past a most below it");
+  // A step of n positions at 1 ms each beside 20 ms of other rows: the cost a position measured
+  // includes those 20 ms, and the chunk still settles where the whole step takes 80 ms.
+  let n = 256;
+  for (let i = 0; i < 12; i++) n = sharedChunk(256, 80, (20 + n) / n);
+  assert.ok(Math.abs(n - 60) <= 1, `settled at ${n} positions, expected ~60`);
+});
+
+Deno.test("a prompt beside a generating sequence runs chunks that fit the step budget, its tokens as alone", async () => {
+  const model = await openGguf(modelPath);
+  const tokenizer = TextTokenizer.fromGguf(model.metadata);
+  const inner = await openReferenceStage(model, { first: 0, end: 4, slots: 2, ctx: 256 });
+  const local = new RecordingStage(inner);
+  const prompt = tokenizer.encode("word ".repeat(150));
+  assert.ok(prompt.length >= 150);
+  const alone = new Scheduler({ local: inner, tokenizer, slots: 1, queue: 0, snapshots: 0 });
+  let solo: number[];
+  try {
+    solo = (await drain((await alone.admit(request(prompt, 3))).events)).ids;
+  } finally {
+    await alone.close();
+  }
+  // 2 ms a position: a first chunk of 64 takes ~130 ms, past the 40 ms budget.
+  local.waitMsPerPosition = 2;
+  const scheduler = new Scheduler({
+    local,
+    tokenizer,
+    slots: 2,
+    queue: 0,
+    snapshots: 0,
+    prefillChunk: 64,
+    prefillStepMs: 40,
+  });
+  try {
+    const streaming = await scheduler.admit(request(tokenizer.encode("Hello"), 60));
+    const first = await streaming.events.getReader().read();
+    assert.equal(first.value?.type, "start");
+    const long = await scheduler.admit(request(prompt, 3));
+    const { ids } = await drain(long.events);
+    assert.deepEqual(ids, solo, "the chunked prompt's tokens are its tokens alone");
+    const chunks = local.spans.filter((s) => s.slot === 1 && s.n > 1).map((s) => s.n);
+    assert.equal(chunks[0], 64, `the first chunk takes the most: ${chunks.join(" ")}`);
+    assert.ok(
+      chunks.slice(1, -1).every((n) => n >= MIN_SHARED_CHUNK && n <= 32),
+      `later chunks fit 40 ms at ~2 ms a position: ${chunks.join(" ")}`,
+    );
+    streaming.cancel();
+  } finally {
+    await scheduler.close();
+    local.close();
     model.close();
   }
 });

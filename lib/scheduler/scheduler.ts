@@ -44,6 +44,14 @@ export interface SchedulerOptions {
    * Default DEFAULT_PREFILL_CHUNK; a sequence alone runs chunks of the stages' maxBatch.
    */
   readonly prefillChunk?: number;
+  /**
+   * How long a step holding a sequence's prompt chunk may take while other sequences generate,
+   * ms: each chunk after its first takes the positions that fit, at what its last chunk cost a
+   * position, between MIN_SHARED_CHUNK and prefillChunk. Deep in a long prompt a position costs
+   * more (attention over all before it), so its chunks shrink and the others' tokens keep coming.
+   * Default DEFAULT_PREFILL_STEP_MS; 0: chunks of prefillChunk whatever they cost.
+   */
+  readonly prefillStepMs?: number;
   readonly log?: (line: string) => void;
   /** Sees every admitted sequence (the head's access log follows them to their end). */
   readonly onAdmit?: (sequence: Sequence) => void;
@@ -88,6 +96,28 @@ export class OverloadedError extends Error {
  * point 4: a long prompt beside live streams, `deno task bench --only long`).
  */
 export const DEFAULT_PREFILL_CHUNK = 256;
+
+/**
+ * SchedulerOptions.prefillStepMs when not told: on the H100 a 256-position chunk at position
+ * 30720 of the bench model took 333 ms (attention 164 ms of it), and streams beside a 32768-token
+ * prompt waited ~311 ms at p99 between tokens against 29 ms without it (issue 23 asks at most 4×).
+ */
+export const DEFAULT_PREFILL_STEP_MS = 80;
+
+/** Fewest prompt positions a chunk takes while others generate, however slow a position. */
+export const MIN_SHARED_CHUNK = 16;
+
+/**
+ * Positions of a sequence's next prompt chunk while others generate: `most` (the stages'
+ * maxBatch and SchedulerOptions.prefillChunk) until its cost a position is known, then what fits
+ * `stepMs` at that cost, at least MIN_SHARED_CHUNK. The measured cost includes the other rows of
+ * the step, so the chunk settles where the whole step takes stepMs.
+ */
+export function sharedChunk(most: number, stepMs: number, msPerPosition?: number): number {
+  if (stepMs === 0 || msPerPosition === undefined || !(msPerPosition > 0)) return most;
+  const fits = Math.floor(stepMs / msPerPosition);
+  return Math.min(most, Math.max(MIN_SHARED_CHUNK, fits));
+}
 
 /** The candidates of a fused greedy step: none were read back. */
 const NO_TOP: Candidates = { top: [], lse: NaN };
@@ -205,6 +235,7 @@ export class Scheduler {
   readonly #queueLimit: number;
   readonly #graceMs: number;
   readonly #prefillChunk: number;
+  readonly #prefillStepMs: number;
   readonly #cache: PrefixCache;
   readonly #log: (line: string) => void;
   readonly #onAdmit: ((sequence: Sequence) => void) | undefined;
@@ -229,6 +260,12 @@ export class Scheduler {
     if (!Number.isInteger(this.#prefillChunk) || this.#prefillChunk < 1) {
       throw new RangeError(
         `Cannot prefill in chunks of ${options.prefillChunk} positions: expected a whole number ≥ 1`,
+      );
+    }
+    this.#prefillStepMs = options.prefillStepMs ?? DEFAULT_PREFILL_STEP_MS;
+    if (!(this.#prefillStepMs >= 0 && this.#prefillStepMs <= 60_000)) {
+      throw new RangeError(
+        `Cannot budget prompt steps of ${options.prefillStepMs} ms: expected 0 (off) to 60000`,
       );
     }
     this.#log = options.log ?? (() => undefined);
@@ -509,13 +546,18 @@ export class Scheduler {
     // A resumed sequence replays its generated tokens as the kind of rows they were generated
     // as, so that the tokens after them get the bits they would have got (engine/stage.ts
     // RowKind): chunks never straddle the prompt's end.
+    // ms a position of this sequence's last chunk took, its step's other rows included
+    let msPerPosition: number | undefined;
     while (pos < tokens.length) {
-      const chunk = this.#running.size > 1 ? Math.min(full, this.#prefillChunk) : full;
+      const chunk = this.#running.size > 1
+        ? sharedChunk(Math.min(full, this.#prefillChunk), this.#prefillStepMs, msPerPosition)
+        : full;
       let end = Math.min(pos + chunk, tokens.length);
       if (boundary !== undefined && pos < boundary && end > boundary) end = boundary;
       if (pos < prompt.length && end > prompt.length) end = prompt.length;
       const rows = pos < prompt.length ? "prompt" : "decode";
       const last = end === tokens.length;
+      const started = performance.now();
       out = await this.#forward(
         seq,
         slot,
@@ -525,6 +567,7 @@ export class Scheduler {
           ? { topk, adjust: await seq.adjust(end, this.ctx), logits: "last", rows }
           : { logits: "none", rows },
       );
+      msPerPosition = (performance.now() - started) / (end - pos);
       pos = end;
       if (pos === boundary) await this.#savePrefix(seq, slot, prompt.slice(0, pos));
     }

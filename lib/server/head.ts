@@ -40,6 +40,8 @@ export interface HeadOptions {
   readonly maxBatch?: number;
   /** Prompt positions a sequence runs per step while others generate (Scheduler). */
   readonly prefillChunk?: number;
+  /** How long such a step may take, ms; 0: no budget (Scheduler). */
+  readonly prefillStepMs?: number;
   readonly apiKey?: string;
   /** Request bodies beyond this are refused with 413. Default 32 MiB. */
   readonly maxBodyBytes?: number;
@@ -188,6 +190,7 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
       snapshots,
       restartGraceMs: options.restartGraceMs,
       prefillChunk: options.prefillChunk,
+      prefillStepMs: options.prefillStepMs,
       log,
       onAdmit: access.onAdmit,
     });
