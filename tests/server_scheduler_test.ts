@@ -317,7 +317,7 @@ Deno.test("a prompt beside a generating sequence runs chunks that fit the step b
   } finally {
     await alone.close();
   }
-  // 2 ms a position: a first chunk of 64 takes ~130 ms, past the 40 ms budget.
+  // 2 ms a position: a chunk of --prefill-chunk 64 would take ~130 ms, past the 40 ms budget.
   local.waitMsPerPosition = 2;
   const scheduler = new Scheduler({
     local,
@@ -330,16 +330,17 @@ Deno.test("a prompt beside a generating sequence runs chunks that fit the step b
   });
   try {
     const streaming = await scheduler.admit(request(tokenizer.encode("Hello"), 60));
-    const first = await streaming.events.getReader().read();
-    assert.equal(first.value?.type, "start");
+    const reader = streaming.events.getReader();
+    while ((await reader.read()).value?.type !== "token");
     const long = await scheduler.admit(request(prompt, 3));
     const { ids } = await drain(long.events);
     assert.deepEqual(ids, solo, "the chunked prompt's tokens are its tokens alone");
+    // Even the first: the other sequence's prompt already cost ~2 ms a position.
     const chunks = local.spans.filter((s) => s.slot === 1 && s.n > 1).map((s) => s.n);
-    assert.equal(chunks[0], 64, `the first chunk takes the most: ${chunks.join(" ")}`);
+    assert.ok(chunks.length >= 5, `the prompt ran in short chunks: ${chunks.join(" ")}`);
     assert.ok(
-      chunks.slice(1, -1).every((n) => n >= MIN_SHARED_CHUNK && n <= 32),
-      `later chunks fit 40 ms at ~2 ms a position: ${chunks.join(" ")}`,
+      chunks.slice(0, -1).every((n) => n >= MIN_SHARED_CHUNK && n <= 32),
+      `its chunks fit 40 ms at ~2 ms a position: ${chunks.join(" ")}`,
     );
     streaming.cancel();
   } finally {

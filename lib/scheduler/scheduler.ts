@@ -46,8 +46,8 @@ export interface SchedulerOptions {
   readonly prefillChunk?: number;
   /**
    * How long a step holding a sequence's prompt chunk may take while other sequences generate,
-   * ms: each chunk after its first takes the positions that fit, at what its last chunk cost a
-   * position, between MIN_SHARED_CHUNK and prefillChunk. Deep in a long prompt a position costs
+   * ms: each chunk takes the positions that fit, at what its last chunk (before its first: any
+   * sequence's last) cost a position, between MIN_SHARED_CHUNK and prefillChunk. Deep in a long prompt a position costs
    * more (attention over all before it), so its chunks shrink and the others' tokens keep coming.
    * Default DEFAULT_PREFILL_STEP_MS; 0: chunks of prefillChunk whatever they cost.
    */
@@ -236,6 +236,8 @@ export class Scheduler {
   readonly #graceMs: number;
   readonly #prefillChunk: number;
   readonly #prefillStepMs: number;
+  /** What a position of the last prompt chunk of any sequence cost, ms: a new prompt's start. */
+  #promptMsPerPosition: number | undefined;
   readonly #cache: PrefixCache;
   readonly #log: (line: string) => void;
   readonly #onAdmit: ((sequence: Sequence) => void) | undefined;
@@ -243,6 +245,8 @@ export class Scheduler {
   readonly #free: number[];
   readonly #queue: Sequence[] = [];
   readonly #running = new Map<Sequence, Promise<void>>();
+  /** Running sequences still in their prompt (or a resumed one's replay): not generating. */
+  readonly #prefilling = new Set<Sequence>();
   readonly #admittedAt = new WeakMap<Sequence, number>();
   readonly #tasks = new WeakMap<Sequence, number>();
   readonly #bySlot: (Sequence | undefined)[];
@@ -546,30 +550,43 @@ export class Scheduler {
     // A resumed sequence replays its generated tokens as the kind of rows they were generated
     // as, so that the tokens after them get the bits they would have got (engine/stage.ts
     // RowKind): chunks never straddle the prompt's end.
-    // ms a position of this sequence's last chunk took, its step's other rows included
-    let msPerPosition: number | undefined;
-    while (pos < tokens.length) {
-      const chunk = this.#running.size > 1
-        ? sharedChunk(Math.min(full, this.#prefillChunk), this.#prefillStepMs, msPerPosition)
-        : full;
-      let end = Math.min(pos + chunk, tokens.length);
-      if (boundary !== undefined && pos < boundary && end > boundary) end = boundary;
-      if (pos < prompt.length && end > prompt.length) end = prompt.length;
-      const rows = pos < prompt.length ? "prompt" : "decode";
-      const last = end === tokens.length;
-      const started = performance.now();
-      out = await this.#forward(
-        seq,
-        slot,
-        Uint32Array.from(tokens.slice(pos, end)),
-        pos,
-        last
-          ? { topk, adjust: await seq.adjust(end, this.ctx), logits: "last", rows }
-          : { logits: "none", rows },
-      );
-      msPerPosition = (performance.now() - started) / (end - pos);
-      pos = end;
-      if (pos === boundary) await this.#savePrefix(seq, slot, prompt.slice(0, pos));
+    // ms a position of this sequence's last chunk took, its step's other rows included; before
+    // its first, the last chunk of any sequence's
+    let msPerPosition = this.#promptMsPerPosition;
+    this.#prefilling.add(seq);
+    try {
+      while (pos < tokens.length) {
+        // The step budget holds while another sequence generates: its next token waits for the
+        // step. Prompts alone together keep chunks of prefillChunk, whose steps read the weights
+        // for more rows.
+        const most = Math.min(full, this.#prefillChunk);
+        const chunk = this.#running.size === 1
+          ? full
+          : this.#running.size > this.#prefilling.size
+          ? sharedChunk(most, this.#prefillStepMs, msPerPosition)
+          : most;
+        let end = Math.min(pos + chunk, tokens.length);
+        if (boundary !== undefined && pos < boundary && end > boundary) end = boundary;
+        if (pos < prompt.length && end > prompt.length) end = prompt.length;
+        const rows = pos < prompt.length ? "prompt" : "decode";
+        const last = end === tokens.length;
+        const started = performance.now();
+        out = await this.#forward(
+          seq,
+          slot,
+          Uint32Array.from(tokens.slice(pos, end)),
+          pos,
+          last
+            ? { topk, adjust: await seq.adjust(end, this.ctx), logits: "last", rows }
+            : { logits: "none", rows },
+        );
+        msPerPosition = (performance.now() - started) / (end - pos);
+        this.#promptMsPerPosition = msPerPosition;
+        pos = end;
+        if (pos === boundary) await this.#savePrefix(seq, slot, prompt.slice(0, pos));
+      }
+    } finally {
+      this.#prefilling.delete(seq);
     }
     if (!out) return;
     if (generated.length === 0) {
