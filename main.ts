@@ -61,7 +61,8 @@ export const HEAD = {
     "prefill-step-ms": flag(
       decimal(0, 60_000),
       "how long a step holding a prompt chunk may take while others generate: deep in a long " +
-        "prompt its chunks shrink to fit (default " + DEFAULT_PREFILL_STEP_MS + "; 0: no limit)",
+        "prompt its chunks shrink to fit, the others' tokens wait less and its first token " +
+        "comes later (default " + DEFAULT_PREFILL_STEP_MS + ": no limit)",
     ),
     "api-key-file": flag(text("PATH"), "a file holding the API key clients must send"),
     "max-body-bytes": flag(whole(1), "larger request bodies get 413", 32 * 1024 * 1024),

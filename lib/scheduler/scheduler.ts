@@ -47,9 +47,10 @@ export interface SchedulerOptions {
   /**
    * How long a step holding a sequence's prompt chunk may take while other sequences generate,
    * ms: each chunk takes the positions that fit, at what its last chunk (before its first: any
-   * sequence's last) cost a position, between MIN_SHARED_CHUNK and prefillChunk. Deep in a long prompt a position costs
-   * more (attention over all before it), so its chunks shrink and the others' tokens keep coming.
-   * Default DEFAULT_PREFILL_STEP_MS; 0: chunks of prefillChunk whatever they cost.
+   * sequence's last) cost a position, between MIN_SHARED_CHUNK and prefillChunk. Deep in a long
+   * prompt a position costs more (attention over all before it), so its chunks shrink and the
+   * others' tokens keep coming. Default DEFAULT_PREFILL_STEP_MS; 0: chunks of prefillChunk
+   * whatever they cost.
    */
   readonly prefillStepMs?: number;
   readonly log?: (line: string) => void;
@@ -98,11 +99,15 @@ export class OverloadedError extends Error {
 export const DEFAULT_PREFILL_CHUNK = 256;
 
 /**
- * SchedulerOptions.prefillStepMs when not told: on the H100 a 256-position chunk at position
- * 30720 of the bench model took 333 ms (attention 164 ms of it), and streams beside a 32768-token
- * prompt waited ~311 ms at p99 between tokens against 29 ms without it (issue 23 asks at most 4×).
+ * SchedulerOptions.prefillStepMs when not told: off. On the H100 a 256-position chunk at position
+ * 30720 of the bench model took 333 ms, and streams beside a 32768-token prompt waited ~311 ms at
+ * p99 between tokens against 29 ms without it; a budget of 80 ms brought them to 115 against 22
+ * beside a 16384-token prompt, but its first token to 3.65× alone (7eb9437): chunks of a few dozen
+ * positions run the products at a quarter of their speed at 2048 (docs/PERFORMANCE-NOTES.md, "A long
+ * prompt beside live streams"). A deployment that values smooth streams over a long prompt's
+ * first token turns it on (--prefill-step-ms).
  */
-export const DEFAULT_PREFILL_STEP_MS = 80;
+export const DEFAULT_PREFILL_STEP_MS = 0;
 
 /** Fewest prompt positions a chunk takes while others generate, however slow a position. */
 export const MIN_SHARED_CHUNK = 16;
