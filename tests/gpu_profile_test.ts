@@ -7,7 +7,7 @@ import { builtKernel } from "../engine/gpu/kernel.ts";
 import { gpuTest } from "./_gpu.ts";
 import { withModel } from "./_stage_gates.ts";
 import { formatSteps, kernelRows, profileModel, type StepReport } from "../bench/profile.ts";
-import { MATVEC_MAX_TOKENS } from "../engine/gpu/kernels/mul_mat.ts";
+import { EXPERT_MATVEC_MAX_TOKENS } from "../engine/gpu/kernels/mul_mat.ts";
 
 /**
  * Families every qwen35moe step dispatches (DeltaNet and attention layers, MoE, the head);
@@ -60,7 +60,7 @@ function checkStep(
 gpuTest("bench/profile: per-kernel GPU times of a prefill chunk and decode steps", async (gpu) => {
   await withModel({ arch: "qwen35moe" }, async (model) => {
     // Past the decode products' most tokens: the experts gathered, their sum a kernel of its own.
-    const prefill = MATVEC_MAX_TOKENS + 6;
+    const prefill = EXPERT_MATVEC_MAX_TOKENS + 6;
     const report = await profileModel(model, gpu, { prefill, decode: 2 });
     assert.equal(report.prefill.tokens, prefill);
     assert.deepEqual(report.decode.map((s) => s.tokens), [1, 1]);

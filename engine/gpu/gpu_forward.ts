@@ -16,6 +16,7 @@ import { moeRoute } from "./kernels/moe_route.ts";
 import { moeDownSum } from "./kernels/moe_sum.ts";
 import {
   DECODE_MAX_TOKENS,
+  EXPERT_MATVEC_MAX_TOKENS,
   matVecTakes,
   mulMat,
   type MulMatOptions,
@@ -428,15 +429,16 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
     logitsStride: E + 1,
     sharedGate: true,
   });
-  // While the shared expert's down runs as decode products (to MATVEC_MAX_TOKENS rows), the
-  // experts run a (token, rank) slot a workgroup and that down's epilogue closes the layer: on
-  // the H100 a slot a workgroup, reading an expert again from L2 for each of its slots, took
+  // Up to EXPERT_MATVEC_MAX_TOKENS rows, while the shared expert's down runs as decode products,
+  // the experts run a (token, rank) slot a workgroup and that down's epilogue closes the layer:
+  // on the H100 a slot a workgroup, reading an expert again from L2 for each of its slots, took
   // 15-45% less time than the gathered products at 8 to 64 rows (docs/PERFORMANCE-NOTES.md,
   // "Steps of many rows"). Longer runs (and every tensor-core run) group the slots by expert, so
   // weights are read once per token tile.
   let ids = act.route;
   let tiles: number | undefined;
-  const perSlot = !pm.mma && matVecTakes(T, w.sharedDown.matrixRows);
+  const perSlot = !pm.mma && T <= EXPERT_MATVEC_MAX_TOKENS &&
+    matVecTakes(T, w.sharedDown.matrixRows);
   if (!perSlot) {
     moeGather(enc, { ids: act.route, table: act.gather }, {
       slots: T * Ku,

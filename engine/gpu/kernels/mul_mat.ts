@@ -68,13 +68,21 @@ export interface TileShape {
 export const DECODE_MAX_TOKENS = 4;
 
 /**
- * Plain products of at most this many tokens, and expert products over a gather table of at most
- * this many tokens' slots, run the decode kernel, each workgroup multiplying every weight chunk it
- * loads with several tokens (decodeTokens): a tile stages every chunk of W in workgroup memory
- * between two barriers, which costs more than reading W a few times from L2 until its 32 or 64
- * slots fill (docs/PERFORMANCE.md, "Steps of many rows").
+ * Plain products of at most this many tokens run the decode kernel, each workgroup multiplying
+ * every weight chunk it loads with several tokens (decodeTokens): a tile stages every chunk of W in
+ * workgroup memory between two barriers, which costs more than reading W a few times from L2 until
+ * its 32 or 64 slots fill. On the H100 eight tokens a workgroup still beat the tiles at 128 rows for
+ * every product under WIDE_ROWS (the output projection 210 against 369 µs, the router 41 against
+ * 140) and lost at 256 (docs/PERFORMANCE-NOTES.md, "Steps of many rows").
  */
-export const MATVEC_MAX_TOKENS = 64;
+export const MATVEC_MAX_TOKENS = 128;
+
+/**
+ * Expert products of at most this many tokens run the decode kernel: a (token, rank) slot a
+ * workgroup in the forward pass, or over a gather table. Past it the gathered tiles: at 128 rows
+ * on the H100 the experts' down took 508 µs in them against 655 a slot a workgroup.
+ */
+export const EXPERT_MATVEC_MAX_TOKENS = 64;
 
 /**
  * Plain products of WIDE_ROWS rows or more (the joined projections, the LM head) take the decode
@@ -98,6 +106,7 @@ export const PRODUCT_STEP_TOKENS: readonly number[] = [
   2,
   DECODE_MAX_TOKENS + 1,
   MATVEC_WIDE_MAX_TOKENS + 1,
+  EXPERT_MATVEC_MAX_TOKENS + 1,
   MATVEC_MAX_TOKENS + 1,
 ];
 
@@ -398,7 +407,7 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
   // A layout or token count asked for is a decode product at any length (the kernel benches').
   const asked = o.decode !== undefined || o.decodeTokens !== undefined;
   const decode = o.tile === undefined && (asked ||
-    (id ? !gathered || o.tokens <= MATVEC_MAX_TOKENS : matVecTakes(o.tokens, w.matrixRows)));
+    (id ? !gathered || o.tokens <= EXPERT_MATVEC_MAX_TOKENS : matVecTakes(o.tokens, w.matrixRows)));
   if (o.norm && (!decode || o.swiglu)) {
     throw new RangeError("Cannot fold RMSNorm into a prefill tile or a SwiGLU input");
   }
