@@ -943,21 +943,9 @@ export class GrammarConstraint implements TokenConstraint {
     const apart = new Set<number>();
     if (string && escape) {
       // After a backslash, a token that starts with an escape's letter reads its character, then
-      // goes on as in a body ("\nothing": a newline, then "othing"): per group of letters whose
-      // characters step the states alike, a run with them as its head, as #run makes a body's.
-      const groups = new Map<string, number[]>();
-      for (const [letter, c] of LETTER_ESCAPES) {
-        sets.set(escape.sets);
-        if (!readChar(string, start, sets, k, 1, c)) continue;
-        const key = sets.subarray(k, 2 * k).join();
-        const group = groups.get(key);
-        if (group) group.push(letter);
-        else groups.set(key, [letter]);
-      }
-      for (const letters of groups.values()) {
-        sets.set(escape.sets);
-        readChar(string, start, sets, k, 1, LETTER_ESCAPES.get(letters[0])!);
-        run = this.#run(string, start, sets, CharSet.of(...letters));
+      // goes on as in a body ("\nothing": a newline, then "othing"), by its group's run.
+      for (const group of this.#escapeRuns(string, escape, sets)) {
+        run = group.run;
         reach = Math.max(
           reach,
           await this.#plainTokens(string, start, run, sets, after, budget, mask, slices),
@@ -966,8 +954,8 @@ export class GrammarConstraint implements TokenConstraint {
         runStates.length = 0;
         runSteps.clear();
         await specialWalks(rootSpans(v.tails, (symbol) => symbol === RUN));
+        for (const letter of group.letters) apart.add(letter);
       }
-      for (const letter of [...groups.values()].flat()) apart.add(letter);
     }
     // A '"' or '\\' that enters a plain body (an opening quote, an escaped quote or backslash): the
     // tokens of it and then plain text read that text as a body's plain tokens, by the run from
@@ -976,19 +964,16 @@ export class GrammarConstraint implements TokenConstraint {
     // vocabulary, ~0.05 ms by a class already built); the others that start with it are walked
     // byte by byte (a walk of all would make a body state a byte).
     for (const [first, tokens] of v.afterFirst) {
-      const next = string && !body ? string.step(cursor.state as never, first) : null;
-      const opened = next ? string!.plainBody(next) : null;
+      const opened = string && !body ? this.#openedBy(string, cursor.state, first) : null;
       if (!opened) continue;
       apart.add(first);
-      const states = new Int32Array((v.maxRun + 1) * k);
-      states.set(opened.sets);
       reach = Math.max(
         reach,
         await this.#plainTokens(
           string!,
           opened.count,
-          this.#run(string!, opened.count, states),
-          states,
+          opened.run,
+          opened.states,
           after,
           budget,
           mask,
@@ -1004,6 +989,52 @@ export class GrammarConstraint implements TokenConstraint {
     trie = v.all;
     await walkTrie(trie, slices, step, spelt, rootSpans(trie, (symbol) => !apart.has(symbol)));
     return reach;
+  }
+
+  /**
+   * After a backslash (`escape`: the body's count and its patterns' states), per group of escape
+   * letters whose characters step the states alike: the letters and a run with them as its head,
+   * as #run makes a body's, its states written into `sets` before the group is yielded.
+   */
+  *#escapeRuns(
+    string: StringLeaf,
+    escape: { readonly count: number; readonly sets: readonly number[] },
+    sets: Int32Array,
+  ): Generator<{ readonly letters: readonly number[]; readonly run: Run }> {
+    const { count } = escape;
+    const k = string.rules.patterns.length;
+    const groups = new Map<string, number[]>();
+    for (const [letter, c] of LETTER_ESCAPES) {
+      sets.set(escape.sets);
+      if (!readChar(string, count, sets, k, 1, c)) continue;
+      const key = sets.subarray(k, 2 * k).join();
+      const group = groups.get(key);
+      if (group) group.push(letter);
+      else groups.set(key, [letter]);
+    }
+    for (const letters of groups.values()) {
+      sets.set(escape.sets);
+      readChar(string, count, sets, k, 1, LETTER_ESCAPES.get(letters[0])!);
+      yield { letters, run: this.#run(string, count, sets, CharSet.of(...letters)) };
+    }
+  }
+
+  /**
+   * The plain body that `first` (a key of afterFirst: an opening quote, an escaped quote or
+   * backslash) opens from `string`'s `state`: its count, its run (#run) and the run's states;
+   * null where it opens none.
+   */
+  #openedBy(
+    string: StringLeaf,
+    state: unknown,
+    first: number,
+  ): { readonly count: number; readonly run: Run; readonly states: Int32Array } | null {
+    const next = string.step(state as never, first);
+    const opened = next ? string.plainBody(next) : null;
+    if (!opened) return null;
+    const states = new Int32Array((this.#vocab.maxRun + 1) * string.rules.patterns.length);
+    states.set(opened.sets);
+    return { count: opened.count, run: this.#run(string, opened.count, states), states };
   }
 
   /**
