@@ -94,6 +94,15 @@ export class Grammar {
     }
   }
 
+  /** The leaves the grammar can reach (each once), for work done before its first text. */
+  leaves(): Leaf[] {
+    const leaves = new Set<Leaf>();
+    for (const r of reachable(this.root)) {
+      for (const a of r.alts) for (const e of a) if (e.kind === "leaf") leaves.add(e.leaf);
+    }
+    return [...leaves];
+  }
+
   /** The state before any text. */
   start(): ParseState {
     const out = new Closure();

@@ -302,3 +302,17 @@ Deno.test("a token of '\"' and more plain characters than any plain token is rea
   for (const t of hand.encode('"a\\')) escaped.accept(t);
   assert.ok(allowed(await escaped.mask(100), id), "a quote and 8 characters fit after 1");
 });
+
+Deno.test("a grammar's escape classes are built with its constraint, not after a backslash", async () => {
+  // An index of its own, so that no other test has built these classes already.
+  const own = tinyTokenizer("qwen2").tokenizer;
+  const index = VocabIndex.of(own);
+  const c = new GrammarConstraint(grammarOf({ type: "string", pattern: "^.{0,80}$" }), index);
+  for (const t of own.encode('"ab')) c.accept(t);
+  await c.mask(100);
+  const built = index.builds;
+  for (const t of own.encode("\\")) c.accept(t);
+  const mask = await c.mask(100);
+  assert.ok(allowed(mask, own.encode("t")[0]), "an escape's letter is allowed");
+  assert.equal(index.builds, built, "the mask after a backslash builds no class");
+});
