@@ -218,8 +218,10 @@ export class StageLink {
     while (true) {
       signal?.throwIfAborted();
       try {
-        const attempt = this.#freshConnect();
+        // Measured before the attempt starts: its synchronous start may run past `until`, and an
+        // attempt begun within the grace must still end with it, not at the connect timeout.
         const left = until - performance.now();
+        const attempt = this.#freshConnect();
         const late = () =>
           new StageUnavailableError(this.remote.address, "a new connection got no answer yet");
         await (left > 0 ? deadline(attempt, left, late) : attempt);
