@@ -19,7 +19,7 @@ import { gatherTiles, gatherWords, moeGather } from "../../engine/gpu/kernels/mo
 import {
   DECODE_MAX_TOKENS,
   decodeTokens,
-  EXPERT_MATVEC_MAX_TOKENS,
+  expertsPerSlot,
   matVecTakes,
   mulMat,
   type MulMatOptions,
@@ -242,7 +242,7 @@ function variants(ctx: GpuContext, shape: StepShape, T: number, more: boolean): 
   const id = shape.experts !== undefined;
   const decodeStep = T <= DECODE_MAX_TOKENS;
   // The forward pass runs the experts a slot a workgroup while its shared down is a decode product.
-  const matvec = id ? T <= EXPERT_MATVEC_MAX_TOKENS : matVecTakes(T, shape.rows);
+  const matvec = id ? expertsPerSlot(T, BENCH_MODEL.D) : matVecTakes(T, shape.rows);
   const out: Variant[] = [];
   if (id) out.push({ name: "per slot", options: {}, engine: matvec, old: decodeStep });
   if (T === 1) {

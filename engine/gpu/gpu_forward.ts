@@ -16,8 +16,7 @@ import { moeRoute } from "./kernels/moe_route.ts";
 import { moeDownSum } from "./kernels/moe_sum.ts";
 import {
   DECODE_MAX_TOKENS,
-  EXPERT_MATVEC_MAX_TOKENS,
-  matVecTakes,
+  expertsPerSlot,
   mulMat,
   type MulMatOptions,
   mulMatPair,
@@ -437,8 +436,7 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
   // weights are read once per token tile.
   let ids = act.route;
   let tiles: number | undefined;
-  const perSlot = !pm.mma && T <= EXPERT_MATVEC_MAX_TOKENS &&
-    matVecTakes(T, w.sharedDown.matrixRows);
+  const perSlot = !pm.mma && expertsPerSlot(T, w.sharedDown.matrixRows);
   if (!perSlot) {
     moeGather(enc, { ids: act.route, table: act.gather }, {
       slots: T * Ku,

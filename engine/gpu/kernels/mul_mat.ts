@@ -92,6 +92,14 @@ export const EXPERT_MATVEC_MAX_TOKENS = 64;
  */
 export const MATVEC_WIDE_MAX_TOKENS = 16;
 
+/**
+ * Whether the forward pass runs a step's experts a (token, rank) slot a workgroup, the shared
+ * expert's down (`sharedRows` rows, a decode product there) summing the layer in its epilogue.
+ */
+export function expertsPerSlot(tokens: number, sharedRows: number): boolean {
+  return tokens <= EXPERT_MATVEC_MAX_TOKENS && matVecTakes(tokens, sharedRows);
+}
+
 /** Whether mulMat runs a plain product of `tokens` tokens over `rows` rows as decode products. */
 export function matVecTakes(tokens: number, rows: number): boolean {
   return tokens <= (rows >= WIDE_ROWS ? MATVEC_WIDE_MAX_TOKENS : MATVEC_MAX_TOKENS);
