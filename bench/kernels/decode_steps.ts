@@ -1,13 +1,14 @@
 // Kernel bench of steps of several sequences, a row each (engine/gpu/kernels/mul_mat.ts for T
 // tokens): every product of one bench-model layer and its LM head at T = 1, 2, 4, ... 64 rows, in
 // each way the engine can run it (prefill tiles; decode products taking 1, 2, 4 or 8 tokens a
-// workgroup; the experts a (token, rank) slot a workgroup or gathered by expert), each first
-// checked bit for bit against the same rows multiplied one token at a time, then timed back to
-// back on the GPU. Inputs are normed rows (decode_matvec.ts times the folded norm); each token's
-// experts are 8 distinct of 256, uniform, as a load-balanced router spreads them. Prints shape |
-// T | variant | µs | GB/s (the weights each product needs, read once), then per product and T
-// the old path (decode products to DECODE_MAX_TOKENS, tiles beyond) against the engine's choice
-// and the best, and last one step's products over the model's 40 layers.
+// workgroup; the experts a (token, rank) slot a workgroup or gathered by expert; with --layouts
+// more, every cu 16 layout too), each first checked bit for bit against the same rows multiplied
+// one token at a time, then timed back to back on the GPU. Inputs are normed rows
+// (decode_matvec.ts times the folded norm); each token's experts are 8 distinct of 256, uniform, as
+// a load-balanced router spreads them. Prints shape | T | variant | µs | GB/s (the weights each
+// product needs, read once), then per product and T the old path (decode products to
+// DECODE_MAX_TOKENS, tiles beyond) against the engine's choice and the best, and last one step's
+// products over the model's 40 layers.
 //
 //   deno run -A bench/kernels/decode_steps.ts --gpu dawn [--tokens 1,2,4,8,16,32,64] [--out r.json]
 //   deno run -A bench/kernels/decode_steps.ts --gpu builtin --shapes tiny --allow-software-gpu
@@ -244,7 +245,19 @@ function variants(ctx: GpuContext, shape: StepShape, T: number, more: boolean): 
   // The forward pass runs the experts a slot a workgroup while its shared down is a decode product.
   const matvec = id ? expertsPerSlot(T, BENCH_MODEL.D) : matVecTakes(T, shape.rows);
   const out: Variant[] = [];
-  if (id) out.push({ name: "per slot", options: {}, engine: matvec, old: decodeStep });
+  if (id) {
+    out.push({ name: "per slot", options: {}, engine: matvec, old: decodeStep });
+    // A slot a workgroup in other layouts: more rows a workgroup share its staged input.
+    const base = decodeLayout(shape.rows, true);
+    for (const layout of more ? MORE_LAYOUTS.filter((l) => !sameLayout(l, base)) : []) {
+      out.push({
+        name: `per slot ${layoutName(layout)}`,
+        options: { decode: layout },
+        engine: false,
+        old: false,
+      });
+    }
+  }
   if (T === 1) {
     if (!id) out.push({ name: "t1", options: {}, engine: true, old: true });
     return out;
