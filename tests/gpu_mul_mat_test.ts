@@ -20,6 +20,7 @@ import {
 import {
   type MatVecLayout,
   type MatVecTokens,
+  PREFETCH_TYPES,
   WIDE_ROWS,
 } from "../engine/gpu/kernels/mul_mat_vec.ts";
 import type { GpuTensor } from "../engine/gpu/tensor.ts";
@@ -366,13 +367,17 @@ gpuTest("every decode layout gives each token the bits of the prefill tile", asy
   // K = 2304: 72 chunks, two windows (64 + 8), classes 0..7 of five chunks and 8..15 of four;
   // M = 70 rows: a partial last tile in every layout; 5 tokens, run as a tile.
   const [K, M, T] = [2304, 70, 5];
-  const layouts: MatVecLayout[] = [
+  const allLayouts: MatVecLayout[] = [
     { wg: 128, cu: 16, rpt: 1, xstage: true },
     { wg: 256, cu: 16, rpt: 4, xstage: false },
     { wg: 128, cu: 64, rpt: 2, xstage: true },
     { wg: 256, cu: 32, rpt: 2, xstage: false },
+    { wg: 128, cu: 16, rpt: 2, xstage: true, burst: 2 },
+    { wg: 256, cu: 16, rpt: 4, xstage: false, burst: 4 },
   ];
   for (const type of [GgmlType.F32, GgmlType.Q8_0, GgmlType.Q6_K, GgmlType.IQ4_XS]) {
+    // Bursts of two chunks only where the dequantizer splits its loads off.
+    const layouts = allLayouts.filter((l) => !l.burst || PREFETCH_TYPES.includes(type));
     const r = rng(77 + type);
     const w = await uploadWeights(
       ctx,
@@ -415,13 +420,14 @@ gpuTest(
     // not, accumulated and SwiGLU.
     const [K, M, T] = [2304, 70, 19];
     const w128r1 = { wg: 128, cu: 16, rpt: 1, xstage: true } as const;
-    const runs: { decode?: MatVecLayout; decodeTokens?: MatVecTokens }[] = [
+    const allRuns: { decode?: MatVecLayout; decodeTokens?: MatVecTokens }[] = [
       {},
       { decode: w128r1, decodeTokens: 2 },
       { decode: w128r1, decodeTokens: 4 },
       { decode: w128r1, decodeTokens: 8 },
       { decode: { wg: 256, cu: 16, rpt: 2, xstage: true }, decodeTokens: 4 },
       { decode: { wg: 256, cu: 16, rpt: 4, xstage: false }, decodeTokens: 8 },
+      { decode: { ...w128r1, burst: 2 }, decodeTokens: 2 },
     ];
     const cases: [GgmlType, { swiglu?: boolean; add?: boolean }][] = [
       [GgmlType.F32, { add: true }],
@@ -430,6 +436,8 @@ gpuTest(
       [GgmlType.IQ4_XS, { add: true }],
     ];
     for (const [type, o] of cases) {
+      // Bursts of two chunks only where the dequantizer splits its loads off.
+      const runs = allRuns.filter((run) => !run.decode?.burst || PREFETCH_TYPES.includes(type));
       const r = rng(91 + type);
       const w = await uploadWeights(
         ctx,

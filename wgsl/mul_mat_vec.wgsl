@@ -23,7 +23,9 @@
 //   the H200 several times the products' time).
 // Variants: TYPE_<type>; WG (128 | 256), CU (16 | 32 | 64; 16 requires REG_CLASSES), RPT
 //   (1 | 2 | 4); XSTAGE (a window's x, normed, staged once in workgroup memory instead of each
-//   thread reading its chunks from x); ID, X_SWIGLU (x = silu(g)·u with u at g + up_offset), ADD
+//   thread reading its chunks from x); BURST (2 | 4; REG_CLASSES, TN ≤ 2, no PAIR_F32, types with
+//   dequant.wgsl's load32: a thread loads that many of its chunks of every row before multiplying
+//   any, the same sums in the same order with that many times the bytes in flight); ID, X_SWIGLU (x = silu(g)·u with u at g + up_offset), ADD
 //   (y += result), NORM (x is the raw residual row and the product uses RMSNorm(x)·nw, the scale
 //   from _include/rms.wgsl as wgsl/rms_norm.wgsl computes it), IQ4_TABLE_WORKGROUP
 //   (dequant.wgsl), SUBGROUPS (with REG_CLASSES: a row's class partials combined by subgroup
@@ -97,6 +99,12 @@ enable subgroups;
 
 // Chunk classes (the order's partial sums per output).
 const CLASSES = 16u;
+// Chunks of each row a thread loads before it multiplies any of them.
+#ifdef BURST
+const BURST_CHUNKS = BURST;
+#else
+const BURST_CHUNKS = 1u;
+#endif
 const GROUPS = WG / CU;
 const ROWS = GROUPS * RPT;
 // WIN, chunks a window covers, is a define: a multiple of CLASSES and of CU.
@@ -272,6 +280,65 @@ fn add_chunk(
     q.w = p.w + chunk_sum(w3, x);
   }
   return q;
+}
+#endif
+
+#ifdef BURST
+// The raw words of one chunk of each of the thread's rows (the first RPT of them).
+struct RowsRaw {
+  r0: Raw,
+  r1: Raw,
+  r2: Raw,
+  r3: Raw,
+}
+
+fn load_rows(at: vec4<u32>, c: u32) -> RowsRaw {
+  var o: RowsRaw;
+  o.r0 = load32(at.x, c);
+  if (RPT > 1u) {
+    o.r1 = load32(at.y, c);
+  }
+  if (RPT > 2u) {
+    o.r2 = load32(at.z, c);
+    o.r3 = load32(at.w, c);
+  }
+  return o;
+}
+
+// The class partials p of the thread's rows plus their chunk products with input x: the same
+// sums, in the same order, as weights32 and chunk_sum row by row.
+fn add_rows(p: vec4<f32>, rows: RowsRaw, x: Chunk) -> vec4<f32> {
+  var q = p;
+  q.x = p.x + chunk_sum(decode32(rows.r0), x);
+  if (RPT > 1u) {
+    q.y = p.y + chunk_sum(decode32(rows.r1), x);
+  }
+  if (RPT > 2u) {
+    q.z = p.z + chunk_sum(decode32(rows.r2), x);
+    q.w = p.w + chunk_sum(decode32(rows.r3), x);
+  }
+  return q;
+}
+
+// Window chunk cc's products with its loaded words into each token's class partials (p1: the
+// second token's, TN = 2), where `used` (the chunk lies in the window).
+fn burst_chunk(
+  p0: ptr<function, vec4<f32>>,
+  p1: ptr<function, vec4<f32>>,
+  rows: RowsRaw,
+  tk: Tokens,
+  c0: u32,
+  cc: u32,
+  scale: f32,
+  scale2: f32,
+  used: bool,
+) {
+  if (used) {
+    *p0 = add_rows(*p0, rows, chunk_input(tk.x_lo.x, c0, cc, scale, 0u));
+    if (TN > 1u) {
+      *p1 = add_rows(*p1, rows, chunk_input(tk.x_lo.y, c0, cc, scale2, XB));
+    }
+  }
 }
 #endif
 
@@ -560,7 +627,7 @@ fn rows_product(
     }
     workgroupBarrier();
 #endif
-    for (var cc = cu; cc < wn; cc += CU) {
+    for (var cc = cu; cc < wn; cc += CU * BURST_CHUNKS) {
 #ifdef X_STREAM
       // The chunk of each of the thread's rows, then each token's input read once for all of
       // them, in whole blocks of tokens so their fma chains interleave (rows past RPT unused).
@@ -582,6 +649,25 @@ fn rows_product(
         p7 = add_chunk(p7, w0, w1, w2, w3, chunk_input(tk.x_hi.w, c0, cc, 1.0, 7u * XB));
       }
 #else
+#ifdef BURST
+      // The burst's chunks' words are all loaded before any is used, so a thread has that many
+      // times the bytes in flight; a chunk past the window reloads the first and is not used.
+      let c = c0 + cc;
+      let ra = load_rows(at, c);
+      let rb = load_rows(at, select(c, c + CU, cc + CU < wn));
+      var rc = ra;
+      var rd = ra;
+      if (BURST > 2u) {
+        rc = load_rows(at, select(c, c + 2u * CU, cc + 2u * CU < wn));
+        rd = load_rows(at, select(c, c + 3u * CU, cc + 3u * CU < wn));
+      }
+      burst_chunk(&p0, &p1, ra, tk, c0, cc, scale, scale2, true);
+      burst_chunk(&p0, &p1, rb, tk, c0, cc + CU, scale, scale2, cc + CU < wn);
+      if (BURST > 2u) {
+        burst_chunk(&p0, &p1, rc, tk, c0, cc + 2u * CU, scale, scale2, cc + 2u * CU < wn);
+        burst_chunk(&p0, &p1, rd, tk, c0, cc + 3u * CU, scale, scale2, cc + 3u * CU < wn);
+      }
+#else
       let xv = chunk_input(xo, c0, cc, scale, 0u);
       var xv2 = xv;
       if (TN > 1u) {
@@ -598,6 +684,7 @@ fn rows_product(
         sbuf[(WIN + 1u) * (g + GROUPS * r) + cc] = chunk_sum(wv, xv);
 #endif
       }
+#endif
 #endif
     }
 #ifndef REG_CLASSES

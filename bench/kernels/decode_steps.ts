@@ -32,6 +32,7 @@ import {
   layoutName,
   type MatVecLayout,
   type MatVecTokens,
+  PREFETCH_TYPES,
 } from "../../engine/gpu/kernels/mul_mat_vec.ts";
 import { PROVIDER_CHOICES } from "../../engine/gpu/provider.ts";
 import type { GpuTensor } from "../../engine/gpu/tensor.ts";
@@ -245,11 +246,17 @@ function variants(ctx: GpuContext, shape: StepShape, T: number, more: boolean): 
   // The forward pass runs the experts a slot a workgroup while its shared down is a decode product.
   const matvec = id ? expertsPerSlot(T, BENCH_MODEL.D) : matVecTakes(T, shape.rows);
   const out: Variant[] = [];
+  // A layout's twins loading 2 and 4 chunks at a time, where the type and token count allow it.
+  const burst = (l: MatVecLayout, n: MatVecTokens): MatVecLayout[] =>
+    l.cu === 16 && n <= 2 && PREFETCH_TYPES.includes(shape.type)
+      ? [{ ...l, burst: 2 }, { ...l, burst: 4 }]
+      : [];
   if (id) {
     out.push({ name: "per slot", options: {}, engine: matvec, old: decodeStep });
     // A slot a workgroup in other layouts: more rows a workgroup share its staged input.
     const base = decodeLayout(shape.rows, true);
-    for (const layout of more ? MORE_LAYOUTS.filter((l) => !sameLayout(l, base)) : []) {
+    const others = more ? MORE_LAYOUTS.filter((l) => !sameLayout(l, base)) : [];
+    for (const layout of [...burst(base, 1), ...others.flatMap((l) => [l, ...burst(l, 1)])]) {
       out.push({
         name: `per slot ${layoutName(layout)}`,
         options: { decode: layout },
@@ -259,7 +266,17 @@ function variants(ctx: GpuContext, shape: StepShape, T: number, more: boolean): 
     }
   }
   if (T === 1) {
-    if (!id) out.push({ name: "t1", options: {}, engine: true, old: true });
+    if (!id) {
+      out.push({ name: "t1", options: {}, engine: true, old: true });
+      for (const layout of burst(decodeLayout(shape.rows, false), 1)) {
+        out.push({
+          name: `t1 ${layoutName(layout)}`,
+          options: { decode: layout },
+          engine: false,
+          old: false,
+        });
+      }
+    }
     return out;
   }
   const tile = tileFor(ctx, shape.rows, id);
@@ -282,7 +299,7 @@ function variants(ctx: GpuContext, shape: StepShape, T: number, more: boolean): 
     const base = decodeLayout(shape.rows, id, n);
     const layouts = more && n >= 4
       ? [base, ...MORE_LAYOUTS.filter((l) => !sameLayout(l, base))]
-      : [base];
+      : [base, ...burst(base, n)];
     for (const layout of layouts) {
       const name = named(n, layout);
       if (seen.has(name)) continue;

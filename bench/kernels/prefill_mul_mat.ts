@@ -15,11 +15,11 @@ import { gatherTiles, gatherWords, moeGather } from "../../engine/gpu/kernels/mo
 import {
   mulMat,
   type MulMatOptions,
-  PREFETCH_TYPES,
   PREFILL_TT,
   tileFor,
   type TileShape as Tile,
 } from "../../engine/gpu/kernels/mul_mat.ts";
+import { PREFETCH_TYPES } from "../../engine/gpu/kernels/mul_mat_vec.ts";
 import { PROVIDER_CHOICES, selectProvider } from "../../engine/gpu/provider.ts";
 import { type GpuTensor, uploadTensorBytes } from "../../engine/gpu/tensor.ts";
 import { GgmlType } from "../../engine/quant/ggml_types.ts";

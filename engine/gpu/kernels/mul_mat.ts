@@ -20,6 +20,7 @@ import {
   type MatVecTokens,
   MUL_MAT_VEC,
   type MulMatVecKey,
+  PREFETCH_TYPES,
   WIDE_ROWS,
   workgroupBytes,
 } from "./mul_mat_vec.ts";
@@ -155,9 +156,6 @@ export interface MulMatKey {
   /** Pad the staged x rows (wgsl X_PAD) where the device's workgroup memory holds them; false: never. */
   readonly pad?: boolean;
 }
-
-/** Weight types whose dequantizer splits into loads and decoding (wgsl PREFETCH). */
-export const PREFETCH_TYPES: readonly GgmlType[] = [GgmlType.F32, GgmlType.Q8_0, GgmlType.IQ4_XS];
 
 /** Workgroup memory a tile stages a chunk in: 32 values of each row and of each slot, as f32. */
 function tileBytes(t: TileShape): number {

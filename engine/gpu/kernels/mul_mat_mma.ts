@@ -9,7 +9,8 @@ import type { StepEncoder } from "../encoder.ts";
 import type { KernelFamily, KernelTarget } from "../kernel.ts";
 import { GgmlType, typeName } from "../../quant/ggml_types.ts";
 import { mmaInput } from "./mma_input.ts";
-import { type MulMatBuffers, type MulMatOptions, PREFETCH_TYPES, PREFILL_TT } from "./mul_mat.ts";
+import { type MulMatBuffers, type MulMatOptions, PREFILL_TT } from "./mul_mat.ts";
+import { PREFETCH_TYPES } from "./mul_mat_vec.ts";
 
 /**
  * A tensor-core tile: rows × token slots, staged in one buffer or two (wgsl STAGES). Four

@@ -16,7 +16,16 @@ export interface MatVecLayout {
   readonly cu: 16 | 32 | 64;
   readonly rpt: 1 | 2 | 4;
   readonly xstage: boolean;
+  /**
+   * Chunks of its rows each thread loads before multiplying any (wgsl BURST; default 1): that
+   * many times the bytes in flight where few workgroups fill the GPU. Cu 16, at most 2 tokens,
+   * no pair, and PREFETCH_TYPES only.
+   */
+  readonly burst?: 2 | 4;
 }
+
+/** Weight types whose dequantizer splits into loads and decoding (dequant.wgsl load32). */
+export const PREFETCH_TYPES: readonly GgmlType[] = [GgmlType.F32, GgmlType.Q8_0, GgmlType.IQ4_XS];
 
 export interface MulMatVecKey {
   readonly type: GgmlType;
@@ -84,7 +93,7 @@ export function workgroupBytes(key: MulMatVecKey): number {
 
 /** The layout's short name, e.g. "w128c16r2x". */
 export function layoutName(l: MatVecLayout): string {
-  return `w${l.wg}c${l.cu}r${l.rpt}${l.xstage ? "x" : ""}`;
+  return `w${l.wg}c${l.cu}r${l.rpt}${l.xstage ? "x" : ""}${l.burst ? `b${l.burst}` : ""}`;
 }
 
 /**
@@ -189,6 +198,18 @@ export const MUL_MAT_VEC: KernelFamily<MulMatVecKey> = {
         }
         defines.X_STREAM = true;
       }
+    }
+    if (layout.burst) {
+      if (!regClasses || tokens > 2 || v.pairF32 || !PREFETCH_TYPES.includes(v.type)) {
+        throw new RangeError(
+          `Cannot load chunks in bursts for ${typeName(v.type)} in layout ${
+            layoutName(layout)
+          } with ${tokens} tokens a workgroup${
+            v.pairF32 ? " and a pair" : ""
+          }: cu 16, at most 2 tokens, no pair, and ${PREFETCH_TYPES.map(typeName).join(", ")} only`,
+        );
+      }
+      defines.BURST = layout.burst;
     }
     if (v.gathered) {
       if (!v.id) throw new RangeError("Cannot gather the slots of a product without experts");
