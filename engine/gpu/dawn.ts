@@ -35,10 +35,18 @@ export const DAWN_MMA_TOGGLES: readonly string[] = [
 ];
 
 /**
+ * Toggles the engine turns off. timestamp_quantization: Dawn rounds timestamp queries to 16.384
+ * µs (a browser's guard against timing attacks), which hid every short kernel's time in the
+ * profiles and kernel benches (a profile on the H100, 2026-12-06: get_rows 32.8 µs quantized,
+ * 12.2 without). The engine reads timestamps only to time itself.
+ */
+export const DAWN_OFF_TOGGLES: readonly string[] = ["timestamp_quantization"];
+
+/**
  * The options for Dawn's create() from TANDEM_DAWN_OPTIONS: comma-separated key=value pairs,
  * where a value may itself be a comma list (a piece without "=" continues the pair before), plus
- * enable-dawn-features=DAWN_TOGGLES (and DAWN_MMA_TOGGLES with `mma`) unless the variable sets
- * enable-dawn-features itself.
+ * enable-dawn-features=DAWN_TOGGLES (and DAWN_MMA_TOGGLES with `mma`) and
+ * disable-dawn-features=DAWN_OFF_TOGGLES, each unless the variable sets that key itself.
  */
 export function dawnOptions(env: string | undefined, mma = true): string[] {
   const options: string[] = [];
@@ -50,6 +58,9 @@ export function dawnOptions(env: string | undefined, mma = true): string[] {
   if (!options.some((o) => o.startsWith("enable-dawn-features="))) {
     const toggles = mma ? [...DAWN_TOGGLES, ...DAWN_MMA_TOGGLES] : DAWN_TOGGLES;
     options.push(`enable-dawn-features=${toggles.join(",")}`);
+  }
+  if (!options.some((o) => o.startsWith("disable-dawn-features="))) {
+    options.push(`disable-dawn-features=${DAWN_OFF_TOGGLES.join(",")}`);
   }
   return options;
 }

@@ -4,6 +4,7 @@
 import assert from "node:assert/strict";
 import {
   DAWN_MMA_TOGGLES,
+  DAWN_OFF_TOGGLES,
   DAWN_TOGGLES,
   dawnOptions,
   FINE_AFTER_MS,
@@ -143,15 +144,21 @@ Deno.test("paced Dawn polls leave the event loop serving sockets", async () => {
 
 Deno.test("dawnOptions: key=value pairs whose values may hold commas, plus the engine's toggles", () => {
   const toggles = `enable-dawn-features=${[...DAWN_TOGGLES, ...DAWN_MMA_TOGGLES].join(",")}`;
-  assert.deepEqual(dawnOptions(undefined), [toggles]);
-  assert.deepEqual(dawnOptions("backend=vulkan"), ["backend=vulkan", toggles]);
+  const off = `disable-dawn-features=${DAWN_OFF_TOGGLES.join(",")}`;
+  assert.deepEqual(dawnOptions(undefined), [toggles, off]);
+  assert.deepEqual(dawnOptions("backend=vulkan"), ["backend=vulkan", toggles, off]);
   // Without the tensor cores (TANDEM_MMA=1 unset), the toggles they need stay off.
   assert.deepEqual(dawnOptions(undefined, false), [
     `enable-dawn-features=${DAWN_TOGGLES.join(",")}`,
+    off,
   ]);
   // A toggle list of the caller's replaces the engine's, commas and all.
   assert.deepEqual(
     dawnOptions("backend=null,enable-dawn-features=dump_shaders,disable_symbol_renaming,,"),
-    ["backend=null", "enable-dawn-features=dump_shaders,disable_symbol_renaming"],
+    ["backend=null", "enable-dawn-features=dump_shaders,disable_symbol_renaming", off],
   );
+  assert.deepEqual(dawnOptions("disable-dawn-features=lazy_clear_resource_on_first_use"), [
+    "disable-dawn-features=lazy_clear_resource_on_first_use",
+    toggles,
+  ]);
 });
