@@ -21,6 +21,7 @@ import {
   type MatVecLayout,
   type MatVecTokens,
   PREFETCH_TYPES,
+  slotLayout,
   WIDE_ROWS,
 } from "../engine/gpu/kernels/mul_mat_vec.ts";
 import type { GpuTensor } from "../engine/gpu/tensor.ts";
@@ -194,61 +195,74 @@ gpuTest("mulMat() with add accumulates into y at an offset and stride", async (c
 gpuTest(
   "mulMat() over a gather table, as tiles or decode products, equals the per-slot products bit for bit",
   async (ctx) => {
-    const type = GgmlType.Q5_K;
-    const [K, M, E, T, nUsed] = [256, 13, 5, 13, 3];
-    const r = rng(8);
-    const bytes = randomBlocks(type, K * M * E, 0.5, r);
-    const x = randomF32(T * K, r);
-    // Expert 4 gets 19 slots (several groups of every decode workgroup's size), expert 1 none.
-    const ids = Uint32Array.from({ length: T * nUsed }, (_, s) => [4, 0, 2, 4, 3, 4][s % 6]);
-    const tensor = await uploadWeights(ctx, { name: "exps", type, shape: [K, M, E] }, bytes, {
-      maxPartBytes: 2 * M * rowBytes(type, K),
-    });
-    const xb = upload(ctx, x);
-    const idsb = upload(ctx, ids);
-    const table = createStorage(ctx, "table", 4 * gatherWords(T * nUsed, E, PREFILL_TT));
-    const perSlot = createStorage(ctx, "per slot", T * nUsed * M * 4);
-    // The tiles, then decode workgroups of 1, 2, 4 and 8 slots.
-    const runs = [
-      { tile: tileFor(ctx, M, true) },
-      ...([1, 2, 4, 8] as const).map((n) => ({
-        decodeTokens: n,
-      })),
-    ];
-    const gathered = runs.map(() => createStorage(ctx, "gathered", T * nUsed * M * 4));
-    await submit(ctx, (enc) => {
-      mulMat(enc, { w: tensor, x: xb, y: perSlot, ids: idsb }, { tokens: T, nUsed });
-      moeGather(enc, { ids: idsb, table }, { slots: T * nUsed, experts: E, tt: PREFILL_TT });
-      runs.forEach((run, j) =>
-        mulMat(enc, { w: tensor, x: xb, y: gathered[j], ids: table }, {
-          ...run,
-          tokens: T,
-          nUsed,
-          gatherTiles: gatherTiles(T * nUsed, E, PREFILL_TT),
-        })
-      );
-    });
-    const a = await readF32(ctx, perSlot, T * nUsed * M);
-    for (const [j, run] of runs.entries()) {
-      assertSameBits(a, await readF32(ctx, gathered[j], T * nUsed * M), M, JSON.stringify(run));
-    }
-    const b = await readF32(ctx, gathered[0], T * nUsed * M);
-    const w = dequantize(type, bytes, K * M * E);
-    const want = new Float64Array(T * nUsed * M);
-    const scale = new Float64Array(T * nUsed * M);
-    for (let s = 0; s < T * nUsed; s++) {
-      const t = Math.floor(s / nUsed);
-      for (let row = 0; row < M; row++) {
-        for (let c = 0; c < K; c++) {
-          const p = w[(ids[s] * M + row) * K + c] * x[t * K + c];
-          want[s * M + row] += p;
-          scale[s * M + row] += Math.abs(p);
-        }
-      }
-    }
-    assertClose(b, want, scale, TOL, "gathered expert products");
+    // Q5_K and IQ4_XS: slots of a 13-row step in the wide slot layout, without and with bursts.
+    for (const type of [GgmlType.Q5_K, GgmlType.IQ4_XS]) await gatheredEqualsPerSlot(ctx, type);
   },
 );
+
+/** Expert products of one type: per slot (two layouts) against gathered tiles and decodes. */
+async function gatheredEqualsPerSlot(ctx: GpuContext, type: GgmlType): Promise<void> {
+  const [K, M, E, T, nUsed] = [256, 13, 5, 13, 3];
+  const r = rng(8 + type);
+  const bytes = randomBlocks(type, K * M * E, 0.5, r);
+  const x = randomF32(T * K, r);
+  // Expert 4 gets 19 slots (several groups of every decode workgroup's size), expert 1 none.
+  const ids = Uint32Array.from({ length: T * nUsed }, (_, s) => [4, 0, 2, 4, 3, 4][s % 6]);
+  const tensor = await uploadWeights(ctx, { name: "exps", type, shape: [K, M, E] }, bytes, {
+    maxPartBytes: 2 * M * rowBytes(type, K),
+  });
+  const xb = upload(ctx, x);
+  const idsb = upload(ctx, ids);
+  const table = createStorage(ctx, "table", 4 * gatherWords(T * nUsed, E, PREFILL_TT));
+  const perSlot = createStorage(ctx, "per slot", T * nUsed * M * 4);
+  // The tiles, then decode workgroups of 1, 2, 4 and 8 slots.
+  const runs = [
+    { tile: tileFor(ctx, M, true) },
+    ...([1, 2, 4, 8] as const).map((n) => ({
+      decodeTokens: n,
+    })),
+  ];
+  const gathered = runs.map(() => createStorage(ctx, "gathered", T * nUsed * M * 4));
+  // The layout a step of fewer rows gives its slots.
+  const narrow = createStorage(ctx, "per slot, narrow", T * nUsed * M * 4);
+  await submit(ctx, (enc) => {
+    mulMat(enc, { w: tensor, x: xb, y: perSlot, ids: idsb }, { tokens: T, nUsed });
+    mulMat(enc, { w: tensor, x: xb, y: narrow, ids: idsb }, {
+      tokens: T,
+      nUsed,
+      decode: slotLayout(type, 1),
+    });
+    moeGather(enc, { ids: idsb, table }, { slots: T * nUsed, experts: E, tt: PREFILL_TT });
+    runs.forEach((run, j) =>
+      mulMat(enc, { w: tensor, x: xb, y: gathered[j], ids: table }, {
+        ...run,
+        tokens: T,
+        nUsed,
+        gatherTiles: gatherTiles(T * nUsed, E, PREFILL_TT),
+      })
+    );
+  });
+  const a = await readF32(ctx, perSlot, T * nUsed * M);
+  assertSameBits(a, await readF32(ctx, narrow, T * nUsed * M), M, `${typeName(type)} narrow`);
+  for (const [j, run] of runs.entries()) {
+    assertSameBits(a, await readF32(ctx, gathered[j], T * nUsed * M), M, JSON.stringify(run));
+  }
+  const b = await readF32(ctx, gathered[0], T * nUsed * M);
+  const w = dequantize(type, bytes, K * M * E);
+  const want = new Float64Array(T * nUsed * M);
+  const scale = new Float64Array(T * nUsed * M);
+  for (let s = 0; s < T * nUsed; s++) {
+    const t = Math.floor(s / nUsed);
+    for (let row = 0; row < M; row++) {
+      for (let c = 0; c < K; c++) {
+        const p = w[(ids[s] * M + row) * K + c] * x[t * K + c];
+        want[s * M + row] += p;
+        scale[s * M + row] += Math.abs(p);
+      }
+    }
+  }
+  assertClose(b, want, scale, TOL, "gathered expert products");
+}
 
 /**
  * y of `tokens` tokens, each token in its own call, then all in one call (the engine's choice:

@@ -21,6 +21,7 @@ import {
   MUL_MAT_VEC,
   type MulMatVecKey,
   PREFETCH_TYPES,
+  slotLayout,
   WIDE_ROWS,
   workgroupBytes,
 } from "./mul_mat_vec.ts";
@@ -379,7 +380,7 @@ function decodeKey(
   const plain = !e.id || e.gathered;
   const asked = !plain || o.conv ? 1 : o.decodeTokens ??
     decodeTokens(o.tokens, { gathered: e.gathered, norm: !!o.norm, rows });
-  const layout = o.decode ?? decodeLayout(rows, e.id, asked);
+  const layout = o.decode ?? (plain ? decodeLayout(rows, e.id, asked) : slotLayout(type, o.tokens));
   const key = {
     type,
     layout,

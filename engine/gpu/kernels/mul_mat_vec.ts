@@ -124,6 +124,24 @@ export function decodeLayout(rows: number, id: boolean, tokens: MatVecTokens = 1
   return { wg: 128, cu: 64, rpt: 1, xstage: true };
 }
 
+/** Rows of a step from which the experts, a (token, rank) slot a workgroup, take 64 rows each. */
+export const SLOT_WIDE_FROM_TOKENS = 4;
+
+/**
+ * The layout of the experts' products a slot a workgroup in a step of `stepTokens` rows: from
+ * SLOT_WIDE_FROM_TOKENS, 256 threads of four rows, loading two chunks of each at once where the
+ * type's loads split off. On the H100 that took the down 1.1-1.8× and gate|up 1.1-1.5× less time
+ * than 128 threads of two rows at 4 to 64 rows (bench/kernels/decode_steps.ts --layouts more,
+ * docs/PERFORMANCE-NOTES.md "Experts a slot a workgroup, wider"): a slot's SwiGLU or staged input
+ * is computed once for 64 rows instead of 16, and a thread has four rows' chunks in flight.
+ * Fewer rows keep decodeLayout's, unmeasured otherwise.
+ */
+export function slotLayout(type: GgmlType, stepTokens: number): MatVecLayout {
+  if (stepTokens < SLOT_WIDE_FROM_TOKENS) return decodeLayout(0, true);
+  const wide: MatVecLayout = { wg: 256, cu: 16, rpt: 4, xstage: true };
+  return PREFETCH_TYPES.includes(type) ? { ...wide, burst: 2 } : wide;
+}
+
 /** A variant per weight type, layout and epilogue. */
 export const MUL_MAT_VEC: KernelFamily<MulMatVecKey> = {
   file: "mul_mat_vec.wgsl",
