@@ -3,12 +3,12 @@
 // each way the engine can run it (prefill tiles; decode products taking 1, 2, 4 or 8 tokens a
 // workgroup; the experts a (token, rank) slot a workgroup or gathered by expert; with --layouts
 // more, every cu 16 layout too), each first checked bit for bit against the same rows multiplied
-// one token at a time, then timed back to back on the GPU. Inputs are normed rows
-// (decode_matvec.ts times the folded norm); each token's experts are 8 distinct of 256, uniform, as
-// a load-balanced router spreads them. Prints shape | T | variant | µs | GB/s (the weights each
-// product needs, read once), then per product and T the old path (decode products to
-// DECODE_MAX_TOKENS, tiles beyond) against the engine's choice and the best, and last one step's
-// products over the model's 40 layers.
+// one token at a time, then timed back to back on the GPU, a step size's variants in interleaved
+// rounds. Inputs are normed rows (decode_matvec.ts times the folded norm); each token's experts
+// are 8 distinct of 256, uniform, as a load-balanced router spreads them. Prints shape | T |
+// variant | µs | GB/s (the weights each product needs, read once), then per product and T the old
+// path (decode products to DECODE_MAX_TOKENS, tiles beyond) against the engine's choice and the
+// best, and last one step's products over the model's 40 layers.
 //
 //   deno run -A bench/kernels/decode_steps.ts --gpu dawn [--tokens 1,2,4,8,16,32,64] [--out r.json]
 //   deno run -A bench/kernels/decode_steps.ts --gpu builtin --shapes tiny --allow-software-gpu
@@ -396,21 +396,51 @@ interface Result {
 }
 
 /** GPU µs a product of `recordN`, back to back, passes of about `passUs`. */
-async function timeProduct(
+function timeProduct(
   ctx: GpuContext,
   arena: ParamArena,
   timer: ReturnType<typeof createStepTimer>,
   recordN: (enc: StepEncoder, n: number) => void,
-  o: { readonly passUs: number; readonly most: number; readonly runs: number },
+  o: Timing,
 ): Promise<number> {
-  const probe = await timeDispatches(ctx, arena, timer, (enc) => recordN(enc, 2)) / 2;
-  const n = Math.max(2, Math.min(o.most, Math.round(o.passUs / probe)));
-  await timeDispatches(ctx, arena, timer, (enc) => recordN(enc, n));
-  const us: number[] = [];
-  for (let i = 0; i < o.runs; i++) {
-    us.push(await timeDispatches(ctx, arena, timer, (enc) => recordN(enc, n)) / n);
+  return timeInRounds(ctx, arena, timer, [recordN], o).then(([us]) => us);
+}
+
+interface Timing {
+  readonly passUs: number;
+  readonly most: number;
+  readonly runs: number;
+}
+
+/**
+ * GPU µs a product of each of `products` (as recordN records n of them), timed in interleaved
+ * rounds: each round times every product once, so a change of the GPU's clocks during the runs
+ * falls on all of them alike (timed one after the other, the first of a step size measured up to
+ * 1.5× the same kernel timed later, decode_steps on the H100 at 7c67105). Each product's pass
+ * holds about `passUs` of it, after a probe and an untimed pass; the median round is kept.
+ */
+async function timeInRounds(
+  ctx: GpuContext,
+  arena: ParamArena,
+  timer: ReturnType<typeof createStepTimer>,
+  products: readonly ((enc: StepEncoder, n: number) => void)[],
+  o: Timing,
+): Promise<number[]> {
+  const counts: number[] = [];
+  for (const recordN of products) {
+    const probe = await timeDispatches(ctx, arena, timer, (enc) => recordN(enc, 2)) / 2;
+    const n = Math.max(2, Math.min(o.most, Math.round(o.passUs / probe)));
+    await timeDispatches(ctx, arena, timer, (enc) => recordN(enc, n));
+    counts.push(n);
   }
-  return median(us);
+  const us: number[][] = products.map(() => []);
+  for (let round = 0; round < o.runs; round++) {
+    for (const [i, recordN] of products.entries()) {
+      const n = counts[i];
+      us[i].push(await timeDispatches(ctx, arena, timer, (enc) => recordN(enc, n)) / n);
+    }
+  }
+  return us.map(median);
 }
 
 const DECODE_STEPS = {
@@ -434,7 +464,7 @@ const DECODE_STEPS = {
     only: flag(text("NAME,..."), "shapes whose name contains one of these"),
     "pass-us": flag(whole(1), "GPU microseconds a timed pass aims at", 4000),
     dispatches: flag(whole(2), "products a timed pass at most", 100),
-    runs: flag(whole(1), "timed passes per variant (the median is kept)", 3),
+    runs: flag(whole(1), "timed rounds, each timing every variant once (the median is kept)", 3),
     "deadline-s": flag(whole(1), "stop starting variants after this many seconds", 100000),
     out: flag(text("FILE"), "write every result here as JSON"),
     "allow-software-gpu": switchFlag("accept a software (CPU) adapter"),
@@ -456,7 +486,7 @@ async function main(values: FlagValues<typeof DECODE_STEPS.flags>): Promise<void
   const all = values.shapes === "full" ? fullShapes() : tinyShapes();
   const only = values.only?.split(",");
   const shapes = only ? all.filter((s) => only.some((o) => s.name.includes(o))) : all;
-  const timing = { passUs: values["pass-us"], most: values.dispatches, runs: values.runs };
+  const timing: Timing = { passUs: values["pass-us"], most: values.dispatches, runs: values.runs };
   const results: Result[] = [];
   /** µs of moe_gather by T: every gathered product of a layer shares one. */
   const gatherUs = new Map<number, number>();
@@ -482,6 +512,8 @@ async function main(values: FlagValues<typeof DECODE_STEPS.flags>): Promise<void
         gatherUs.set(T, us);
         console.log(`moe_gather | ${T} | ${slots} slots | ${us.toFixed(2)} µs`);
       }
+      // Every variant checked first, then the ones that passed timed in interleaved rounds.
+      const checked: { v: Variant; result: Result }[] = [];
       for (const v of variants(ctx, shape, T, values.layouts === "more")) {
         const base = {
           shape: shape.name,
@@ -491,24 +523,27 @@ async function main(values: FlagValues<typeof DECODE_STEPS.flags>): Promise<void
           old: v.old,
           gathered: !!v.gathered,
         };
-        let result: Result;
-        if (elapsed() > values["deadline-s"]) result = { ...base, check: "skipped: deadline" };
-        else if (typeof want === "string") result = { ...base, check: `reference ${want}` };
+        let check: string;
+        if (elapsed() > values["deadline-s"]) check = "skipped: deadline";
+        else if (typeof want === "string") check = `reference ${want}`;
         else {
           const got = await run(ctx, arena, s, (enc) => record(enc, w, s, v, 1));
-          const check = typeof got === "string" ? got : compare(got, want, s.yInit);
-          result = { ...base, check };
-          if (check === "ok") {
-            const us = await timeProduct(
-              ctx,
-              arena,
-              timer,
-              (enc, n) => record(enc, w, s, v, n),
-              timing,
-            );
-            result = { ...result, us, gbs: s.bytes / us / 1e3 };
-          }
+          check = typeof got === "string" ? got : compare(got, want, s.yInit);
         }
+        checked.push({ v, result: { ...base, check } });
+      }
+      const timed = checked.filter((c) => c.result.check === "ok");
+      const us = await timeInRounds(
+        ctx,
+        arena,
+        timer,
+        timed.map(({ v }) => (enc: StepEncoder, n: number) => record(enc, w, s, v, n)),
+        timing,
+      );
+      const timedUs = new Map(timed.map((c, i) => [c, us[i]]));
+      for (const c of checked) {
+        const u = timedUs.get(c);
+        const result = u === undefined ? c.result : { ...c.result, us: u, gbs: s.bytes / u / 1e3 };
         results.push(result);
         console.log(line(result));
       }
