@@ -24,6 +24,8 @@ export interface TestModelSpec {
   /** Default 1. */
   readonly seed?: number;
   readonly tied?: boolean;
+  /** With the MTP block published qwen35/qwen35moe files carry (ModelSpec.mtp). */
+  readonly mtp?: boolean;
 }
 
 const MODELS_DIR = new URL("./fixtures/models/", import.meta.url);
@@ -108,6 +110,7 @@ export async function testModel(spec: TestModelSpec): Promise<string> {
     quant: spec.quant,
     seed: spec.seed,
     tied: spec.tied,
+    mtp: spec.mtp,
   };
   generatorHash ??= hashGenerator();
   const dir = decodeURIComponent(MODELS_DIR.pathname);

@@ -36,6 +36,7 @@ const MAKE_MODEL = {
     seed: flag(whole(0), "random seed", 1),
     split: flag(whole(1), "write this many gguf-split shards", 1),
     tied: switchFlag("no output.weight: the LM head reuses token_embd"),
+    mtp: switchFlag("append the MTP (nextn) block published qwen35/qwen35moe files carry"),
     out: flag(text("PATH"), "the output file (default models/<name>.gguf)"),
   },
 } satisfies Command<FlagTable>;
@@ -52,6 +53,7 @@ async function main(values: FlagValues<typeof MAKE_MODEL.flags>): Promise<void> 
     quant: values.quant,
     seed: values.seed,
     tied: values.tied,
+    mtp: values.mtp,
   };
   const split = values.split;
   const out = values.out ?? `models/${modelFileStem(spec)}.gguf`;

@@ -28,6 +28,13 @@ export interface ModelSpec {
   readonly seed?: number;
   /** Leave out `output.weight` so the LM head reuses `token_embd.weight`. */
   readonly tied?: boolean;
+  /**
+   * Append the MTP ("nextn") block that published qwen35/qwen35moe files carry after the main
+   * stack (docs/model_arch.md §3.6): a full-attention block plus eh_proj, enorm, hnorm and
+   * shared_head_norm, counted in block_count with nextn_predict_layers = 1. Normal decoding never
+   * runs it; the main stack's tensors are the same bytes with or without it.
+   */
+  readonly mtp?: boolean;
 }
 
 /**
@@ -164,7 +171,7 @@ function planTensors(
   p: Preset,
   arch: Arch,
   layout: Layout,
-  tied: boolean,
+  o: { readonly tied: boolean; readonly mtp: boolean },
   V: number,
 ): Omit<TensorDef, "type">[] {
   const { D, Hq, Hkv, Dh, Nk, Nv, Dk, Dv, Kc, E, Fe, Fs, F } = p;
@@ -178,11 +185,11 @@ function planTensors(
   // token's identity at the same scale as what each block adds. A tied head reads the residual
   // back through the same rows, where a unit-scale e_t would make every token predict itself
   // (e_t·e_t ≈ D); at std 0.1 the blocks' outputs dominate the residual instead.
-  add("token_embd.weight", [D, V], "embd", { dist: "normal", a: 0, b: tied ? 0.1 : 1 });
-  for (let i = 0; i < p.nLayer; i++) {
+  add("token_embd.weight", [D, V], "embd", { dist: "normal", a: 0, b: o.tied ? 0.1 : 1 });
+  const block = (i: number, fullAttention: boolean) => {
     const blk = (s: string) => `blk.${i}.${s}`;
     add(blk("attn_norm.weight"), [D], "vector", NORM);
-    if ((i + 1) % p.fullAttentionInterval !== 0) {
+    if (!fullAttention) {
       if (arch === "qwen3next" && layout === "legacy") {
         add(blk("ssm_in.weight"), [D, 2 * keyDim + 2 * valueDim], "ssm", proj(D));
       } else {
@@ -227,13 +234,23 @@ function planTensors(
       add(blk("ffn_up_shexp.weight"), [D, Fs], "shexp", proj(D));
       add(blk("ffn_down_shexp.weight"), [Fs, D], "shexp_down", proj(Fs));
     }
+  };
+  for (let i = 0; i < p.nLayer; i++) block(i, (i + 1) % p.fullAttentionInterval === 0);
+  if (o.mtp) {
+    const i = p.nLayer;
+    block(i, true);
+    // The draft's input: [RMSNorm(embedding) | RMSNorm(hidden state)] projected back to D.
+    add(`blk.${i}.nextn.eh_proj.weight`, [2 * D, D], "attn", proj(2 * D));
+    add(`blk.${i}.nextn.enorm.weight`, [D], "vector", NORM);
+    add(`blk.${i}.nextn.hnorm.weight`, [D], "vector", NORM);
+    add(`blk.${i}.nextn.shared_head_norm.weight`, [D], "vector", NORM);
   }
   add("output_norm.weight", [D], "vector", NORM);
-  if (!tied) add("output.weight", [D, V], "output", proj(D));
+  if (!o.tied) add("output.weight", [D, V], "output", proj(D));
   return out;
 }
 
-function archKeys(p: Preset, arch: Arch): GgufMetaEntry[] {
+function archKeys(p: Preset, arch: Arch, mtp: boolean): GgufMetaEntry[] {
   const u32 = (key: string, value: number): GgufMetaEntry => ({
     key: `${arch}.${key}`,
     type: "u32",
@@ -245,7 +262,7 @@ function archKeys(p: Preset, arch: Arch): GgufMetaEntry[] {
     value,
   });
   const keys = [
-    u32("block_count", p.nLayer),
+    u32("block_count", p.nLayer + (mtp ? 1 : 0)),
     u32("context_length", p.contextLength),
     u32("embedding_length", p.D),
     u32("attention.head_count", p.Hq),
@@ -273,7 +290,7 @@ function archKeys(p: Preset, arch: Arch): GgufMetaEntry[] {
     );
   }
   if (arch !== "qwen3next") {
-    keys.push(u32("nextn_predict_layers", 0), {
+    keys.push(u32("nextn_predict_layers", mtp ? 1 : 0), {
       key: `${arch}.rope.dimension_sections`,
       type: "array",
       itemType: "i32",
@@ -317,10 +334,22 @@ export function planModel(spec: ModelSpec): ModelPlan {
         `only for qwen3next; use "split"`,
     );
   }
+  const mtp = spec.mtp ?? false;
+  if (mtp && spec.arch === "qwen3next") {
+    throw new RangeError(
+      "Cannot plan a qwen3next model with an MTP block: its files carry no nextn_predict_layers " +
+        "(docs/model_arch.md §2.2); use qwen35 or qwen35moe",
+    );
+  }
   const vocab = vocabOf(p);
   const chooseType = typeChooser(quant);
-  const tensors = planTensors(p, spec.arch, layout, spec.tied ?? false, vocab.tokens.length)
-    .map((t) => ({ ...t, type: chooseType(t.role) }));
+  const tensors = planTensors(
+    p,
+    spec.arch,
+    layout,
+    { tied: spec.tied ?? false, mtp },
+    vocab.tokens.length,
+  ).map((t) => ({ ...t, type: chooseType(t.role) }));
   let dataBytes = 0;
   for (const t of tensors) {
     const g = blockGeometry(t.type)!;
@@ -345,7 +374,7 @@ export function planModel(spec: ModelSpec): ModelPlan {
       ? []
       : [{ key: "general.file_type", type: "u32", value: fileType } as const]),
     { key: "general.quantization_version", type: "u32", value: 2 },
-    ...archKeys(p, spec.arch),
+    ...archKeys(p, spec.arch, mtp),
     ...tokenizerEntries(vocab, {
       pre: spec.arch === "qwen3next" ? "qwen2" : "qwen35",
       chatTemplate: CHAT_TEMPLATE,
@@ -354,12 +383,13 @@ export function planModel(spec: ModelSpec): ModelPlan {
   return { meta, tensors, dataBytes };
 }
 
-/** A file stem that names every spec field: "tiny-qwen3next-legacy-q8_0-seed1-tied". */
+/** A file stem that names every spec field: "tiny-qwen35moe-q8_0-seed1-tied-mtp". */
 export function modelFileStem(spec: ModelSpec): string {
   const parts: string[] = [spec.preset, spec.arch];
   if (spec.arch === "qwen3next") parts.push(spec.layout ?? "split");
   parts.push(spec.quant ?? "f32", `seed${spec.seed ?? 1}`);
   if (spec.tied) parts.push("tied");
+  if (spec.mtp) parts.push("mtp");
   return parts.join("-");
 }
 

@@ -223,6 +223,31 @@ Deno.test("tied models have no output.weight", async () => {
   });
 });
 
+Deno.test("an MTP block is one more full-attention block plus its four nextn tensors", async () => {
+  await withModel({ preset: "tiny", arch: "qwen35moe", quant: "q8_0", mtp: true }, async (mtp) => {
+    await withModel({ preset: "tiny", arch: "qwen35moe", quant: "q8_0" }, async (plain) => {
+      const extra = [...mtp.tensors.keys()].filter((n) => !plain.tensors.has(n));
+      const attention = [...plain.tensors.keys()].filter((n) => n.startsWith("blk.3."))
+        .map((n) => n.replace("blk.3.", "blk.4."));
+      const nextn = ["eh_proj", "enorm", "hnorm", "shared_head_norm"]
+        .map((n) => `blk.4.nextn.${n}.weight`);
+      assert.deepEqual(extra.sort(), [...attention, ...nextn].sort());
+      assert.deepEqual(mtp.tensors.get("blk.4.nextn.eh_proj.weight")!.shape, [2 * TINY.D, TINY.D]);
+      // The main stack keeps its bytes: every value depends only on the seed and the name.
+      for (const name of plain.tensors.keys()) {
+        assert.deepEqual(await mtp.readTensor(name), await plain.readTensor(name), name);
+      }
+      assert.equal(mtp.metadata.get("qwen35moe.block_count"), 5);
+      assert.equal(mtp.metadata.get("qwen35moe.nextn_predict_layers"), 1);
+      assert.equal(readHParams(mtp.metadata).nLayer, 4);
+    });
+  });
+  assert.throws(
+    () => planModel({ preset: "tiny", arch: "qwen3next", mtp: true }),
+    /qwen3next model with an MTP block/,
+  );
+});
+
 Deno.test("q4_k_m and iq4_xs put the brief's types on each tensor class", () => {
   const types = (quant: "q4_k_m" | "iq4_xs") =>
     new Map(
@@ -281,6 +306,11 @@ Deno.test("full-size plans match the published tensor counts and the bench model
   assert.equal(next("split"), 843);
   const bench = planModel({ preset: "qwen35moe-35b", arch: "qwen35moe", quant: "iq4_xs" });
   assert.equal(bench.tensors.length, 753 - 20);
+  assert.equal(
+    planModel({ preset: "qwen35moe-35b", arch: "qwen35moe", quant: "iq4_xs", mtp: true })
+      .tensors.length,
+    753,
+  );
   // docs/PERFORMANCE.md ("The model"): the bench model of this shape and scheme is 19.66 GB.
   assert.ok(Math.abs(bench.dataBytes / 19.66e9 - 1) < 0.01, `${bench.dataBytes} bytes`);
   const hp = readHParams(new Map(bench.meta.map((e) => [e.key, e.value as GgufValue])));
