@@ -25,8 +25,8 @@
 //   (1 | 2 | 4); XSTAGE (a window's x, normed, staged once in workgroup memory instead of each
 //   thread reading its chunks from x); BURST (2 | 4; REG_CLASSES, TN ≤ 2, no PAIR_F32, types with
 //   dequant.wgsl's load32: a thread loads that many of its chunks of every row before multiplying
-//   any, the same sums in the same order with that many times the bytes in flight); ID, X_SWIGLU (x = silu(g)·u with u at g + up_offset), ADD
-//   (y += result), NORM (x is the raw residual row and the product uses RMSNorm(x)·nw, the scale
+//   any, the same sums in the same order with that many times the bytes in flight); ID, X_SWIGLU
+//   (x = silu(g)·u with u at g + up_offset), ADD (y += result), NORM (x is the raw residual row and the product uses RMSNorm(x)·nw, the scale
 //   from _include/rms.wgsl as wgsl/rms_norm.wgsl computes it), IQ4_TABLE_WORKGROUP
 //   (dequant.wgsl), SUBGROUPS (with REG_CLASSES: a row's class partials combined by subgroup
 //   shuffles in class order), W_VEC4 (F32: w bound as vec4s, one load each), PAIR_F32 (a second

@@ -96,6 +96,9 @@ export function layoutName(l: MatVecLayout): string {
   return `w${l.wg}c${l.cu}r${l.rpt}${l.xstage ? "x" : ""}${l.burst ? `b${l.burst}` : ""}`;
 }
 
+/** Expert slots (8 × 1024 or 2048 rows) of a short step: 128 threads of two rows. */
+const SLOT_NARROW: MatVecLayout = { wg: 128, cu: 16, rpt: 2, xstage: true };
+
 /**
  * The layout a decode product of `rows` rows runs with, its workgroups taking `tokens` tokens
  * each: the fastest on both providers for the bench model's shapes on an H200 (docs/
@@ -103,8 +106,7 @@ export function layoutName(l: MatVecLayout): string {
  * layout gives the same bits.
  */
 export function decodeLayout(rows: number, id: boolean, tokens: MatVecTokens = 1): MatVecLayout {
-  // Expert slots (8 × 1024 or 2048 rows): two rows a thread.
-  if (id) return { wg: 128, cu: 16, rpt: 2, xstage: true };
+  if (id) return SLOT_NARROW;
   // The LM head; two rows a thread where a workgroup takes more than two tokens, whose thread
   // holds each of its rows' chunks at once (32 registers a row).
   if (rows >= LM_HEAD_ROWS) return { wg: 256, cu: 16, rpt: tokens > 2 ? 2 : 4, xstage: true };
@@ -137,7 +139,7 @@ export const SLOT_WIDE_FROM_TOKENS = 4;
  * Fewer rows keep decodeLayout's, unmeasured otherwise.
  */
 export function slotLayout(type: GgmlType, stepTokens: number): MatVecLayout {
-  if (stepTokens < SLOT_WIDE_FROM_TOKENS) return decodeLayout(0, true);
+  if (stepTokens < SLOT_WIDE_FROM_TOKENS) return SLOT_NARROW;
   const wide: MatVecLayout = { wg: 256, cu: 16, rpt: 4, xstage: true };
   return PREFETCH_TYPES.includes(type) ? { ...wide, burst: 2 } : wide;
 }
