@@ -50,6 +50,12 @@ export const WORKER = {
       "prefix-cache places; at least the head's (default sized as the head's from --ctx and " +
         "--slots)",
     ),
+    rewind: flag(
+      whole(0),
+      "positions of a speculative step's verify run this worker keeps to rewind; at least " +
+        "the head's (its drafts + 1)",
+      0,
+    ),
     next: flag(address, "the worker serving the layers after these"),
     "silence-s": SILENCE_FLAG,
     "key-file": flag(text("PATH"), "the wire's shared key, a secret file (docs/WIRE.md)"),
@@ -91,6 +97,7 @@ export async function serveWorker(
     ctx: flags.ctx,
     maxBatch: flags["max-batch"],
     snapshots: flags.snapshots ?? defaultSnapshots(flags.ctx, flags.slots),
+    maxRewind: flags.rewind,
     next: flags.next,
     silenceMs: flags["silence-s"] * 1000,
     key,

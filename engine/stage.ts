@@ -141,6 +141,12 @@ export interface StageRunOptions {
   readonly logits?: LogitPositions;
   /** What the rows are (default defaultRows(n)); every stage passes it on. */
   readonly rows?: RowKind;
+  /**
+   * Keep the state after each of the run's positions, so that `rewind` can take the slot back
+   * to any of them: a speculative step's drafts, verified in one run, of which the model may
+   * accept only some. n must be at most the stage's `maxRewind`; every stage passes it on.
+   */
+  readonly rewindable?: boolean;
 }
 
 /** A stage's layers and the sizes it was opened with; a worker's HELLO states the same. */
@@ -157,6 +163,8 @@ export interface StageShape {
   readonly maxBatch: number;
   /** Snapshot places `0..snapshots-1` that save and restore accept. */
   readonly snapshots: number;
+  /** Most positions of a `rewindable` run (0: the stage keeps no trail and cannot rewind). */
+  readonly maxRewind: number;
 }
 
 /** What either engine opens a stage with (engine/open_stage.ts); checked by checkOpenOptions. */
@@ -169,6 +177,8 @@ export interface StageOpenOptions {
   readonly maxBatch?: number;
   /** Numbered snapshot places for save/restore; default 0. */
   readonly snapshots?: number;
+  /** Most positions of a `rewindable` run; default 0 (none). Each costs a DeltaNet state a slot. */
+  readonly maxRewind?: number;
   /** The model's hyperparameters, when the caller has read them (else read from the model). */
   readonly hp?: HParams;
 }
@@ -226,5 +236,12 @@ export interface Stage extends StageShape {
   save(slot: number, idx: number): Promise<void>;
   /** Restores snapshot `idx` into `slot`; returns the position the slot then continues from. */
   restore(slot: number, idx: number): Promise<number>;
+  /**
+   * Takes `slot` back to position `pos` inside its last run, which was `rewindable` (base < pos
+   * ≤ base + n; no run or restore on the slot since): the slot continues from `pos`
+   * with the state it had there, as if the run had been of pos − base positions. Later
+   * positions' KV is simply overwritten; rewinding again within the same run is allowed.
+   */
+  rewind(slot: number, pos: number): Promise<void>;
   close(): void;
 }

@@ -48,11 +48,18 @@ export function checkOpenOptions(
   }
   const maxBatch = options.maxBatch ?? defaultMaxBatch(ctx);
   const snapshots = options.snapshots ?? 0;
+  const maxRewind = options.maxRewind ?? 0;
   wholeAtLeast("slots", slots, 1);
   wholeAtLeast("ctx", ctx, 1);
   wholeAtLeast("maxBatch", maxBatch, 1);
   wholeAtLeast("snapshots", snapshots, 0);
-  return { first, end, slots, ctx, maxBatch, snapshots };
+  wholeAtLeast("maxRewind", maxRewind, 0);
+  if (maxRewind > maxBatch) {
+    throw new RangeError(
+      `Cannot open a stage with maxRewind ${maxRewind}: a rewindable run is one run, at most maxBatch (${maxBatch}) positions`,
+    );
+  }
+  return { first, end, slots, ctx, maxBatch, snapshots, maxRewind };
 }
 
 /** Throws once the stage is closed. */
@@ -269,6 +276,47 @@ export function checkChainLink(
     throw new RangeError(
       `Cannot chain layers ${first}..${end} to a next stage starting at layer ${next.first}; ` +
         `the next stage must start at layer ${end}`,
+    );
+  }
+}
+
+/** Checks a run's `rewindable` against the stage's maxRewind; returns it, false when unset. */
+export function checkRewindable(
+  stage: Pick<Stage, "first" | "end" | "maxRewind">,
+  options: StageRunOptions,
+  n: number,
+): boolean {
+  const rewindable = options.rewindable ?? false;
+  if (rewindable && n > stage.maxRewind) {
+    throw new RangeError(
+      `Cannot keep ${n} positions to rewind on stage ${stage.first}..${stage.end}: it keeps at most ${stage.maxRewind}; ` +
+        "open it with a larger maxRewind or verify fewer drafts a run",
+    );
+  }
+  return rewindable;
+}
+
+/** A slot's last run, where it was rewindable: the positions `rewind` may go back into. */
+export interface RewindSpan {
+  readonly base: number;
+  readonly n: number;
+}
+
+/**
+ * Checks rewind(slot, pos) against the slot's last run (`span`, undefined unless that run was
+ * rewindable and nothing has run or restored the slot since): base < pos ≤ base + n.
+ */
+export function checkRewind(slot: number, pos: number, span: RewindSpan | undefined): void {
+  if (!span) {
+    throw new RangeError(
+      `Cannot rewind slot ${slot}: its last run kept no trail; run it with rewindable: true first`,
+    );
+  }
+  if (!Number.isInteger(pos) || pos <= span.base || pos > span.base + span.n) {
+    throw new RangeError(
+      `Cannot rewind slot ${slot} to position ${pos}: its last run covered ${span.base}..${
+        span.base + span.n
+      }, so it can go back to ${span.base + 1}..${span.base + span.n}`,
     );
   }
 }

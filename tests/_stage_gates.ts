@@ -136,3 +136,76 @@ export async function checkLogitPositions(
   });
   assert.equal(all[chunks - 1].top.length, 5);
 }
+
+/** Stage.rewind on every stage of a chain in this process (a RemoteStage rewinds its chain). */
+export async function rewindChain(stages: readonly Stage[], slot: number, pos: number) {
+  for (const stage of stages) await stage.rewind(slot, pos);
+}
+
+/**
+ * The gate of rewindable runs on a chain opened with maxRewind ≥ drafts + 1: `ids` prefilled on
+ * `slot`, then its greedy continuation decoded as speculative steps would, each verifying
+ * `drafts` drafted tokens in one rewindable run of generated rows and rewinding to what the model
+ * accepted: once with every draft right (no rewind), and once each with draft w wrong (the
+ * model accepts w of them). Every verified position's greedy id must be plain decoding's, and a
+ * plain step after the speculation must give plain decoding's bits at that position (ids, top-k,
+ * log-sum-exp): the rewound slot holds exactly the state of the tokens kept. Also checks the
+ * refusals: a rewind after a run that kept no trail, outside the last run, and a rewindable run
+ * longer than the stages keep.
+ */
+export async function checkRewind(
+  stages: readonly Stage[],
+  slot: number,
+  ids: Uint32Array,
+  drafts: number,
+  gen: number,
+): Promise<void> {
+  const topk = { topk: 4 };
+  const P = ids.length;
+  const plain: LastOutput[] = [await runPipeline(stages, slot, ids, 0, topk)];
+  for (let i = 0; i < gen + drafts + 1; i++) {
+    plain.push(await runPipeline(stages, slot, plain[i].ids.slice(-1), P + i, topk));
+  }
+  // g[i]: the token fed at position P + i.
+  const g = plain.map((o) => o.ids.at(-1)!);
+  for (let wrong = -1; wrong < drafts; wrong++) {
+    await runPipeline(stages, slot, ids, 0, { logits: "none" });
+    let pos = P;
+    let rounds = 0;
+    while (pos < P + gen) {
+      const i = pos - P;
+      const input = Uint32Array.from({ length: drafts + 1 }, (_, j) => g[i + j]);
+      // The wrong draft differs from the model's token at that place.
+      if (wrong >= 0 && rounds === 0) {
+        const right = g[i + wrong + 1];
+        input[wrong + 1] = right === 0 ? 1 : right - 1;
+      }
+      const out = await runPipeline(stages, slot, input, pos, {
+        rows: "decode",
+        logits: "all",
+        rewindable: true,
+      });
+      let accepted = 0;
+      while (accepted < drafts && out.ids[accepted] === input[accepted + 1]) accepted++;
+      for (let j = 0; j <= accepted; j++) {
+        assert.equal(out.ids[j], g[i + j + 1], `draft ${wrong} wrong: id at position ${pos + j}`);
+      }
+      if (accepted < drafts) await rewindChain(stages, slot, pos + accepted + 1);
+      pos += accepted + 1;
+      rounds++;
+    }
+    const step = await runPipeline(stages, slot, Uint32Array.of(g[pos - P]), pos, topk);
+    assert.deepEqual(step, plain[pos - P + 1], `draft ${wrong} wrong: the step at ${pos}`);
+  }
+  await runPipeline(stages, slot, ids, 0, { logits: "none" });
+  await assert.rejects(() => rewindChain(stages, slot, P), /kept no trail/);
+  const two = ids.subarray(0, 2);
+  await runPipeline(stages, slot, two, P, { rows: "decode", rewindable: true });
+  await assert.rejects(() => rewindChain(stages, slot, P), /can go back to/);
+  await assert.rejects(() => rewindChain(stages, slot, P + 3), /can go back to/);
+  const long = new Uint32Array(stages[0].maxRewind + 1);
+  await assert.rejects(
+    () => runPipeline(stages, slot, long, P + 2, { rows: "decode", rewindable: true }),
+    /keeps at most/,
+  );
+}

@@ -16,6 +16,7 @@ import { gpuTest } from "./_gpu.ts";
 import type { TestModelSpec } from "./_models.ts";
 import {
   checkLogitPositions,
+  checkRewind,
   greedySession,
   prompt,
   type Trace,
@@ -54,6 +55,7 @@ async function openChain(
     profile?: (p: StepProfile) => void;
     shareSteps?: boolean;
     maxBatch?: number;
+    maxRewind?: number;
   } = {},
 ): Promise<GpuStage[]> {
   const nLayer = readHParams(model.metadata).nLayer;
@@ -68,6 +70,7 @@ async function openChain(
         ctx: CTX,
         maxBatch: opts.maxBatch ?? MAX_BATCH,
         snapshots: opts.snapshots,
+        maxRewind: opts.maxRewind,
         maxPartBytes: opts.maxPartBytes,
         profile: opts.profile,
         shareSteps: opts.shareSteps,
@@ -208,6 +211,35 @@ gpuTest(
         closeAll(split);
       });
     }
+  },
+);
+
+gpuTest(
+  "GPU stage: drafts verified in a rewindable run and rewound to the accepted ones continue as plain decoding, whole, split and beside another slot's steps",
+  async (gpu) => {
+    await withModel({ arch: "qwen3next", quant: "q4_k_m" }, async (model) => {
+      const chain = await openChain(gpu, model, [], { maxRewind: 4 });
+      await checkRewind(chain, 0, prompt(model, 6, 3), 3, 6);
+      closeAll(chain);
+    });
+    await withModel({ arch: "qwen35moe" }, async (model) => {
+      const ids = prompt(model, 6, 3);
+      const split = await openChain(gpu, model, [1], { maxRewind: 4 });
+      await checkRewind(split, 0, ids, 3, 6);
+      closeAll(split);
+      // Slot 1 decodes plainly while slot 0 verifies drafts: shared steps keep each one's bits.
+      const other = prompt(model, 5, 4);
+      const solo = await openChain(gpu, model, [], { slots: 2 });
+      const want = await session(solo, 1, other, 12);
+      closeAll(solo);
+      const shared = await openChain(gpu, model, [], { slots: 2, shareSteps: true, maxRewind: 4 });
+      const [, got] = await Promise.all([
+        checkRewind(shared, 0, ids, 3, 6),
+        session(shared, 1, other, 12),
+      ]);
+      assert.deepEqual(got, want, "slot 1 beside the verifying slot");
+      closeAll(shared);
+    });
   },
 );
 

@@ -65,6 +65,9 @@ class RecordingStage implements Stage {
   get snapshots() {
     return this.inner.snapshots;
   }
+  get maxRewind() {
+    return this.inner.maxRewind;
+  }
   async run(
     slot: number,
     input: StageInput,
@@ -85,6 +88,9 @@ class RecordingStage implements Stage {
   }
   restore(slot: number, idx: number) {
     return this.inner.restore(slot, idx);
+  }
+  rewind(slot: number, pos: number) {
+    return this.inner.rewind(slot, pos);
   }
   close() {
     this.inner.close();

@@ -149,7 +149,11 @@ Deno.test("the worker refuses each malformed input with its code, then fuzzing l
     await t.step("each kind of malformed input", async () => {
       const { Malformed, Range } = ErrorCode;
       const cases: [Uint8Array, { code: ErrorCode; message: RegExp; answers?: number }][] = [
-        [words(8, 0, 0, 0, 0, 0, 0, 0), { code: Malformed, message: /unknown op 0x8/ }],
+        [words(9, 0, 0, 0, 0, 0, 0, 0), { code: Malformed, message: /unknown op 0x9/ }],
+        [
+          encodeFrame({ op: Op.Rewind, slot: 0, position: 1 }),
+          { code: Range, message: /Cannot rewind slot 0: its last run kept no trail/ },
+        ],
         [words(Op.Ping, 0, 0, 0, 1, 0, 0, 0), {
           code: Malformed,
           message: /field topk is 1, expected 0/,
@@ -227,7 +231,7 @@ Deno.test("the worker refuses each malformed input with its code, then fuzzing l
         assert.equal(answer.code, ErrorCode.Version);
         assert.match(
           answer.message,
-          /greeting starts with 0x716b7033 \("3pkq"\), expected 0x364d4454 \("TDM6"\)/,
+          /greeting starts with 0x716b7033 \("3pkq"\), expected 0x374d4454 \("TDM7"\)/,
         );
       }
       old.close();
@@ -236,7 +240,7 @@ Deno.test("the worker refuses each malformed input with its code, then fuzzing l
       await writeAll(tdm4, encodeGreeting(freshNonce(), 0x344d4454));
       const version = await new FrameReader(tdm4).readFrame({ nEmbd: 0, maxBatch: 0 });
       assert.ok(version?.op === Op.Error && version.code === ErrorCode.Version, `${version}`);
-      assert.match(version.message, /0x344d4454 \("TDM4"\), expected 0x364d4454 \("TDM6"\)/);
+      assert.match(version.message, /0x344d4454 \("TDM4"\), expected 0x374d4454 \("TDM7"\)/);
       tdm4.close();
       const noAuth = await Deno.connect({ hostname, port: Number(port) });
       await writeAll(noAuth, concat(encodeGreeting(freshNonce()), run(0, 0, 1)));

@@ -8,13 +8,14 @@
 //   z_offset + t·z_stride_t + h·dv | 3 p: [dt_bias (nv) | ssm_a (nv) | norm weight (dv)] f32
 //   | 4 state (nv, dk, dv) f32, S_h[i][j] at state_offset + (h·dk + i)·dv + j | 5 y (y_offset +
 //   t·y_stride_t + h·dv + j) | under MULTI 6 seqs: the step's sequence table, 4 u32 an entry
-//   (state index, row, tokens, position) | params.
+//   (state index, row, tokens, position) | under TRAIL (not with MULTI) 6 trail: the state after
+//   each token t, (tokens, nv, dk, dv) f32 from trail_offset, which a rewind copies back | params.
 // Dispatch: (nv·DV/COLS); WG = COLS·R threads, thread (c, r) = (col0 + lid mod COLS, lid / COLS)
 //   owns rows r·RPT … r·RPT + RPT − 1 of column c of head h, the workgroup's columns col0 …
 //   col0 + COLS − 1. NORM_FUSED (COLS = DV: one workgroup a head, a decode step): the same
 //   workgroup then normalises. Otherwise a NORM_PASS dispatch follows: (nv, 1, ⌈T/NP⌉), WG = 256.
 // Variants: DK, DV (head dims), R (row slices; 4·R divides DK), GS, COLS, NORM_FUSED, NORM_PASS,
-//   MULTI (with NORM_FUSED: dispatch (nv, 1, sequences), workgroup z runs table entry seq0 + z:
+//   TRAIL, MULTI (with NORM_FUSED: dispatch (nv, 1, sequences), workgroup z runs table entry seq0 + z:
 //   its tokens from its row of u, ba, z and y, its state at index·state_stride; the same bits as
 //   that sequence's run alone).
 //
@@ -52,6 +53,7 @@ struct Params {
   state_offset: u32,
   state_stride: u32,
   seq0: u32,
+  trail_offset: u32,
 }
 
 @group(0) @binding(0) var<storage, read> u: array<f32>;
@@ -64,7 +66,12 @@ struct Params {
 @group(0) @binding(6) var<storage, read> seqs: array<u32>;
 @group(0) @binding(7) var<uniform> params: Params;
 #else
+#ifdef TRAIL
+@group(0) @binding(6) var<storage, read_write> trail: array<f32>;
+@group(0) @binding(7) var<uniform> params: Params;
+#else
 @group(0) @binding(6) var<uniform> params: Params;
+#endif
 #endif
 
 #ifdef NORM_PASS
@@ -315,6 +322,12 @@ fn main(@builtin(workgroup_id) wid: vec3<u32>, @builtin(local_invocation_index) 
       }
       y[yo + t * params.y_stride_t + h * DV + c] = o * rq * out_scale;
     }
+#ifdef TRAIL
+    let trail_t = params.trail_offset + t * nv * DK * DV;
+    for (var m = 0u; m < RPT; m++) {
+      trail[trail_t + (h * DK + r * RPT + m) * DV + c] = s[m];
+    }
+#endif
     cur = ahead;
   }
   for (var m = 0u; m < RPT; m++) {

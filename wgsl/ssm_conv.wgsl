@@ -5,11 +5,14 @@
 // Bindings: 0 x: raw qkv of token t at x_offset + t·x_stride_t, f32 | 1 w (channels, kc) f32
 //   | 2 state (kc−1, channels) f32 from state_offset | 3 u (u_offset + t·u_stride_t + c) f32
 //   | under MULTI 4 seqs: the step's sequence table, 4 u32 an entry (engine/gpu/gpu_forward.ts
-//   SEQ_WORDS: state index, row, tokens, position) | params.
+//   SEQ_WORDS: state index, row, tokens, position) | under TRAIL (not with MULTI) 4 trail: the
+//   run's history, (kc − 1 + tokens, channels) f32 from trail_offset: the state before the run,
+//   then each token's raw input, so that the state after token t is rows t + 1 … t + kc − 1
+//   (a rewind copies them back) | params.
 // Dispatch: (channel tiles, 1, token groups of RUN); a thread per channel walks the RUN tokens of
 //   its group. Under MULTI, (channel tiles, 1, sequences): one token of each of the table's
 //   entries seq0.., its rows at row·stride of x and u, its state at index·state_stride.
-//   WG = 64; kc ≤ RUN + 1 = 9. Variants: MULTI.
+//   WG = 64; kc ≤ RUN + 1 = 9. Variants: MULTI, TRAIL.
 //
 // Every token's output is the same sum of the same kc inputs in the same order, read from x, or
 // from the state for positions before the run, so a token's bits do not depend on how tokens are
@@ -29,6 +32,7 @@ struct Params {
   state_offset: u32,
   state_stride: u32,
   seq0: u32,
+  trail_offset: u32,
 }
 
 @group(0) @binding(0) var<storage, read> x: array<f32>;
@@ -39,7 +43,12 @@ struct Params {
 @group(0) @binding(4) var<storage, read> seqs: array<u32>;
 @group(0) @binding(5) var<uniform> params: Params;
 #else
+#ifdef TRAIL
+@group(0) @binding(4) var<storage, read_write> trail: array<f32>;
+@group(0) @binding(5) var<uniform> params: Params;
+#else
 @group(0) @binding(4) var<uniform> params: Params;
+#endif
 #endif
 
 const WG = 64u;
@@ -98,10 +107,18 @@ fn main(@builtin(global_invocation_id) gid: vec3<u32>, @builtin(workgroup_id) wi
     }
     s = fma(w[c * kc + kc - 1u], x[r.xo + t * params.x_stride_t + c], s);
     u[r.uo + t * params.u_stride_t + c] = s / (1.0 + exp(-s));
+#ifdef TRAIL
+    trail[params.trail_offset + (kc - 1u + t) * C + c] = x[r.xo + t * params.x_stride_t + c];
+#endif
   }
   // The state after the run: its last kc − 1 inputs. Row j reads row j + tokens of the old state
   // or x, never a row already rewritten.
   if (t0 == 0u) {
+#ifdef TRAIL
+    for (var j = 0u; j + 1u < kc; j++) {
+      trail[params.trail_offset + j * C + c] = state[r.so + j * C + c];
+    }
+#endif
     for (var j = 0u; j + 1u < kc; j++) {
       state[r.so + j * C + c] = input(r, i32(tokens + j) - i32(kc) + 1, c);
     }

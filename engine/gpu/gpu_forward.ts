@@ -26,7 +26,7 @@ import {
 } from "./kernels/mul_mat.ts";
 import { qkNormRope } from "./kernels/qk_norm_rope.ts";
 import { rmsNorm } from "./kernels/rms_norm.ts";
-import { type SequenceTable, ssmConv } from "./kernels/ssm_conv.ts";
+import { type SequenceTable, ssmConv, type TrailRef } from "./kernels/ssm_conv.ts";
 import { logitAdjust } from "./kernels/logit_adjust.ts";
 import { logSumExp, topK, topKScratchWords, topKWords } from "./kernels/topk.ts";
 import type { HParams } from "../hparams.ts";
@@ -83,6 +83,11 @@ export interface StepSeq {
   readonly base: number;
   readonly row: number;
   readonly n: number;
+  /**
+   * Keep the DeltaNet state after each position in the states' trails (a rewindable run of
+   * n > 1 positions: the state after its last position is the state itself).
+   */
+  readonly trail?: boolean;
 }
 
 /**
@@ -101,7 +106,35 @@ export type GpuLayerState =
     readonly conv: GPUBuffer; // (slots, Kc−1, C) f32
     readonly ssm: GPUBuffer; // (slots, Nv, Dk, Dv) f32
     readonly index: number;
+    /** A slot's trail for rewinds, on a stage opened with maxRewind > 0 (snapshots have none). */
+    readonly trail?: DeltaNetTrail;
   };
+
+/**
+ * Where a rewindable run keeps its DeltaNet history (wgsl/ssm_conv.wgsl and
+ * wgsl/gated_delta_net.wgsl TRAIL): the conv inputs, (Kc − 1 + maxRewind, C) f32 from
+ * convOffset, and the state after each position, (maxRewind, Nv, Dk, Dv) f32 from ssmOffset.
+ */
+export interface DeltaNetTrail {
+  readonly conv: GPUBuffer;
+  readonly convOffset: number;
+  readonly ssm: GPUBuffer;
+  readonly ssmOffset: number;
+}
+
+/** The trail of a sequence's DeltaNet state, where the step keeps it. */
+function trailOf(
+  seq: StepSeq,
+  state: { readonly trail?: DeltaNetTrail },
+  part: "conv" | "ssm",
+): TrailRef | undefined {
+  if (!seq.trail) return undefined;
+  const t = state.trail;
+  if (!t) throw new RangeError("Cannot keep a rewind trail: the stage was opened without one");
+  return part === "conv"
+    ? { buffer: t.conv, offset: t.convOffset }
+    : { buffer: t.ssm, offset: t.ssmOffset };
+}
 
 /** One slot's state in its buffers, in their elements: conv and ssm f32s, K (or V) u32 words. */
 export interface StateStrides {
@@ -283,7 +316,7 @@ function deltaNetBlock(
     project(enc, w.qkvzba, h, act.qkvzba, width, { tokens: T, conv });
   } else {
     project(enc, w.qkvzba, h, act.qkvzba, width, { tokens: T });
-    const single = (s: StepSeq) => s.n === 1;
+    const single = (s: StepSeq) => s.n === 1 && !s.trail;
     for (const g of seqGroups(seqs, il, single, (s) => s.kind === "deltanet" ? s.conv : s.kc)) {
       const seq = seqs[g.first];
       const state = stateOf(seq, il, "deltanet");
@@ -297,12 +330,13 @@ function deltaNetBlock(
         uStrideT: C,
         stateOffset: g.multi ? 0 : state.index * strides.conv,
         multi: table(plan, g, strides.conv),
+        trail: trailOf(seq, state, "conv"),
       });
     }
   }
   // L2 norms, gates, recurrence per value head, RMSNorm(o)·ssm_norm·silu(z)
   const qkvzba = act.qkvzba;
-  const fused = (s: StepSeq) => fusedDeltaNet(s.n, Dv);
+  const fused = (s: StepSeq) => fusedDeltaNet(s.n, Dv) && !s.trail;
   for (const g of seqGroups(seqs, il, fused, (s) => s.kind === "deltanet" ? s.ssm : s.kc)) {
     const seq = seqs[g.first];
     const state = stateOf(seq, il, "deltanet");
@@ -328,6 +362,7 @@ function deltaNetBlock(
         eps: hp.eps,
         stateOffset: g.multi ? 0 : state.index * strides.ssm,
         multi: table(plan, g, strides.ssm),
+        trail: trailOf(seq, state, "ssm"),
       },
     );
   }

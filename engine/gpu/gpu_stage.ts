@@ -43,11 +43,14 @@ import {
   checkLogits,
   checkOpen,
   checkOpenOptions,
+  checkRewind,
+  checkRewindable,
   checkRows,
   checkRun,
   checkSlot,
   checkSnapshot,
   checkTopK,
+  type RewindSpan,
 } from "../stage_checks.ts";
 import { loadStageWeights } from "./gpu_weights.ts";
 import {
@@ -261,10 +264,52 @@ function allocStates(
   return sets;
 }
 
-/** The buffers holding `sets` (each once), and their bytes. */
+/**
+ * The slots' states with a trail each for rewinds of up to `maxRewind` positions (none for 0):
+ * per DeltaNet layer, buffers holding as many slots' trails as the device's binding limit allows.
+ */
+function withTrails(
+  mem: GpuMemory,
+  hp: HParams,
+  sets: GpuLayerState[][],
+  maxRewind: number,
+): GpuLayerState[][] {
+  if (maxRewind === 0 || sets.length === 0) return sets;
+  const convFloats = (hp.Kc - 1 + maxRewind) * hp.C;
+  const ssmFloats = maxRewind * hp.Nv * hp.Dk * hp.Dv;
+  const limit = mem.ctx.limits.maxStorageBufferBindingSize;
+  if (4 * ssmFloats > limit) {
+    throw new RangeError(
+      `Cannot keep ${maxRewind} positions to rewind: ${
+        4 * ssmFloats
+      } bytes of DeltaNet states a layer exceed the device's binding limit ${limit}; verify fewer drafts a run`,
+    );
+  }
+  const per = Math.max(1, Math.min(sets.length, Math.floor(limit / (4 * ssmFloats))));
+  const out = sets.map((layers) => [...layers]);
+  for (let g0 = 0; g0 < sets.length; g0 += per) {
+    const n = Math.min(per, sets.length - g0);
+    sets[0].forEach((state, i) => {
+      if (state.kind !== "deltanet") return;
+      const conv = mem.storage(`trails ${g0}.. conv ${i}`, 4 * convFloats * n);
+      const ssm = mem.storage(`trails ${g0}.. ssm ${i}`, 4 * ssmFloats * n);
+      for (let j = 0; j < n; j++) {
+        const trail = { conv, convOffset: j * convFloats, ssm, ssmOffset: j * ssmFloats };
+        out[g0 + j][i] = { ...(sets[g0 + j][i] as typeof state), trail };
+      }
+    });
+  }
+  return out;
+}
+
+/** The buffers holding `sets` (each once, trails included), and their bytes. */
 function stateBytes(sets: readonly (readonly GpuLayerState[])[]): number {
   const buffers = new Set(
-    sets.flat().flatMap((s) => s.kind === "attention" ? [s.kc, s.vc] : [s.conv, s.ssm]),
+    sets.flat().flatMap((s) =>
+      s.kind === "attention"
+        ? [s.kc, s.vc]
+        : [s.conv, s.ssm, ...(s.trail ? [s.trail.conv, s.trail.ssm] : [])]
+    ),
   );
   return [...buffers].reduce((n, b) => n + b.size, 0);
 }
@@ -301,6 +346,8 @@ interface StepRun {
   readonly n: number;
   /** The rows are a prompt's (engine/stage.ts RowKind). */
   readonly prompt: boolean;
+  /** Keeps each position's DeltaNet state for a rewind (a rewindable run of n > 1). */
+  readonly trail: boolean;
   readonly k: number;
   readonly logits: LogitPositions;
   /** Words of its mask and records of its biases. */
@@ -311,7 +358,9 @@ interface StepRun {
 /** What a step's recording depends on besides its slots' state: its runs, in row order. */
 function stepKey(runs: readonly StepRun[]): string {
   return runs.map((r) =>
-    `${r.slot}@${r.base}+${r.n}${r.prompt ? "p" : ""} ${r.logits} ${r.k} ${r.words} ${r.pairs}`
+    `${r.slot}@${r.base}+${r.n}${r.prompt ? "p" : ""}${
+      r.trail ? "t" : ""
+    } ${r.logits} ${r.k} ${r.words} ${r.pairs}`
   ).join(" | ");
 }
 
@@ -339,6 +388,7 @@ function submission(runs: readonly StepRun[]): Submission {
  * each weight once a step instead of once each.
  */
 interface Waiting extends StepRun {
+  readonly rewindable: boolean;
   readonly input: StageInput;
   readonly adjust: LogitAdjust | undefined;
   readonly started: number;
@@ -408,6 +458,8 @@ export class GpuStage implements Stage {
   readonly #sets: readonly GpuLayerState[][];
   /** Positions seen per slot; per snapshot the saved position, or −1 when empty. */
   readonly #pos: number[];
+  /** Per slot, its last run's positions when that run was rewindable (engine/stage.ts rewind). */
+  readonly #spans: (RewindSpan | undefined)[];
   readonly #readbacks: GPUBuffer[] = [];
   /** Per slot, its next step encoded while the GPU ran the one before (#encodeAhead). */
   readonly #aheadBySlot = new Map<number, Prepared>();
@@ -445,6 +497,7 @@ export class GpuStage implements Stage {
     readonly slots: number,
     readonly ctx: number,
     readonly maxBatch: number,
+    readonly maxRewind: number,
     timing: Pick<GpuStageOptions, "profile" | "dispatchProfiler" | "shareSteps">,
   ) {
     this.#gpu = memory.ctx;
@@ -462,6 +515,7 @@ export class GpuStage implements Stage {
     this.#sets = sets;
     this.#arena = arena;
     this.#pos = sets.map((_, i) => (i < slots ? 0 : -1));
+    this.#spans = new Array(slots).fill(undefined);
     this.nLayer = hp.nLayer;
     this.nEmbd = hp.D;
   }
@@ -505,6 +559,12 @@ export class GpuStage implements Stage {
     checkRun(this, slot, input, n, base, this.#pos[slot], this.#hp.V);
   }
 
+  /** A checked run is the slot's last: its positions are seen, and a rewind may go into them. */
+  #advance(run: Pick<Waiting, "slot" | "base" | "n"> & { readonly rewindable: boolean }): void {
+    this.#pos[run.slot] = run.base + run.n;
+    this.#spans[run.slot] = run.rewindable ? { base: run.base, n: run.n } : undefined;
+  }
+
   /** Writes a run's ids or hidden rows at row `row` of the step's input. */
   #write(input: StageInput, row: number): void {
     const act = this.#plan.act;
@@ -522,7 +582,7 @@ export class GpuStage implements Stage {
   #wait(w: Waiting): Promise<StageOutput> {
     if (this.#waiting.some((o) => o.slot === w.slot)) this.#flush();
     this.#check(w.slot, w.input, w.n, w.base);
-    this.#pos[w.slot] = w.base + w.n;
+    this.#advance(w);
     const out = new Promise<StageOutput>((resolve, reject) => {
       this.#waiting.push({ ...w, resolve, reject });
     });
@@ -615,6 +675,7 @@ export class GpuStage implements Stage {
         // Nothing was submitted: the slots stay where they were.
         for (const w of runs) {
           this.#pos[w.slot] = w.base;
+          this.#spans[w.slot] = undefined;
           w.reject(e);
         }
       }
@@ -665,7 +726,13 @@ export class GpuStage implements Stage {
     const started = Math.min(...runs.map((w) => w.started));
     const done = this.#submit(1, () => step, started, submission(runs));
     // The next step as it comes if every run decodes one more token the same way.
-    const next = runs.map((w): StepRun => ({ ...w, base: w.base + w.n, n: 1, prompt: false }));
+    const next = runs.map((w): StepRun => ({
+      ...w,
+      base: w.base + w.n,
+      n: 1,
+      prompt: false,
+      trail: false,
+    }));
     if (next.every((w) => w.base + 1 <= this.ctx) && !this.#dispatchProfiler) {
       try {
         this.#aheadBatch = this.#prepareStep(next);
@@ -698,11 +765,14 @@ export class GpuStage implements Stage {
     if (this.#last) checkAdjust(options.adjust, this.#hp.V);
     // A stage before the last computes no logits whatever it is asked.
     const adjust = this.#last ? options.adjust : undefined;
-    const run: StepRun = {
+    const rewindable = checkRewindable(this, options, n);
+    const run: StepRun & { rewindable: boolean } = {
       slot,
       base,
       n,
       prompt: checkRows(options, n) === "prompt",
+      trail: rewindable && n > 1,
+      rewindable,
       k: this.#last ? k : 0,
       logits: this.#last ? logits : "none",
       words: adjust?.mask?.length ?? 0,
@@ -719,6 +789,7 @@ export class GpuStage implements Stage {
     }
     this.#flush();
     this.#check(slot, input, n, base);
+    this.#advance(run);
     this.#write(input, 0);
     this.#uploadAdjusts([{ ...run, adjust }]);
     const data = await this.#submitRun(run, started);
@@ -755,6 +826,7 @@ export class GpuStage implements Stage {
     this.#active.delete(slot);
     this.#flush();
     this.#check(slot, { kind: "ids", ids: Uint32Array.of(id) }, 1, base);
+    this.#spans[slot] = undefined;
     this.#write({ kind: "ids", ids: Uint32Array.of(id) }, 0);
     if (!Number.isInteger(steps) || steps < 1 || steps > this.maxBatch || base + steps > this.ctx) {
       throw new RangeError(
@@ -770,6 +842,7 @@ export class GpuStage implements Stage {
       base,
       n: steps,
       prompt: false,
+      trail: false,
       k,
       logits: "all" as const,
       words: 0,
@@ -839,7 +912,7 @@ export class GpuStage implements Stage {
     const D = this.#hp.D;
     let row = 0;
     const seqs = runs.map((r) => {
-      const seq = { states: this.#sets[r.slot], base: r.base, row, n: r.n };
+      const seq = { states: this.#sets[r.slot], base: r.base, row, n: r.n, trail: r.trail };
       row += r.n;
       return seq;
     });
@@ -1135,7 +1208,45 @@ export class GpuStage implements Stage {
       }
       this.#copy(snap, slot, pos);
       this.#pos[slot] = pos;
+      this.#spans[slot] = undefined;
       resolve(pos);
+    });
+  }
+
+  rewind(slot: number, pos: number): Promise<void> {
+    return new Promise((resolve) => {
+      this.#checkSlot(slot);
+      const span = this.#spans[slot];
+      checkRewind(slot, pos, span);
+      // The run must be submitted before the copies that undo part of it.
+      this.#flush();
+      const kept = pos - span!.base;
+      if (kept < span!.n) {
+        const enc = new StepEncoder(this.#gpu, this.#arena);
+        const { strides } = this.#plan;
+        for (const s of this.#sets[slot]) {
+          if (s.kind !== "deltanet" || !s.trail) continue;
+          const t = s.trail;
+          enc.copy(
+            t.ssm,
+            4 * (t.ssmOffset + (kept - 1) * strides.ssm),
+            s.ssm,
+            4 * s.index * strides.ssm,
+            4 * strides.ssm,
+          );
+          // Rows kept … kept + Kc − 2 of the history: the last Kc − 1 inputs up to pos − 1.
+          enc.copy(
+            t.conv,
+            4 * (t.convOffset + kept * this.#hp.C),
+            s.conv,
+            4 * s.index * strides.conv,
+            4 * strides.conv,
+          );
+        }
+        enc.submit();
+      }
+      this.#pos[slot] = pos;
+      resolve();
     });
   }
 
@@ -1162,7 +1273,10 @@ export async function openGpuStage(
   options: GpuStageOptions,
 ): Promise<GpuStage> {
   const hp = options.hp ?? readHParams(model.metadata);
-  const { first, end, slots, ctx, maxBatch, snapshots } = checkOpenOptions(options, hp.nLayer);
+  const { first, end, slots, ctx, maxBatch, snapshots, maxRewind } = checkOpenOptions(
+    options,
+    hp.nLayer,
+  );
   const log = options.log ?? ((line: string) => console.error(line));
   const mem = new GpuMemory(gpu);
   // WebGPU tells no free memory, and a buffer the device cannot back fails only into an error
@@ -1181,7 +1295,7 @@ export async function openGpuStage(
     const { lmChunk } = shape;
     const act = allocActivations(mem, activationFloats(hp, maxBatch, slots, shape));
     const sets = [
-      ...allocStates(mem, hp, { first, end }, ctx, slots, "slot"),
+      ...withTrails(mem, hp, allocStates(mem, hp, { first, end }, ctx, slots, "slot"), maxRewind),
       ...allocStates(mem, hp, { first, end }, ctx, snapshots, "snapshot"),
     ];
     const strides = stateStrides(hp, ctx);
@@ -1243,7 +1357,20 @@ export async function openGpuStage(
         unused.length ? `; planned but unused: ${unused.join(", ")}` : ""
       }`,
     );
-    return new GpuStage(mem, arena, hp, plan, sets, first, end, slots, ctx, maxBatch, options);
+    return new GpuStage(
+      mem,
+      arena,
+      hp,
+      plan,
+      sets,
+      first,
+      end,
+      slots,
+      ctx,
+      maxBatch,
+      maxRewind,
+      options,
+    );
   } catch (e) {
     if (scoped) {
       await gpu.device.popErrorScope().catch(() => {});
@@ -1289,6 +1416,10 @@ function recordSteps(
   // With tensor cores a prompt's rows run their own products, at every length.
   for (const prompt of plan.mma ? [false, true] : [false]) {
     recordKind(enc, plan, states, maxBatch, prompt);
+  }
+  // A rewindable run: the DeltaNet kernels that keep a trail.
+  if (maxBatch > 1 && states.some((s) => s.kind === "deltanet" && s.trail)) {
+    encodeLayers(enc, plan, [{ states, base: 0, row: 0, n: 2, trail: true }]);
   }
   // One token each of two slots of one buffer: the sequence-table variants.
   if (slots.length > 1 && maxBatch > 1 && slots[1][0]?.index === 1) {

@@ -17,10 +17,13 @@ import {
   checkLogits,
   checkOpen,
   checkOpenOptions,
+  checkRewind,
+  checkRewindable,
   checkRun,
   checkSlot,
   checkSnapshot,
   checkTopK,
+  type RewindSpan,
 } from "../stage_checks.ts";
 import { forwardLayer, type LayerState, lmHead, newLayerState } from "./reference_forward.ts";
 import { argmaxTopK, biasLogits, logSumExp, maskLogits } from "./logits.ts";
@@ -37,6 +40,20 @@ import {
 interface SlotState {
   pos: number;
   readonly layers: readonly LayerState[];
+}
+
+/**
+ * A rewindable run's trail: its positions, and per owned layer (undefined for attention, whose
+ * KV past a position is simply overwritten) the DeltaNet state after each of them.
+ */
+interface Trail extends RewindSpan {
+  readonly after: readonly (DeltaNetAfter[] | undefined)[];
+}
+
+/** A DeltaNet layer's state after one position. */
+interface DeltaNetAfter {
+  readonly conv: Float64Array;
+  readonly ssm: Float64Array;
 }
 
 /** Copies `from` into `to` (same layer kinds); KV only up to `pos` positions of `kvRow`. */
@@ -82,6 +99,8 @@ export class ReferenceStage implements Stage {
   #slots: readonly SlotState[];
   /** Snapshots hold the same state shapes; their KV is copied only up to their position. */
   #snapshots: (SlotState | undefined)[];
+  /** Per slot, the trail of its last run when that run was rewindable. */
+  readonly #trails: (Trail | undefined)[];
   /** Settles when every call made so far has (see #inOrder). */
   #queue: Promise<unknown> = Promise.resolve();
   /** When the running call last let the event loop turn. */
@@ -95,6 +114,7 @@ export class ReferenceStage implements Stage {
     readonly ctx: number,
     readonly maxBatch: number,
     readonly snapshots: number,
+    readonly maxRewind: number,
     weights: {
       layers: readonly LayerWeights[];
       embedding?: Embedding;
@@ -109,6 +129,7 @@ export class ReferenceStage implements Stage {
     this.#head = weights.head;
     this.#slots = Array.from({ length: slots }, () => this.#newSlot());
     this.#snapshots = new Array(snapshots).fill(undefined);
+    this.#trails = new Array(slots).fill(undefined);
   }
 
   run(
@@ -132,7 +153,8 @@ export class ReferenceStage implements Stage {
     checkTopK(topk);
     const positions = checkLogits(options);
     if (this.#head) checkAdjust(options.adjust, this.#hp.V);
-    const rows = await this.#forward(slot, input, n, base);
+    const rewindable = checkRewindable(this, options, n);
+    const rows = await this.#forward(slot, input, n, base, rewindable);
     const head = this.#head;
     if (!head) return { kind: "hidden", rows };
     const D = this.#hp.D;
@@ -210,7 +232,26 @@ export class ReferenceStage implements Stage {
     }
     copyLayers(from.layers, to.layers, from.pos, this.#kvRow());
     to.pos = from.pos;
+    this.#trails[slot] = undefined;
     return to.pos;
+  }
+
+  rewind(slot: number, pos: number): Promise<void> {
+    return this.#inOrder(() => this.#rewind(slot, pos));
+  }
+
+  #rewind(slot: number, pos: number): void {
+    const state = this.#slot(slot);
+    const trail = this.#trails[slot];
+    checkRewind(slot, pos, trail);
+    trail!.after.forEach((after, i) => {
+      const l = state.layers[i];
+      if (after && l.kind === "deltanet") {
+        l.conv.set(after[pos - trail!.base - 1].conv);
+        l.ssm.set(after[pos - trail!.base - 1].ssm);
+      }
+    });
+    state.pos = pos;
   }
 
   /** Drops weights and state so their memory can go; later calls throw. */
@@ -266,8 +307,17 @@ export class ReferenceStage implements Stage {
     checkOpen(this, this.#closed);
   }
 
-  /** Checks the request, then runs positions [base, base+n) through the owned layers. */
-  async #forward(slot: number, input: StageInput, n: number, base: number): Promise<Float32Array> {
+  /**
+   * Checks the request, then runs positions [base, base+n) through the owned layers, keeping
+   * each position's DeltaNet states when `rewindable`.
+   */
+  async #forward(
+    slot: number,
+    input: StageInput,
+    n: number,
+    base: number,
+    rewindable = false,
+  ): Promise<Float32Array> {
     const state = this.#slot(slot);
     const { D, V } = this.#hp;
     checkRun(this, slot, input, n, base, state.pos, V);
@@ -286,14 +336,21 @@ export class ReferenceStage implements Stage {
         }
       }
     }
+    this.#trails[slot] = undefined;
+    const after = state.layers.map((l): Trail["after"][number] =>
+      l.kind === "deltanet" && rewindable ? [] : undefined
+    );
     for (let i = 0; i < this.#layers.length; i++) {
+      const l = state.layers[i];
       for (let t = 0; t < n; t++) {
         await this.#breathe();
         const x = rows.subarray(t * D, (t + 1) * D);
-        forwardLayer(this.#hp, this.#layers[i], state.layers[i], x, base + t);
+        forwardLayer(this.#hp, this.#layers[i], l, x, base + t);
+        if (l.kind === "deltanet") after[i]?.push({ conv: l.conv.slice(), ssm: l.ssm.slice() });
       }
     }
     state.pos = base + n;
+    if (rewindable) this.#trails[slot] = { base, n, after };
     return rows;
   }
 }
@@ -307,10 +364,13 @@ export async function openReferenceStage(
   options: StageOpenOptions,
 ): Promise<ReferenceStage> {
   const hp = options.hp ?? modelHParams(model);
-  const { first, end, slots, ctx, maxBatch, snapshots } = checkOpenOptions(options, hp.nLayer);
+  const { first, end, slots, ctx, maxBatch, snapshots, maxRewind } = checkOpenOptions(
+    options,
+    hp.nLayer,
+  );
   const layers = [];
   for (let il = first; il < end; il++) layers.push(await loadLayer(model, hp, il));
-  return new ReferenceStage(hp, first, end, slots, ctx, maxBatch, snapshots, {
+  return new ReferenceStage(hp, first, end, slots, ctx, maxBatch, snapshots, maxRewind, {
     layers,
     embedding: first === 0 ? await loadEmbedding(model, hp) : undefined,
     head: end === hp.nLayer ? await loadHead(model, hp) : undefined,

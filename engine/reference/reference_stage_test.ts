@@ -9,6 +9,7 @@ import { openReferenceStage, type ReferenceStage } from "./reference_stage.ts";
 import type { TestModelSpec } from "../../tests/_models.ts";
 import {
   checkLogitPositions,
+  checkRewind,
   greedySession,
   prompt,
   type Trace,
@@ -33,8 +34,23 @@ function label(spec: TestModelSpec): string {
   return [spec.arch, spec.layout, spec.quant, spec.tied ? "tied" : ""].filter(Boolean).join(" ");
 }
 
-function open(model: GgufModel, first: number, end: number, slots = 1, snapshots = 0) {
-  return openReferenceStage(model, { first, end, slots, ctx: CTX, maxBatch: 16, snapshots });
+function open(
+  model: GgufModel,
+  first: number,
+  end: number,
+  slots = 1,
+  snapshots = 0,
+  maxRewind = 0,
+) {
+  return openReferenceStage(model, {
+    first,
+    end,
+    slots,
+    ctx: CTX,
+    maxBatch: 16,
+    snapshots,
+    maxRewind,
+  });
 }
 
 for (const spec of MODELS) {
@@ -98,6 +114,20 @@ Deno.test("reference: logits of the last position alone, or none, as the schedul
     await checkLogitPositions([whole], 0, ids, 5, 3);
     const split = [await open(model, 0, 2), await open(model, 2, 4)];
     await checkLogitPositions(split, 0, ids, 5, 3);
+  });
+});
+
+Deno.test("reference: verify drafts in a rewindable run, rewind to the accepted ones, continue = plain decoding, whole and split", async () => {
+  await withModel({ arch: "qwen35moe" }, async (model) => {
+    const ids = prompt(model, 6, 2);
+    await checkRewind([await open(model, 0, 4, 1, 0, 4)], 0, ids, 3, 6);
+    await checkRewind(
+      [await open(model, 0, 1, 1, 0, 4), await open(model, 1, 4, 1, 0, 4)],
+      0,
+      ids,
+      3,
+      6,
+    );
   });
 });
 

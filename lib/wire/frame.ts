@@ -16,19 +16,21 @@
 // | 4    | RESTORE   | →   | slot | 0            | snapshot idx  | 0         | none                             |
 // | 5    | AUTH      | →   | 0    | 0            | 0             | 0         | 32-byte HMAC proof (zeros: none) |
 // | 7    | PING      | →   | 0    | 0            | 0             | 0         | none                             |
+// | 8    | REWIND    | →   | slot | 0            | position      | 0         | none                             |
 // | 0x81 | IDS       | ←   | slot | ids, 0..max  | first pos.    | pairs     | n u32 greedy ids, then topk ×    |
 // |      |           |     |      |              |               |           | (u32 id, f32 logit), descending, |
 // |      |           |     |      |              |               |           | then (topk > 0) f32 log-sum-exp  |
 // | 0x83 | SAVED     | ←   | slot | 0            | snapshot idx  | 0         | none                             |
 // | 0x84 | RESTORED  | ←   | slot | position     | snapshot idx  | 0         | none                             |
+// | 0x89 | REWOUND   | ←   | slot | 0            | position      | 0         | none                             |
 // | 0x87 | PONG      | ←   | 0    | 0            | 0             | 0         | none                             |
 // | 0x88 | ALIVE     | ←   | 0    | 0            | 0             | 0         | none                             |
 // | 0x85 | CHALLENGE | ←   | 0    | 0            | 0             | 0         | u32 MAGIC, u32 auth, 32-byte     |
 // |      |           |     |      |              |               |           | nonce (40 bytes)                 |
-// | 0x86 | HELLO     | ←   | 0    | 0            | 0             | 0         | 8 × u32 (first, end, nLayer,     |
+// | 0x86 | HELLO     | ←   | 0    | 0            | 0             | 0         | 9 × u32 (first, end, nLayer,     |
 // |      |           |     |      |              |               |           | nEmbd, slots, ctx, maxBatch,     |
-// |      |           |     |      |              |               |           | snapshots), 32-byte fingerprint, |
-// |      |           |     |      |              |               |           | 32-byte proof (96 bytes)         |
+// |      |           |     |      |              |               |           | snapshots, maxRewind), 32-byte   |
+// |      |           |     |      |              |               |           | fingerprint, 32-byte proof (100) |
 // | 0xFF | ERROR     | ←   | 0    | message bytes| 0             | 0         | u32 code, then n bytes UTF-8     |
 //
 // The last three header words, `mask`, `bias` and `logits`, are used by RUN alone: the u32 words
@@ -36,8 +38,10 @@
 // position's logits by the last stage (engine/stage.ts LogitAdjust), and in `logits` which
 // positions the last stage computes logits for (engine/stage.ts LogitPositions: 0 all, 1 last,
 // 2 none) in its low byte and, in bit 8 (ROWS_DECODE), that the rows are generated tokens rather
-// than a prompt's (engine/stage.ts RowKind: which products compute them). IDS holds the greedy
-// ids of those positions: n of a RUN's n rows, 1 or 0.
+// than a prompt's (engine/stage.ts RowKind: which products compute them), in bit 9
+// (ROWS_REWINDABLE) that every stage keeps what a REWIND into the run needs. IDS holds the
+// greedy ids of those positions: n of a RUN's n rows, 1 or 0. REWIND takes the slot back into
+// its last RUN on every stage behind the worker (engine/stage.ts Stage.rewind).
 //
 // → client to worker, ← worker to client. D (n_embd) and the largest n are the worker's, learnt
 // by the client from HELLO. `end` in HELLO is one past the last layer served through that
@@ -62,8 +66,8 @@ import {
   type TopEntry,
 } from "../../engine/stage.ts";
 
-/** Greeting magic: the bytes "TDM6" on the wire. Bump it on any change to this file's layout. */
-export const MAGIC = 0x364d4454;
+/** Greeting magic: the bytes "TDM7" on the wire. Bump it on any change to this file's layout. */
+export const MAGIC = 0x374d4454;
 export const HEADER_BYTES = 32;
 export const NONCE_BYTES = 32;
 export const GREETING_BYTES = 4 + NONCE_BYTES;
@@ -84,7 +88,7 @@ export const MAX_PAYLOAD_BYTES = 256 * 1024 * 1024;
 export const ALIVE_MS = 500;
 
 const CHALLENGE_BYTES = 8 + NONCE_BYTES;
-const HELLO_WORDS = 8;
+const HELLO_WORDS = 9;
 const HELLO_BYTES = HELLO_WORDS * 4 + FINGERPRINT_BYTES + PROOF_BYTES;
 
 export enum Op {
@@ -94,6 +98,7 @@ export enum Op {
   Restore = 4,
   Auth = 5,
   Ping = 7,
+  Rewind = 8,
   Ids = 0x81,
   Saved = 0x83,
   Restored = 0x84,
@@ -101,6 +106,7 @@ export enum Op {
   Hello = 0x86,
   Pong = 0x87,
   Alive = 0x88,
+  Rewound = 0x89,
   Error = 0xff,
 }
 
@@ -150,9 +156,12 @@ export type Frame =
     readonly logits?: LogitPositions;
     /** What the rows are; absent when encoding: defaultRows(n); always set when decoded. */
     readonly kind?: RowKind;
+    /** Keep what a REWIND into the run needs (engine/stage.ts StageRunOptions.rewindable). */
+    readonly rewindable?: boolean;
   }
   | { readonly op: Op.Close | Op.Ping | Op.Pong | Op.Alive }
   | { readonly op: Op.Save | Op.Restore; readonly slot: number; readonly idx: number }
+  | { readonly op: Op.Rewind | Op.Rewound; readonly slot: number; readonly position: number }
   | { readonly op: Op.Auth; readonly proof: Uint8Array }
   | {
     readonly op: Op.Ids;
@@ -254,11 +263,12 @@ function requireRunFields(h: Header): void {
         `expected at most ${MAX_MASK_WORDS} and ${MAX_BIAS_PAIRS}`,
     );
   }
-  if ((h.logits & ~(ROWS_DECODE | 0xff)) !== 0 || (h.logits & 0xff) >= LOGIT_POSITIONS.length) {
+  const flags = ROWS_DECODE | ROWS_REWINDABLE;
+  if ((h.logits & ~(flags | 0xff)) !== 0 || (h.logits & 0xff) >= LOGIT_POSITIONS.length) {
     throw new SyntaxError(
       `Cannot decode ${opName(h.op)} frame: logits is ${h.logits}, expected ` +
         LOGIT_POSITIONS.map((p, i) => `${i} (${p})`).join(", ") +
-        `, plus ${ROWS_DECODE} for generated tokens' rows`,
+        `, plus ${ROWS_DECODE} for generated tokens' rows and ${ROWS_REWINDABLE} for a rewindable run`,
     );
   }
 }
@@ -332,6 +342,8 @@ export function payloadLength(h: Header, limits: FrameLimits): number {
     case Op.Save:
     case Op.Restore:
     case Op.Saved:
+    case Op.Rewind:
+    case Op.Rewound:
       requireZero(h, ["n", "topk", ...RUN_FIELDS]);
       return 0;
     case Op.Restored:
@@ -379,6 +391,7 @@ function decodeHello(v: DataView, bytes: Uint8Array): Frame {
       ctx: w(5),
       maxBatch: w(6),
       snapshots: w(7),
+      maxRewind: w(8),
       fingerprint: bytes.slice(at, at + FINGERPRINT_BYTES),
     },
     proof: bytes.slice(at + FINGERPRINT_BYTES, HELLO_BYTES),
@@ -437,8 +450,9 @@ export function decodePayload(h: Header, payload: Uint8Array, limits: FrameLimit
       const positions = h.logits & 0xff;
       const logits = positions ? { logits: LOGIT_POSITIONS[positions] } : {};
       const kind: RowKind = h.logits & ROWS_DECODE ? "decode" : "prompt";
-      if (h.mask === 0 && h.bias === 0) return { ...frame, ...logits, kind };
-      return { ...frame, adjust: decodeAdjust(v, rowBytes, h), ...logits, kind };
+      const rewindable = h.logits & ROWS_REWINDABLE ? { rewindable: true } : {};
+      if (h.mask === 0 && h.bias === 0) return { ...frame, ...logits, kind, ...rewindable };
+      return { ...frame, adjust: decodeAdjust(v, rowBytes, h), ...logits, kind, ...rewindable };
     }
     case Op.Ids: {
       const ids = new Uint32Array(h.n);
@@ -463,6 +477,9 @@ export function decodePayload(h: Header, payload: Uint8Array, limits: FrameLimit
       return { op: Op.Saved, slot: h.slot, idx: h.base };
     case Op.Restored:
       return { op: Op.Restored, slot: h.slot, idx: h.base, position: h.n };
+    case Op.Rewind:
+    case Op.Rewound:
+      return { op: h.op, slot: h.slot, position: h.base };
     case Op.Auth:
       return { op: Op.Auth, proof: payload.slice() };
     case Op.Challenge: {
@@ -519,7 +536,8 @@ function headerOf(f: Frame, messageBytes: number): Header {
         mask: f.adjust?.mask?.length ?? 0,
         bias: f.adjust?.bias?.length ?? 0,
         logits: logitsWord(f.logits) |
-          ((f.kind ?? defaultRows(f.n)) === "decode" ? ROWS_DECODE : 0),
+          ((f.kind ?? defaultRows(f.n)) === "decode" ? ROWS_DECODE : 0) |
+          (f.rewindable ? ROWS_REWINDABLE : 0),
       };
     case Op.Ids:
       return { ...zero, op: f.op, slot: f.slot, n: f.ids.length, base: f.base, topk: f.top.length };
@@ -529,6 +547,9 @@ function headerOf(f: Frame, messageBytes: number): Header {
       return { ...zero, op: f.op, slot: f.slot, base: f.idx };
     case Op.Restored:
       return { ...zero, op: f.op, slot: f.slot, n: f.position, base: f.idx };
+    case Op.Rewind:
+    case Op.Rewound:
+      return { ...zero, op: f.op, slot: f.slot, base: f.position };
     case Op.Error:
       return { ...zero, op: f.op, n: messageBytes };
     default:
@@ -538,6 +559,8 @@ function headerOf(f: Frame, messageBytes: number): Header {
 
 /** RUN's logits word: its rows are generated tokens' (engine/stage.ts RowKind "decode"). */
 export const ROWS_DECODE = 0x100;
+/** RUN's logits word: keep what a REWIND into the run needs. */
+export const ROWS_REWINDABLE = 0x200;
 
 /** RUN's logits word's low byte: the index of its LogitPositions. */
 function logitsWord(logits: LogitPositions | undefined): number {
@@ -641,6 +664,7 @@ export function encodeHelloInfo(info: HelloInfo): Uint8Array {
     info.ctx,
     info.maxBatch,
     info.snapshots,
+    info.maxRewind,
   ];
   words.forEach((x, i) => {
     if (!Number.isInteger(x) || x < 0 || x > U32_MAX) {

@@ -106,6 +106,8 @@ const SAMPLES: Frame[] = [
   { op: Op.Ids, slot: 1, base: 6, ids: new Uint32Array(), top: [], lse: NaN },
   { op: Op.Saved, slot: 3, idx: 9 },
   { op: Op.Restored, slot: 1, idx: 2, position: 40 },
+  { op: Op.Rewind, slot: 2, position: 17 },
+  { op: Op.Rewound, slot: 2, position: 17 },
   { op: Op.Challenge, magic: MAGIC, auth: AuthMode.HmacSha256, nonce: new Uint8Array(32).fill(1) },
   {
     op: Op.Hello,
@@ -118,6 +120,7 @@ const SAMPLES: Frame[] = [
       ctx: 64,
       maxBatch: 8,
       snapshots: 3,
+      maxRewind: 4,
       fingerprint: new Uint8Array(32).fill(0xab),
     },
     proof: new Uint8Array(32).fill(0xcd),
@@ -128,9 +131,9 @@ const SAMPLES: Frame[] = [
 Deno.test("the greeting and a Run frame are laid out as the header table says", () => {
   assert.deepEqual(
     [...encodeGreeting(new Uint8Array(32).fill(9))],
-    [0x54, 0x44, 0x4d, 0x36, ...new Array(32).fill(9)],
+    [0x54, 0x44, 0x4d, 0x37, ...new Array(32).fill(9)],
   );
-  assert.equal(new TextDecoder().decode(encodeGreeting(new Uint8Array(32)).subarray(0, 4)), "TDM6");
+  assert.equal(new TextDecoder().decode(encodeGreeting(new Uint8Array(32)).subarray(0, 4)), "TDM7");
   const run = encodeFrame(
     { op: Op.Run, slot: 2, base: 5, n: 1, topk: 3, rows: Float32Array.of(1.5, -2) },
     2,
@@ -171,6 +174,12 @@ Deno.test("the greeting and a Run frame are laid out as the header table says", 
     1,
   );
   assert.deepEqual([...none].slice(28, 32), bytes(0x102));
+  // 0x200: every stage keeps what a REWIND into the run needs.
+  const kept = encodeFrame(
+    { op: Op.Run, slot: 0, base: 0, n: 1, topk: 0, rows: Float32Array.of(0), rewindable: true },
+    1,
+  );
+  assert.deepEqual([...kept].slice(28, 32), bytes(0x300));
   // IDS answering a RUN with logits "none": no ids.
   const empty = encodeFrame({
     op: Op.Ids,
@@ -248,12 +257,17 @@ Deno.test("unknown ops and nonzero unused header words are refused", () => {
   assert.throws(() => decodeFrame(frame(Op.Ids, 0, 1, 0, 0, 1, 0, 0), LIMITS), /field mask is 1/);
   assert.throws(() => decodeFrame(frame(Op.Saved, 0, 0, 0, 0, 0, 2, 0), LIMITS), /field bias is 2/);
   assert.throws(() => decodeFrame(frame(Op.Ids, 0, 1, 0, 0, 0, 0, 1), LIMITS), /field logits is 1/);
-  // RUN's logits word names one of three position sets and, in bit 8, the kind of rows.
+  // RUN's logits word names one of three position sets and, in bits 8 and 9, the kind of rows
+  // and whether the run is rewindable.
   assert.throws(
     () => decodeFrame(frame(Op.Run, 0, 1, 0, 0, 0, 0, 3), LIMITS),
     /Cannot decode Run frame: logits is 3, expected 0 \(all\), 1 \(last\), 2 \(none\), plus 256/,
   );
-  assert.throws(() => decodeFrame(frame(Op.Run, 0, 1, 0, 0, 0, 0, 0x201), LIMITS), /logits is 513/);
+  assert.throws(
+    () => decodeFrame(frame(Op.Run, 0, 1, 0, 0, 0, 0, 0x401), LIMITS),
+    /logits is 1025/,
+  );
+  assert.throws(() => decodeFrame(frame(Op.Rewind, 0, 1, 0, 0, 0, 0, 0), LIMITS), /field n is 1/);
 });
 
 Deno.test("counts above their caps are RangeErrors before any payload is read", () => {

@@ -21,7 +21,7 @@ import { encodeHelloInfo, FINGERPRINT_BYTES, type HelloInfo, MAGIC, PROOF_BYTES 
  * (the connecting stage's end), and at least its slots, context and snapshot places.
  */
 export interface ChainExpectation
-  extends Pick<StageShape, "nLayer" | "nEmbd" | "slots" | "ctx" | "snapshots"> {
+  extends Pick<StageShape, "nLayer" | "nEmbd" | "slots" | "ctx" | "snapshots" | "maxRewind"> {
   readonly first: number;
   readonly fingerprint: Uint8Array;
 }
@@ -192,6 +192,10 @@ export function helloMismatch(info: HelloInfo, want: ChainExpectation): string |
   if (info.snapshots < want.snapshots) {
     return `it has ${info.snapshots} snapshot places, this stage uses ${want.snapshots}; start ` +
       `it with --snapshots ${want.snapshots} or more`;
+  }
+  if (info.maxRewind < want.maxRewind) {
+    return `it keeps ${info.maxRewind} positions to rewind, this stage verifies up to ` +
+      `${want.maxRewind}; start it with --rewind ${want.maxRewind} or more`;
   }
   if (info.maxBatch < 1) return `it accepts at most ${info.maxBatch} rows per frame`;
   return undefined;

@@ -83,6 +83,7 @@ function helloInfo(): HelloInfo {
     ctx: 512,
     maxBatch: 64,
     snapshots: 4,
+    maxRewind: 3,
     fingerprint: new Uint8Array(32).fill(0x11),
   };
 }
@@ -95,6 +96,7 @@ Deno.test("a HELLO that fits passes, and each misfit names both values and the f
     slots: 2,
     ctx: 512,
     snapshots: 4,
+    maxRewind: 3,
     fingerprint: new Uint8Array(32).fill(0x11),
   };
   const info = helloInfo();
@@ -120,6 +122,10 @@ Deno.test("a HELLO that fits passes, and each misfit names both values and the f
     [
       { snapshots: 3 },
       /it has 3 snapshot places, this stage uses 4; start it with --snapshots 4 or more/,
+    ],
+    [
+      { maxRewind: 2 },
+      /it keeps 2 positions to rewind, this stage verifies up to 3; start it with --rewind 3 or more/,
     ],
     [{ maxBatch: 0 }, /at most 0 rows per frame/],
   ];

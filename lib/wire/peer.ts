@@ -271,7 +271,7 @@ export class Peer {
         `Cannot send ${n} rows to ${this.address}: it takes at most ${this.info.maxBatch} per frame`,
       );
     }
-    const { topk = 0, adjust, logits, rows: kind } = options;
+    const { topk = 0, adjust, logits, rows: kind, rewindable } = options;
     const reply = await this.#exchange({
       op: Op.Run,
       slot,
@@ -282,6 +282,7 @@ export class Peer {
       adjust,
       logits,
       kind,
+      rewindable,
     });
     if (
       reply.op !== Op.Ids || reply.slot !== slot || reply.base !== base ||
@@ -307,6 +308,16 @@ export class Peer {
       throw this.#fail(`it answered Restore (slot ${slot}, idx ${idx}) with op ${reply.op}`);
     }
     return reply.position;
+  }
+
+  /** Takes `slot` back to `position` inside its last run on every stage behind this connection. */
+  async rewind(slot: number, position: number): Promise<void> {
+    const reply = await this.#exchange({ op: Op.Rewind, slot, position });
+    if (reply.op !== Op.Rewound || reply.slot !== slot || reply.position !== position) {
+      throw this.#fail(
+        `it answered Rewind (slot ${slot}, position ${position}) with op ${reply.op}`,
+      );
+    }
   }
 
   /**

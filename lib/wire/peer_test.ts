@@ -7,7 +7,7 @@ import { openReferenceStage } from "../../engine/reference/reference_stage.ts";
 import { runPipeline } from "../../engine/pipeline.ts";
 import type { LogitAdjust, Stage } from "../../engine/stage.ts";
 import { serveLocal } from "../../tests/_workers.ts";
-import { checkLogitPositions } from "../../tests/_stage_gates.ts";
+import { checkLogitPositions, checkRewind } from "../../tests/_stage_gates.ts";
 import { ErrorCode, Op } from "./frame.ts";
 import { FrameReader } from "./frame_stream.ts";
 import { importKey, modelFingerprint } from "./hello.ts";
@@ -141,6 +141,40 @@ Deno.test("a chain over the wire returns the last position's logits alone, or no
   }
 });
 
+Deno.test("rewindable runs and rewinds reach every stage of a three-stage chain; a worker keeping fewer positions is refused", async () => {
+  const rewind = { slots: 1, ctx: CTX, maxRewind: 4 };
+  const last = await serveLocal(model, { first: 3, end: 4, ...rewind });
+  const middleStage = await openReferenceStage(model, { first: 1, end: 3, ...rewind });
+  const toLast = new RemoteStage(last.address, {
+    first: 3,
+    nLayer: 4,
+    nEmbd: middleStage.nEmbd,
+    snapshots: 0,
+    ...rewind,
+    fingerprint,
+  });
+  middleStage.close();
+  const middle = await serveLocal(model, { first: 1, end: 3, ...rewind }, { next: toLast });
+  const head = await openReferenceStage(model, { first: 0, end: 1, ...rewind });
+  const remote = await connectRemoteStage(middle.address, { local: head, model });
+  const greedier = await openReferenceStage(model, { first: 0, end: 1, ...rewind, maxRewind: 5 });
+  try {
+    await checkRewind([head, remote], 0, Uint32Array.of(11, 12, 13, 14, 15), 3, 6);
+    // The worker takes one client at a time.
+    remote.disconnect();
+    await assert.rejects(
+      () => connectRemoteStage(middle.address, { local: greedier, model }),
+      /it keeps 4 positions to rewind, this stage verifies up to 5; start it with --rewind 5 or more/,
+    );
+  } finally {
+    greedier.close();
+    remote.close();
+    head.close();
+    await middle.stop();
+    await last.stop();
+  }
+});
+
 Deno.test("save and restore reach every stage of a three-stage chain", async () => {
   const last = await serveLocal(model, { first: 3, end: 4, slots: 1, ctx: CTX, snapshots: 2 });
   const middleStage = await openReferenceStage(model, { first: 1, end: 3, slots: 1, ctx: CTX });
@@ -151,6 +185,7 @@ Deno.test("save and restore reach every stage of a three-stage chain", async () 
     slots: 1,
     ctx: CTX,
     snapshots: 2,
+    maxRewind: 0,
     fingerprint,
   });
   middleStage.close();
@@ -163,6 +198,7 @@ Deno.test("save and restore reach every stage of a three-stage chain", async () 
     slots: 1,
     ctx: CTX,
     snapshots: 2,
+    maxRewind: 0,
   });
   const remote = await connectRemoteStage(middle.address, { local: head, model });
   const stages = [head, remote];
@@ -207,6 +243,7 @@ Deno.test("a middle stage whose next hop has fewer snapshot places fails the hel
     slots: 1,
     ctx: CTX,
     snapshots: 2,
+    maxRewind: 0,
     fingerprint,
   });
   const middle = await serveLocal(model, { first: 1, end: 3, slots: 1, ctx: CTX, snapshots: 2 }, {
@@ -230,7 +267,15 @@ Deno.test("a middle stage whose next hop has fewer snapshot places fails the hel
 
 Deno.test("PING crosses a chain without touching any slot; a dead hop behind it fails it", async () => {
   const head = await openReferenceStage(model, { first: 0, end: 1, slots: 1, ctx: CTX });
-  const chain = { nLayer: 4, nEmbd: head.nEmbd, slots: 1, ctx: CTX, snapshots: 0, fingerprint };
+  const chain = {
+    nLayer: 4,
+    nEmbd: head.nEmbd,
+    slots: 1,
+    ctx: CTX,
+    snapshots: 0,
+    maxRewind: 0,
+    fingerprint,
+  };
   const last = await serveLocal(model, { first: 3, end: 4, slots: 1, ctx: CTX });
   const middle = await serveLocal(model, { first: 1, end: 3, slots: 1, ctx: CTX }, {
     next: new RemoteStage(last.address, { ...chain, first: 3 }),

@@ -11,7 +11,7 @@ import {
   type StageShape,
   type TopEntry,
 } from "../../engine/stage.ts";
-import { checkLogits, checkRows, checkSlot } from "../../engine/stage_checks.ts";
+import { checkLogits, checkRewindable, checkRows, checkSlot } from "../../engine/stage_checks.ts";
 import type { HelloInfo } from "./frame.ts";
 import { type ChainExpectation, modelFingerprint } from "./hello.ts";
 import { connectPeer, type Peer, type PeerOptions, StageUnavailableError } from "./peer.ts";
@@ -42,6 +42,8 @@ export class RemoteStage implements Stage {
   readonly maxBatch: number;
   /** What this side saves into; the hello guarantees the chain has at least as many. */
   readonly snapshots: number;
+  /** What this side rewinds; the hello guarantees the chain keeps at least as many positions. */
+  readonly maxRewind: number;
   readonly #want: ChainExpectation;
   readonly #options: PeerOptions;
   readonly #slotEpoch: Int32Array;
@@ -62,6 +64,7 @@ export class RemoteStage implements Stage {
     this.ctx = want.ctx;
     this.maxBatch = want.ctx;
     this.snapshots = want.snapshots;
+    this.maxRewind = want.maxRewind;
     this.#want = want;
     this.#options = options;
     this.#slotEpoch = new Int32Array(want.slots).fill(-1);
@@ -118,6 +121,8 @@ export class RemoteStage implements Stage {
     const logits = checkLogits(options);
     // Every frame of a run carries the run's kind of rows, whatever its own length.
     const kind = checkRows(options, n);
+    // A rewindable run fits one frame: maxRewind ≤ the worker's maxBatch (checkOpenOptions).
+    checkRewindable(this, options, n);
     const peer = await this.#live();
     if (base !== 0) this.#requireCurrent(this.#slotEpoch[slot], `slot ${slot}'s sequence`);
     this.#slotEpoch[slot] = this.#epoch;
@@ -159,6 +164,13 @@ export class RemoteStage implements Stage {
     const position = await peer.restore(slot, idx);
     this.#slotEpoch[slot] = this.#epoch;
     return position;
+  }
+
+  async rewind(slot: number, pos: number): Promise<void> {
+    checkSlot(this, slot);
+    const peer = await this.#live();
+    this.#requireCurrent(this.#slotEpoch[slot], `slot ${slot}'s sequence`);
+    await peer.rewind(slot, pos);
   }
 
   close(): void {
@@ -218,6 +230,7 @@ export function remoteStageAfter(
     slots: local.slots,
     ctx: local.ctx,
     snapshots: local.snapshots,
+    maxRewind: local.maxRewind,
     fingerprint,
   }, options);
 }

@@ -114,6 +114,7 @@ function chainInfo(options: StageServerOptions): HelloInfo {
     ctx: stage.ctx,
     maxBatch: stage.maxBatch,
     snapshots: stage.snapshots,
+    maxRewind: stage.maxRewind,
     fingerprint: options.fingerprint,
   };
 }
@@ -240,7 +241,7 @@ export function serveStage(
     };
     switch (frame.op) {
       case Op.Run: {
-        const { slot, base, n, topk, adjust, logits, kind } = frame;
+        const { slot, base, n, topk, adjust, logits, kind, rewindable } = frame;
         checkSlot(slot);
         if (base + n > info.ctx) {
           throw new RangeError(
@@ -256,7 +257,7 @@ export function serveStage(
         // Counted now, before the run: a RUN read while this one is on the GPU is checked
         // against it.
         session.seen[slot] = base + n;
-        const run = { topk, adjust, logits, rows: kind };
+        const run = { topk, adjust, logits, rows: kind, rewindable };
         let out = await stage.run(slot, { kind: "hidden", rows: frame.rows }, n, base, run);
         if (out.kind === "hidden" && next) {
           out = await next.run(slot, { kind: "hidden", rows: out.rows }, n, base, run);
@@ -293,6 +294,15 @@ export function serveStage(
         }
         session.seen[slot] = position;
         return { op: Op.Restored, slot, idx, position };
+      }
+      case Op.Rewind: {
+        const { slot, position } = frame;
+        checkSlot(slot);
+        // The next stage rewinds after this one has accepted: a refusal changes nothing.
+        await stage.rewind(slot, position);
+        await next?.rewind(slot, position);
+        session.seen[slot] = position;
+        return { op: Op.Rewound, slot, position };
       }
       case Op.Ping:
         // A middle stage answers for the whole chain, as RUN does: a dead hop behind it then

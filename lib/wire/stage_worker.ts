@@ -22,6 +22,8 @@ export interface WorkerOptions {
   readonly ctx: number;
   readonly maxBatch?: number;
   readonly snapshots: number;
+  /** Positions of a rewindable run it keeps (engine/stage.ts maxRewind); default 0. */
+  readonly maxRewind?: number;
   /** host:port of the worker serving the layers after these. */
   readonly next?: string;
   /** How long `next` may send nothing before it counts as down; default DEFAULT_SILENCE_MS. */
@@ -76,6 +78,7 @@ export async function startWorker(options: WorkerOptions): Promise<RunningWorker
       ctx: options.ctx,
       maxBatch: options.maxBatch,
       snapshots: options.snapshots,
+      maxRewind: options.maxRewind,
     });
     const fingerprint = await modelFingerprint(model);
     next = options.next

@@ -7,7 +7,7 @@
 import type { BufferRef } from "../buffers.ts";
 import type { StepEncoder } from "../encoder.ts";
 import type { KernelFamily, KernelTarget } from "../kernel.ts";
-import type { SequenceTable } from "./ssm_conv.ts";
+import type { SequenceTable, TrailRef } from "./ssm_conv.ts";
 
 /**
  * Row slices per column: the most (≤ 8, each slice a whole number of vec4 rows) that fit the
@@ -35,17 +35,21 @@ const NORM_WG = 256;
 /** What a dispatch runs: a whole step (one workgroup a head), a split recurrence, or the norm. */
 export type DeltaNetPass = "fused" | "split" | "norm";
 
-/** A variant per head shape dk × dv and pass; `multi` (fused only) runs a table of sequences. */
+/**
+ * A variant per head shape dk × dv and pass; `multi` (fused only) runs a table of sequences,
+ * `trail` (fused or split, alone) keeps the state after each token for a rewind.
+ */
 export const GATED_DELTA_NET: KernelFamily<
   {
     readonly dk: number;
     readonly dv: number;
     readonly pass?: DeltaNetPass;
     readonly multi?: boolean;
+    readonly trail?: boolean;
   }
 > = {
   file: "gated_delta_net.wgsl",
-  variant: (target, { dk, dv, pass = "fused", multi = false }) => {
+  variant: (target, { dk, dv, pass = "fused", multi = false, trail = false }) => {
     if ((dv & (dv - 1)) !== 0 || dv > 256 || dk > 256 || dk < 4 || dk % 4 !== 0) {
       throw new RangeError(
         `Cannot run DeltaNet heads of ${dk} x ${dv}: value heads must be a power of two ≤ 256, key heads a multiple of 4 up to 256`,
@@ -53,8 +57,15 @@ export const GATED_DELTA_NET: KernelFamily<
     }
     // The fused and split recurrences sum a column's slices alike only with the same R.
     const r = rowSlices(target, dk, dv);
-    const base = { DK: dk, DV: dv, R: r, GS: Math.min(16, dv) };
-    const name = `gated_delta_net_dk${dk}_dv${dv}_r${r}`;
+    const kept = trail && pass !== "norm" && !multi;
+    const base = {
+      DK: dk,
+      DV: dv,
+      R: r,
+      GS: Math.min(16, dv),
+      ...(kept ? { TRAIL: true as const } : {}),
+    };
+    const name = `gated_delta_net_dk${dk}_dv${dv}_r${r}${kept ? "_trail" : ""}`;
     if (pass === "norm") {
       return { name: `${name}_norm`, defines: { ...base, COLS: dv, NORM_PASS: true } };
     }
@@ -95,6 +106,8 @@ export interface GatedDeltaNetOptions {
    * a whole head a workgroup); offsets and strides above are then of row 0.
    */
   readonly multi?: SequenceTable;
+  /** Keeps the state after each token there, (tokens, nv, dk, dv) floats (not with `multi`). */
+  readonly trail?: TrailRef;
 }
 
 /** Whether a run of `tokens` takes the one-dispatch recurrence (a whole head a workgroup). */
@@ -136,26 +149,37 @@ export function gatedDeltaNet(
     state_offset: o.stateOffset ?? 0,
     state_stride: o.multi?.stateStride ?? 0,
     seq0: o.multi?.seq0 ?? 0,
+    trail_offset: o.trail?.offset ?? 0,
   };
-  const shape = { dk: o.dk, dv: o.dv };
   const m = o.multi;
+  if (m && o.trail) {
+    throw new RangeError("Cannot keep a trail of a table of sequences: run it alone");
+  }
+  const shape = { dk: o.dk, dv: o.dv, trail: !!o.trail };
+  const kept = o.trail ? { ...b, trail: o.trail.buffer } : b;
   if (m) {
-    enc.dispatch(GATED_DELTA_NET, { ...shape, multi: true }, { ...b, seqs: m.seqs }, params, {
-      tiles: o.nv,
-      z: m.count,
-    });
+    enc.dispatch(
+      GATED_DELTA_NET,
+      { dk: o.dk, dv: o.dv, multi: true },
+      { ...b, seqs: m.seqs },
+      params,
+      {
+        tiles: o.nv,
+        z: m.count,
+      },
+    );
     return;
   }
   if (fusedDeltaNet(o.tokens, o.dv)) {
-    enc.dispatch(GATED_DELTA_NET, shape, b, params, { tiles: o.nv });
+    enc.dispatch(GATED_DELTA_NET, shape, kept, params, { tiles: o.nv });
     return;
   }
-  enc.dispatch(GATED_DELTA_NET, { ...shape, pass: "split" }, b, params, {
+  enc.dispatch(GATED_DELTA_NET, { ...shape, pass: "split" }, kept, params, {
     tiles: o.nv * (o.dv / SPLIT_COLS),
   });
   // NP: the tokens of a norm workgroup, GS columns a thread of each.
   const np = NORM_WG / (o.dv / Math.min(16, o.dv));
-  enc.dispatch(GATED_DELTA_NET, { ...shape, pass: "norm" }, b, params, {
+  enc.dispatch(GATED_DELTA_NET, { dk: o.dk, dv: o.dv, pass: "norm" }, b, params, {
     tiles: o.nv,
     z: Math.ceil(o.tokens / np),
   });

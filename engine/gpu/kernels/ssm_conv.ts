@@ -8,14 +8,28 @@ import type { KernelFamily, Variant } from "../kernel.ts";
 /** Tokens a thread walks (wgsl RUN): at least kc − 1, so only the first group reads the state. */
 const CONV_RUN = 8;
 
-/** A run of one sequence, or (multi) one token of each of several sequences of a table. */
-export const SSM_CONV: KernelFamily<boolean> = {
+/**
+ * A run of one sequence ("run"), the same keeping its history for a rewind ("trail"), or one
+ * token of each of several sequences of a table ("multi").
+ */
+export const SSM_CONV: KernelFamily<"run" | "trail" | "multi"> = {
   file: "ssm_conv.wgsl",
-  variant: (_, multi): Variant =>
-    multi
+  variant: (_, how): Variant =>
+    how === "multi"
       ? { name: "ssm_conv_multi", defines: { MULTI: true } }
+      : how === "trail"
+      ? { name: "ssm_conv_trail", defines: { TRAIL: true } }
       : { name: "ssm_conv", defines: {} },
 };
+
+/**
+ * Where a run keeps what a rewind needs (engine/stage.ts rewindable): a buffer and the float
+ * offset of the run's trail in it.
+ */
+export interface TrailRef {
+  readonly buffer: BufferRef;
+  readonly offset: number;
+}
 
 /**
  * One token of each of `count` sequences, from entry seq0 of a step's sequence table
@@ -31,7 +45,9 @@ export interface SequenceTable {
 
 /**
  * Records u[t] = silu(conv(state ++ x[0..t])) and advances the state (from stateOffset floats)
- * by `tokens` inputs; with `multi`, one token of each sequence of the table instead.
+ * by `tokens` inputs; with `multi`, one token of each sequence of the table instead. With
+ * `trail`, also writes the run's history there: (kc − 1 + tokens) rows of `channels`, the old
+ * state then each token's input, so the state after token t is its rows t + 1 … t + kc − 1.
  */
 export function ssmConv(
   enc: StepEncoder,
@@ -52,6 +68,7 @@ export function ssmConv(
     readonly uStrideT: number;
     readonly stateOffset?: number;
     readonly multi?: SequenceTable;
+    readonly trail?: TrailRef;
   },
 ): void {
   if (o.kc < 2 || o.kc > CONV_RUN + 1) {
@@ -60,8 +77,11 @@ export function ssmConv(
     );
   }
   const m = o.multi;
-  const buffers = m ? { ...b, seqs: m.seqs } : b;
-  enc.dispatch(SSM_CONV, !!m, buffers, {
+  if (m && o.trail) {
+    throw new RangeError("Cannot keep a trail of a table of sequences: run it alone");
+  }
+  const buffers = m ? { ...b, seqs: m.seqs } : o.trail ? { ...b, trail: o.trail.buffer } : b;
+  enc.dispatch(SSM_CONV, m ? "multi" : o.trail ? "trail" : "run", buffers, {
     channels: o.channels,
     kc: o.kc,
     tokens: o.tokens,
@@ -72,5 +92,6 @@ export function ssmConv(
     state_offset: o.stateOffset ?? 0,
     state_stride: m?.stateStride ?? 0,
     seq0: m?.seq0 ?? 0,
+    trail_offset: o.trail?.offset ?? 0,
   }, { tiles: Math.ceil(o.channels / 64), z: m ? m.count : Math.ceil(o.tokens / CONV_RUN) });
 }
