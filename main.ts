@@ -11,6 +11,7 @@ import {
   type FlagTable,
   type FlagValues,
   isLoopback,
+  type Kind,
   layerRange,
   listOf,
   MODEL_FLAG,
@@ -22,6 +23,7 @@ import {
 } from "./lib/cli.ts";
 import { DEFAULT_CTX, DEFAULT_MAX_BATCH, DEFAULT_SLOTS } from "./engine/stage.ts";
 import { DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_STEP_MS } from "./lib/scheduler/scheduler.ts";
+import { AUTO_DRAFTS, type DraftMode, parseDraftMode } from "./lib/scheduler/draft.ts";
 import { describePath, type ResolvedPath } from "./engine/gguf/model_files.ts";
 import type { RoleFiles } from "./lib/launch/grants.ts";
 import { freeLoopbackPort, runRole } from "./lib/launch/launch.ts";
@@ -63,6 +65,13 @@ export const HEAD = {
       "how long a step holding a prompt chunk may take while others generate: deep in a long " +
         "prompt its chunks shrink to fit, the others' tokens wait less and its first token " +
         "comes later (default " + DEFAULT_PREFILL_STEP_MS + ": no limit)",
+    ),
+    draft: flag(
+      { value: "off|auto|N", parse: parseDraftMode } satisfies Kind<DraftMode>,
+      "speculative decoding of greedy requests: tokens looked up in the sequence verified " +
+        `in one run a step; auto (${AUTO_DRAFTS} a step while they pay and the request runs ` +
+        "alone) or N a step; workers need --rewind drafts + 1",
+      "off",
     ),
     "api-key-file": flag(text("PATH"), "a file holding the API key clients must send"),
     "max-body-bytes": flag(whole(1), "larger request bodies get 413", 32 * 1024 * 1024),
@@ -148,6 +157,7 @@ export async function serveHead(
     maxBatch: flags["max-batch"],
     prefillChunk: flags["prefill-chunk"],
     prefillStepMs: flags["prefill-step-ms"],
+    draft: flags.draft,
     apiKey: apiKeyFile ? await readApiKey(apiKeyFile) : undefined,
     maxBodyBytes: flags["max-body-bytes"],
     headerTimeoutMs: flags["header-timeout"] * 1000,

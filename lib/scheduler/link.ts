@@ -152,6 +152,10 @@ export class StageLink {
     return this.#watch(this.remote.restore(slot, idx));
   }
 
+  rewind(slot: number, pos: number): Promise<void> {
+    return this.#watch(this.remote.rewind(slot, pos));
+  }
+
   /**
    * Makes sure the stage answers before a request is admitted: a stage known to be down gets a
    * reconnect attempt now (one that began before this call and failed is followed by a fresh

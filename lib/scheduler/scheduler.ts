@@ -15,6 +15,7 @@ import { StageUnavailableError } from "../wire/peer.ts";
 import { type LastOutput, MAX_TOPK, type Stage, type StageRunOptions } from "../../engine/stage.ts";
 import { checkChainLink, checkFirstStage } from "../../engine/stage_checks.ts";
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
+import { type Drafter, DraftGate, type DraftMode, draftsOf, lookupDraft } from "./draft.ts";
 import type { StageLink } from "./link.ts";
 import { PrefixCache } from "./prefix_cache.ts";
 import { CancelledError, type Candidates, Sequence, type SequenceRequest } from "./sequence.ts";
@@ -53,6 +54,14 @@ export interface SchedulerOptions {
    * whatever they cost.
    */
   readonly prefillStepMs?: number;
+  /**
+   * Speculative decoding of greedy sequences (lib/scheduler/draft.ts): "off" (default), "auto"
+   * (AUTO_DRAFTS a step while they pay and the sequence runs alone) or that many drafts a step,
+   * each verified in one rewindable run; every stage must keep drafts + 1 positions to rewind.
+   */
+  readonly draft?: DraftMode;
+  /** Where drafts come from (default lookupDraft: the sequence's own earlier tokens). */
+  readonly drafter?: Drafter;
   readonly log?: (line: string) => void;
   /** Sees every admitted sequence (the head's access log follows them to their end). */
   readonly onAdmit?: (sequence: Sequence) => void;
@@ -241,6 +250,10 @@ export class Scheduler {
   readonly #graceMs: number;
   readonly #prefillChunk: number;
   readonly #prefillStepMs: number;
+  readonly #draft: DraftMode;
+  /** Drafts a verify run takes at most (0: no speculation). */
+  readonly #drafts: number;
+  readonly #drafter: Drafter;
   /** What a position of the last prompt chunk of any sequence cost, ms: a new prompt's start. */
   #promptMsPerPosition: number | undefined;
   readonly #cache: PrefixCache;
@@ -281,6 +294,17 @@ export class Scheduler {
     this.#onAdmit = options.onAdmit;
     checkFirstStage(local);
     checkChainLink(local, link?.remote);
+    this.#draft = options.draft ?? "off";
+    this.#drafts = draftsOf(this.#draft);
+    this.#drafter = options.drafter ?? lookupDraft;
+    const keeps = Math.min(local.maxRewind, link?.remote.maxRewind ?? Infinity);
+    if (this.#drafts > 0 && this.#drafts + 1 > keeps) {
+      throw new RangeError(
+        `Cannot verify ${this.#drafts} drafts a step: the stages keep ${keeps} positions to ` +
+          `rewind, and a step verifies its drafts and the token before them; open them with ` +
+          `maxRewind ${this.#drafts + 1} (workers: --rewind ${this.#drafts + 1})`,
+      );
+    }
     const stageSlots = Math.min(local.slots, link?.remote.slots ?? Infinity);
     if (!Number.isInteger(options.slots) || options.slots < 1 || options.slots > stageSlots) {
       throw new RangeError(
@@ -601,7 +625,38 @@ export class Scheduler {
     let id = seq.pick(out.ids[out.ids.length - 1], out.top);
     if (!this.#accept(seq, progress, id, out, pos)) return;
     if (generated.length === 1) await this.#lane.giveTurn();
+    // What the sequence holds so far, for drafts: only kept when it may draft.
+    const history = this.#drafts > 0 && this.#greedyAsIs(seq) ? [...tokens, id] : undefined;
+    const gate = new DraftGate();
     while (true) {
+      const drafts = history ? this.#draftFor(seq, gate, history, pos, generated.length) : [];
+      if (drafts.length) {
+        // The token and its drafts in one run of generated rows: each row's greedy id is what a
+        // plain step would give after the rows before it, so the drafts that match are the
+        // model's own continuation; the slot is rewound to the last of them, and the model's id
+        // after it is the next token.
+        const started = performance.now();
+        const verify = await this.#forward(seq, slot, Uint32Array.of(id, ...drafts), pos, {
+          logits: "all",
+          rows: "decode",
+          rewindable: true,
+        });
+        let kept = 0;
+        while (kept < drafts.length && verify.ids[kept] === drafts[kept]) kept++;
+        gate.verified(performance.now() - started, drafts.length, kept, generated.length);
+        this.stats.drafts.verifies++;
+        this.stats.drafts.drafted += drafts.length;
+        this.stats.drafts.accepted += kept;
+        if (kept < drafts.length) await this.#rewind(seq, slot, pos + kept + 1);
+        for (let j = 0; j <= kept; j++) {
+          if (!this.#accept(seq, progress, verify.ids[j], NO_TOP, pos + j + 1)) return;
+          history!.push(verify.ids[j]);
+        }
+        pos += kept + 1;
+        id = verify.ids[kept];
+        continue;
+      }
+      const started = performance.now();
       // Decided at every step: a sequence that starts alone stops fusing when another joins.
       const fused = this.#fusedGreedy(seq);
       if (fused) {
@@ -614,8 +669,10 @@ export class Scheduler {
           Math.min(FUSED_STEPS, left, this.ctx - pos, this.#local.maxBatch),
         );
         const ids = await this.#fusedSteps(seq, slot, fused, id, pos, steps);
+        gate.plain(performance.now() - started, steps);
         for (const [s, next] of ids.entries()) {
           if (!this.#accept(seq, progress, next, NO_TOP, pos + s + 1)) return;
+          history?.push(next);
         }
         pos += steps;
         id = ids[steps - 1];
@@ -627,10 +684,51 @@ export class Scheduler {
         logits: "last",
         rows: "decode",
       });
+      gate.plain(performance.now() - started, 1);
       pos++;
       id = seq.pick(out.ids[out.ids.length - 1], out.top);
       if (!this.#accept(seq, progress, id, out, pos)) return;
+      history?.push(id);
     }
+  }
+
+  /**
+   * The drafts `seq` verifies at its next step from position `pos`, `generated` tokens in (none:
+   * a plain step): looked up in its history, as many as the mode takes and its tokens and context have room for; under
+   * "auto" only while it runs alone (together, sequences share steps instead) and drafting pays.
+   */
+  #draftFor(
+    seq: Sequence,
+    gate: DraftGate,
+    history: readonly number[],
+    pos: number,
+    generated: number,
+  ): number[] {
+    if (this.#draft === "auto" && (this.#running.size > 1 || !gate.drafts(generated))) {
+      return [];
+    }
+    const left = seq.request.maxTokens - seq.outputTokens;
+    const most = Math.min(this.#drafts, left - 1, this.ctx - pos - 1);
+    return most > 0 ? this.#drafter(history, most).slice(0, most) : [];
+  }
+
+  /**
+   * Whether `seq` takes each step's greedy id as it is (no sampling, grammar, per-token
+   * probabilities or logit changes): what fused steps and drafts, which return no candidates,
+   * can stand in for.
+   */
+  #greedyAsIs(seq: Sequence): boolean {
+    const { constraint, logprobs, sampling } = seq.request;
+    return !constraint && logprobs === undefined && sampling.temperature === 0 && !seq.adjusting;
+  }
+
+  /** Takes `slot` back to `pos` inside its last (rewindable) run, on every stage. */
+  async #rewind(seq: Sequence, slot: number, pos: number): Promise<void> {
+    await this.#lane.run(() => {
+      seq.checkCancelled();
+      return this.#local.rewind(slot, pos);
+    });
+    await this.#link?.rewind(slot, pos);
   }
 
   /** Hands a generated token (to be placed at `pos`) to its sequence; false when it has ended. */
@@ -654,13 +752,7 @@ export class Scheduler {
    * would then not share.
    */
   #fusedGreedy(seq: Sequence): Stage["decodeGreedy"] {
-    const { constraint, logprobs, sampling } = seq.request;
-    if (
-      this.#link || constraint || logprobs !== undefined || sampling.temperature !== 0 ||
-      seq.adjusting || this.#running.size > 1
-    ) {
-      return undefined;
-    }
+    if (this.#link || !this.#greedyAsIs(seq) || this.#running.size > 1) return undefined;
     return this.#local.decodeGreedy?.bind(this.#local);
   }
 

@@ -76,6 +76,8 @@ export class SchedulerStats {
   sequences = { finished: 0, cancelled: 0, failed: 0 };
   /** Sequences resumed after their next stage failed them (one per resumption). */
   resumes = 0;
+  /** Speculative steps: verify runs, the drafts they verified and those the model accepted. */
+  drafts = { verifies: 0, drafted: 0, accepted: 0 };
 
   constructor(stages: readonly StageTimes[]) {
     this.stages = stages;

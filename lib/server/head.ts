@@ -5,6 +5,7 @@ import { modelStem } from "../../engine/gguf/stage_shard.ts";
 import { modelPath, type ModelSource } from "../../engine/gguf/model_files.ts";
 import { openGguf } from "../../engine/gguf/read.ts";
 import { type EngineChoice, openLocalStage } from "../../engine/open_stage.ts";
+import { type DraftMode, rewindFor } from "../scheduler/draft.ts";
 import { StageLink } from "../scheduler/link.ts";
 import { defaultSnapshots } from "../scheduler/prefix_cache.ts";
 import { Scheduler } from "../scheduler/scheduler.ts";
@@ -42,6 +43,8 @@ export interface HeadOptions {
   readonly prefillChunk?: number;
   /** How long such a step may take, ms; 0: no budget (Scheduler). */
   readonly prefillStepMs?: number;
+  /** Speculative decoding of greedy sequences (Scheduler); default "off". */
+  readonly draft?: DraftMode;
   readonly apiKey?: string;
   /** Request bodies beyond this are refused with 413. Default 32 MiB. */
   readonly maxBodyBytes?: number;
@@ -165,6 +168,7 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
       ctx,
       maxBatch: options.maxBatch,
       snapshots,
+      maxRewind: rewindFor(options.draft ?? "off"),
     });
     cleanup.push(() => local.close());
     const link = options.next
@@ -191,6 +195,7 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
       restartGraceMs: options.restartGraceMs,
       prefillChunk: options.prefillChunk,
       prefillStepMs: options.prefillStepMs,
+      draft: options.draft,
       log,
       onAdmit: access.onAdmit,
     });

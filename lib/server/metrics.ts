@@ -83,6 +83,13 @@ export function renderMetrics(
   );
   m.sample("tandem_sequence_resumes_total", s.resumes);
   m.family(
+    "tandem_draft_tokens_total",
+    "counter",
+    "Speculative decoding (--draft): tokens drafted and verified, and those the model accepted.",
+  );
+  m.sample("tandem_draft_tokens_total", s.drafts.drafted, { outcome: "verified" });
+  m.sample("tandem_draft_tokens_total", s.drafts.accepted, { outcome: "accepted" });
+  m.family(
     "tandem_time_to_first_token_seconds",
     "histogram",
     "From admission to the first generated token (queue wait and prefill included).",

@@ -1,0 +1,118 @@
+// Speculative decoding's drafts and when to use them: tokens proposed on the head for the model to
+// verify in one rewindable run (lib/scheduler/scheduler.ts), and the per-sequence gate that keeps
+// drafting only while it pays.
+
+/** How a head drafts (--draft): never, while it pays ("auto"), or always, that many a step. */
+export type DraftMode = "off" | "auto" | number;
+
+/** Drafts a step under "auto": three verified with the token before them, four rows a run. */
+export const AUTO_DRAFTS = 3;
+
+/** Most drafts a step under a fixed --draft: a verify run is one run, within every stage's batch. */
+export const MAX_DRAFTS = 15;
+
+/** Drafts a step under `mode` (0 for "off"). */
+export function draftsOf(mode: DraftMode): number {
+  return mode === "off" ? 0 : mode === "auto" ? AUTO_DRAFTS : mode;
+}
+
+/** Positions every stage keeps to rewind under `mode`: a step verifies its drafts and the token before them. */
+export function rewindFor(mode: DraftMode): number {
+  const drafts = draftsOf(mode);
+  return drafts ? drafts + 1 : 0;
+}
+
+/** Parses --draft: off, auto, or a whole number of drafts 1..MAX_DRAFTS. */
+export function parseDraftMode(text: string): DraftMode {
+  if (text === "off" || text === "auto") return text;
+  const n = Number(text);
+  if (!/^\d+$/.test(text) || n < 1 || n > MAX_DRAFTS) {
+    throw new RangeError(
+      `Cannot draft "${text}": expected off, auto, or a whole number of drafts 1..${MAX_DRAFTS}`,
+    );
+  }
+  return n;
+}
+
+/**
+ * Proposes up to `most` tokens to follow `history` (a sequence's prompt and generated tokens):
+ * lookupDraft, or what a test or another drafter supplies.
+ */
+export type Drafter = (history: readonly number[], most: number) => number[];
+
+/** Longest and shortest suffix a lookup matches (tokens). */
+const MAX_NGRAM = 4;
+const MIN_NGRAM = 2;
+/** How far back a lookup searches, tokens: bounds its cost at a few thousand comparisons. */
+const LOOKUP_WINDOW = 4096;
+
+/**
+ * Prompt lookup: where the sequence's last n tokens (n from MAX_NGRAM down to MIN_NGRAM) occurred
+ * before, most recently first, the up to `most` tokens that followed them then. Code, quoted
+ * documents and tool results repeat what the prompt holds, and a model continuing them greedily
+ * often repeats it token for token. Empty when nothing matches.
+ */
+export function lookupDraft(tokens: readonly number[], most: number): number[] {
+  const end = tokens.length;
+  const from = Math.max(0, end - LOOKUP_WINDOW);
+  for (let n = Math.min(MAX_NGRAM, end - 1); n >= MIN_NGRAM; n--) {
+    // An earlier occurrence ending at i (exclusive) with at least one token after it.
+    for (let i = end - 1; i - n >= from; i--) {
+      let match = true;
+      for (let j = 1; j <= n && match; j++) match = tokens[i - j] === tokens[end - j];
+      if (match) return tokens.slice(i, Math.min(i + most, end));
+    }
+  }
+  return [];
+}
+
+/** Weight of the newest observation in the gate's running means. */
+const EMA = 0.25;
+/** Tokens a sequence decodes plainly after drafting stopped paying, before it tries again. */
+export const DRAFT_BACKOFF = 32;
+
+/**
+ * Whether one sequence drafts ("auto"): it compares the tokens a verify run yields per ms
+ * (accepted drafts plus the model's own token) with a plain step's, both measured as the
+ * sequence goes, and stops drafting for DRAFT_BACKOFF tokens when verifying yields less.
+ */
+export class DraftGate {
+  #plainMsPerToken: number | undefined;
+  #verifyTokensPerMs: number | undefined;
+  #pausedUntil = 0;
+  /** Verify runs and the drafts they accepted, for the head's statistics. */
+  verifies = 0;
+  drafted = 0;
+  accepted = 0;
+
+  /** Whether the sequence, having generated `generated` tokens, should draft its next step. */
+  drafts(generated: number): boolean {
+    return generated >= this.#pausedUntil;
+  }
+
+  /** A plain step (or fused steps) took `ms` for `tokens` tokens. */
+  plain(ms: number, tokens: number): void {
+    this.#plainMsPerToken = mean(this.#plainMsPerToken, ms / tokens);
+  }
+
+  /**
+   * A verify run of `drafted` drafts took `ms` and the model accepted `accepted` of them, after
+   * `generated` tokens; pauses drafting when verifying yields fewer tokens a ms than plain steps.
+   */
+  verified(ms: number, drafted: number, accepted: number, generated: number): void {
+    this.verifies++;
+    this.drafted += drafted;
+    this.accepted += accepted;
+    this.#verifyTokensPerMs = mean(this.#verifyTokensPerMs, (accepted + 1) / ms);
+    const plain = this.#plainMsPerToken;
+    if (plain !== undefined && this.#verifyTokensPerMs * plain < 1) {
+      this.#pausedUntil = generated + DRAFT_BACKOFF;
+      // The next try starts from what it measures then.
+      this.#verifyTokensPerMs = undefined;
+    }
+  }
+}
+
+function mean(old: number | undefined, x: number): number {
+  return old === undefined ? x : old + EMA * (x - old);
+}

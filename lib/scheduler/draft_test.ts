@@ -1,0 +1,53 @@
+// Tests of lib/scheduler/draft.ts: prompt lookup, the --draft values and the gate's decisions.
+
+import assert from "node:assert/strict";
+import {
+  DRAFT_BACKOFF,
+  DraftGate,
+  lookupDraft,
+  MAX_DRAFTS,
+  parseDraftMode,
+  rewindFor,
+} from "./draft.ts";
+
+Deno.test("lookupDraft proposes what followed the latest earlier occurrence of the longest suffix", () => {
+  // "7 8 9" occurred twice before; the latest is followed by 4 5.
+  const tokens = [7, 8, 9, 1, 2, 3, 7, 8, 9, 4, 5, 6, 0, 7, 8, 9];
+  assert.deepEqual(lookupDraft(tokens, 2), [4, 5]);
+  assert.deepEqual(lookupDraft(tokens, 8), [4, 5, 6, 0, 7, 8, 9]);
+  // The 4-gram "0 7 8 9" never occurred before, so the lookup falls back to 3 tokens; a lone
+  // token matches nothing (MIN_NGRAM is 2).
+  assert.deepEqual(lookupDraft([1, 2, 9, 1, 2], 3), [9, 1, 2]);
+  assert.deepEqual(lookupDraft([5, 1, 6, 1], 3), []);
+  assert.deepEqual(lookupDraft([], 3), []);
+  assert.deepEqual(lookupDraft([4, 4], 3), []);
+});
+
+Deno.test("--draft takes off, auto or 1..MAX_DRAFTS, and every stage keeps drafts + 1 positions", () => {
+  assert.equal(parseDraftMode("off"), "off");
+  assert.equal(parseDraftMode("auto"), "auto");
+  assert.equal(parseDraftMode("5"), 5);
+  for (const bad of ["0", `${MAX_DRAFTS + 1}`, "2.5", "-1", "on", ""]) {
+    assert.throws(() => parseDraftMode(bad), /expected off, auto, or a whole number of drafts/);
+  }
+  assert.equal(rewindFor("off"), 0);
+  assert.equal(rewindFor("auto"), 4);
+  assert.equal(rewindFor(2), 3);
+});
+
+Deno.test("the draft gate pauses drafting while verify runs yield fewer tokens a ms than plain steps", () => {
+  const gate = new DraftGate();
+  assert.ok(gate.drafts(0), "drafts until it knows better");
+  gate.plain(10, 1);
+  // Three drafts kept of three: 4 tokens in 14 ms beat 1 in 10.
+  gate.verified(14, 3, 3, 5);
+  assert.ok(gate.drafts(9));
+  // None kept, again and again: 1 token in 14 ms loses against 1 in 10 once the running mean
+  // has fallen below it (the eighth such run, at 17 tokens), and it pauses for DRAFT_BACKOFF.
+  let generated = 10;
+  while (gate.drafts(generated)) gate.verified(14, 3, 0, generated++);
+  assert.equal(generated, 18);
+  assert.ok(!gate.drafts(17 + DRAFT_BACKOFF - 1));
+  assert.ok(gate.drafts(17 + DRAFT_BACKOFF));
+  assert.deepEqual([gate.verifies, gate.drafted, gate.accepted], [9, 27, 3]);
+});

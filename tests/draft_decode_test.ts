@@ -1,0 +1,143 @@
+// Speculative greedy decoding through the scheduler (lib/scheduler/draft.ts): drafts verified in
+// rewindable runs give exactly plain decoding's tokens, on the reference and GPU engines, whole
+// and over the wire, with drafts both accepted and refused.
+
+import assert from "node:assert/strict";
+import { openGguf } from "../engine/gguf/read.ts";
+import { openReferenceStage } from "../engine/reference/reference_stage.ts";
+import type { Stage } from "../engine/stage.ts";
+import { openGpuStage } from "../engine/gpu/gpu_stage.ts";
+import { complete, completeOnce, greedy } from "../lib/scheduler/complete.ts";
+import type { DraftMode } from "../lib/scheduler/draft.ts";
+import { StageLink } from "../lib/scheduler/link.ts";
+import { Scheduler } from "../lib/scheduler/scheduler.ts";
+import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
+import { connectRemoteStage } from "../lib/wire/remote_stage.ts";
+import { gpuTest } from "./_gpu.ts";
+import { testModel } from "./_models.ts";
+import { serveLocal } from "./_workers.ts";
+
+const model = await openGguf(await testModel({ arch: "qwen35moe", quant: "q4_k_m" }));
+const tokenizer = TextTokenizer.fromGguf(model.metadata);
+const CTX = 96;
+const PROMPT = [5, 9, 13, 21, 34, 5, 9, 13];
+const request = () => greedy(PROMPT, { maxTokens: 40, stopIds: new Set() });
+
+/** Plain greedy decoding of the request on the whole reference model. */
+async function plain(): Promise<number[]> {
+  const whole = await openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: CTX });
+  try {
+    return (await completeOnce({ local: whole, tokenizer }, request())).ids;
+  } finally {
+    whole.close();
+  }
+}
+
+const want = await plain();
+
+/**
+ * Drafts from plain decoding's own tokens, every third step's second draft made wrong: random
+ * tiny models repeat nothing a lookup could find, and this way every step's outcome is known
+ * (all drafts kept, or one kept and the slot rewound).
+ */
+function oracle(history: readonly number[], most: number): number[] {
+  const at = history.length - PROMPT.length;
+  const drafts = want.slice(at, at + most);
+  if (at % 3 === 0 && drafts.length > 1) drafts[1] = drafts[1] === 0 ? 1 : drafts[1] - 1;
+  return drafts;
+}
+
+/** The request drafted under `draft` on `local` (and `link`): its ids and the draft counters. */
+async function drafted(local: Stage, draft: DraftMode, link?: StageLink) {
+  const scheduler = new Scheduler({
+    local,
+    link,
+    tokenizer,
+    slots: 1,
+    queue: 1,
+    snapshots: 0,
+    draft,
+    drafter: oracle,
+  });
+  try {
+    const { ids } = await complete(scheduler, request());
+    return { ids, ...scheduler.stats.drafts };
+  } finally {
+    await scheduler.close();
+  }
+}
+
+/** Every drafted run gave plain decoding's tokens, verified drafts and kept some, not all. */
+function check(got: Awaited<ReturnType<typeof drafted>>, what: string): void {
+  assert.deepEqual(got.ids, want, `${what}: the tokens of plain decoding`);
+  assert.ok(got.verifies > 0, `${what}: drafts were verified`);
+  assert.ok(
+    got.accepted > 0 && got.accepted < got.drafted,
+    `${what}: ${got.accepted} of ${got.drafted} kept`,
+  );
+}
+
+Deno.test("drafted greedy decoding on the reference gives plain decoding's tokens, whole and over the wire", async () => {
+  for (const draft of [3, "auto"] as const) {
+    const whole = await openReferenceStage(model, {
+      first: 0,
+      end: 4,
+      slots: 1,
+      ctx: CTX,
+      maxRewind: 4,
+    });
+    check(await drafted(whole, draft), `whole, --draft ${draft}`);
+    whole.close();
+  }
+  const worker = await serveLocal(model, { first: 2, end: 4, slots: 1, ctx: CTX, maxRewind: 4 });
+  const head = await openReferenceStage(model, {
+    first: 0,
+    end: 2,
+    slots: 1,
+    ctx: CTX,
+    maxRewind: 4,
+  });
+  const remote = await connectRemoteStage(worker.address, { local: head, model });
+  const link = new StageLink(remote);
+  try {
+    check(await drafted(head, 3, link), "split, --draft 3");
+  } finally {
+    link.close();
+    head.close();
+    await worker.stop();
+  }
+});
+
+Deno.test("a scheduler asked to verify more drafts than its stages keep refuses to start", async () => {
+  const whole = await openReferenceStage(model, {
+    first: 0,
+    end: 4,
+    slots: 1,
+    ctx: CTX,
+    maxRewind: 3,
+  });
+  try {
+    assert.throws(
+      () => new Scheduler({ local: whole, tokenizer, slots: 1, queue: 1, snapshots: 0, draft: 3 }),
+      /Cannot verify 3 drafts a step: the stages keep 3 positions to rewind.*--rewind 4/,
+    );
+  } finally {
+    whole.close();
+  }
+});
+
+gpuTest("drafted greedy decoding on the GPU gives plain decoding's tokens", async (gpu) => {
+  const stage = await openGpuStage(model, gpu, {
+    first: 0,
+    end: 4,
+    slots: 1,
+    ctx: CTX,
+    maxRewind: 4,
+    log: () => {},
+  });
+  try {
+    check(await drafted(stage, 3), "GPU, --draft 3");
+  } finally {
+    stage.close();
+  }
+});

@@ -1,0 +1,42 @@
+// A head started with --draft (lib/scheduler/draft.ts) over HTTP: greedy replies, streamed and
+// buffered, are the bytes a head without drafting sends, and /metrics counts the drafts.
+
+import assert from "node:assert/strict";
+import { backendTest, metric, parseSse, post, startTestHead, streamedText } from "./_head.ts";
+
+const ask = (content: string, stream = false) => ({
+  model: "anything",
+  max_tokens: 24,
+  temperature: 0,
+  stream,
+  messages: [{ role: "user", content }],
+});
+
+backendTest(
+  "a head that drafts replies as one that does not, streamed and buffered",
+  async (engine) => {
+    const prompt = "one two three one two three one two three one two";
+    const replies = async (draft: "off" | 3) => {
+      const head = await startTestHead({ ...engine, slots: 1, draft });
+      try {
+        const buffered = await (await post(`${head.url}/v1/messages`, ask(prompt))).json();
+        const streamed = streamedText(
+          parseSse(await (await post(`${head.url}/v1/messages`, ask(prompt, true))).text()),
+        );
+        const metrics = await (await fetch(`${head.url}/metrics`)).text();
+        return { text: buffered.content[0].text, streamed, metrics };
+      } finally {
+        await head.close();
+      }
+    };
+    const plain = await replies("off");
+    const drafted = await replies(3);
+    assert.equal(drafted.text, plain.text);
+    assert.equal(drafted.streamed, plain.text);
+    // Drafts come only where the reply repeats the conversation; every one counted is verified.
+    const verified = metric(drafted.metrics, 'tandem_draft_tokens_total{outcome="verified"}');
+    const accepted = metric(drafted.metrics, 'tandem_draft_tokens_total{outcome="accepted"}');
+    assert.ok(accepted <= verified);
+    assert.equal(metric(plain.metrics, 'tandem_draft_tokens_total{outcome="verified"}'), 0);
+  },
+);
