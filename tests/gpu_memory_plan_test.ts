@@ -18,7 +18,7 @@ const MODELS: TestModelSpec[] = [
   { arch: "qwen35moe", quant: "q8_0", tied: true },
 ];
 const SPANS = [{ first: 0, end: 4 }, { first: 0, end: 3 }, { first: 3, end: 4 }];
-const OPTIONS = { ctx: 96, slots: 2, snapshots: 1, maxBatch: 8 };
+const OPTIONS = { ctx: 96, slots: 2, snapshots: 1, maxBatch: 8, maxRewind: 3 };
 
 gpuTest("the memory plan equals what each GPU stage allocates, by kind", async (gpu) => {
   for (const spec of MODELS) {
@@ -39,7 +39,10 @@ gpuTest("the memory plan equals what each GPU stage allocates, by kind", async (
           assert.equal(plan.slotState, held.slotState, what);
           assert.equal(plan.snapshots, held.snapshots, what);
           assert.equal(plan.activations, held.activations, what);
-          assert.equal(plan.perSlot.kv + plan.perSlot.recurrent, plan.slotState / OPTIONS.slots);
+          const { kv, recurrent, trail } = plan.perSlot;
+          const recurrentLayers = hp.isDeltaNet.slice(span.first, span.end).some((d) => d);
+          assert.equal(trail > 0, recurrentLayers, `${what}: trails for the DeltaNet layers`);
+          assert.equal(kv + recurrent + trail, plan.slotState / OPTIONS.slots);
           // Beyond the plan: only readbacks, the params arena and timers.
           const rest = held.total - plan.total;
           assert.ok(rest >= 0 && rest < 2 * 1024 * 1024, `${what}: ${rest} bytes unplanned`);

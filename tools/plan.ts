@@ -39,6 +39,11 @@ export const PLAN = {
       whole(0),
       "snapshot places, as the stages' --snapshots (default sized as theirs from --ctx and --slots)",
     ),
+    rewind: flag(
+      whole(0),
+      "positions each slot keeps to rewind, as the workers' --rewind (the head's --draft + 1)",
+      0,
+    ),
     "max-batch": flag(
       whole(1),
       `positions per run, as --max-batch (default ${DEFAULT_MAX_BATCH}, or the context if shorter)`,
@@ -55,13 +60,14 @@ export function formatPlan(p: StagePlan, slots: number, snapshots: number, ctx: 
   const weights = [...p.weights.values()].reduce((s, n) => s + n, 0);
   const kinds = [...p.weights].map(([kind, n]) => `${kind} ${formatBytes(n)}`).join(", ");
   const slot = p.perSlot.kv + p.perSlot.recurrent;
+  const trail = p.perSlot.trail ? `, rewind trail ${formatBytes(p.perSlot.trail)}` : "";
   return [
     `stage ${p.span.first}:${p.span.end}`,
     `  weights      ${formatBytes(weights)} (${kinds})`,
     `  per slot     ${formatBytes(slot)} (KV ${
       formatBytes(p.perSlot.kv)
     } for ${ctx} positions, recurrent ` +
-    `${formatBytes(p.perSlot.recurrent)}) × ${slots} slots = ${formatBytes(p.slotState)}`,
+    `${formatBytes(p.perSlot.recurrent)}${trail}) × ${slots} slots = ${formatBytes(p.slotState)}`,
     `  snapshots    ${snapshots} × ${formatBytes(slot)} = ${formatBytes(p.snapshots)}`,
     `  activations  ${formatBytes(p.activations)} (${p.maxBatch} positions per run)`,
     `  total        ${formatBytes(p.total)}`,
@@ -81,6 +87,7 @@ export async function planReport(flags: FlagValues<typeof PLAN.flags>): Promise<
       ctx,
       slots,
       snapshots,
+      maxRewind: flags.rewind,
       maxBatch: flags["max-batch"],
       tensorCores: flags["tensor-cores"],
     };

@@ -22,6 +22,8 @@ export interface PlanOptions {
   readonly ctx: number;
   readonly slots: number;
   readonly snapshots: number;
+  /** Positions of a rewindable run each slot keeps (the stages' maxRewind); default 0. */
+  readonly maxRewind?: number;
   /** Positions per run; default the stage's own default. */
   readonly maxBatch?: number;
   /** The device runs prompts on tensor cores (GpuFeatures.subgroupMatrix): their input scratch. */
@@ -30,8 +32,11 @@ export interface PlanOptions {
 
 export interface StagePlan extends Omit<StageMemory, "total"> {
   readonly span: LayerSpan;
-  /** Of one slot: K and V caches (attention layers) and conv + recurrent state (DeltaNet). */
-  readonly perSlot: { readonly kv: number; readonly recurrent: number };
+  /**
+   * Of one slot: K and V caches (attention layers), conv + recurrent state (DeltaNet) and the
+   * DeltaNet trail a rewind reads (maxRewind > 0).
+   */
+  readonly perSlot: { readonly kv: number; readonly recurrent: number; readonly trail: number };
   readonly maxBatch: number;
   /** Weights, slots, snapshots and activations together. */
   readonly total: number;
@@ -140,21 +145,25 @@ export function planStage(
       t.matrix("lm head", tied ? "token_embd.weight" : "output.weight");
     }
   }
-  const perSlot = { kv: 0, recurrent: 0 };
+  const perSlot = { kv: 0, recurrent: 0, trail: 0 };
   let slotBytes = 0;
+  const rewind = options.maxRewind ?? 0;
   for (let il = span.first; il < span.end; il++) {
     const [a, b] = layerStateBytes(hp, il, options.ctx);
     const bytes = paddedSize(a) + paddedSize(b);
     if (hp.isDeltaNet[il]) perSlot.recurrent += bytes;
     else perSlot.kv += bytes;
     slotBytes += bytes;
+    if (hp.isDeltaNet[il] && rewind > 0) {
+      perSlot.trail += 4 * (hp.Kc - 1 + rewind) * hp.C + 4 * rewind * hp.Nv * hp.Dk * hp.Dv;
+    }
   }
   const maxBatch = options.maxBatch ?? defaultMaxBatch(options.ctx);
   const shape = activationShape(hp, span, options.ctx, maxBatch, options.tensorCores);
   const activations = Object.values(activationFloats(hp, maxBatch, options.slots, shape))
     .reduce((s, [, n]) => s + paddedSize(4 * n), 0);
   const weights = [...t.bytes.values()].reduce((s, n) => s + n, 0);
-  const slotState = options.slots * slotBytes;
+  const slotState = options.slots * (slotBytes + perSlot.trail);
   const snapshots = options.snapshots * slotBytes;
   return {
     span,
