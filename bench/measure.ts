@@ -194,6 +194,47 @@ export function timeSampledDecode(
 }
 
 /**
+ * The n greedy tokens of `plain` (a timeDecode's fed ids) decoded as speculative steps decode
+ * them: `drafts` tokens verified with the token before them in one rewindable run of generated
+ * rows, from slot 0's position 0. `kept`: the drafts are plain decoding's own next ids, so every
+ * one is kept (drafts + 1 tokens a run); otherwise each is wrong, so a run yields one token and
+ * a rewind. The two bound speculative decoding at any acceptance rate. Throws if a verified
+ * position's greedy id is not plain decoding's.
+ */
+export async function timeVerifiedDecode(
+  stages: readonly Stage[],
+  plain: Uint32Array,
+  drafts: number,
+  kept: boolean,
+): Promise<number> {
+  const n = plain.length;
+  const start = performance.now();
+  for (let pos = 0; pos < n;) {
+    const k = Math.min(drafts, n - pos - 1);
+    const input = plain.slice(pos, pos + k + 1);
+    if (!kept) { for (let j = 1; j <= k; j++) input[j] = input[j] === 0 ? 1 : input[j] - 1; }
+    const { ids } = await runPipeline(stages, 0, input, pos, {
+      logits: "all",
+      rows: "decode",
+      rewindable: k > 0,
+    });
+    const next = kept ? k + 1 : 1;
+    for (let j = 0; j < next && pos + j + 1 < n; j++) {
+      if (ids[j] !== plain[pos + j + 1]) {
+        throw new Error(
+          `Cannot time verified decoding: position ${pos + j} gave id ${ids[j]}, plain decoding ${
+            plain[pos + j + 1]
+          }`,
+        );
+      }
+    }
+    if (next < k + 1) { for (const stage of stages) await stage.rewind(0, pos + next); }
+    pos += next;
+  }
+  return (performance.now() - start) / 1000;
+}
+
+/**
  * The same n greedy tokens as timeDecode, decoded as the server's scheduler decodes a plain
  * greedy sequence on a whole-model stage: `steps` tokens per readback (Stage.decodeGreedy).
  */

@@ -36,6 +36,7 @@ import {
   timeFusedDecode,
   timePrefill,
   timeSampledDecode,
+  timeVerifiedDecode,
 } from "./measure.ts";
 import { startWorker } from "./split.ts";
 
@@ -52,6 +53,8 @@ export interface StageBenchOptions {
   readonly concurrency: readonly number[];
   /** Also decode tg tokens after a prefix of this many positions (tgN@P); 0 leaves it out. */
   readonly at: number;
+  /** Drafts a verify run takes, for tgN-verifyK-kept and -refused (timeVerifiedDecode). */
+  readonly drafts: readonly number[];
   /** Layer where the in-process stage ends and the worker begins; undefined: no split. */
   readonly split?: number;
   readonly runs: number;
@@ -112,6 +115,7 @@ interface StageSize {
   readonly slots: number;
   readonly ctx: number;
   readonly snapshots?: number;
+  readonly maxRewind?: number;
 }
 
 async function openTimed(
@@ -139,6 +143,7 @@ function wholeStageSize(options: StageBenchOptions, nLayer: number): StageSize {
     slots: Math.max(1, options.slots),
     ctx: Math.max(...pp, tg, at > 0 ? at + tg : 0),
     snapshots: at > 0 ? 1 : 0,
+    maxRewind: options.drafts.length ? Math.max(...options.drafts) + 1 : 0,
   };
 }
 
@@ -163,14 +168,32 @@ async function wholeFigures(
     );
   }
   const firsts = Array.from(seededIds(options.slots, vocab, seed + 1));
+  let plain: Uint32Array | undefined;
   figures[`tg${tg}`] = await measure(
     `tg${tg}`,
     tg,
     runs,
-    async () => (await timeDecode([stage], firsts[0], tg)).seconds,
+    async () => {
+      const run = await timeDecode([stage], firsts[0], tg);
+      plain = run.fed;
+      return run.seconds;
+    },
     deadline,
     log,
   );
+  for (const k of plain ? options.drafts : []) {
+    for (const kept of [true, false]) {
+      const name = `tg${tg}-verify${k}-${kept ? "kept" : "refused"}`;
+      figures[name] = await measure(
+        `tg${tg}, ${k} drafts a step, ${kept ? "all kept" : "all refused"}`,
+        tg,
+        runs,
+        () => timeVerifiedDecode([stage], plain!, k, kept),
+        deadline,
+        log,
+      );
+    }
+  }
   if (stage.decodeGreedy) {
     figures[`tg${tg}-fused`] = await measure(
       `tg${tg} fused`,
@@ -433,6 +456,11 @@ const STAGE_BENCH = {
       [0],
     ),
     at: flag(whole(0), "also decode tg tokens after a prefix of this many positions (0: none)", 0),
+    drafts: flag(
+      listOf(whole(0)),
+      "drafts a verify run takes, for tgN-verifyK-kept/-refused (0: none)",
+      [0],
+    ),
     split: flag(whole(1), "also decode through layers 0:K here + K:n in a worker"),
     runs: flag(whole(1), "timed runs per figure", DEFAULT_RUNS),
     seed: flag(whole(0), "seed of the prompt ids", 1),
@@ -451,6 +479,7 @@ if (import.meta.main) {
       slots: values.slots,
       concurrency: values.concurrency.filter((s) => s > 0),
       at: values.at,
+      drafts: values.drafts.filter((k) => k > 0),
       split: values.split,
       runs: values.runs,
       seed: values.seed,

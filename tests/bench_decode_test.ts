@@ -45,6 +45,8 @@ Deno.test("deno task bench: --only parts each write their figures; --merge joins
       "2",
       "--tg-at",
       "20",
+      "--drafts",
+      "2",
       "--load-clients",
       "2",
       "--json",
@@ -63,6 +65,8 @@ Deno.test("deno task bench: --only parts each write their figures; --merge joins
       "pp16",
       "tg4",
       "tg4-sampled",
+      "tg4-verify2-kept",
+      "tg4-verify2-refused",
       "tg4@20",
       "tg4x2-sampled",
     ]);

@@ -5,7 +5,7 @@ import assert from "node:assert/strict";
 import { benchStage } from "../bench/stage_bench.ts";
 import { testModel } from "./_models.ts";
 
-Deno.test("benchStage: pp, tg, sampled tg on many slots, tg after a prefix and the split, each timed", async () => {
+Deno.test("benchStage: pp, tg, verified drafts, sampled tg on many slots, tg after a prefix and the split, each timed", async () => {
   const report = await benchStage({
     model: await testModel({ arch: "qwen35moe" }),
     backend: "reference",
@@ -15,6 +15,7 @@ Deno.test("benchStage: pp, tg, sampled tg on many slots, tg after a prefix and t
     slots: 2,
     concurrency: [3, 5],
     at: 40,
+    drafts: [1, 3],
     split: 2,
     runs: 1,
     seed: 1,
@@ -31,6 +32,10 @@ Deno.test("benchStage: pp, tg, sampled tg on many slots, tg after a prefix and t
     pp16: 16,
     pp40: 40,
     tg4: 4,
+    "tg4-verify1-kept": 4,
+    "tg4-verify1-refused": 4,
+    "tg4-verify3-kept": 4,
+    "tg4-verify3-refused": 4,
     "tg4-sampled": 4,
     tg4x2: 8,
     "tg4@40": 4,
@@ -52,6 +57,7 @@ Deno.test("benchStage past its deadline skips every figure and opens no further 
     slots: 1,
     concurrency: [3],
     at: 20,
+    drafts: [2],
     split: 2,
     runs: 1,
     seed: 1,
