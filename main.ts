@@ -68,7 +68,8 @@ export const HEAD = {
     ),
     draft: flag(
       { value: "off|auto|N", parse: parseDraftMode } satisfies Kind<DraftMode>,
-      "speculative decoding of greedy requests: tokens looked up in the sequence verified " +
+      "speculative decoding of requests without grammar, logprobs or penalties: tokens looked " +
+        "up in the sequence verified " +
         `in one run a step; auto (${AUTO_DRAFTS} a step while they pay and the request runs ` +
         "alone) or N a step; workers need --rewind drafts + 1",
       "off",

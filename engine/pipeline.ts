@@ -17,7 +17,10 @@ export async function runPipeline(
   let input: StageInput = { kind: "ids", ids };
   for (const stage of stages) {
     const out = await stage.run(slot, input, ids.length, base, options);
-    if (out.kind === "ids") return { ids: out.ids, top: out.top, lse: out.lse };
+    if (out.kind === "ids") {
+      const { ids, top, lse, tops } = out;
+      return { ids, top, lse, ...(tops ? { tops } : {}) };
+    }
     input = { kind: "hidden", rows: out.rows };
   }
   throw new RangeError("Cannot finish the pipeline: the last stage returned hidden rows, not ids");

@@ -109,6 +109,11 @@ export interface LastOutput {
   readonly ids: Uint32Array;
   readonly top: readonly TopEntry[];
   readonly lse: number;
+  /**
+   * With StageRunOptions.candidates "every": the top-k of every position, in order (the last
+   * one's is `top`), each among all tokens (no adjustments apply to a run that asks for them).
+   */
+  readonly tops?: readonly (readonly TopEntry[])[];
 }
 
 /** Output: hidden rows (n·D f32, position-major) from a stage that is not last, else ids. */
@@ -147,6 +152,12 @@ export interface StageRunOptions {
    * accept only some. n must be at most the stage's `maxRewind`; every stage passes it on.
    */
   readonly rewindable?: boolean;
+  /**
+   * "every": the top-k of every position, not only the last (LastOutput.tops), for sampling a
+   * speculative step's positions; needs logits "all" and no adjust, and n·(2·topk + 1) ≤
+   * 2·MAX_TOPK + 1 (one run's share of the GPU's candidate buffer). Default "last".
+   */
+  readonly candidates?: "last" | "every";
 }
 
 /** A stage's layers and the sizes it was opened with; a worker's HELLO states the same. */

@@ -320,3 +320,31 @@ export function checkRewind(slot: number, pos: number, span: RewindSpan | undefi
     );
   }
 }
+
+/**
+ * Checks a run's `candidates` against what else it asks (StageRunOptions.candidates); returns
+ * whether it wants every position's top-k (never with a top-k of 0).
+ */
+export function checkCandidates(options: StageRunOptions, n: number): boolean {
+  const candidates = options.candidates ?? "last";
+  if (candidates !== "last" && candidates !== "every") {
+    throw new RangeError(
+      `Cannot return candidates ${JSON.stringify(candidates)}: expected "last" or "every"`,
+    );
+  }
+  if (candidates === "last") return false;
+  const k = options.topk ?? 0;
+  if ((options.logits ?? "all") !== "all" || options.adjust) {
+    throw new RangeError(
+      'Cannot return every position\'s candidates of a run with logits other than "all" or with ' +
+        "adjustments: they apply to the last position alone",
+    );
+  }
+  if (n * (2 * k + 1) > 2 * MAX_TOPK + 1) {
+    throw new RangeError(
+      `Cannot return the top ${k} of each of ${n} positions: at most ${2 * MAX_TOPK + 1} words ` +
+        "of candidates a run; ask for fewer",
+    );
+  }
+  return k > 0;
+}

@@ -209,3 +209,42 @@ export async function checkRewind(
     /keeps at most/,
   );
 }
+
+/**
+ * The gate of StageRunOptions.candidates "every" on a chain: `ids` prefilled on `slot`, then four
+ * generated rows in one run with every position's top 5 must give, position by position, the ids
+ * and candidates four plain one-row steps give (the last one's also as `top` and `lse`); asking
+ * for them with logits "last" or with adjustments is refused.
+ */
+export async function checkEveryCandidates(
+  stages: readonly Stage[],
+  slot: number,
+  ids: Uint32Array,
+): Promise<void> {
+  const P = ids.length;
+  const rows = Uint32Array.of(ids[0], ids[1], ids[2], ids[0]);
+  await runPipeline(stages, slot, ids, 0, { logits: "none" });
+  const plain: LastOutput[] = [];
+  for (let t = 0; t < rows.length; t++) {
+    plain.push(await runPipeline(stages, slot, rows.subarray(t, t + 1), P + t, { topk: 5 }));
+  }
+  await runPipeline(stages, slot, ids, 0, { logits: "none" });
+  const every = await runPipeline(stages, slot, rows, P, {
+    topk: 5,
+    rows: "decode",
+    candidates: "every",
+  });
+  assert.deepEqual([...every.ids], plain.map((o) => o.ids[0]));
+  assert.deepEqual(every.tops, plain.map((o) => o.top));
+  assert.deepEqual([every.top, every.lse], [plain[3].top, plain[3].lse]);
+  const refused = [
+    { topk: 5, candidates: "every", logits: "last" },
+    { topk: 5, candidates: "every", adjust: { bias: [{ id: 1, bias: 1 }] } },
+  ] as const;
+  for (const options of refused) {
+    await assert.rejects(
+      () => runPipeline(stages, slot, rows, P + 4, options),
+      /Cannot return every position's candidates/,
+    );
+  }
+}

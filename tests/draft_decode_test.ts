@@ -1,6 +1,7 @@
-// Speculative greedy decoding through the scheduler (lib/scheduler/draft.ts): drafts verified in
-// rewindable runs give exactly plain decoding's tokens, on the reference and GPU engines, whole
-// and over the wire, with drafts both accepted and refused.
+// Speculative decoding through the scheduler (lib/scheduler/draft.ts): drafts verified in
+// rewindable runs give exactly plain greedy decoding's tokens, on the reference and GPU engines,
+// whole and over the wire, with drafts both accepted and refused; sampled, a seeded request is
+// reproduced exactly, split or not, and a near-zero temperature gives greedy decoding's tokens.
 
 import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf/read.ts";
@@ -8,6 +9,7 @@ import { openReferenceStage } from "../engine/reference/reference_stage.ts";
 import type { Stage } from "../engine/stage.ts";
 import { openGpuStage } from "../engine/gpu/gpu_stage.ts";
 import { complete, completeOnce, greedy } from "../lib/scheduler/complete.ts";
+import type { SequenceRequest } from "../lib/scheduler/sequence.ts";
 import type { DraftMode } from "../lib/scheduler/draft.ts";
 import { StageLink } from "../lib/scheduler/link.ts";
 import { Scheduler } from "../lib/scheduler/scheduler.ts";
@@ -21,7 +23,13 @@ const model = await openGguf(await testModel({ arch: "qwen35moe", quant: "q4_k_m
 const tokenizer = TextTokenizer.fromGguf(model.metadata);
 const CTX = 96;
 const PROMPT = [5, 9, 13, 21, 34, 5, 9, 13];
-const request = () => greedy(PROMPT, { maxTokens: 40, stopIds: new Set() });
+const request = (temperature = 0): SequenceRequest =>
+  temperature === 0 ? greedy(PROMPT, { maxTokens: 40, stopIds: new Set() }) : {
+    prompt: PROMPT,
+    maxTokens: 40,
+    stopIds: new Set(),
+    sampling: { temperature, topK: 40, topP: 0.95, seed: 7n },
+  };
 
 /** Plain greedy decoding of the request on the whole reference model. */
 async function plain(): Promise<number[]> {
@@ -48,7 +56,7 @@ function oracle(history: readonly number[], most: number): number[] {
 }
 
 /** The request drafted under `draft` on `local` (and `link`): its ids and the draft counters. */
-async function drafted(local: Stage, draft: DraftMode, link?: StageLink) {
+async function drafted(local: Stage, draft: DraftMode, link?: StageLink, temperature = 0) {
   const scheduler = new Scheduler({
     local,
     link,
@@ -60,7 +68,7 @@ async function drafted(local: Stage, draft: DraftMode, link?: StageLink) {
     drafter: oracle,
   });
   try {
-    const { ids } = await complete(scheduler, request());
+    const { ids } = await complete(scheduler, request(temperature));
     return { ids, ...scheduler.stats.drafts };
   } finally {
     await scheduler.close();
@@ -77,7 +85,7 @@ function check(got: Awaited<ReturnType<typeof drafted>>, what: string): void {
   );
 }
 
-Deno.test("drafted greedy decoding on the reference gives plain decoding's tokens, whole and over the wire", async () => {
+Deno.test("drafted decoding on the reference: greedy gives plain decoding's tokens, sampled is seeded, whole and over the wire", async () => {
   for (const draft of [3, "auto"] as const) {
     const whole = await openReferenceStage(model, {
       first: 0,
@@ -101,6 +109,23 @@ Deno.test("drafted greedy decoding on the reference gives plain decoding's token
   const link = new StageLink(remote);
   try {
     check(await drafted(head, 3, link), "split, --draft 3");
+    // Sampled: each draft kept with its probability; seeded, the split gives the whole's tokens.
+    const whole = await openReferenceStage(model, {
+      first: 0,
+      end: 4,
+      slots: 1,
+      ctx: CTX,
+      maxRewind: 4,
+    });
+    const sampled = await drafted(whole, 3, undefined, 0.8);
+    assert.deepEqual((await drafted(head, 3, link, 0.8)).ids, sampled.ids, "sampled, split");
+    // A tiny random model's distribution at 0.8 is nearly flat, so these drafts (greedy
+    // decoding's) are rarely kept: the kept path runs at 0.001 below.
+    assert.ok(sampled.verifies > 0 && sampled.accepted <= sampled.drafted);
+    assert.notDeepEqual(sampled.ids, want, "sampling at 0.8 strays from greedy");
+    // At a temperature near 0 the sampler is greedy, and so are the drafts it keeps.
+    check(await drafted(whole, 3, undefined, 0.001), "sampled at 0.001");
+    whole.close();
   } finally {
     link.close();
     head.close();
@@ -126,18 +151,22 @@ Deno.test("a scheduler asked to verify more drafts than its stages keep refuses 
   }
 });
 
-gpuTest("drafted greedy decoding on the GPU gives plain decoding's tokens", async (gpu) => {
-  const stage = await openGpuStage(model, gpu, {
-    first: 0,
-    end: 4,
-    slots: 1,
-    ctx: CTX,
-    maxRewind: 4,
-    log: () => {},
-  });
-  try {
-    check(await drafted(stage, 3), "GPU, --draft 3");
-  } finally {
-    stage.close();
-  }
-});
+gpuTest(
+  "drafted decoding on the GPU gives plain greedy decoding's tokens, sampled near 0 too",
+  async (gpu) => {
+    const stage = await openGpuStage(model, gpu, {
+      first: 0,
+      end: 4,
+      slots: 1,
+      ctx: CTX,
+      maxRewind: 4,
+      log: () => {},
+    });
+    try {
+      check(await drafted(stage, 3), "GPU, --draft 3");
+      check(await drafted(stage, 3, undefined, 0.001), "GPU, sampled at 0.001");
+    } finally {
+      stage.close();
+    }
+  },
+);

@@ -15,6 +15,7 @@ import type { Stage, StageOutput, StageRunOptions } from "../engine/stage.ts";
 import { gpuTest } from "./_gpu.ts";
 import type { TestModelSpec } from "./_models.ts";
 import {
+  checkEveryCandidates,
   checkLogitPositions,
   checkRewind,
   greedySession,
@@ -220,12 +221,14 @@ gpuTest(
     await withModel({ arch: "qwen3next", quant: "q4_k_m" }, async (model) => {
       const chain = await openChain(gpu, model, [], { maxRewind: 4 });
       await checkRewind(chain, 0, prompt(model, 6, 3), 3, 6);
+      await checkEveryCandidates(chain, 0, prompt(model, 6, 3));
       closeAll(chain);
     });
     await withModel({ arch: "qwen35moe" }, async (model) => {
       const ids = prompt(model, 6, 3);
       const split = await openChain(gpu, model, [1], { maxRewind: 4 });
       await checkRewind(split, 0, ids, 3, 6);
+      await checkEveryCandidates(split, 0, ids);
       closeAll(split);
       // Slot 1 decodes plainly while slot 0 verifies drafts: shared steps keep each one's bits.
       const other = prompt(model, 5, 4);

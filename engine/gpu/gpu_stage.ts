@@ -40,6 +40,7 @@ import {
 } from "../stage.ts";
 import {
   checkAdjust,
+  checkCandidates,
   checkLogits,
   checkOpen,
   checkOpenOptions,
@@ -349,6 +350,8 @@ interface StepRun {
   /** Keeps each position's DeltaNet state for a rewind (a rewindable run of n > 1). */
   readonly trail: boolean;
   readonly k: number;
+  /** The top-k of every position, not only the last (StageRunOptions.candidates "every"). */
+  readonly every: boolean;
   readonly logits: LogitPositions;
   /** Words of its mask and records of its biases. */
   readonly words: number;
@@ -358,9 +361,9 @@ interface StepRun {
 /** What a step's recording depends on besides its slots' state: its runs, in row order. */
 function stepKey(runs: readonly StepRun[]): string {
   return runs.map((r) =>
-    `${r.slot}@${r.base}+${r.n}${r.prompt ? "p" : ""}${
-      r.trail ? "t" : ""
-    } ${r.logits} ${r.k} ${r.words} ${r.pairs}`
+    `${r.slot}@${r.base}+${r.n}${r.prompt ? "p" : ""}${r.trail ? "t" : ""} ${r.logits} ${r.k}${
+      r.every ? "e" : ""
+    } ${r.words} ${r.pairs}`
   ).join(" | ");
 }
 
@@ -647,7 +650,12 @@ export class GpuStage implements Stage {
       for (let i = 0; i < order.length;) {
         const w = order[i];
         const other = kind !== undefined && w.prompt !== kind;
-        if (other || rows + w.n > this.maxBatch || pairs + w.pairs > STEP_BIAS_PAIRS) {
+        // Every position's candidates fill the candidate buffer by the step's largest top-k:
+        // such a run goes alone.
+        const crowded = runs.length > 0 && (w.every || runs[0].every);
+        if (
+          other || crowded || rows + w.n > this.maxBatch || pairs + w.pairs > STEP_BIAS_PAIRS
+        ) {
           i++;
           continue;
         }
@@ -732,6 +740,7 @@ export class GpuStage implements Stage {
       n: 1,
       prompt: false,
       trail: false,
+      every: false,
     }));
     if (next.every((w) => w.base + 1 <= this.ctx) && !this.#dispatchProfiler) {
       try {
@@ -766,6 +775,7 @@ export class GpuStage implements Stage {
     // A stage before the last computes no logits whatever it is asked.
     const adjust = this.#last ? options.adjust : undefined;
     const rewindable = checkRewindable(this, options, n);
+    const every = checkCandidates(options, n);
     const run: StepRun & { rewindable: boolean } = {
       slot,
       base,
@@ -774,6 +784,7 @@ export class GpuStage implements Stage {
       trail: rewindable && n > 1,
       rewindable,
       k: this.#last ? k : 0,
+      every: this.#last && every && k > 0,
       logits: this.#last ? logits : "none",
       words: adjust?.mask?.length ?? 0,
       pairs: adjust?.bias?.length ?? 0,
@@ -844,6 +855,7 @@ export class GpuStage implements Stage {
       prompt: false,
       trail: false,
       k,
+      every: false,
       logits: "all" as const,
       words: 0,
       pairs: 0,
@@ -936,18 +948,21 @@ export class GpuStage implements Stage {
     const places = runs.map((r, i) => {
       const count = greedyCount(r.logits, r.n);
       const first = rows.length;
+      const top = count > 0 && r.k > 0 ? tops : -1;
       for (let t = r.n - count; t < r.n; t++) {
         const last = t === r.n - 1;
         const adjusted = last && (r.words > 0 || r.pairs > 0);
+        const candidates = r.k > 0 && (last || r.every);
+        if (candidates) tops++;
         rows.push({
           row: seqs[i].row + t,
-          top: last && r.k > 0,
+          top: candidates,
           adjust: adjusted ? { maskAt, words: r.words, biasAt, pairs: r.pairs } : undefined,
         });
       }
       maskAt += r.words;
       biasAt += r.pairs;
-      return { first, count, top: count > 0 && r.k > 0 ? tops++ : -1 };
+      return { first, count, top };
     });
     const R = rows.length;
     const stride = topk ? topKWords(topk) : 0;
@@ -961,6 +976,13 @@ export class GpuStage implements Stage {
         runs.map((r, i) => {
           const p = places[i];
           const ids = new Uint32Array(data, 4 * p.first, p.count).slice();
+          if (r.every) {
+            const all = Array.from(
+              { length: p.count },
+              (_, t) => readTop(data, R + (p.top + t) * stride, r.k, topk),
+            );
+            return { kind: "ids", ids, ...all[p.count - 1], tops: all.map((c) => c.top) };
+          }
           const top = p.top < 0 ? NO_CANDIDATES : readTop(data, R + p.top * stride, r.k, topk);
           return { kind: "ids", ids, ...top };
         }),

@@ -14,6 +14,7 @@ import type {
 import { greedyCount } from "../stage.ts";
 import {
   checkAdjust,
+  checkCandidates,
   checkLogits,
   checkOpen,
   checkOpenOptions,
@@ -154,6 +155,7 @@ export class ReferenceStage implements Stage {
     const positions = checkLogits(options);
     if (this.#head) checkAdjust(options.adjust, this.#hp.V);
     const rewindable = checkRewindable(this, options, n);
+    const every = checkCandidates(options, n);
     const rows = await this.#forward(slot, input, n, base, rewindable);
     const head = this.#head;
     if (!head) return { kind: "hidden", rows };
@@ -162,13 +164,16 @@ export class ReferenceStage implements Stage {
     const ids = new Uint32Array(count);
     let top: TopEntry[] = [];
     let lse = NaN;
+    const tops: TopEntry[][] = [];
     // Position t's greedy id lands in ids[t − from]: every position's, the last one's, or none.
     const from = n - count;
     for (let t = from; t < n; t++) {
       await this.#breathe();
       const logits = lmHead(this.#hp, head, rows.subarray(t * D, (t + 1) * D));
       if (t < n - 1) {
-        ids[t - from] = argmaxTopK(logits, 0).argmax;
+        const best = argmaxTopK(logits, every ? topk : 0);
+        ids[t - from] = best.argmax;
+        if (every) tops.push(best.top);
         continue;
       }
       // The normaliser is the model's (after biases); the mask only limits the candidates.
@@ -178,7 +183,7 @@ export class ReferenceStage implements Stage {
       ids[t - from] = best.argmax;
       top = best.top;
     }
-    return { kind: "ids", ids, top, lse };
+    return { kind: "ids", ids, top, lse, ...(every ? { tops: [...tops, top] } : {}) };
   }
 
   /**

@@ -8,6 +8,7 @@ import { runPipeline } from "../pipeline.ts";
 import { openReferenceStage, type ReferenceStage } from "./reference_stage.ts";
 import type { TestModelSpec } from "../../tests/_models.ts";
 import {
+  checkEveryCandidates,
   checkLogitPositions,
   checkRewind,
   greedySession,
@@ -121,6 +122,7 @@ Deno.test("reference: verify drafts in a rewindable run, rewind to the accepted 
   await withModel({ arch: "qwen35moe" }, async (model) => {
     const ids = prompt(model, 6, 2);
     await checkRewind([await open(model, 0, 4, 1, 0, 4)], 0, ids, 3, 6);
+    await checkEveryCandidates([await open(model, 0, 4)], 0, ids);
     await checkRewind(
       [await open(model, 0, 1, 1, 0, 4), await open(model, 1, 4, 1, 0, 4)],
       0,

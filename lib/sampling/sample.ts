@@ -38,22 +38,21 @@ export interface SamplingParams {
 }
 
 /**
- * Returns the sampled id. `greedyId` is the last stage's argmax (returned as is when temperature
- * is 0, so sampled and greedy paths agree on ties); `candidates` are sorted by logit, descending.
- * The cuts run in llama.cpp's order (top-k, top-p, min-p), on probabilities at the temperature.
+ * What a sampled token is drawn from: the candidates left after the cuts and their weights
+ * (exp((logit − best) / temperature), the best one's exactly 1), or undefined where the pick is
+ * the greedy id (temperature 0, no candidates, or every candidate banned). The cuts run in
+ * llama.cpp's order (top-k, top-p, min-p), on probabilities at the temperature; `candidates`
+ * are sorted by logit, descending.
  */
-export function sampleToken(
-  greedyId: number,
+export function samplingDistribution(
   candidates: readonly TopEntry[],
   params: SamplingParams,
-  rng: SplitMix64,
-): number {
-  if (params.temperature <= 0 || candidates.length === 0) return greedyId;
+): { readonly ids: readonly number[]; readonly weights: readonly number[] } | undefined {
+  if (params.temperature <= 0 || candidates.length === 0) return undefined;
   const k = params.topK > 0 ? Math.min(params.topK, candidates.length) : candidates.length;
   const kept = candidates.slice(0, k);
   const maxLogit = kept[0].logit;
-  // Every candidate banned (logit -inf): the stage's argmax is all there is.
-  if (maxLogit === -Infinity) return greedyId;
+  if (maxLogit === -Infinity) return undefined;
   const weights = kept.map((c) => Math.exp((c.logit - maxLogit) / params.temperature));
   const total = weights.reduce((a, b) => a + b, 0);
   const keep = Math.min(Math.max(1, params.minKeep ?? 1), kept.length);
@@ -64,15 +63,61 @@ export function sampleToken(
     n += 1;
     if (mass >= params.topP && n >= keep) break;
   }
-  // weights[0] is the best candidate's, exactly 1.
   const floor = params.minP ?? 0;
   while (n > keep && weights[n - 1] < floor) n--;
-  const nucleus = weights.slice(0, n);
-  const nucleusTotal = nucleus.reduce((a, b) => a + b, 0);
-  let r = rng.nextFloat() * nucleusTotal;
-  for (let i = 0; i < n; i++) {
-    r -= nucleus[i];
-    if (r < 0) return kept[i].id;
+  return { ids: kept.slice(0, n).map((c) => c.id), weights: weights.slice(0, n) };
+}
+
+/** Draws an index with probability weights[i] / Σ weights, leaving out index `skip`. */
+function draw(weights: readonly number[], rng: SplitMix64, skip = -1): number {
+  const total = weights.reduce((a, w, i) => i === skip ? a : a + w, 0);
+  let r = rng.nextFloat() * total;
+  let last = -1;
+  for (let i = 0; i < weights.length; i++) {
+    if (i === skip) continue;
+    last = i;
+    r -= weights[i];
+    if (r < 0) return i;
   }
-  return kept[n - 1].id;
+  return last;
+}
+
+/**
+ * Returns the sampled id. `greedyId` is the last stage's argmax (returned as is when temperature
+ * is 0, so sampled and greedy paths agree on ties); `candidates` are sorted by logit, descending.
+ */
+export function sampleToken(
+  greedyId: number,
+  candidates: readonly TopEntry[],
+  params: SamplingParams,
+  rng: SplitMix64,
+): number {
+  const dist = samplingDistribution(candidates, params);
+  return dist ? dist.ids[draw(dist.weights, rng)] : greedyId;
+}
+
+/**
+ * Speculative sampling of one position whose drafted token is `draft` (drafted for sure: the
+ * drafter's distribution is all on it): the draft is kept with the probability p(draft) the
+ * sampler gives it; otherwise the token is drawn from p without the draft, renormalised. The
+ * token so chosen has exactly the sampler's distribution p (the standard accept/reject rule with a
+ * one-hot draft distribution), though from other draws of `rng` than sampleToken's. Greedy
+ * (no distribution): the greedy id, kept when it is the draft.
+ */
+export function speculativeToken(
+  draft: number,
+  greedyId: number,
+  candidates: readonly TopEntry[],
+  params: SamplingParams,
+  rng: SplitMix64,
+): { readonly id: number; readonly kept: boolean } {
+  const dist = samplingDistribution(candidates, params);
+  if (!dist) return { id: greedyId, kept: greedyId === draft };
+  const at = dist.ids.indexOf(draft);
+  const total = dist.weights.reduce((a, b) => a + b, 0);
+  if (at >= 0 && rng.nextFloat() * total < dist.weights[at]) return { id: draft, kept: true };
+  // Only the draft itself in the nucleus, and refused: p(draft) was 1, so this cannot happen
+  // but for rounding; it is then the token.
+  if (at >= 0 && dist.ids.length === 1) return { id: draft, kept: true };
+  return { id: dist.ids[draw(dist.weights, rng, at)], kept: false };
 }

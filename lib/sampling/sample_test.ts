@@ -1,8 +1,9 @@
 // Tests for the head's sampler: SplitMix64 against its published reference outputs, greedy
-// pass-through, top-k/top-p truncation and the empirical distribution at a temperature.
+// pass-through, top-k/top-p truncation, the empirical distribution at a temperature, and the
+// speculative accept/reject rule.
 
 import assert from "node:assert/strict";
-import { sampleToken, SplitMix64 } from "./sample.ts";
+import { sampleToken, samplingDistribution, speculativeToken, SplitMix64 } from "./sample.ts";
 
 Deno.test("SplitMix64 matches the reference sequence for seed 1234567", () => {
   // Reference values of Vigna's splitmix64.c for x = 1234567.
@@ -109,4 +110,53 @@ Deno.test("banned candidates (logit -inf) are never sampled", () => {
     sampleToken(7, [{ id: 6, logit: -Infinity }], { temperature: 1, topK: 0, topP: 1 }, rng),
     7,
   );
+});
+
+Deno.test("speculativeToken keeps the sampler's distribution whatever the draft, and keeps a draft with its probability", () => {
+  const candidates = [
+    { id: 7, logit: 2 },
+    { id: 3, logit: 1.5 },
+    { id: 9, logit: 0.5 },
+    { id: 4, logit: -1 },
+  ];
+  const params = { temperature: 0.8, topK: 3, topP: 0.95 };
+  const dist = samplingDistribution(candidates, params)!;
+  const total = dist.weights.reduce((a, b) => a + b, 0);
+  const p = new Map(dist.ids.map((id, i) => [id, dist.weights[i] / total]));
+  const trials = 40_000;
+  // Drafts in and out of the nucleus (4 is cut by top-k), and one the model never offered.
+  for (const draft of [7, 3, 4, 1234]) {
+    const rng = new SplitMix64(BigInt(draft));
+    const seen = new Map<number, number>();
+    let kept = 0;
+    for (let i = 0; i < trials; i++) {
+      const t = speculativeToken(draft, 7, candidates, params, rng);
+      seen.set(t.id, (seen.get(t.id) ?? 0) + 1);
+      if (t.kept) {
+        kept++;
+        assert.equal(t.id, draft);
+      }
+    }
+    for (const [id, q] of p) {
+      const got = (seen.get(id) ?? 0) / trials;
+      // Four standard deviations of a binomial share.
+      assert.ok(
+        Math.abs(got - q) < 4 * Math.sqrt(q * (1 - q) / trials),
+        `draft ${draft}: id ${id}`,
+      );
+    }
+    assert.equal([...seen.keys()].filter((id) => !p.has(id)).length, 0, "only nucleus ids");
+    const keep = p.get(draft) ?? 0;
+    assert.ok(Math.abs(kept / trials - keep) < 4 * Math.sqrt(keep * (1 - keep) / trials) + 1e-9);
+  }
+  // Greedy: the greedy id, kept exactly when it is the draft.
+  const greedy = { temperature: 0, topK: 0, topP: 1 };
+  assert.deepEqual(speculativeToken(7, 7, candidates, greedy, new SplitMix64(1n)), {
+    id: 7,
+    kept: true,
+  });
+  assert.deepEqual(speculativeToken(3, 7, candidates, greedy, new SplitMix64(1n)), {
+    id: 7,
+    kept: false,
+  });
 });

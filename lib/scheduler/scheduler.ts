@@ -55,7 +55,8 @@ export interface SchedulerOptions {
    */
   readonly prefillStepMs?: number;
   /**
-   * Speculative decoding of greedy sequences (lib/scheduler/draft.ts): "off" (default), "auto"
+   * Speculative decoding of sequences without grammar, logprobs or logit changes, greedy or
+   * sampled (lib/scheduler/draft.ts): "off" (default), "auto"
    * (AUTO_DRAFTS a step while they pay and the sequence runs alone) or that many drafts a step,
    * each verified in one rewindable run; every stage must keep drafts + 1 positions to rewind.
    */
@@ -626,34 +627,48 @@ export class Scheduler {
     if (!this.#accept(seq, progress, id, out, pos)) return;
     if (generated.length === 1) await this.#lane.giveTurn();
     // What the sequence holds so far, for drafts: only kept when it may draft.
-    const history = this.#drafts > 0 && this.#greedyAsIs(seq) ? [...tokens, id] : undefined;
+    const history = this.#drafts > 0 && this.#draftable(seq) ? [...tokens, id] : undefined;
+    const sampled = seq.request.sampling.temperature > 0;
     const gate = new DraftGate();
     while (true) {
       const drafts = history ? this.#draftFor(seq, gate, history, pos, generated.length) : [];
       if (drafts.length) {
-        // The token and its drafts in one run of generated rows: each row's greedy id is what a
-        // plain step would give after the rows before it, so the drafts that match are the
-        // model's own continuation; the slot is rewound to the last of them, and the model's id
-        // after it is the next token.
+        // The token and its drafts in one run of generated rows: each row's logits are what a
+        // plain step gives after the rows before it. Greedy, the drafts that match the rows'
+        // greedy ids are kept; sampled, each draft is kept with the probability the sampler
+        // gives it (speculativeToken), so the tokens keep the sampler's distribution. The first
+        // refused draft is replaced, or after the last kept one the model's own token follows,
+        // and the slot is rewound to the last position kept.
         const started = performance.now();
         const verify = await this.#forward(seq, slot, Uint32Array.of(id, ...drafts), pos, {
           logits: "all",
           rows: "decode",
           rewindable: true,
+          ...(sampled ? { topk, candidates: "every" as const } : {}),
         });
+        const candidates = (j: number) => verify.tops?.[j] ?? [];
         let kept = 0;
-        while (kept < drafts.length && verify.ids[kept] === drafts[kept]) kept++;
+        let next = -1;
+        while (next < 0) {
+          if (kept === drafts.length) {
+            next = seq.pick(verify.ids[kept], candidates(kept));
+          } else {
+            const t = seq.pickDrafted(drafts[kept], verify.ids[kept], candidates(kept));
+            if (t.kept) kept++;
+            else next = t.id;
+          }
+        }
         gate.verified(performance.now() - started, drafts.length, kept, generated.length);
         this.stats.drafts.verifies++;
         this.stats.drafts.drafted += drafts.length;
         this.stats.drafts.accepted += kept;
         if (kept < drafts.length) await this.#rewind(seq, slot, pos + kept + 1);
-        for (let j = 0; j <= kept; j++) {
-          if (!this.#accept(seq, progress, verify.ids[j], NO_TOP, pos + j + 1)) return;
-          history!.push(verify.ids[j]);
+        for (const [j, token] of [...drafts.slice(0, kept), next].entries()) {
+          if (!this.#accept(seq, progress, token, NO_TOP, pos + j + 1)) return;
+          history!.push(token);
         }
         pos += kept + 1;
-        id = verify.ids[kept];
+        id = next;
         continue;
       }
       const started = performance.now();
@@ -713,13 +728,13 @@ export class Scheduler {
   }
 
   /**
-   * Whether `seq` takes each step's greedy id as it is (no sampling, grammar, per-token
-   * probabilities or logit changes): what fused steps and drafts, which return no candidates,
-   * can stand in for.
+   * Whether `seq` picks each token from the model's logits as they are (no grammar, per-token
+   * probabilities or logit changes, which apply to one position a run): what speculative
+   * steps can verify drafts for, greedy or sampled.
    */
-  #greedyAsIs(seq: Sequence): boolean {
-    const { constraint, logprobs, sampling } = seq.request;
-    return !constraint && logprobs === undefined && sampling.temperature === 0 && !seq.adjusting;
+  #draftable(seq: Sequence): boolean {
+    const { constraint, logprobs } = seq.request;
+    return !constraint && logprobs === undefined && !seq.adjusting;
   }
 
   /** Takes `slot` back to `pos` inside its last (rewindable) run, on every stage. */
@@ -752,7 +767,8 @@ export class Scheduler {
    * would then not share.
    */
   #fusedGreedy(seq: Sequence): Stage["decodeGreedy"] {
-    if (this.#link || !this.#greedyAsIs(seq) || this.#running.size > 1) return undefined;
+    const greedy = seq.request.sampling.temperature === 0;
+    if (this.#link || !greedy || !this.#draftable(seq) || this.#running.size > 1) return undefined;
     return this.#local.decodeGreedy?.bind(this.#local);
   }
 

@@ -3,7 +3,7 @@
 
 import type { LastOutput, LogitAdjust } from "../../engine/stage.ts";
 import { LogitAdjuster, noPenalties, type PenaltyOptions } from "../sampling/penalties.ts";
-import { sampleToken, SplitMix64 } from "../sampling/sample.ts";
+import { sampleToken, speculativeToken, SplitMix64 } from "../sampling/sample.ts";
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
 
 export interface SamplingOptions {
@@ -312,6 +312,19 @@ export class Sequence {
   /** The next token from the last stage's output (adjusted by `adjust`) for the final position. */
   pick(greedy: number, top: LastOutput["top"]): number {
     return sampleToken(greedy, top, this.request.sampling, this.#rng);
+  }
+
+  /**
+   * The token at a speculative step's position whose draft is `draft`, from its greedy id and
+   * candidates, with this sequence's sampler and stream (lib/sampling/sample.ts
+   * speculativeToken): the draft, kept, or another token in its place.
+   */
+  pickDrafted(
+    draft: number,
+    greedy: number,
+    top: LastOutput["top"],
+  ): { readonly id: number; readonly kept: boolean } {
+    return speculativeToken(draft, greedy, top, this.request.sampling, this.#rng);
   }
 
   /**

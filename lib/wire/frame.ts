@@ -39,8 +39,10 @@
 // positions the last stage computes logits for (engine/stage.ts LogitPositions: 0 all, 1 last,
 // 2 none) in its low byte and, in bit 8 (ROWS_DECODE), that the rows are generated tokens rather
 // than a prompt's (engine/stage.ts RowKind: which products compute them), in bit 9
-// (ROWS_REWINDABLE) that every stage keeps what a REWIND into the run needs. IDS holds the
-// greedy ids of those positions: n of a RUN's n rows, 1 or 0. REWIND takes the slot back into
+// (ROWS_REWINDABLE) that every stage keeps what a REWIND into the run needs, in bit 10
+// (EVERY_TOP) that the top-k of every position comes back, not only the last's. IDS holds the
+// greedy ids of those positions: n of a RUN's n rows, 1 or 0; with EVERY_TOP in its own logits
+// word, the topk pairs of each of its n positions in turn, then the last one's log-sum-exp. REWIND takes the slot back into
 // its last RUN on every stage behind the worker (engine/stage.ts Stage.rewind).
 //
 // → client to worker, ← worker to client. D (n_embd) and the largest n are the worker's, learnt
@@ -158,6 +160,8 @@ export type Frame =
     readonly kind?: RowKind;
     /** Keep what a REWIND into the run needs (engine/stage.ts StageRunOptions.rewindable). */
     readonly rewindable?: boolean;
+    /** engine/stage.ts StageRunOptions.candidates; absent: "last". */
+    readonly candidates?: "last" | "every";
   }
   | { readonly op: Op.Close | Op.Ping | Op.Pong | Op.Alive }
   | { readonly op: Op.Save | Op.Restore; readonly slot: number; readonly idx: number }
@@ -171,6 +175,8 @@ export type Frame =
     readonly top: readonly TopEntry[];
     /** The log-sum-exp of the last position's logits: NaN (not sent) when top is empty. */
     readonly lse: number;
+    /** Every position's top-k, the last one's being `top` (a RUN with EVERY_TOP). */
+    readonly tops?: readonly (readonly TopEntry[])[];
   }
   | { readonly op: Op.Saved; readonly slot: number; readonly idx: number }
   | {
@@ -263,12 +269,13 @@ function requireRunFields(h: Header): void {
         `expected at most ${MAX_MASK_WORDS} and ${MAX_BIAS_PAIRS}`,
     );
   }
-  const flags = ROWS_DECODE | ROWS_REWINDABLE;
+  const flags = ROWS_DECODE | ROWS_REWINDABLE | EVERY_TOP;
   if ((h.logits & ~(flags | 0xff)) !== 0 || (h.logits & 0xff) >= LOGIT_POSITIONS.length) {
     throw new SyntaxError(
       `Cannot decode ${opName(h.op)} frame: logits is ${h.logits}, expected ` +
         LOGIT_POSITIONS.map((p, i) => `${i} (${p})`).join(", ") +
-        `, plus ${ROWS_DECODE} for generated tokens' rows and ${ROWS_REWINDABLE} for a rewindable run`,
+        `, plus ${ROWS_DECODE} for generated tokens' rows, ${ROWS_REWINDABLE} for a rewindable run ` +
+        `and ${EVERY_TOP} for every position's candidates`,
     );
   }
 }
@@ -318,14 +325,21 @@ export function payloadLength(h: Header, limits: FrameLimits): number {
         h.n * limits.nEmbd * 4 + h.mask * 4 + h.bias * BIAS_RECORD_BYTES,
         `n ${h.n} × D ${limits.nEmbd} × 4 + mask ${h.mask} × 4 + bias ${h.bias} × ${BIAS_RECORD_BYTES}`,
       );
-    case Op.Ids:
+    case Op.Ids: {
       requireCount(h, limits, 0);
-      requireZero(h, RUN_FIELDS);
+      requireZero(h, ["mask", "bias"]);
+      if (h.logits !== 0 && h.logits !== EVERY_TOP) {
+        throw new SyntaxError(
+          `Cannot decode Ids frame: header field logits is ${h.logits}, expected 0 or ${EVERY_TOP}`,
+        );
+      }
+      const tops = h.logits === EVERY_TOP ? h.n : 1;
       return requirePayload(
         h,
-        h.n * 4 + h.topk * 8 + (h.topk > 0 ? 4 : 0),
-        `n ${h.n} × 4 + topk ${h.topk} × 8`,
+        h.n * 4 + tops * h.topk * 8 + (h.topk > 0 ? 4 : 0),
+        `n ${h.n} × 4 + ${tops} × topk ${h.topk} × 8`,
       );
+    }
     case Op.Close:
     case Op.Ping:
     case Op.Pong:
@@ -450,20 +464,31 @@ export function decodePayload(h: Header, payload: Uint8Array, limits: FrameLimit
       const positions = h.logits & 0xff;
       const logits = positions ? { logits: LOGIT_POSITIONS[positions] } : {};
       const kind: RowKind = h.logits & ROWS_DECODE ? "decode" : "prompt";
-      const rewindable = h.logits & ROWS_REWINDABLE ? { rewindable: true } : {};
-      if (h.mask === 0 && h.bias === 0) return { ...frame, ...logits, kind, ...rewindable };
-      return { ...frame, adjust: decodeAdjust(v, rowBytes, h), ...logits, kind, ...rewindable };
+      const flags = {
+        ...(h.logits & ROWS_REWINDABLE ? { rewindable: true } : {}),
+        ...(h.logits & EVERY_TOP ? { candidates: "every" as const } : {}),
+      };
+      if (h.mask === 0 && h.bias === 0) return { ...frame, ...logits, kind, ...flags };
+      return { ...frame, adjust: decodeAdjust(v, rowBytes, h), ...logits, kind, ...flags };
     }
     case Op.Ids: {
       const ids = new Uint32Array(h.n);
       for (let i = 0; i < h.n; i++) ids[i] = v.getUint32(i * 4, true);
-      const top: TopEntry[] = [];
-      for (let i = 0; i < h.topk; i++) {
-        const at = h.n * 4 + i * 8;
-        top.push({ id: v.getUint32(at, true), logit: v.getFloat32(at + 4, true) });
+      const every = h.logits === EVERY_TOP;
+      const tops: TopEntry[][] = [];
+      for (let t = 0; t < (every ? h.n : 1); t++) {
+        const top: TopEntry[] = [];
+        for (let i = 0; i < h.topk; i++) {
+          const at = h.n * 4 + (t * h.topk + i) * 8;
+          top.push({ id: v.getUint32(at, true), logit: v.getFloat32(at + 4, true) });
+        }
+        tops.push(top);
       }
-      const lse = h.topk > 0 ? v.getFloat32(h.n * 4 + h.topk * 8, true) : NaN;
-      return { op: Op.Ids, slot: h.slot, base: h.base, ids, top, lse };
+      const lseAt = h.n * 4 + tops.length * h.topk * 8;
+      const lse = h.topk > 0 ? v.getFloat32(lseAt, true) : NaN;
+      const top = tops.at(-1) ?? [];
+      const frame = { op: Op.Ids, slot: h.slot, base: h.base, ids, top, lse } as const;
+      return every ? { ...frame, tops } : frame;
     }
     case Op.Close:
     case Op.Ping:
@@ -537,10 +562,18 @@ function headerOf(f: Frame, messageBytes: number): Header {
         bias: f.adjust?.bias?.length ?? 0,
         logits: logitsWord(f.logits) |
           ((f.kind ?? defaultRows(f.n)) === "decode" ? ROWS_DECODE : 0) |
-          (f.rewindable ? ROWS_REWINDABLE : 0),
+          (f.rewindable ? ROWS_REWINDABLE : 0) | (f.candidates === "every" ? EVERY_TOP : 0),
       };
     case Op.Ids:
-      return { ...zero, op: f.op, slot: f.slot, n: f.ids.length, base: f.base, topk: f.top.length };
+      return {
+        ...zero,
+        op: f.op,
+        slot: f.slot,
+        n: f.ids.length,
+        base: f.base,
+        topk: f.top.length,
+        logits: f.tops ? EVERY_TOP : 0,
+      };
     case Op.Save:
     case Op.Restore:
     case Op.Saved:
@@ -561,6 +594,8 @@ function headerOf(f: Frame, messageBytes: number): Header {
 export const ROWS_DECODE = 0x100;
 /** RUN's logits word: keep what a REWIND into the run needs. */
 export const ROWS_REWINDABLE = 0x200;
+/** RUN's logits word: every position's candidates; IDS's: they follow, each position's in turn. */
+export const EVERY_TOP = 0x400;
 
 /** RUN's logits word's low byte: the index of its LogitPositions. */
 function logitsWord(logits: LogitPositions | undefined): number {
@@ -619,14 +654,25 @@ export function encodeFrame(f: Frame, nEmbd = 0): Uint8Array {
       if (f.adjust?.bias) bytes.set(encodeBias(f.adjust.bias), at + 4 * h.mask);
       break;
     }
-    case Op.Ids:
+    case Op.Ids: {
       f.ids.forEach((id, i) => v.setUint32(p + i * 4, id, true));
-      f.top.forEach((t, i) => {
-        v.setUint32(p + f.ids.length * 4 + i * 8, t.id, true);
-        v.setFloat32(p + f.ids.length * 4 + i * 8 + 4, t.logit, true);
-      });
-      if (f.top.length) v.setFloat32(p + f.ids.length * 4 + f.top.length * 8, f.lse, true);
+      const tops = f.tops ?? [f.top];
+      const k = f.top.length;
+      if (tops.length !== (f.tops ? f.ids.length : 1) || tops.some((t) => t.length !== k)) {
+        throw new RangeError(
+          `Cannot encode Ids frame: expected ${f.ids.length} candidate lists of ${k}, one a position`,
+        );
+      }
+      tops.forEach((top, t) =>
+        top.forEach((e, i) => {
+          const at = p + f.ids.length * 4 + (t * k + i) * 8;
+          v.setUint32(at, e.id, true);
+          v.setFloat32(at + 4, e.logit, true);
+        })
+      );
+      if (k) v.setFloat32(p + f.ids.length * 4 + tops.length * k * 8, f.lse, true);
       break;
+    }
     case Op.Auth:
       checkFixed("Auth proof", f.proof, PROOF_BYTES);
       bytes.set(f.proof, p);

@@ -106,6 +106,15 @@ const SAMPLES: Frame[] = [
   { op: Op.Ids, slot: 1, base: 6, ids: new Uint32Array(), top: [], lse: NaN },
   { op: Op.Saved, slot: 3, idx: 9 },
   { op: Op.Restored, slot: 1, idx: 2, position: 40 },
+  {
+    op: Op.Ids,
+    slot: 0,
+    base: 3,
+    ids: Uint32Array.of(4, 5),
+    top: [{ id: 5, logit: 1.5 }],
+    lse: 2,
+    tops: [[{ id: 4, logit: 0.5 }], [{ id: 5, logit: 1.5 }]],
+  },
   { op: Op.Rewind, slot: 2, position: 17 },
   { op: Op.Rewound, slot: 2, position: 17 },
   { op: Op.Challenge, magic: MAGIC, auth: AuthMode.HmacSha256, nonce: new Uint8Array(32).fill(1) },
@@ -180,6 +189,18 @@ Deno.test("the greeting and a Run frame are laid out as the header table says", 
     1,
   );
   assert.deepEqual([...kept].slice(28, 32), bytes(0x300));
+  // 0x400: every position's candidates (one row: a generated token, 0x100); IDS then carries
+  // each position's in turn.
+  const every = encodeFrame({
+    op: Op.Run,
+    slot: 0,
+    base: 0,
+    n: 1,
+    topk: 1,
+    rows: Float32Array.of(0),
+    candidates: "every",
+  }, 1);
+  assert.deepEqual([...every].slice(28, 32), bytes(0x500));
   // IDS answering a RUN with logits "none": no ids.
   const empty = encodeFrame({
     op: Op.Ids,
@@ -264,8 +285,8 @@ Deno.test("unknown ops and nonzero unused header words are refused", () => {
     /Cannot decode Run frame: logits is 3, expected 0 \(all\), 1 \(last\), 2 \(none\), plus 256/,
   );
   assert.throws(
-    () => decodeFrame(frame(Op.Run, 0, 1, 0, 0, 0, 0, 0x401), LIMITS),
-    /logits is 1025/,
+    () => decodeFrame(frame(Op.Run, 0, 1, 0, 0, 0, 0, 0x801), LIMITS),
+    /logits is 2049/,
   );
   assert.throws(() => decodeFrame(frame(Op.Rewind, 0, 1, 0, 0, 0, 0, 0), LIMITS), /field n is 1/);
 });

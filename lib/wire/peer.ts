@@ -271,7 +271,7 @@ export class Peer {
         `Cannot send ${n} rows to ${this.address}: it takes at most ${this.info.maxBatch} per frame`,
       );
     }
-    const { topk = 0, adjust, logits, rows: kind, rewindable } = options;
+    const { topk = 0, adjust, logits, rows: kind, rewindable, candidates } = options;
     const reply = await this.#exchange({
       op: Op.Run,
       slot,
@@ -283,6 +283,7 @@ export class Peer {
       logits,
       kind,
       rewindable,
+      candidates,
     });
     if (
       reply.op !== Op.Ids || reply.slot !== slot || reply.base !== base ||
@@ -290,7 +291,16 @@ export class Peer {
     ) {
       throw this.#fail(`it answered Run (slot ${slot}, base ${base}, n ${n}) with op ${reply.op}`);
     }
-    return { ids: reply.ids, top: reply.top, lse: reply.lse };
+    const every = candidates === "every" && topk > 0;
+    if (every !== (reply.tops !== undefined)) {
+      throw this.#fail(
+        `it answered Run (slot ${slot}, base ${base}, n ${n}) ${
+          every ? "without" : "with"
+        } every position's candidates`,
+      );
+    }
+    const { ids, top, lse, tops } = reply;
+    return { ids, top, lse, ...(tops ? { tops } : {}) };
   }
 
   /** Snapshots `slot` into `idx` on every stage behind this connection. */

@@ -7,7 +7,11 @@ import { openReferenceStage } from "../../engine/reference/reference_stage.ts";
 import { runPipeline } from "../../engine/pipeline.ts";
 import type { LogitAdjust, Stage } from "../../engine/stage.ts";
 import { serveLocal } from "../../tests/_workers.ts";
-import { checkLogitPositions, checkRewind } from "../../tests/_stage_gates.ts";
+import {
+  checkEveryCandidates,
+  checkLogitPositions,
+  checkRewind,
+} from "../../tests/_stage_gates.ts";
 import { ErrorCode, Op } from "./frame.ts";
 import { FrameReader } from "./frame_stream.ts";
 import { importKey, modelFingerprint } from "./hello.ts";
@@ -160,6 +164,7 @@ Deno.test("rewindable runs and rewinds reach every stage of a three-stage chain;
   const greedier = await openReferenceStage(model, { first: 0, end: 1, ...rewind, maxRewind: 5 });
   try {
     await checkRewind([head, remote], 0, Uint32Array.of(11, 12, 13, 14, 15), 3, 6);
+    await checkEveryCandidates([head, remote], 0, Uint32Array.of(11, 12, 13, 14, 15));
     // The worker takes one client at a time.
     remote.disconnect();
     await assert.rejects(

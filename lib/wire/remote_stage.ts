@@ -4,6 +4,7 @@
 import type { GgufModel } from "../../engine/gguf/gguf_model.ts";
 import {
   greedyCount,
+  type LastOutput,
   type Stage,
   type StageInput,
   type StageOutput,
@@ -11,7 +12,13 @@ import {
   type StageShape,
   type TopEntry,
 } from "../../engine/stage.ts";
-import { checkLogits, checkRewindable, checkRows, checkSlot } from "../../engine/stage_checks.ts";
+import {
+  checkCandidates,
+  checkLogits,
+  checkRewindable,
+  checkRows,
+  checkSlot,
+} from "../../engine/stage_checks.ts";
 import type { HelloInfo } from "./frame.ts";
 import { type ChainExpectation, modelFingerprint } from "./hello.ts";
 import { connectPeer, type Peer, type PeerOptions, StageUnavailableError } from "./peer.ts";
@@ -123,13 +130,20 @@ export class RemoteStage implements Stage {
     const kind = checkRows(options, n);
     // A rewindable run fits one frame: maxRewind ≤ the worker's maxBatch (checkOpenOptions).
     checkRewindable(this, options, n);
+    const every = checkCandidates(options, n);
     const peer = await this.#live();
     if (base !== 0) this.#requireCurrent(this.#slotEpoch[slot], `slot ${slot}'s sequence`);
     this.#slotEpoch[slot] = this.#epoch;
     const ids = new Uint32Array(greedyCount(logits, n));
     let top: readonly TopEntry[] = [];
     let lse = NaN;
+    let tops: LastOutput["tops"];
     const chunk = peer.info.maxBatch;
+    if (every && n > chunk) {
+      throw new RangeError(
+        `Cannot return every position's candidates of ${n} positions over the wire: the worker takes ${chunk} a frame`,
+      );
+    }
     // Chunks before the last need logits only where every position's are wanted.
     const before = { logits: logits === "all" ? "all" : "none", rows: kind } as const;
     for (let at = 0; at < n; at += chunk) {
@@ -144,9 +158,9 @@ export class RemoteStage implements Stage {
         last ? { ...options, rows: kind } : before,
       );
       ids.set(reply.ids, logits === "all" ? at : 0);
-      if (last) ({ top, lse } = reply);
+      if (last) ({ top, lse, tops } = reply);
     }
-    return { kind: "ids", ids, top, lse };
+    return { kind: "ids", ids, top, lse, ...(tops ? { tops } : {}) };
   }
 
   async save(slot: number, idx: number): Promise<void> {

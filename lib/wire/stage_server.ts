@@ -241,7 +241,7 @@ export function serveStage(
     };
     switch (frame.op) {
       case Op.Run: {
-        const { slot, base, n, topk, adjust, logits, kind, rewindable } = frame;
+        const { slot, base, n, topk, adjust, logits, kind, rewindable, candidates } = frame;
         checkSlot(slot);
         if (base + n > info.ctx) {
           throw new RangeError(
@@ -257,7 +257,7 @@ export function serveStage(
         // Counted now, before the run: a RUN read while this one is on the GPU is checked
         // against it.
         session.seen[slot] = base + n;
-        const run = { topk, adjust, logits, rows: kind, rewindable };
+        const run = { topk, adjust, logits, rows: kind, rewindable, candidates };
         let out = await stage.run(slot, { kind: "hidden", rows: frame.rows }, n, base, run);
         if (out.kind === "hidden" && next) {
           out = await next.run(slot, { kind: "hidden", rows: out.rows }, n, base, run);
@@ -265,7 +265,8 @@ export function serveStage(
         if (out.kind !== "ids") {
           throw new TypeError(`Stage ${stage.first}..${stage.end} returned hidden rows, not ids`);
         }
-        return { op: Op.Ids, slot, base, ids: out.ids, top: out.top, lse: out.lse };
+        const { ids, top, lse, tops } = out;
+        return { op: Op.Ids, slot, base, ids, top, lse, ...(tops ? { tops } : {}) };
       }
       case Op.Save: {
         checkSlot(frame.slot);
