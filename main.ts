@@ -11,7 +11,6 @@ import {
   type FlagTable,
   type FlagValues,
   isLoopback,
-  type Kind,
   layerRange,
   listOf,
   MODEL_FLAG,
@@ -23,7 +22,7 @@ import {
 } from "./lib/cli.ts";
 import { DEFAULT_CTX, DEFAULT_MAX_BATCH, DEFAULT_SLOTS } from "./engine/stage.ts";
 import { DEFAULT_PREFILL_CHUNK, DEFAULT_PREFILL_STEP_MS } from "./lib/scheduler/scheduler.ts";
-import { AUTO_DRAFTS, type DraftMode, parseDraftMode } from "./lib/scheduler/draft.ts";
+import { AUTO_DRAFTS, DRAFT_MODE } from "./lib/scheduler/draft.ts";
 import { describePath, type ResolvedPath } from "./engine/gguf/model_files.ts";
 import type { RoleFiles } from "./lib/launch/grants.ts";
 import { freeLoopbackPort, runRole } from "./lib/launch/launch.ts";
@@ -67,7 +66,7 @@ export const HEAD = {
         "comes later (default " + DEFAULT_PREFILL_STEP_MS + ": no limit)",
     ),
     draft: flag(
-      { value: "off|auto|N", parse: parseDraftMode } satisfies Kind<DraftMode>,
+      DRAFT_MODE,
       "speculative decoding of requests without grammar, logprobs or penalties: tokens looked " +
         "up in the sequence verified " +
         `in one run a step; auto (${AUTO_DRAFTS} a step while they pay and the request runs ` +

@@ -7,6 +7,7 @@
 // GPU at a time and a crash costs one row. --only picks parts, so that each fits a device command;
 // --merge makes one report of those parts' JSON files.
 
+import { DRAFT_MODE } from "../lib/scheduler/draft.ts";
 import { openGguf } from "../engine/gguf/read.ts";
 import {
   generateModel,
@@ -112,6 +113,16 @@ const BENCH = {
       [16],
     ),
     "load-requests": flag(whole(1), "requests each client sends one after another", 2),
+    "load-draft": flag(
+      DRAFT_MODE,
+      "also under load with the head drafting (--draft) at --load-draft-clients",
+      "auto",
+    ),
+    "load-draft-clients": flag(
+      listOf(whole(0)),
+      "clients at once under load with the head drafting (0: none)",
+      [1],
+    ),
     "long-prompt": flag(whole(1), "tokens of the long prompt beside live streams", 32768),
     "long-streams": flag(whole(1), "streams decoding when it arrives", 8),
     "long-window": flag(whole(1), "tokens of each stream timed before it arrives", 64),
@@ -182,6 +193,8 @@ function parseFlags(values: FlagValues<typeof BENCH.flags>) {
     split: values["no-split"] ? null : values.split,
     loadClients: values["load-clients"],
     loadSplitClients: values["load-split-clients"].filter((c) => c > 0),
+    loadDraft: values["load-draft"],
+    loadDraftClients: values["load-draft-clients"].filter((c) => c > 0),
     loadRequests: values["load-requests"],
     longPrompt: values["long-prompt"],
     longStreams: values["long-streams"],
@@ -461,6 +474,8 @@ async function main(values: FlagValues<typeof BENCH.flags>): Promise<void> {
       maxTokens: flags.tg,
       clients: flags.loadClients,
       splitClients: flags.loadSplitClients,
+      draft: flags.loadDraft,
+      draftClients: flags.loadDraftClients,
       split,
       requests: flags.loadRequests,
       deadline: new Deadline(share()),

@@ -9,6 +9,7 @@ import { benchPrompt } from "./server_bench.ts";
 import { layersName, startServing } from "./split.ts";
 import { loadFigure, type RequestSpec, runLoad } from "../tools/loadtest.ts";
 import { DEFAULT_MAX_BATCH } from "../engine/stage.ts";
+import type { DraftMode } from "../lib/scheduler/draft.ts";
 
 export interface LoadBenchOptions {
   readonly model: string;
@@ -30,6 +31,9 @@ export interface LoadBenchOptions {
   readonly prefillChunk?: number;
   /** The heads' --prefill-step-ms; their default when undefined. */
   readonly prefillStepMs?: number;
+  /** Also these counts of clients through the whole model with the head's --draft `draft`. */
+  readonly draftClients?: readonly number[];
+  readonly draft?: DraftMode;
   readonly seed: number;
   readonly deadline: Deadline;
   readonly log: (line: string) => void;
@@ -48,9 +52,10 @@ export interface LoadSetup {
   readonly requestsPerClient: number;
   readonly prefillChunk?: number;
   readonly prefillStepMs?: number;
-  /** Each layout's layers, slots and start seconds. */
+  /** Each layout's layers, slots and start seconds (and --draft, where the head drafts). */
   readonly heads: readonly {
     readonly layers: string;
+    readonly draft?: DraftMode;
     readonly slots: number;
     readonly startSeconds?: number;
   }[];
@@ -58,10 +63,14 @@ export interface LoadSetup {
   readonly notes: readonly string[];
 }
 
-/** What the bench report carries: `load` unsplit (issue 23's name), `loadSplit`, and how. */
+/**
+ * What the bench report carries: `load` unsplit (issue 23's name), `loadSplit`, `loadDraft` (the
+ * whole model with the head drafting), and how.
+ */
 export interface LoadBenchResult {
   readonly load: readonly LoadFigure[];
   readonly loadSplit?: readonly LoadFigure[];
+  readonly loadDraft?: readonly LoadFigure[];
   readonly loadSetup: LoadSetup;
 }
 
@@ -124,15 +133,20 @@ export async function benchLoad(options: LoadBenchOptions): Promise<LoadBenchRes
   };
   const notes: string[] = [];
   const heads: LoadSetup["heads"][number][] = [];
+  const drafting = options.draft !== undefined && options.draft !== "off" &&
+    (options.draftClients?.length ?? 0) > 0;
   const layouts = [
-    { split: undefined, counts: options.clients },
+    { split: undefined, counts: options.clients, draft: undefined, name: "load" },
     ...(options.split !== undefined && options.splitClients.length
-      ? [{ split: options.split, counts: options.splitClients }]
+      ? [{ split: options.split, counts: options.splitClients, draft: undefined, name: "split" }]
+      : []),
+    ...(drafting
+      ? [{ split: undefined, counts: options.draftClients!, draft: options.draft, name: "draft" }]
       : []),
   ];
-  const results: LoadFigure[][] = [];
-  for (const { split, counts } of layouts) {
-    const layers = layersName(nLayer, split);
+  const results = new Map<string, LoadFigure[]>();
+  for (const { split, counts, draft, name } of layouts) {
+    const layers = `${layersName(nLayer, split)}${draft === undefined ? "" : ` --draft ${draft}`}`;
     const slots = Math.max(...counts);
     let serving;
     try {
@@ -147,23 +161,25 @@ export async function benchLoad(options: LoadBenchOptions): Promise<LoadBenchRes
         ctx: Math.max(prompt.tokens + options.maxTokens + 16, DEFAULT_MAX_BATCH),
         nLayer,
         split,
+        draft,
         startTimeoutS: Math.min(Math.max(options.deadline.left, 1), 900),
       });
-      heads.push({ layers, slots, startSeconds: serving.startSeconds });
-      results.push(await levels(serving.url, layers, counts, request, options, notes));
+      heads.push({ layers, slots, draft, startSeconds: serving.startSeconds });
+      results.set(name, await levels(serving.url, layers, counts, request, options, notes));
     } catch (e) {
       const why = e instanceof OutOfTime ? `skipped: ${e.message}` : (e as Error).message;
       options.log(`load ${layers}: ${why}`);
-      heads.push({ layers, slots });
+      heads.push({ layers, slots, draft });
       notes.push(`${layers}: ${why}`);
-      results.push([]);
+      results.set(name, []);
     } finally {
       await serving?.stop();
     }
   }
   return {
-    load: results[0],
-    loadSplit: results[1],
+    load: results.get("load")!,
+    loadSplit: results.get("split"),
+    loadDraft: results.get("draft"),
     loadSetup: {
       backend: options.backend,
       gpu: options.gpu,

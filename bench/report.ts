@@ -56,13 +56,14 @@ export interface TableInput {
   }[];
   readonly load?: readonly LoadFigure[];
   readonly loadSplit?: readonly LoadFigure[];
+  readonly loadDraft?: readonly LoadFigure[];
   readonly loadSetup?: {
     readonly backend: string;
     readonly gpu: string;
     readonly promptTokens: number;
     readonly maxTokens: number;
     readonly temperature: number;
-    readonly heads: readonly { readonly layers: string }[];
+    readonly heads: readonly { readonly layers: string; readonly draft?: string | number }[];
     readonly notes: readonly string[];
   };
   readonly longPrompt?: {
@@ -313,6 +314,7 @@ function loadLines(report: TableInput, note: (why: string) => string): string[] 
   const all = [
     ...ours(report.load, 0),
     ...ours(report.loadSplit, 1),
+    ...ours(report.loadDraft, setup?.heads.findIndex((h) => h.draft !== undefined) ?? -1),
     ...report.peers.flatMap((p) => measuredLoad(p.load).map((f) => ({ f, name: p.name }))),
   ];
   const missing = [

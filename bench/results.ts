@@ -55,6 +55,8 @@ export interface BenchReport {
   readonly load?: readonly LoadFigure[];
   /** The same through the split. */
   readonly loadSplit?: readonly LoadFigure[];
+  /** The same through the whole model with the head drafting (loadSetup says how). */
+  readonly loadDraft?: readonly LoadFigure[];
   readonly loadSetup?: LoadSetup;
   readonly longPrompt?: LongPromptReport;
   /** Constrained sequences' token masks per step, on the head's CPU (issue 26 point 4). */
@@ -111,6 +113,7 @@ export function mergeReports(
     peers: joinBy<PeerEntry>(reports.map((r) => r.peers), (p) => p.name),
     load: last("load"),
     loadSplit: last("loadSplit"),
+    loadDraft: last("loadDraft"),
     loadSetup: last("loadSetup"),
     longPrompt: last("longPrompt"),
     grammar: last("grammar"),

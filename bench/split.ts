@@ -1,6 +1,7 @@
 // The serving processes the bench starts: worker.ts for the last layers on loopback TCP (put after
 // an in-process stage by bench/stage_bench.ts), and main.ts heads for the figures through HTTP.
 
+import type { DraftMode } from "../lib/scheduler/draft.ts";
 import { LAUNCHER_FLAGS } from "../lib/launch/grants.ts";
 
 export interface WorkerOptions {
@@ -167,6 +168,8 @@ export interface HeadProcessOptions {
   readonly prefillChunk?: number;
   /** How long such a step may take (--prefill-step-ms); default when undefined. */
   readonly prefillStepMs?: number;
+  /** Speculative decoding (--draft); the head's default ("off") when undefined. */
+  readonly draft?: DraftMode;
   /** "0:k" with `next` (the worker's address); the whole model without. */
   readonly layers?: string;
   readonly next?: string;
@@ -202,6 +205,7 @@ export async function startHeadProcess(options: HeadProcessOptions): Promise<Run
       ...(options.prefillStepMs === undefined
         ? []
         : ["--prefill-step-ms", String(options.prefillStepMs)]),
+      ...(options.draft === undefined ? [] : ["--draft", String(options.draft)]),
       // Without the prefix cache every request prefills its whole prompt, as the figure means.
       "--snapshots",
       "0",

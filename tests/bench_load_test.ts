@@ -16,6 +16,8 @@ async function options(deadlineS: number, lines: string[]): Promise<LoadBenchOpt
     clients: [1, 3],
     splitClients: [2],
     split: 2,
+    draft: 2,
+    draftClients: [1],
     requests: 1,
     seed: 1,
     deadline: new Deadline(deadlineS),
@@ -23,18 +25,23 @@ async function options(deadlineS: number, lines: string[]): Promise<LoadBenchOpt
   };
 }
 
-Deno.test("benchLoad: a figure per count of clients, unsplit and split, each head a slot per client", async () => {
+Deno.test("benchLoad: a figure per count of clients, unsplit, split and drafting, each head a slot per client", async () => {
   const lines: string[] = [];
   const result = await benchLoad(await options(120, lines));
   assert.deepEqual(result.loadSetup.notes, []);
   assert.deepEqual(result.load.map((f) => f.clients), [1, 3]);
   assert.deepEqual(result.loadSplit?.map((f) => f.clients), [2]);
-  for (const f of [...result.load, ...result.loadSplit!]) {
+  assert.deepEqual(result.loadDraft?.map((f) => f.clients), [1]);
+  for (const f of [...result.load, ...result.loadSplit!, ...result.loadDraft!]) {
     assert.ok(f.aggregateTokPerS > 0 && f.ttftP50Ms > 0, JSON.stringify(f));
     assert.ok(Number.isFinite(f.gapP99Ms) && f.gapP99Ms >= 0, JSON.stringify(f));
   }
   const { heads, promptTokens, temperature, route } = result.loadSetup;
-  assert.deepEqual(heads.map((h) => [h.layers, h.slots]), [["0:4", 3], ["0:2 + 2:4", 2]]);
+  assert.deepEqual(heads.map((h) => [h.layers, h.slots, h.draft]), [
+    ["0:4", 3, undefined],
+    ["0:2 + 2:4", 2, undefined],
+    ["0:4 --draft 2", 1, 2],
+  ]);
   assert.ok(promptTokens <= 40 && promptTokens > 30);
   assert.equal(temperature, 0.7);
   assert.equal(route, "/completion");
@@ -50,5 +57,6 @@ Deno.test("benchLoad past its deadline starts no head and says why", async () =>
   assert.deepEqual(result.loadSetup.notes, [
     "0:4: skipped: no time left to start it",
     "0:2 + 2:4: skipped: no time left to start it",
+    "0:4 --draft 2: skipped: no time left to start it",
   ]);
 });

@@ -2,6 +2,8 @@
 // verify in one rewindable run (lib/scheduler/scheduler.ts), and the per-sequence gate that keeps
 // drafting only while it pays.
 
+import type { Kind } from "../cli.ts";
+
 /** How a head drafts (--draft): never, while it pays ("auto"), or always, that many a step. */
 export type DraftMode = "off" | "auto" | number;
 
@@ -21,6 +23,9 @@ export function rewindFor(mode: DraftMode): number {
   const drafts = draftsOf(mode);
   return drafts ? drafts + 1 : 0;
 }
+
+/** The --draft flag's values (lib/cli.ts), for the head and the bench. */
+export const DRAFT_MODE: Kind<DraftMode> = { value: "off|auto|N", parse: parseDraftMode };
 
 /** Parses --draft: off, auto, or a whole number of drafts 1..MAX_DRAFTS. */
 export function parseDraftMode(text: string): DraftMode {
