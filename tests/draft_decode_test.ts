@@ -123,6 +123,20 @@ Deno.test("drafted decoding on the reference: greedy gives plain decoding's toke
     // decoding's) are rarely kept: the kept path runs at 0.001 below.
     assert.ok(sampled.verifies > 0 && sampled.accepted <= sampled.drafted);
     assert.notDeepEqual(sampled.ids, want, "sampling at 0.8 strays from greedy");
+    // Every row's 1024 candidates would not fit one run's share: such a request decodes plainly.
+    const wide = new Scheduler({
+      local: whole,
+      tokenizer,
+      slots: 1,
+      queue: 1,
+      snapshots: 0,
+      draft: 3,
+      drafter: oracle,
+    });
+    const sampling = { temperature: 0.8, topK: 1024, topP: 1, seed: 7n };
+    await complete(wide, { ...request(0.8), sampling });
+    assert.equal(wide.stats.drafts.verifies, 0);
+    await wide.close();
     // At a temperature near 0 the sampler is greedy, and so are the drafts it keeps.
     check(await drafted(whole, 3, undefined, 0.001), "sampled at 0.001");
     whole.close();

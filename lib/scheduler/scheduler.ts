@@ -723,7 +723,12 @@ export class Scheduler {
       return [];
     }
     const left = seq.request.maxTokens - seq.outputTokens;
-    const most = Math.min(this.#drafts, left - 1, this.ctx - pos - 1);
+    // Sampled, every row returns its candidates: a run holds 2·MAX_TOPK + 1 words of them.
+    const k = seq.request.sampling.temperature > 0
+      ? seq.topk(this.#tokenizer.vocabSize, MAX_TOPK)
+      : 0;
+    const rows = Math.floor((2 * MAX_TOPK + 1) / (2 * k + 1));
+    const most = Math.min(this.#drafts, left - 1, this.ctx - pos - 1, rows - 1);
     return most > 0 ? this.#drafter(history, most).slice(0, most) : [];
   }
 
