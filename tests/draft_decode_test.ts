@@ -69,6 +69,8 @@ async function drafted(local: Stage, draft: DraftMode, link?: StageLink, tempera
   });
   try {
     const { ids } = await complete(scheduler, request(temperature));
+    // Verify runs are generated tokens' rows, not prompt: only the prompt counts as prefill.
+    assert.equal(scheduler.stats.stages[0].prefillTokens, PROMPT.length);
     return { ids, ...scheduler.stats.drafts };
   } finally {
     await scheduler.close();

@@ -13,7 +13,7 @@
 import { ErrorCode } from "../wire/frame.ts";
 import { StageUnavailableError } from "../wire/peer.ts";
 import { type LastOutput, MAX_TOPK, type Stage, type StageRunOptions } from "../../engine/stage.ts";
-import { checkChainLink, checkFirstStage } from "../../engine/stage_checks.ts";
+import { checkChainLink, checkFirstStage, checkRows } from "../../engine/stage_checks.ts";
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
 import { type Drafter, DraftGate, type DraftMode, draftsOf, lookupDraft } from "./draft.ts";
 import type { StageLink } from "./link.ts";
@@ -227,12 +227,20 @@ function rangeOf(stage: { first: number; end: number }): string {
   return `${stage.first}:${stage.end}`;
 }
 
-/** Runs one stage call of `tokens` tokens, recording its time, or an error, in `times`. */
-async function timed<T>(times: StageTimes, tokens: number, call: () => Promise<T>): Promise<T> {
+/**
+ * Runs one stage call of `tokens` positions of a prompt or of generated tokens, recording its
+ * time, or an error, in `times`.
+ */
+async function timed<T>(
+  times: StageTimes,
+  tokens: number,
+  phase: "prompt" | "decode",
+  call: () => Promise<T>,
+): Promise<T> {
   const t0 = performance.now();
   try {
     const result = await call();
-    times.record(performance.now() - t0, tokens);
+    times.record(performance.now() - t0, tokens, phase);
     return result;
   } catch (e) {
     times.errors++;
@@ -789,7 +797,12 @@ export class Scheduler {
     const [localTimes] = this.stats.stages;
     return await this.#lane.run(() => {
       seq.checkCancelled();
-      return timed(localTimes, steps, async () => (await decode(slot, id, pos, steps)).ids);
+      return timed(
+        localTimes,
+        steps,
+        "decode",
+        async () => (await decode(slot, id, pos, steps)).ids,
+      );
     });
   }
 
@@ -806,11 +819,13 @@ export class Scheduler {
     options: StageRunOptions,
   ): Promise<LastOutput> {
     const [localTimes, remoteTimes] = this.stats.stages;
+    const phase = checkRows(options, ids.length);
     const out = await this.#lane.run(() => {
       seq.checkCancelled();
       return timed(
         localTimes,
         ids.length,
+        phase,
         () => this.#local.run(slot, { kind: "ids", ids }, ids.length, base, options),
       );
     });
@@ -819,6 +834,7 @@ export class Scheduler {
     return await timed(
       remoteTimes,
       ids.length,
+      phase,
       () => this.#link!.run(slot, out.rows, ids.length, base, options),
     );
   }

@@ -38,10 +38,14 @@ export class StageTimes {
     this.where = where;
   }
 
-  record(ms: number, tokens: number): void {
-    if (tokens === 1) {
+  /**
+   * A call of `tokens` positions took `ms`: generated tokens' rows ("decode": one step, fused
+   * steps, a speculative step's verify run) or a prompt's.
+   */
+  record(ms: number, tokens: number, phase: "prompt" | "decode"): void {
+    if (phase === "decode") {
       this.decodeMs += ms;
-      this.decodeTokens++;
+      this.decodeTokens += tokens;
     } else {
       this.prefillMs += ms;
       this.prefillTokens += tokens;
