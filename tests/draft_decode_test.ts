@@ -55,6 +55,11 @@ function oracle(history: readonly number[], most: number): number[] {
   return drafts;
 }
 
+/** Layers first..end on the reference engine, one slot keeping 4 positions to rewind. */
+function reference(first: number, end: number) {
+  return openReferenceStage(model, { first, end, slots: 1, ctx: CTX, maxRewind: 4 });
+}
+
 /** The request drafted under `draft` on `local` (and `link`): its ids and the draft counters. */
 async function drafted(local: Stage, draft: DraftMode, link?: StageLink, temperature = 0) {
   const scheduler = new Scheduler({
@@ -89,36 +94,18 @@ function check(got: Awaited<ReturnType<typeof drafted>>, what: string): void {
 
 Deno.test("drafted decoding on the reference: greedy gives plain decoding's tokens, sampled is seeded, whole and over the wire", async () => {
   for (const draft of [3, "auto"] as const) {
-    const whole = await openReferenceStage(model, {
-      first: 0,
-      end: 4,
-      slots: 1,
-      ctx: CTX,
-      maxRewind: 4,
-    });
+    const whole = await reference(0, 4);
     check(await drafted(whole, draft), `whole, --draft ${draft}`);
     whole.close();
   }
   const worker = await serveLocal(model, { first: 2, end: 4, slots: 1, ctx: CTX, maxRewind: 4 });
-  const head = await openReferenceStage(model, {
-    first: 0,
-    end: 2,
-    slots: 1,
-    ctx: CTX,
-    maxRewind: 4,
-  });
+  const head = await reference(0, 2);
   const remote = await connectRemoteStage(worker.address, { local: head, model });
   const link = new StageLink(remote);
   try {
     check(await drafted(head, 3, link), "split, --draft 3");
     // Sampled: each draft kept with its probability; seeded, the split gives the whole's tokens.
-    const whole = await openReferenceStage(model, {
-      first: 0,
-      end: 4,
-      slots: 1,
-      ctx: CTX,
-      maxRewind: 4,
-    });
+    const whole = await reference(0, 4);
     const sampled = await drafted(whole, 3, undefined, 0.8);
     assert.deepEqual((await drafted(head, 3, link, 0.8)).ids, sampled.ids, "sampled, split");
     // A tiny random model's distribution at 0.8 is nearly flat, so these drafts (greedy

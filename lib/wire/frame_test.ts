@@ -152,18 +152,24 @@ Deno.test("the greeting and a Run frame are laid out as the header table says", 
     [...run],
     [...bytes(1, 2, 1, 5, 3, 0, 0, 0x100), ...bytes(0x3fc00000, 0xc0000000)],
   );
-  const adjusted = encodeFrame({
-    op: Op.Run,
-    slot: 0,
-    base: 0,
-    n: 1,
-    topk: 1,
-    rows: Float32Array.of(0),
+  // A one-row RUN (a generated token's: 0x100) of D 1 with `options`, as bytes.
+  const oneRow = (options: Partial<Extract<Frame, { op: Op.Run }>>) => [
+    ...encodeFrame({
+      op: Op.Run,
+      slot: 0,
+      base: 0,
+      n: 1,
+      topk: 1,
+      rows: Float32Array.of(0),
+      ...options,
+    }, 1),
+  ];
+  const adjusted = oneRow({
     adjust: { mask: Uint32Array.of(6), bias: [{ id: 2, bias: -2, repeat: 1.5 }] },
-  }, 1);
+  });
   // A bias record is (id, bias, repeat, subtract): -2 = 0xc0000000, 1.5 = 0x3fc00000, 0 omitted.
   assert.deepEqual(
-    [...adjusted],
+    adjusted,
     [...bytes(1, 0, 1, 0, 1, 1, 1, 0x100), ...bytes(0, 6, 2, 0xc0000000, 0x3fc00000, 0)],
   );
   // The eighth word is RUN's logits: 0 all, 1 last, 2 none; 0x100: generated tokens' rows.
@@ -178,29 +184,13 @@ Deno.test("the greeting and a Run frame are laid out as the header table says", 
     kind: "prompt",
   }, 1);
   assert.deepEqual([...last], [...bytes(1, 0, 1, 0, 0, 0, 0, 1), ...bytes(0)]);
-  const none = encodeFrame(
-    { op: Op.Run, slot: 0, base: 0, n: 1, topk: 0, rows: Float32Array.of(0), logits: "none" },
-    1,
-  );
-  assert.deepEqual([...none].slice(28, 32), bytes(0x102));
+  // The logits word of a one-row RUN with `options`.
+  const word = (options: Partial<Extract<Frame, { op: Op.Run }>>) => oneRow(options).slice(28, 32);
+  assert.deepEqual(word({ logits: "none" }), bytes(0x102));
   // 0x200: every stage keeps what a REWIND into the run needs.
-  const kept = encodeFrame(
-    { op: Op.Run, slot: 0, base: 0, n: 1, topk: 0, rows: Float32Array.of(0), rewindable: true },
-    1,
-  );
-  assert.deepEqual([...kept].slice(28, 32), bytes(0x300));
-  // 0x400: every position's candidates (one row: a generated token, 0x100); IDS then carries
-  // each position's in turn.
-  const every = encodeFrame({
-    op: Op.Run,
-    slot: 0,
-    base: 0,
-    n: 1,
-    topk: 1,
-    rows: Float32Array.of(0),
-    candidates: "every",
-  }, 1);
-  assert.deepEqual([...every].slice(28, 32), bytes(0x500));
+  assert.deepEqual(word({ rewindable: true }), bytes(0x300));
+  // 0x400: every position's candidates; IDS then carries each position's in turn.
+  assert.deepEqual(word({ candidates: "every" }), bytes(0x500));
   // IDS answering a RUN with logits "none": no ids.
   const empty = encodeFrame({
     op: Op.Ids,
