@@ -32,9 +32,8 @@ export function parseDraftMode(text: string): DraftMode {
   if (text === "off" || text === "auto") return text;
   const n = Number(text);
   if (!/^\d+$/.test(text) || n < 1 || n > MAX_DRAFTS) {
-    throw new RangeError(
-      `Cannot draft "${text}": expected off, auto, or a whole number of drafts 1..${MAX_DRAFTS}`,
-    );
+    // The flag parser names the flag and the value before it.
+    throw new RangeError(`expected off, auto, or a whole number of drafts 1..${MAX_DRAFTS}`);
   }
   return n;
 }
