@@ -64,7 +64,7 @@ export function formatPlan(p: StagePlan, slots: number, snapshots: number, ctx: 
   return [
     `stage ${p.span.first}:${p.span.end}`,
     `  weights      ${formatBytes(weights)} (${kinds})`,
-    `  per slot     ${formatBytes(slot)} (KV ${
+    `  per slot     ${formatBytes(slot + p.perSlot.trail)} (KV ${
       formatBytes(p.perSlot.kv)
     } for ${ctx} positions, recurrent ` +
     `${formatBytes(p.perSlot.recurrent)}${trail}) × ${slots} slots = ${formatBytes(p.slotState)}`,

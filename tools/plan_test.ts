@@ -38,3 +38,16 @@ Deno.test("plan: one block per stage, then all stages; snapshots default as the 
     /contiguous/,
   );
 });
+
+Deno.test("plan --rewind: each slot's line adds its rewind trail, and the total grows", async () => {
+  const common = ["--stages", "0:4", "--ctx", "256", "--slots", "2", "--snapshots", "0"];
+  const plain = await report(common);
+  const kept = await report([...common, "--rewind", "4"]);
+  const slot = (ls: string[]) => ls.find((l) => l.startsWith("  per slot"))!;
+  assert.doesNotMatch(slot(plain), /rewind trail/);
+  assert.match(slot(kept), /rewind trail [\d.]+ MiB\) × 2 slots/);
+  // The slot's size is its state and its trail together, which the slots' total multiplies.
+  const mib = (l: string) => Number(/per slot\s+([\d.]+) MiB/.exec(l)![1]);
+  assert.ok(mib(slot(kept)) > mib(slot(plain)));
+  assert.notEqual(kept.at(-1), plain.at(-1));
+});
