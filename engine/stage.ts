@@ -190,6 +190,11 @@ export interface StageOpenOptions {
   readonly snapshots?: number;
   /** Most positions of a `rewindable` run; default 0 (none). Each costs a DeltaNet state a slot. */
   readonly maxRewind?: number;
+  /**
+   * Load the model's MTP block, where the file has one and the stage owns the whole model, and
+   * run it beside every run so that `draft` can propose tokens (the CPU reference engine so far).
+   */
+  readonly mtp?: boolean;
   /** The model's hyperparameters, when the caller has read them (else read from the model). */
   readonly hp?: HParams;
 }
@@ -243,6 +248,13 @@ export interface Stage extends StageShape {
     steps: number,
     options?: Pick<StageRunOptions, "topk">,
   ): Promise<LastOutput>;
+  /**
+   * Optional, for a stage that owns the whole model and its MTP block (opened with `mtp`): up to
+   * `k` tokens the MTP head drafts to follow `id`, the token the slot's next run starts with at
+   * the slot's position, greedily, each from the one before. Empty where the stage lacks the
+   * hidden state before that position (a slot restored from a snapshot, or never run).
+   */
+  draft?(slot: number, id: number, k: number): Promise<Uint32Array>;
   /** Copies slot state (KV up to its position, conv and recurrent states) into snapshot `idx`. */
   save(slot: number, idx: number): Promise<void>;
   /** Restores snapshot `idx` into `slot`; returns the position the slot then continues from. */

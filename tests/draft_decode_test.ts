@@ -173,3 +173,56 @@ gpuTest(
     }
   },
 );
+
+Deno.test("drafts from the model's MTP head on the reference give plain decoding's tokens, greedy and sampled near 0", async () => {
+  const mtpModel = await openGguf(
+    await testModel({ arch: "qwen35moe", quant: "q4_k_m", mtp: true }),
+  );
+  const open = (mtp: boolean) =>
+    openReferenceStage(mtpModel, {
+      first: 0,
+      end: 4,
+      slots: 1,
+      ctx: CTX,
+      maxRewind: 4,
+      snapshots: 1,
+      mtp,
+    });
+  try {
+    const plainStage = await open(false);
+    assert.equal(plainStage.draft, undefined, "no MTP head unless asked for");
+    const plainIds = (await completeOnce({ local: plainStage, tokenizer }, request())).ids;
+    plainStage.close();
+    const stage = await open(true);
+    for (const temperature of [0, 0.001]) {
+      const scheduler = new Scheduler({
+        local: stage,
+        tokenizer,
+        slots: 1,
+        queue: 1,
+        snapshots: 0,
+        draft: 3,
+      });
+      const { ids } = await complete(scheduler, request(temperature));
+      await scheduler.close();
+      assert.deepEqual(ids, plainIds, `temperature ${temperature}`);
+      // Prompt lookup finds nothing in a random model's output: these drafts are the head's.
+      const { verifies, drafted } = scheduler.stats.drafts;
+      assert.ok(verifies > 0 && drafted >= verifies, `${verifies} verify runs, ${drafted} drafts`);
+    }
+    // The head drafts from the rows of the slot's last run: the same drafts from the same run,
+    // none after a restore (the snapshot holds no MTP state).
+    const ids = Uint32Array.from(PROMPT);
+    await stage.run(0, { kind: "ids", ids }, ids.length, 0, { logits: "none" });
+    await stage.save(0, 0);
+    const first = await stage.draft!(0, 5, 3);
+    await stage.run(0, { kind: "ids", ids }, ids.length, 0, { logits: "none" });
+    assert.deepEqual(await stage.draft!(0, 5, 3), first);
+    assert.equal(first.length, 3);
+    await stage.restore(0, 0);
+    assert.equal((await stage.draft!(0, 5, 3)).length, 0);
+    stage.close();
+  } finally {
+    mtpModel.close();
+  }
+});

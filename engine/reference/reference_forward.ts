@@ -12,7 +12,7 @@ import type { HParams } from "../hparams.ts";
 import { attention } from "./gqa_attention.ts";
 import { convStep, deltaNetGates, deltaNetStep } from "./deltanet.ts";
 import { moeRoute, swigluFfn } from "./ffn.ts";
-import { matVec, sigmoid } from "./math.ts";
+import { matVec, sigmoid, type Vec } from "./math.ts";
 import { gatedRmsNorm, l2NormHeads, rmsNorm } from "./norms.ts";
 import { applyRope, ropeAnglesImrope, ropeAnglesNeox } from "./rope.ts";
 import type {
@@ -22,6 +22,7 @@ import type {
   HeadWeights,
   LayerWeights,
   MoeWeights,
+  MtpWeights,
 } from "./reference_weights.ts";
 
 /** Per-slot state of a full-attention block: the KV cache. */
@@ -171,4 +172,27 @@ function denseBlock(w: DenseWeights, h2: Float64Array): Float64Array {
 /** Final RMSNorm and LM head on an f32 residual row (docs/model_arch.md §4.8): V logits. */
 export function lmHead(hp: HParams, w: HeadWeights, x: Float32Array): Float64Array {
   return matVec(w.output, rmsNorm(x, w.norm, hp.eps));
+}
+
+/**
+ * One step of the MTP block at position `pos` (docs/model_arch.md §3.6): the token's embedding
+ * and the hidden state before it (the main model's output-normed row at pos − 1, or the previous
+ * step's result), each RMS-normed, joined, projected to D by eh_proj, run through the block (its
+ * own KV cache in `state`), and normed by shared_head_norm: what the shared LM head reads, and
+ * the hidden state of the next step.
+ */
+export function mtpStep(
+  hp: HParams,
+  w: MtpWeights,
+  embedding: Float32Array,
+  hidden: Vec,
+  state: LayerState,
+  pos: number,
+): Float64Array {
+  const joined = new Float64Array(2 * hp.D);
+  joined.set(rmsNorm(embedding, w.enorm, hp.eps));
+  joined.set(rmsNorm(hidden, w.hnorm, hp.eps), hp.D);
+  const x = Float32Array.from(matVec(w.ehProj, joined));
+  forwardLayer(hp, w.layer, state, x, pos);
+  return rmsNorm(x, w.headNorm, hp.eps);
 }

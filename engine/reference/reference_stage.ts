@@ -26,16 +26,27 @@ import {
   checkTopK,
   type RewindSpan,
 } from "../stage_checks.ts";
-import { forwardLayer, type LayerState, lmHead, newLayerState } from "./reference_forward.ts";
+import {
+  forwardLayer,
+  type LayerState,
+  lmHead,
+  mtpStep,
+  newLayerState,
+} from "./reference_forward.ts";
 import { argmaxTopK, biasLogits, logSumExp, maskLogits } from "./logits.ts";
 import {
   type Embedding,
+  hasMtp,
   type HeadWeights,
   type LayerWeights,
   loadEmbedding,
   loadHead,
   loadLayer,
+  loadMtp,
+  type MtpWeights,
 } from "./reference_weights.ts";
+import { matVec } from "./math.ts";
+import { rmsNorm } from "./norms.ts";
 
 /** One sequence's state: its position and one LayerState per owned layer. */
 interface SlotState {
@@ -49,6 +60,16 @@ interface SlotState {
  */
 interface Trail extends RewindSpan {
   readonly after: readonly (DeltaNetAfter[] | undefined)[];
+}
+
+/**
+ * A slot's MTP state: the block's KV cache, and the output-normed hidden rows of the slot's last
+ * run (from position `base`), which the block reads one position late.
+ */
+interface SlotMtp {
+  readonly state: LayerState;
+  hidden: Float64Array[];
+  base: number;
 }
 
 /** A DeltaNet layer's state after one position. */
@@ -102,6 +123,8 @@ export class ReferenceStage implements Stage {
   #snapshots: (SlotState | undefined)[];
   /** Per slot, the trail of its last run when that run was rewindable. */
   readonly #trails: (Trail | undefined)[];
+  #mtp: MtpWeights | undefined;
+  readonly #slotMtp: SlotMtp[];
   /** Settles when every call made so far has (see #inOrder). */
   #queue: Promise<unknown> = Promise.resolve();
   /** When the running call last let the event loop turn. */
@@ -120,6 +143,7 @@ export class ReferenceStage implements Stage {
       layers: readonly LayerWeights[];
       embedding?: Embedding;
       head?: HeadWeights;
+      mtp?: MtpWeights;
     },
   ) {
     this.#hp = hp;
@@ -131,6 +155,17 @@ export class ReferenceStage implements Stage {
     this.#slots = Array.from({ length: slots }, () => this.#newSlot());
     this.#snapshots = new Array(snapshots).fill(undefined);
     this.#trails = new Array(slots).fill(undefined);
+    this.#mtp = weights.mtp;
+    if (weights.mtp) {
+      this.draft = (slot, id, k) => this.#inOrder(() => this.#draft(slot, id, k));
+    }
+    this.#slotMtp = weights.mtp
+      ? Array.from({ length: slots }, () => ({
+        state: newLayerState(hp, hp.nLayer, ctx),
+        hidden: [],
+        base: 0,
+      }))
+      : [];
   }
 
   run(
@@ -159,6 +194,7 @@ export class ReferenceStage implements Stage {
     const rows = await this.#forward(slot, input, n, base, rewindable);
     const head = this.#head;
     if (!head) return { kind: "hidden", rows };
+    if (input.kind === "ids") await this.#runMtp(slot, input.ids, rows, base);
     const D = this.#hp.D;
     const count = greedyCount(positions, n);
     const ids = new Uint32Array(count);
@@ -238,7 +274,64 @@ export class ReferenceStage implements Stage {
     copyLayers(from.layers, to.layers, from.pos, this.#kvRow());
     to.pos = from.pos;
     this.#trails[slot] = undefined;
+    // The MTP block's KV is not snapshotted: drafts wait for the next run's rows.
+    if (this.#slotMtp[slot]) this.#slotMtp[slot].hidden = [];
     return to.pos;
+  }
+
+  /** Stage.draft, where the stage was opened with its model's MTP block. */
+  readonly draft?: (slot: number, id: number, k: number) => Promise<Uint32Array>;
+
+  /**
+   * The MTP block over a run's positions (the whole model's stage): at each position p ≥ 1 it
+   * reads the token there and the output-normed row at p − 1, which fills its KV cache as the
+   * run goes; the run's rows are kept for the next run and for draft.
+   */
+  async #runMtp(slot: number, ids: Uint32Array, rows: Float32Array, base: number) {
+    const w = this.#mtp;
+    if (!w) return;
+    const { D, eps } = this.#hp;
+    const m = this.#slotMtp[slot];
+    const normed = Array.from(
+      { length: ids.length },
+      (_, t) => rmsNorm(rows.subarray(t * D, (t + 1) * D), this.#head!.norm, eps),
+    );
+    for (let t = 0; t < ids.length; t++) {
+      await this.#breathe();
+      const before = t > 0 ? normed[t - 1] : this.#hiddenAt(slot, base - 1);
+      if (!before) continue;
+      mtpStep(this.#hp, w, this.#embedding!.row(ids[t]), before, m.state, base + t);
+    }
+    m.hidden = normed;
+    m.base = base;
+  }
+
+  /** The output-normed row the slot's last run left at position p, if it has it. */
+  #hiddenAt(slot: number, p: number): Float64Array | undefined {
+    const m = this.#slotMtp[slot];
+    return p >= m.base ? m.hidden[p - m.base] : undefined;
+  }
+
+  #draft(slot: number, id: number, k: number): Uint32Array {
+    const state = this.#slot(slot);
+    const w = this.#mtp!;
+    const drafts = new Uint32Array(Math.max(0, Math.min(k, this.ctx - state.pos)));
+    let hidden = this.#hiddenAt(slot, state.pos - 1);
+    if (!hidden) return new Uint32Array();
+    let token = id;
+    for (let i = 0; i < drafts.length; i++) {
+      hidden = mtpStep(
+        this.#hp,
+        w,
+        this.#embedding!.row(token),
+        hidden,
+        this.#slotMtp[slot].state,
+        state.pos + i,
+      );
+      token = argmaxTopK(matVec(this.#head!.output, hidden), 0).argmax;
+      drafts[i] = token;
+    }
+    return drafts;
   }
 
   rewind(slot: number, pos: number): Promise<void> {
@@ -375,9 +468,11 @@ export async function openReferenceStage(
   );
   const layers = [];
   for (let il = first; il < end; il++) layers.push(await loadLayer(model, hp, il));
+  const whole = first === 0 && end === hp.nLayer;
   return new ReferenceStage(hp, first, end, slots, ctx, maxBatch, snapshots, maxRewind, {
     layers,
     embedding: first === 0 ? await loadEmbedding(model, hp) : undefined,
     head: end === hp.nLayer ? await loadHead(model, hp) : undefined,
+    mtp: options.mtp && whole && hasMtp(model, hp) ? await loadMtp(model, hp) : undefined,
   });
 }

@@ -292,3 +292,32 @@ export async function loadHead(model: GgufModel, hp: HParams): Promise<HeadWeigh
     output: await load(model, name, [hp.D, hp.V]),
   };
 }
+
+/**
+ * The MTP block (docs/model_arch.md §3.6): the full-attention block at index nLayer and its nextn
+ * tensors, which draft the token after next from a token and the hidden state before it.
+ */
+export interface MtpWeights {
+  readonly layer: LayerWeights;
+  readonly enorm: Float32Array; // (D) on the token's embedding
+  readonly hnorm: Float32Array; // (D) on the hidden state
+  readonly ehProj: Float32Array; // (D, 2D) over [embedding ‖ hidden]
+  readonly headNorm: Float32Array; // (D) shared_head_norm, before the shared LM head
+}
+
+/** Whether `model` carries the MTP block after its nLayer blocks. */
+export function hasMtp(model: GgufModel, hp: HParams): boolean {
+  return model.tensors.has(`blk.${hp.nLayer}.nextn.eh_proj.weight`);
+}
+
+/** The MTP block of a model that has one (hasMtp). */
+export async function loadMtp(model: GgufModel, hp: HParams): Promise<MtpWeights> {
+  const p = `blk.${hp.nLayer}.nextn`;
+  return {
+    layer: await loadLayer(model, hp, hp.nLayer),
+    enorm: await load(model, `${p}.enorm.weight`, [hp.D]),
+    hnorm: await load(model, `${p}.hnorm.weight`, [hp.D]),
+    ehProj: await load(model, `${p}.eh_proj.weight`, [2 * hp.D, hp.D]),
+    headNorm: await load(model, `${p}.shared_head_norm.weight`, [hp.D]),
+  };
+}

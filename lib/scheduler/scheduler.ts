@@ -61,7 +61,10 @@ export interface SchedulerOptions {
    * each verified in one rewindable run; every stage must keep drafts + 1 positions to rewind.
    */
   readonly draft?: DraftMode;
-  /** Where drafts come from (default lookupDraft: the sequence's own earlier tokens). */
+  /**
+   * Where drafts come from: by default the model's MTP head where the local stage owns the whole
+   * model and has it (Stage.draft), else lookupDraft (the sequence's own earlier tokens).
+   */
   readonly drafter?: Drafter;
   readonly log?: (line: string) => void;
   /** Sees every admitted sequence (the head's access log follows them to their end). */
@@ -262,7 +265,8 @@ export class Scheduler {
   readonly #draft: DraftMode;
   /** Drafts a verify run takes at most (0: no speculation). */
   readonly #drafts: number;
-  readonly #drafter: Drafter;
+  /** Drafts from the options; else the local stage's MTP head where it has one, else lookup. */
+  readonly #drafter: Drafter | undefined;
   /** What a position of the last prompt chunk of any sequence cost, ms: a new prompt's start. */
   #promptMsPerPosition: number | undefined;
   readonly #cache: PrefixCache;
@@ -305,7 +309,7 @@ export class Scheduler {
     checkChainLink(local, link?.remote);
     this.#draft = options.draft ?? "off";
     this.#drafts = draftsOf(this.#draft);
-    this.#drafter = options.drafter ?? lookupDraft;
+    this.#drafter = options.drafter;
     const keeps = Math.min(local.maxRewind, link?.remote.maxRewind ?? Infinity);
     if (this.#drafts > 0 && this.#drafts + 1 > keeps) {
       throw new RangeError(
@@ -639,7 +643,9 @@ export class Scheduler {
     const sampled = seq.request.sampling.temperature > 0;
     const gate = new DraftGate();
     while (true) {
-      const drafts = history ? this.#draftFor(seq, gate, history, pos, generated.length) : [];
+      const drafts = history
+        ? await this.#draftFor(seq, slot, id, gate, history, pos, generated.length)
+        : [];
       if (drafts.length) {
         // The token and its drafts in one run of generated rows: each row's logits are what a
         // plain step gives after the rows before it. Greedy, the drafts that match the rows'
@@ -716,17 +722,20 @@ export class Scheduler {
   }
 
   /**
-   * The drafts `seq` verifies at its next step from position `pos`, `generated` tokens in (none:
-   * a plain step): looked up in its history, as many as the mode takes and its tokens and context have room for; under
-   * "auto" only while it runs alone (together, sequences share steps instead) and drafting pays.
+   * The drafts `seq` verifies at its next step from position `pos`, `generated` tokens in, to
+   * follow `id` (none: a plain step): from the drafter, as many as the mode takes and its tokens
+   * and context have room for; under "auto" only while it runs alone (together, sequences share
+   * steps instead) and drafting pays.
    */
-  #draftFor(
+  async #draftFor(
     seq: Sequence,
+    slot: number,
+    id: number,
     gate: DraftGate,
     history: readonly number[],
     pos: number,
     generated: number,
-  ): number[] {
+  ): Promise<number[]> {
     if (this.#draft === "auto" && (this.#running.size > 1 || !gate.drafts(generated))) {
       return [];
     }
@@ -737,7 +746,17 @@ export class Scheduler {
       : 0;
     const rows = Math.floor((2 * MAX_TOPK + 1) / (2 * k + 1));
     const most = Math.min(this.#drafts, left - 1, this.ctx - pos - 1, rows - 1);
-    return most > 0 ? this.#drafter(history, most).slice(0, most) : [];
+    if (most <= 0) return [];
+    const mtp = this.#drafter ? undefined : this.#local.draft?.bind(this.#local);
+    if (mtp && !this.#link) {
+      return [
+        ...await this.#lane.run(() => {
+          seq.checkCancelled();
+          return mtp(slot, id, most);
+        }),
+      ];
+    }
+    return (this.#drafter ?? lookupDraft)(history, most).slice(0, most);
   }
 
   /**

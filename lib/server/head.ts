@@ -169,6 +169,8 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
       maxBatch: options.maxBatch,
       snapshots,
       maxRewind: rewindFor(options.draft ?? "off"),
+      // Drafts come from the model's own MTP head where the local stage can run it.
+      mtp: (options.draft ?? "off") !== "off",
     });
     cleanup.push(() => local.close());
     const link = options.next
