@@ -115,9 +115,8 @@ export function speculativeToken(
   if (!dist) return { id: greedyId, kept: greedyId === draft };
   const at = dist.ids.indexOf(draft);
   const total = dist.weights.reduce((a, b) => a + b, 0);
+  // A draft alone in the nucleus has weight `total`, and nextFloat() < 1: it is always kept, so a
+  // refused draft leaves at least one other candidate to draw.
   if (at >= 0 && rng.nextFloat() * total < dist.weights[at]) return { id: draft, kept: true };
-  // Only the draft itself in the nucleus, and refused: p(draft) was 1, so this cannot happen
-  // but for rounding; it is then the token.
-  if (at >= 0 && dist.ids.length === 1) return { id: draft, kept: true };
   return { id: dist.ids[draw(dist.weights, rng, at)], kept: false };
 }

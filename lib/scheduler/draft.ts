@@ -18,7 +18,10 @@ export function draftsOf(mode: DraftMode): number {
   return mode === "off" ? 0 : mode === "auto" ? AUTO_DRAFTS : mode;
 }
 
-/** Positions every stage keeps to rewind under `mode`: a step verifies its drafts and the token before them. */
+/**
+ * Positions every stage keeps to rewind under `mode`: a step verifies its drafts and the token
+ * before them.
+ */
 export function rewindFor(mode: DraftMode): number {
   const drafts = draftsOf(mode);
   return drafts ? drafts + 1 : 0;
