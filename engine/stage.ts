@@ -192,7 +192,7 @@ export interface StageOpenOptions {
   readonly maxRewind?: number;
   /**
    * Load the model's MTP block, where the file has one and the stage owns the whole model, and
-   * run it beside every run so that `draft` can propose tokens (the CPU reference engine so far).
+   * run it beside every run so that `draft` can propose tokens.
    */
   readonly mtp?: boolean;
   /** The model's hyperparameters, when the caller has read them (else read from the model). */

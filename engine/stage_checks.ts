@@ -145,6 +145,16 @@ export function checkRun(
   }
 }
 
+/** Checks Stage.draft's arguments: `k` a whole number ≥ 0, `id` a token of the vocabulary. */
+export function checkDraft(id: number, k: number, vocab: number): void {
+  if (!Number.isInteger(k) || k < 0) {
+    throw new RangeError(`Cannot draft ${k} tokens: expected a whole number ≥ 0`);
+  }
+  if (!Number.isInteger(id) || id < 0 || id >= vocab) {
+    throw new RangeError(`Cannot draft after token id ${id}: the vocabulary has ${vocab} tokens`);
+  }
+}
+
 /** Checks a run's top-k count: 0..MAX_TOPK. */
 export function checkTopK(topk: number): void {
   if (!Number.isInteger(topk) || topk < 0 || topk > MAX_TOPK) {

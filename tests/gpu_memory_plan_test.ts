@@ -16,6 +16,8 @@ const MODELS: TestModelSpec[] = [
   { arch: "qwen3next", layout: "legacy", quant: "q8_0" },
   { arch: "qwen35", quant: "mixed" },
   { arch: "qwen35moe", quant: "q8_0", tied: true },
+  // Drafting with its MTP block, which only the whole model's stage runs.
+  { arch: "qwen35moe", quant: "q4_k_m", mtp: true },
 ];
 const SPANS = [{ first: 0, end: 4 }, { first: 0, end: 3 }, { first: 3, end: 4 }];
 const OPTIONS = { ctx: 96, slots: 2, snapshots: 1, maxBatch: 8, maxRewind: 3 };
@@ -26,13 +28,16 @@ gpuTest("the memory plan equals what each GPU stage allocates, by kind", async (
     try {
       const hp = readHParams(model.metadata);
       for (const span of SPANS) {
-        const what = `${[spec.arch, spec.layout, spec.quant, spec.tied && "tied"].join(" ")} ` +
+        const tags = [spec.arch, spec.layout, spec.quant, spec.tied && "tied", spec.mtp && "mtp"];
+        const what = `${tags.join(" ")} ` +
           `${span.first}:${span.end}`;
+        const mtp = !!spec.mtp;
         const plan = planStage(model, hp, span, {
           ...OPTIONS,
           tensorCores: gpu.features.subgroupMatrix,
+          mtp,
         });
-        const stage = await openGpuStage(model, gpu, { ...span, ...OPTIONS, log: () => {} });
+        const stage = await openGpuStage(model, gpu, { ...span, ...OPTIONS, mtp, log: () => {} });
         try {
           const held = stage.memory;
           assert.deepEqual(plan.weights, held.weights, what);
@@ -42,7 +47,11 @@ gpuTest("the memory plan equals what each GPU stage allocates, by kind", async (
           const { kv, recurrent, trail } = plan.perSlot;
           const recurrentLayers = hp.isDeltaNet.slice(span.first, span.end).some((d) => d);
           assert.equal(trail > 0, recurrentLayers, `${what}: trails for the DeltaNet layers`);
-          assert.equal(kv + recurrent + trail, plan.slotState / OPTIONS.slots);
+          const drafts = mtp && span.first === 0 && span.end === hp.nLayer;
+          assert.equal(plan.perSlot.mtp > 0, drafts, `${what}: the MTP block where it drafts`);
+          assert.equal(!!stage.draft, drafts, `${what}: drafts where the plan says`);
+          assert.equal(kv + recurrent + trail + plan.perSlot.mtp, plan.slotState / OPTIONS.slots);
+          if (drafts) assert.ok(plan.weights.get("mtp")! > 0, `${what}: the block's weights`);
           // Beyond the plan: only readbacks, the params arena and timers.
           const rest = held.total - plan.total;
           assert.ok(rest >= 0 && rest < 2 * 1024 * 1024, `${what}: ${rest} bytes unplanned`);

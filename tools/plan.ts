@@ -48,6 +48,10 @@ export const PLAN = {
       whole(1),
       `positions per run, as --max-batch (default ${DEFAULT_MAX_BATCH}, or the context if shorter)`,
     ),
+    mtp: switchFlag(
+      "a whole-model head drafts with the file's MTP block (the head's --draft): count the block, " +
+        "its KV cache in every slot and snapshot, and the rows it starts from",
+    ),
     "tensor-cores": switchFlag(
       "the stages run prompts on tensor cores (TANDEM_MMA=1, Dawn on a GPU with subgroup " +
         "matrices; its start-up line lists them): count their f16 input scratch",
@@ -61,14 +65,19 @@ export function formatPlan(p: StagePlan, slots: number, snapshots: number, ctx: 
   const kinds = [...p.weights].map(([kind, n]) => `${kind} ${formatBytes(n)}`).join(", ");
   const slot = p.perSlot.kv + p.perSlot.recurrent;
   const trail = p.perSlot.trail ? `, rewind trail ${formatBytes(p.perSlot.trail)}` : "";
+  const mtp = p.perSlot.mtp ? `, MTP block ${formatBytes(p.perSlot.mtp)}` : "";
   return [
     `stage ${p.span.first}:${p.span.end}`,
     `  weights      ${formatBytes(weights)} (${kinds})`,
-    `  per slot     ${formatBytes(slot + p.perSlot.trail)} (KV ${
+    `  per slot     ${formatBytes(slot + p.perSlot.trail + p.perSlot.mtp)} (KV ${
       formatBytes(p.perSlot.kv)
     } for ${ctx} positions, recurrent ` +
-    `${formatBytes(p.perSlot.recurrent)}${trail}) × ${slots} slots = ${formatBytes(p.slotState)}`,
-    `  snapshots    ${snapshots} × ${formatBytes(slot)} = ${formatBytes(p.snapshots)}`,
+    `${formatBytes(p.perSlot.recurrent)}${trail}${mtp}) × ${slots} slots = ${
+      formatBytes(p.slotState)
+    }`,
+    `  snapshots    ${snapshots} × ${formatBytes(p.snapshots / Math.max(1, snapshots))} = ${
+      formatBytes(p.snapshots)
+    }`,
     `  activations  ${formatBytes(p.activations)} (${p.maxBatch} positions per run)`,
     `  total        ${formatBytes(p.total)}`,
   ];
@@ -90,6 +99,7 @@ export async function planReport(flags: FlagValues<typeof PLAN.flags>): Promise<
       maxRewind: flags.rewind,
       maxBatch: flags["max-batch"],
       tensorCores: flags["tensor-cores"],
+      mtp: flags.mtp,
     };
     const plans = flags.stages.map((span) => planStage(model, hp, span, options));
     return [

@@ -89,6 +89,11 @@ export function stageTensorNames(model: GgufModel, nLayer: number, span: LayerSp
   return names;
 }
 
+/** Whether `model` carries an MTP block after its `nLayer` blocks (docs/model_arch.md §3.6). */
+export function hasMtpBlock(model: GgufModel, nLayer: number): boolean {
+  return model.tensors.has(`blk.${nLayer}.nextn.eh_proj.weight`);
+}
+
 const STAGE_SUFFIX = /\.layers-(\d+)-(\d+)$/;
 
 /** Where `deno task shard` writes the shard of `span`: DIR/<model>.layers-a-b.gguf. */

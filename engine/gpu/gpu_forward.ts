@@ -36,6 +36,7 @@ import type {
   AttentionWeights,
   DeltaNetWeights,
   DenseWeights,
+  LayerWeights,
   MoeWeights,
   Projection,
   StageWeights,
@@ -70,6 +71,8 @@ export interface Activations {
   readonly top: GPUBuffer; // per top row: (k) (f32 bits, id) pairs, then the log-sum-exp
   readonly topScratch: GPUBuffer; // per-chunk top-k and log-sum-exp partials (topKScratchWords a row)
   readonly mmaX: GPUBuffer; // tensor-core products' f16 input rows and scales (mmaScratchBytes)
+  readonly mtpBefore: GPUBuffer; // (T, D) the MTP block's hidden rows, then embeddings (mtp_forward.ts)
+  readonly mtpJoin: GPUBuffer; // (T, 2·D) the MTP block's eh_proj input
 }
 
 /**
@@ -172,7 +175,7 @@ export interface ForwardPlan {
  * for a prompt's rows (MulMatOptions.mma): f16 operands, a token's bits its own whatever its
  * company, but not the bits today's kernels give it.
  */
-interface Products {
+export interface Products {
   readonly mma?: true;
   readonly mmaEmulate?: true;
 }
@@ -278,10 +281,33 @@ function seqGroups(
   return groups;
 }
 
-/** A multi group's sequence table entries, their states `stride` elements apart. */
-function table(plan: ForwardPlan, g: SeqGroup, stride: number): SequenceTable | undefined {
+/**
+ * A multi group's sequence table entries, their states `stride` elements apart; the table of
+ * `seqs` starts at entry `at` of act.seqs (encodeSeqTable).
+ */
+function table(
+  plan: ForwardPlan,
+  g: SeqGroup,
+  stride: number,
+  at: number,
+): SequenceTable | undefined {
   if (!g.multi) return undefined;
-  return { seqs: plan.act.seqs, seq0: g.first, count: g.end - g.first, stateStride: stride };
+  return { seqs: plan.act.seqs, seq0: at + g.first, count: g.end - g.first, stateStride: stride };
+}
+
+/**
+ * Uploads the sequence table the layers' multi-sequence dispatches read for `seqs` (entry
+ * at + i is seqs[i]'s): its state index, row, tokens and first position.
+ */
+export function encodeSeqTable(
+  enc: StepEncoder,
+  plan: ForwardPlan,
+  seqs: readonly StepSeq[],
+  at: number,
+): void {
+  if (seqs.length < 2) return;
+  const entry = (s: StepSeq) => [s.states[0]?.index ?? 0, s.row, s.n, s.base];
+  enc.upload(plan.act.seqs, 4 * SEQ_WORDS * at, Uint32Array.from(seqs.flatMap(entry)));
 }
 
 /** Gated DeltaNet block on h, added into x (docs/model_arch.md §4.6). */
@@ -293,6 +319,7 @@ function deltaNetBlock(
   il: number,
   h: Normed,
   T: number,
+  tableAt: number,
 ): void {
   const { hp, act } = plan;
   const { C, Nk, Nv, Dk, Dv } = hp;
@@ -328,7 +355,7 @@ function deltaNetBlock(
         uOffset: g.multi ? 0 : seq.row * C,
         uStrideT: C,
         stateOffset: g.multi ? 0 : state.index * strides.conv,
-        multi: table(plan, g, strides.conv),
+        multi: table(plan, g, strides.conv, tableAt),
         trail: trailOf(seq, state, "conv"),
       });
     }
@@ -360,7 +387,7 @@ function deltaNetBlock(
         yStrideT: Nv * Dv,
         eps: hp.eps,
         stateOffset: g.multi ? 0 : state.index * strides.ssm,
-        multi: table(plan, g, strides.ssm),
+        multi: table(plan, g, strides.ssm, tableAt),
         trail: trailOf(seq, state, "ssm"),
       },
     );
@@ -378,6 +405,7 @@ function attentionBlock(
   il: number,
   h: Normed,
   T: number,
+  tableAt: number,
 ): void {
   const { hp, act } = plan;
   const { Hq, Hkv, Dh } = hp;
@@ -390,7 +418,7 @@ function attentionBlock(
   for (const g of seqGroups(seqs, il, single, (s) => s.kind === "attention" ? s.kc : s.conv)) {
     const seq = seqs[g.first];
     const { kc, vc, index } = stateOf(seq, il, "attention");
-    const multi = table(plan, g, strides.kv);
+    const multi = table(plan, g, strides.kv, tableAt);
     const tokens = multi ? multi.count : seq.n;
     const row = multi ? 0 : seq.row;
     const kvOffset = multi ? 0 : index * strides.kv;
@@ -565,27 +593,38 @@ export function encodeLayers(
   const { act, weights } = plan;
   const pm = productsOf(plan, prompt);
   const T = seqs.reduce((n, s) => n + s.n, 0);
-  // The sequence table the layers' multi-sequence dispatches read: entry i is seqs[i]'s.
-  if (seqs.length > 1) {
-    const entry = (s: StepSeq) => [s.states[0]?.index ?? 0, s.row, s.n, s.base];
-    enc.upload(act.seqs, 0, Uint32Array.from(seqs.flatMap(entry)));
-  }
+  encodeSeqTable(enc, plan, seqs, 0);
   // 1. embed
-  if (weights.embedding) {
+  if (weights.embedding && plan.first === 0) {
     getRows(enc, { w: weights.embedding, ids: act.ids, y: act.x }, { tokens: T, idsOffset });
   }
-  weights.layers.forEach((lw, i) => {
-    // a. pre-mixer RMSNorm
-    const h = normed(enc, plan, lw.attnNorm, T, pm);
-    // b, c. token mixer, residual
-    if (lw.mixer.kind === "deltanet") deltaNetBlock(enc, plan, lw.mixer, seqs, i, h, T);
-    else attentionBlock(enc, plan, lw.mixer, seqs, i, h, T);
-    // d. pre-FFN RMSNorm (post_attention_norm)
-    const h2 = normed(enc, plan, lw.postNorm, T, pm);
-    // e, f. MoE or dense SwiGLU, residual
-    if (lw.ffn.kind === "moe") moeBlock(enc, plan, lw.ffn, h2, T);
-    else denseBlock(enc, plan, lw.ffn, h2, T);
-  });
+  weights.layers.forEach((lw, i) => encodeBlock(enc, plan, lw, seqs, i, T, pm, 0));
+}
+
+/**
+ * Records block `lw` on the T rows of act.x, each sequence's rows against its state `il`
+ * (seq.states[il]); the sequences' table starts at entry `tableAt` of act.seqs.
+ */
+export function encodeBlock(
+  enc: StepEncoder,
+  plan: ForwardPlan,
+  lw: LayerWeights,
+  seqs: readonly StepSeq[],
+  il: number,
+  T: number,
+  pm: Products,
+  tableAt: number,
+): void {
+  // a. pre-mixer RMSNorm
+  const h = normed(enc, plan, lw.attnNorm, T, pm);
+  // b, c. token mixer, residual
+  if (lw.mixer.kind === "deltanet") deltaNetBlock(enc, plan, lw.mixer, seqs, il, h, T, tableAt);
+  else attentionBlock(enc, plan, lw.mixer, seqs, il, h, T, tableAt);
+  // d. pre-FFN RMSNorm (post_attention_norm)
+  const h2 = normed(enc, plan, lw.postNorm, T, pm);
+  // e, f. MoE or dense SwiGLU, residual
+  if (lw.ffn.kind === "moe") moeBlock(enc, plan, lw.ffn, h2, T);
+  else denseBlock(enc, plan, lw.ffn, h2, T);
 }
 
 /** A head row's logit adjustments: words of act.mask and records of act.bias, where they start. */

@@ -41,6 +41,7 @@ import {
 import {
   checkAdjust,
   checkCandidates,
+  checkDraft,
   checkLogits,
   checkOpen,
   checkOpenOptions,
@@ -53,7 +54,9 @@ import {
   checkTopK,
   type RewindSpan,
 } from "../stage_checks.ts";
-import { loadStageWeights } from "./gpu_weights.ts";
+import { loadStageWeights, type StageWeights } from "./gpu_weights.ts";
+import { hasMtpBlock } from "../gguf/stage_shard.ts";
+import { encodeMtpDrafts, encodeMtpPass, type MtpPlan, type MtpRun } from "./mtp_forward.ts";
 import {
   type Activations,
   encodeHead,
@@ -130,15 +133,16 @@ export function activationFloats(
   hp: HParams,
   T: number,
   slots: number,
-  shape: { readonly lmChunk: number; readonly attnPartFloats: number; readonly mmaFloats: number },
+  shape: ActivationShape,
 ): Record<keyof Activations, readonly [string, number]> {
-  const { lmChunk, attnPartFloats, mmaFloats } = shape;
+  const { lmChunk, attnPartFloats, mmaFloats, mtp } = shape;
   const { D, Hq, Hkv, Dh, C, Nv, Dv, E, Ku, Fe, Fs, F, V } = hp;
   // Runs a step may carry, each with its own adjustments and candidates.
   const runs = Math.min(slots, T);
   return {
     ids: ["ids", T + 1],
-    seqs: ["sequence table", SEQ_WORDS * runs],
+    // The MTP block's sequences follow the step's own.
+    seqs: ["sequence table", SEQ_WORDS * runs * (mtp ? 2 : 1)],
     x: ["x", T * D],
     h: ["h", T * D],
     attn: ["attn qkv", T * (2 * Hq * Dh + 2 * Hkv * Dh)],
@@ -167,7 +171,19 @@ export function activationFloats(
     top: ["top-k", runs * topKWords(MAX_TOPK)],
     topScratch: ["top-k scratch", topKScratchWords(V, MAX_TOPK)],
     mmaX: ["tensor-core inputs", mmaFloats],
+    mtpBefore: ["mtp hidden rows", mtp ? T * D : 1],
+    mtpJoin: ["mtp joined rows", mtp ? 2 * T * D : 1],
   };
+}
+
+/** What a stage's activations follow from besides its positions per run and slots. */
+export interface ActivationShape {
+  /** LM-head rows per chunk. */
+  readonly lmChunk: number;
+  readonly attnPartFloats: number;
+  readonly mmaFloats: number;
+  /** The stage runs its model's MTP block. */
+  readonly mtp: boolean;
 }
 
 /** The shapes a stage's activations follow from: positions per run, LM-head chunk, partials. */
@@ -177,16 +193,18 @@ export function activationShape(
   ctx: number,
   maxBatch: number,
   tensorCores = false,
-): { lmChunk: number; attnPartFloats: number; mmaFloats: number } {
+  mtp = false,
+): ActivationShape {
   // Where the logits budget splits a run, chunks of whole token tiles of the LM head's product:
   // a chunk of 67 positions would run a second tile of 3 over every row of the vocabulary.
   const fit = Math.max(1, Math.min(maxBatch, Math.floor(LOGITS_BYTES / (4 * hp.V))));
   const lmChunk = fit < maxBatch && fit > DENSE_TT ? fit - (fit % DENSE_TT) : fit;
-  const attention = hp.isDeltaNet.slice(span.first, span.end).some((d) => !d);
+  const attention = hp.isDeltaNet.slice(span.first, span.end).some((d) => !d) || mtp;
   const attnPartFloats = attention
     ? attentionPartialFloats({ hq: hp.Hq, dh: hp.Dh, ctx, maxBatch })
     : 0;
-  return { lmChunk, attnPartFloats, mmaFloats: tensorCores ? mmaScratchFloats(hp, maxBatch) : 1 };
+  const mmaFloats = tensorCores ? mmaScratchFloats(hp, maxBatch) : 1;
+  return { lmChunk, attnPartFloats, mmaFloats, mtp };
 }
 
 /**
@@ -356,6 +374,8 @@ interface StepRun {
   /** Words of its mask and records of its biases. */
   readonly words: number;
   readonly pairs: number;
+  /** Where the MTP block runs after the step: the store's row of the hidden state before it. */
+  readonly before: number;
 }
 
 /** What a step's recording depends on besides its slots' state: its runs, in row order. */
@@ -363,7 +383,7 @@ function stepKey(runs: readonly StepRun[]): string {
   return runs.map((r) =>
     `${r.slot}@${r.base}+${r.n}${r.prompt ? "p" : ""}${r.trail ? "t" : ""} ${r.logits} ${r.k}${
       r.every ? "e" : ""
-    } ${r.words} ${r.pairs}`
+    } ${r.words} ${r.pairs} h${r.before}`
   ).join(" | ");
 }
 
@@ -427,9 +447,13 @@ const SHARE_MIN_SLOTS_SLOW_MAPS = 3;
 /** Bias records one step may carry, over all its runs (each run's alone fits: MAX_BIAS_PAIRS). */
 export const STEP_BIAS_PAIRS = 4 * MAX_BIAS_PAIRS;
 
-/** decodeGreedy's step s at position pos; only its last step depends on steps and k. */
-function fusedKey(pos: number, s: number, steps: number, k: number): string {
-  return s === steps - 1 ? `fused ${pos} ${s} last ${steps} ${k}` : `fused ${pos} ${s}`;
+/**
+ * decodeGreedy's step s at position pos; only its last step depends on steps and k, only its
+ * first on the MTP store's row before it.
+ */
+function fusedKey(pos: number, s: number, steps: number, k: number, before: number): string {
+  const at = s === 0 ? ` h${before}` : "";
+  return s === steps - 1 ? `fused ${pos} ${s} last ${steps} ${k}${at}` : `fused ${pos} ${s}${at}`;
 }
 
 /** The top-k pairs of a readback's words from `at`, and the log-sum-exp after `stride` pairs. */
@@ -463,6 +487,10 @@ export class GpuStage implements Stage {
   readonly #pos: number[];
   /** Per slot, its last run's positions when that run was rewindable (engine/stage.ts rewind). */
   readonly #spans: (RewindSpan | undefined)[];
+  /** The MTP block, where the stage runs it (opened with `mtp`, whole model, file has one). */
+  readonly #mtp: MtpPlan | undefined;
+  /** Per slot, the positions whose hidden rows the MTP store keeps (from the slot's row 0). */
+  readonly #kept: (RewindSpan | undefined)[];
   readonly #readbacks: GPUBuffer[] = [];
   /** Per slot, its next step encoded while the GPU ran the one before (#encodeAhead). */
   readonly #aheadBySlot = new Map<number, Prepared>();
@@ -502,6 +530,7 @@ export class GpuStage implements Stage {
     readonly maxBatch: number,
     readonly maxRewind: number,
     timing: Pick<GpuStageOptions, "profile" | "dispatchProfiler" | "shareSteps">,
+    mtp?: MtpPlan,
   ) {
     this.#gpu = memory.ctx;
     this.#memory = memory;
@@ -519,6 +548,9 @@ export class GpuStage implements Stage {
     this.#arena = arena;
     this.#pos = sets.map((_, i) => (i < slots ? 0 : -1));
     this.#spans = new Array(slots).fill(undefined);
+    this.#mtp = mtp;
+    this.#kept = new Array(slots).fill(undefined);
+    if (mtp) this.draft = (slot, id, k) => this.#draft(mtp, slot, id, k);
     this.nLayer = hp.nLayer;
     this.nEmbd = hp.D;
   }
@@ -545,7 +577,7 @@ export class GpuStage implements Stage {
   get memory(): StageMemory {
     return {
       weights: this.#plan.weights.bytes,
-      slotState: stateBytes(this.#sets.slice(0, this.slots)),
+      slotState: stateBytes(this.#sets.slice(0, this.slots)) + (this.#mtp?.store.size ?? 0),
       snapshots: stateBytes(this.#sets.slice(this.slots)),
       activations: Object.values(this.#plan.act).reduce((s, b) => s + b.size, 0),
       total: this.#memory.bytes,
@@ -562,10 +594,32 @@ export class GpuStage implements Stage {
     checkRun(this, slot, input, n, base, this.#pos[slot], this.#hp.V);
   }
 
-  /** A checked run is the slot's last: its positions are seen, and a rewind may go into them. */
+  /**
+   * A checked run is the slot's last: its positions are seen, a rewind may go into them, and the
+   * MTP store keeps its last rows.
+   */
   #advance(run: Pick<Waiting, "slot" | "base" | "n"> & { readonly rewindable: boolean }): void {
     this.#pos[run.slot] = run.base + run.n;
     this.#spans[run.slot] = run.rewindable ? { base: run.base, n: run.n } : undefined;
+    this.#keep(run.slot, run.base, run.n);
+  }
+
+  /** The MTP store keeps the last of positions [base, base + n) of `slot`. */
+  #keep(slot: number, base: number, n: number): void {
+    if (!this.#mtp) return;
+    const m = Math.min(n, this.#mtp.rows);
+    this.#kept[slot] = { base: base + n - m, n: m };
+  }
+
+  /**
+   * The MTP store's row with the hidden state at base − 1 of `slot`, for a run from `base` (or a
+   * draft there); −1 where it keeps none (no MTP block, position 0, after a restore).
+   */
+  #before(slot: number, base: number): number {
+    const kept = this.#kept[slot];
+    const p = base - 1;
+    if (!this.#mtp || !kept || p < kept.base || p >= kept.base + kept.n) return -1;
+    return slot * this.#mtp.rows + p - kept.base;
   }
 
   /** Writes a run's ids or hidden rows at row `row` of the step's input. */
@@ -684,6 +738,7 @@ export class GpuStage implements Stage {
         for (const w of runs) {
           this.#pos[w.slot] = w.base;
           this.#spans[w.slot] = undefined;
+          this.#kept[w.slot] = undefined;
           w.reject(e);
         }
       }
@@ -709,7 +764,8 @@ export class GpuStage implements Stage {
     // The next token's step, encoded while the GPU runs this one: the id it embeds is written
     // before it is submitted, so only its position and what the head returns must match.
     if (n === 1 && base + 2 <= this.ctx) {
-      this.#encodeAhead(slot, () => this.#prepareStep([{ ...run, base: base + 1, prompt: false }]));
+      const next = { ...run, base: base + 1, prompt: false, before: this.#before(slot, base + 1) };
+      this.#encodeAhead(slot, () => this.#prepareStep([next]));
     }
     return done;
   }
@@ -741,6 +797,7 @@ export class GpuStage implements Stage {
       prompt: false,
       trail: false,
       every: false,
+      before: this.#before(w.slot, w.base + w.n),
     }));
     if (next.every((w) => w.base + 1 <= this.ctx) && !this.#dispatchProfiler) {
       try {
@@ -788,6 +845,7 @@ export class GpuStage implements Stage {
       logits: this.#last ? logits : "none",
       words: adjust?.mask?.length ?? 0,
       pairs: adjust?.bias?.length ?? 0,
+      before: this.#before(slot, base),
     };
     // Runs share steps once enough slots are active (on the GPU, waiting, or back from a run
     // not long ago); a slot running alone goes as it would without sharing, its submit not put
@@ -844,10 +902,11 @@ export class GpuStage implements Stage {
         `Cannot decode ${steps} tokens from position ${base}: expected 1..${this.maxBatch} steps within the context of ${this.ctx}`,
       );
     }
-    const first = this.#ahead(slot, fusedKey(base, 0, steps, k));
+    const before = this.#before(slot, base);
+    const first = this.#ahead(slot, fusedKey(base, 0, steps, k, before));
     // Each step is submitted before the next is encoded.
     const prepare = (s: number) =>
-      (s === 0 ? first : undefined) ?? this.#prepareFused(slot, base, s, steps, k);
+      (s === 0 ? first : undefined) ?? this.#prepareFused(slot, base, s, steps, k, before);
     const run = {
       slot,
       base,
@@ -859,12 +918,15 @@ export class GpuStage implements Stage {
       logits: "all" as const,
       words: 0,
       pairs: 0,
+      before,
     };
     const done = this.#submit(steps, prepare, started, submission([run]));
     this.#pos[slot] = base + steps;
+    this.#keep(slot, base + steps - 1, 1);
     // The next call's first step, for a caller that goes on decoding this sequence.
     if (base + steps + 2 <= this.ctx) {
-      this.#encodeAhead(slot, () => this.#prepareFused(slot, base + steps, 0, 2, 0));
+      const next = this.#before(slot, base + steps);
+      this.#encodeAhead(slot, () => this.#prepareFused(slot, base + steps, 0, 2, 0, next));
     }
     const data = await done;
     const ids = new Uint32Array(data, 0, steps).slice();
@@ -998,14 +1060,30 @@ export class GpuStage implements Stage {
     return this.#prepare(stepKey(runs), seqs, outputs, ALL_MARKS, (enc) => {
       encodeLayers(enc, this.#plan, seqs, 0, runs[0].prompt);
       if (head) encodeHead(enc, this.#plan, head);
+      if (this.#mtp) {
+        const mtpRuns = runs.map((r, i): MtpRun => ({
+          seq: seqs[i],
+          slot: r.slot,
+          before: r.before,
+        }));
+        encodeMtpPass(enc, this.#plan, this.#mtp, mtpRuns);
+      }
     });
   }
 
   /**
    * Step s of decodeGreedy(slot, id, base, steps): embeds act.ids[s] at position base + s and
-   * writes its argmax to act.ids[s + 1]; the last step reads back every id and the top-k.
+   * writes its argmax to act.ids[s + 1]; the last step reads back every id and the top-k. With
+   * the MTP block, `before` is the MTP store's row before the first step (#before).
    */
-  #prepareFused(slot: number, base: number, s: number, steps: number, k: number): Prepared {
+  #prepareFused(
+    slot: number,
+    base: number,
+    s: number,
+    steps: number,
+    k: number,
+    before: number,
+  ): Prepared {
     const { act } = this.#plan;
     const last = s === steps - 1;
     const outputs: Outputs = last
@@ -1013,14 +1091,51 @@ export class GpuStage implements Stage {
       : [];
     const marks = { start: s === 0, end: last };
     const seqs = [{ states: this.#sets[slot], base: base + s, row: 0, n: 1 }];
-    return this.#prepare(fusedKey(base + s, s, steps, k), seqs, outputs, marks, (enc) => {
+    const key = fusedKey(base + s, s, steps, k, before);
+    return this.#prepare(key, seqs, outputs, marks, (enc) => {
       encodeLayers(enc, this.#plan, seqs, s);
       encodeHead(enc, this.#plan, {
         rows: [{ row: 0, top: last && k > 0 }],
         topk: last ? k : 0,
         greedy: { buffer: act.ids, offset: s + 1 },
       });
+      // After the first step the store's slot row 0 holds the step before's hidden row.
+      const mtpBefore = s === 0 ? before : slot * (this.#mtp?.rows ?? 0);
+      if (this.#mtp) {
+        encodeMtpPass(enc, this.#plan, this.#mtp, [{ seq: seqs[0], slot, before: mtpBefore }], s);
+      }
     });
+  }
+
+  /** Stage.draft, where the stage runs its model's MTP block. */
+  readonly draft?: (slot: number, id: number, k: number) => Promise<Uint32Array>;
+
+  /**
+   * Up to k greedy drafts of the MTP block after `slot`'s position, `id` the token there: one
+   * submission chaining each draft's argmax into the next on the GPU.
+   */
+  async #draft(mtp: MtpPlan, slot: number, id: number, k: number): Promise<Uint32Array> {
+    this.#checkSlot(slot);
+    checkDraft(id, k, this.#hp.V);
+    const pos = this.#pos[slot];
+    const before = this.#before(slot, pos);
+    const count = Math.min(k, this.ctx - pos, this.maxBatch);
+    if (before < 0 || count <= 0) return new Uint32Array();
+    const started = performance.now();
+    // The slot's runs go first: the drafts read the state they leave.
+    this.#flush();
+    this.#write({ kind: "ids", ids: Uint32Array.of(id) }, 0);
+    const { act } = this.#plan;
+    const key = `draft ${slot} ${pos} ${count} h${before}`;
+    const step = this.#prepare(key, [], [[act.ids, 4, 4 * count]], ALL_MARKS, (enc) => {
+      encodeMtpDrafts(enc, this.#plan, mtp, this.#sets[slot], { before, pos, k: count });
+    });
+    const data = await this.#submit(1, () => step, started, {
+      slots: [slot],
+      tokens: count,
+      what: () => `${count} drafts after position ${pos} of slot ${slot}`,
+    });
+    return new Uint32Array(data, 0, count).slice();
   }
 
   /**
@@ -1231,6 +1346,8 @@ export class GpuStage implements Stage {
       this.#copy(snap, slot, pos);
       this.#pos[slot] = pos;
       this.#spans[slot] = undefined;
+      // The MTP store keeps no snapshot's rows: drafts wait for the slot's next run.
+      this.#kept[slot] = undefined;
       resolve(pos);
     });
   }
@@ -1313,28 +1430,53 @@ export async function openGpuStage(
       : options.emulateTensorCores ?? tensorCoresEmulatedByEnv()
       ? "emulate"
       : undefined;
-    const shape = activationShape(hp, { first, end }, ctx, maxBatch, mma !== undefined);
+    // The MTP block runs where the stage is the whole model and its file has one (a split's last
+    // stage would need the token ids, which RUN does not carry).
+    const mtp = !!options.mtp && first === 0 && end === hp.nLayer && hasMtpBlock(model, hp.nLayer);
+    const shape = activationShape(hp, { first, end }, ctx, maxBatch, mma !== undefined, mtp);
     const { lmChunk } = shape;
     const act = allocActivations(mem, activationFloats(hp, maxBatch, slots, shape));
+    // The MTP block's KV cache is one more layer of every slot's (and snapshot's) state.
+    const owned = { first, end: mtp ? end + 1 : end };
     const sets = [
-      ...withTrails(mem, hp, allocStates(mem, hp, { first, end }, ctx, slots, "slot"), maxRewind),
-      ...allocStates(mem, hp, { first, end }, ctx, snapshots, "snapshot"),
+      ...withTrails(mem, hp, allocStates(mem, hp, owned, ctx, slots, "slot"), maxRewind),
+      ...allocStates(mem, hp, owned, ctx, snapshots, "snapshot"),
     ];
+    // A slot's kept rows: its last run's last row, or every row of a rewindable run.
+    const mtpRows = Math.max(1, maxRewind);
+    const mtpStore = mtp ? mem.storage("mtp kept rows", 4 * slots * mtpRows * hp.D) : undefined;
+    const mtpPlan = (w: StageWeights): MtpPlan | undefined =>
+      mtpStore && w.mtp
+        ? {
+          weights: w.mtp,
+          state: end - first,
+          store: mtpStore,
+          rows: mtpRows,
+          before: act.mtpBefore,
+          join: act.mtpJoin,
+        }
+        : undefined;
     const strides = stateStrides(hp, ctx);
     const arena = new ParamArena(mem);
-    const load = { first, end, maxPartBytes: options.maxPartBytes, log };
+    const load = { first, end, maxPartBytes: options.maxPartBytes, log, mtp };
     // The kernels compile (on Dawn's worker threads) while the weights load: the steps are
     // recorded first against the weights' shapes, which need none of their bytes.
     const shapes = await loadStageWeights(mem, model, hp, { ...load, describe: true });
     const ahead = compileAhead(gpu, () => {
       const described: ForwardPlan = { hp, first, weights: shapes, act, lmChunk, strides, mma };
-      recordSteps(new StepEncoder(gpu, arena), described, sets.slice(0, slots), maxBatch);
+      recordSteps(
+        new StepEncoder(gpu, arena),
+        described,
+        sets.slice(0, slots),
+        maxBatch,
+        mtpPlan(shapes),
+      );
     });
     const weights = await loadStageWeights(mem, model, hp, load);
     const weightsIn = performance.now();
     const waiting = ahead.unfinished;
     const late = await ahead.settle(KERNEL_DEADLINE_MS);
-    const stateTotal = stateBytes(sets);
+    const stateTotal = stateBytes(sets) + (mtpStore?.size ?? 0);
     const actBytes = Object.values(act).reduce((s, b) => s + b.size, 0);
     log(
       `GPU state for ${slots} slots + ${snapshots} snapshots of ${ctx} positions: ${
@@ -1367,6 +1509,7 @@ export async function openGpuStage(
       plan,
       sets.slice(0, slots),
       maxBatch,
+      mtpPlan(weights),
     );
     const missed = [...used].filter((n) => !ahead.names.has(n));
     const unused = [...ahead.names].filter((n) => !used.has(n));
@@ -1392,6 +1535,7 @@ export async function openGpuStage(
       maxBatch,
       maxRewind,
       options,
+      mtpPlan(weights),
     );
   } catch (e) {
     if (scoped) {
@@ -1433,11 +1577,23 @@ function recordSteps(
   plan: ForwardPlan,
   slots: readonly (readonly GpuLayerState[])[],
   maxBatch: number,
+  mtp: MtpPlan | undefined,
 ): void {
   const states = slots[0];
   // With tensor cores a prompt's rows run their own products, at every length.
   for (const prompt of plan.mma ? [false, true] : [false]) {
     recordKind(enc, plan, states, maxBatch, prompt);
+  }
+  // The MTP block after steps of every length, and its drafts.
+  if (mtp) {
+    for (const T of new Set([...PRODUCT_STEP_TOKENS.filter((t) => t < maxBatch), maxBatch])) {
+      encodeMtpPass(enc, plan, mtp, [{
+        seq: { states, base: 1, row: 0, n: T },
+        slot: 0,
+        before: 0,
+      }]);
+    }
+    encodeMtpDrafts(enc, plan, mtp, states, { before: 0, pos: 1, k: 1 });
   }
   // A rewindable run: the DeltaNet kernels that keep a trail.
   if (maxBatch > 1 && states.some((s) => s.kind === "deltanet" && s.trail)) {
@@ -1487,8 +1643,9 @@ async function buildKernels(
   plan: ForwardPlan,
   slots: readonly (readonly GpuLayerState[])[],
   maxBatch: number,
+  mtp: MtpPlan | undefined,
 ): Promise<Set<string>> {
-  const used = collectVariants(enc.ctx, () => recordSteps(enc, plan, slots, maxBatch));
+  const used = collectVariants(enc.ctx, () => recordSteps(enc, plan, slots, maxBatch, mtp));
   await settleKernels(enc.ctx);
   return used;
 }

@@ -10,7 +10,7 @@
 // becomes [q | k | v | z] and ssm_ba becomes [b | a], so the forward pass sees one layout.
 
 import type { GgufModel, GgufTensorInfo } from "../gguf/gguf_model.ts";
-import { stageTensorNames } from "../gguf/stage_shard.ts";
+import { hasMtpBlock, stageTensorNames } from "../gguf/stage_shard.ts";
 import type { HParams } from "../hparams.ts";
 import { dequantize } from "../quant/dequant.ts";
 import { dummyStorage, FillStaging, formatBytes, type GpuMemory } from "./buffers.ts";
@@ -69,8 +69,23 @@ export interface LayerWeights {
   readonly ffn: MoeWeights | DenseWeights;
 }
 
+/**
+ * The MTP block (docs/model_arch.md §3.6): a full-attention block at index nLayer whose input is
+ * eh_proj of [enorm(embedding) | hnorm(hidden)], and whose output shared_head_norm norms for the
+ * model's LM head.
+ */
+export interface MtpWeights {
+  readonly layer: LayerWeights;
+  readonly enorm: GPUBuffer; // (D) f32
+  readonly hnorm: GPUBuffer; // (D) f32
+  readonly headNorm: GPUBuffer; // (D) f32, shared_head_norm
+  readonly ehProj: GpuTensor; // {2·D, D}
+}
+
 export interface StageWeights {
   readonly layers: readonly LayerWeights[];
+  /** The MTP block, on a last stage opened with `mtp` whose file has one. */
+  readonly mtp?: MtpWeights;
   readonly embedding?: GpuTensor; // {D, V} token_embd (first stage)
   readonly outputNorm?: GPUBuffer; // (D) f32 (last stage)
   readonly output?: GpuTensor; // {D, V} output, or token_embd when tied (last stage)
@@ -91,7 +106,15 @@ export interface LoadStageOptions {
    * shapes to compile its kernels while the real load runs.
    */
   readonly describe?: boolean;
+  /**
+   * Also load the MTP block (and token_embd, which it embeds with) where the stage is the last
+   * and the file has one (hasMtpBlock).
+   */
+  readonly mtp?: boolean;
 }
+
+/** The nextn tensors of the MTP block besides its full-attention block's. */
+const MTP_VECTORS = ["enorm", "hnorm", "shared_head_norm"] as const;
 
 /** Bytes above which loading shows progress. */
 const PROGRESS_BYTES = 256 * 1024 * 1024;
@@ -371,24 +394,33 @@ export async function loadStageWeights(
 ): Promise<StageWeights> {
   const { first, end } = options;
   // The stage's tensor bytes size the progress bar.
-  const total = stageTensorNames(model, hp.nLayer, { first, end })
+  const withMtp = !!options.mtp && end === hp.nLayer && hasMtpBlock(model, hp.nLayer);
+  const names = stageTensorNames(model, hp.nLayer, { first, end });
+  if (withMtp) {
+    const mtpBlock = `blk.${hp.nLayer}.`;
+    names.push(...[...model.tensors.keys()].filter((n) => n.startsWith(mtpBlock)));
+    if (first !== 0) names.push("token_embd.weight");
+  }
+  const total = [...new Set(names)]
     .reduce((s, n) => s + (model.tensors.get(n)?.nbytes ?? 0), 0);
   const l = new Loader(mem, model, hp, options, total);
   const layers: LayerWeights[] = [];
-  for (let il = first; il < end; il++) {
-    const p = `blk.${il}`;
-    layers.push({
-      attnNorm: await l.vectors("norms", `${p}.attn_norm`, [
-        l.vector(`${p}.attn_norm.weight`, [hp.D]),
-      ]),
-      postNorm: await l.vectors("norms", `${p}.post_attention_norm`, [
-        l.vector(`${p}.post_attention_norm.weight`, [hp.D]),
-      ]),
-      mixer: hp.isDeltaNet[il] ? await deltaNet(l, il) : await attention(l, il),
-      ffn: hp.arch === "qwen35" ? await dense(l, il) : await moe(l, il),
-    });
+  for (let il = first; il < end; il++) layers.push(await layer(l, il));
+  let mtp: MtpWeights | undefined;
+  if (withMtp) {
+    const p = `blk.${hp.nLayer}.nextn`;
+    const [enorm, hnorm, headNorm] = await Promise.all(
+      MTP_VECTORS.map((v) => l.vectors("mtp", `${p}.${v}`, [l.vector(`${p}.${v}.weight`, [hp.D])])),
+    );
+    mtp = {
+      layer: await layer(l, hp.nLayer),
+      enorm,
+      hnorm,
+      headNorm,
+      ehProj: await l.matrix("mtp", `${p}.eh_proj.weight`, [2 * hp.D, hp.D]),
+    };
   }
-  const embedding = first === 0
+  const embedding = first === 0 || withMtp
     ? await l.matrix("token embedding", "token_embd.weight", [hp.D, hp.V])
     : undefined;
   let outputNorm: GPUBuffer | undefined;
@@ -404,5 +436,21 @@ export async function loadStageWeights(
   }
   const report = [...l.bytes].map(([cls, n]) => `${cls} ${formatBytes(n)}`).join(", ");
   if (!options.describe) options.log?.(`GPU weights for layers ${first}..${end}: ${report}`);
-  return { layers, embedding, outputNorm, output, bytes: l.bytes };
+  return { layers, mtp, embedding, outputNorm, output, bytes: l.bytes };
+}
+
+/** Block il: its norms, its mixer (DeltaNet or gated attention) and its FFN. */
+async function layer(l: Loader, il: number): Promise<LayerWeights> {
+  const { hp } = l;
+  const p = `blk.${il}`;
+  return {
+    attnNorm: await l.vectors("norms", `${p}.attn_norm`, [
+      l.vector(`${p}.attn_norm.weight`, [hp.D]),
+    ]),
+    postNorm: await l.vectors("norms", `${p}.post_attention_norm`, [
+      l.vector(`${p}.post_attention_norm.weight`, [hp.D]),
+    ]),
+    mixer: hp.isDeltaNet[il] ? await deltaNet(l, il) : await attention(l, il),
+    ffn: hp.arch === "qwen35" ? await dense(l, il) : await moe(l, il),
+  };
 }

@@ -7,7 +7,7 @@
 // parts, each with its own padding: the plan counts one part, a few bytes under such a stage.
 
 import type { GgufModel } from "../gguf/gguf_model.ts";
-import type { LayerSpan } from "../gguf/stage_shard.ts";
+import { hasMtpBlock, type LayerSpan } from "../gguf/stage_shard.ts";
 import type { HParams } from "../hparams.ts";
 import { defaultMaxBatch } from "../stage.ts";
 import { paddedSize } from "./buffers.ts";
@@ -28,15 +28,25 @@ export interface PlanOptions {
   readonly maxBatch?: number;
   /** The device runs prompts on tensor cores (GpuFeatures.subgroupMatrix): their input scratch. */
   readonly tensorCores?: boolean;
+  /**
+   * The stage runs the file's MTP block to draft (the head's --draft, whole model, the file has
+   * one): its weights, its KV cache in every slot and snapshot, and the rows it starts from.
+   */
+  readonly mtp?: boolean;
 }
 
 export interface StagePlan extends Omit<StageMemory, "total"> {
   readonly span: LayerSpan;
   /**
-   * Of one slot: K and V caches (attention layers), conv + recurrent state (DeltaNet) and the
-   * DeltaNet trail a rewind reads (maxRewind > 0).
+   * Of one slot: K and V caches (attention layers), conv + recurrent state (DeltaNet), the
+   * DeltaNet trail a rewind reads (maxRewind > 0) and the MTP block's KV cache and kept rows.
    */
-  readonly perSlot: { readonly kv: number; readonly recurrent: number; readonly trail: number };
+  readonly perSlot: {
+    readonly kv: number;
+    readonly recurrent: number;
+    readonly trail: number;
+    readonly mtp: number;
+  };
   readonly maxBatch: number;
   /** Weights, slots, snapshots and activations together. */
   readonly total: number;
@@ -136,6 +146,15 @@ export function planStage(
 ): StagePlan {
   const t = new Tally(model, hp);
   for (let il = span.first; il < span.end; il++) planLayer(t, il);
+  const mtp = !!options.mtp && span.first === 0 && span.end === hp.nLayer &&
+    hasMtpBlock(model, hp.nLayer);
+  if (mtp) {
+    // As gpu_weights.ts loads it: the nextn vectors, the block, then eh_proj.
+    const p = `blk.${hp.nLayer}.nextn`;
+    for (const v of ["enorm", "hnorm", "shared_head_norm"]) t.vectors("mtp", [`${p}.${v}.weight`]);
+    planLayer(t, hp.nLayer);
+    t.matrix("mtp", `${p}.eh_proj.weight`);
+  }
   if (span.first === 0) t.matrix("token embedding", "token_embd.weight");
   if (span.end === hp.nLayer) {
     t.vectors("norms", ["output_norm.weight"]);
@@ -145,7 +164,7 @@ export function planStage(
       t.matrix("lm head", tied ? "token_embd.weight" : "output.weight");
     }
   }
-  const perSlot = { kv: 0, recurrent: 0, trail: 0 };
+  const perSlot = { kv: 0, recurrent: 0, trail: 0, mtp: 0 };
   let slotBytes = 0;
   const rewind = options.maxRewind ?? 0;
   for (let il = span.first; il < span.end; il++) {
@@ -158,13 +177,20 @@ export function planStage(
       perSlot.trail += 4 * (hp.Kc - 1 + rewind) * hp.C + 4 * rewind * hp.Nv * hp.Dk * hp.Dv;
     }
   }
+  let snapshotBytes = slotBytes;
+  if (mtp) {
+    const [k, v] = layerStateBytes(hp, hp.nLayer, options.ctx);
+    const kv = paddedSize(k) + paddedSize(v);
+    snapshotBytes += kv;
+    perSlot.mtp = kv + 4 * Math.max(1, rewind) * hp.D;
+  }
   const maxBatch = options.maxBatch ?? defaultMaxBatch(options.ctx);
-  const shape = activationShape(hp, span, options.ctx, maxBatch, options.tensorCores);
+  const shape = activationShape(hp, span, options.ctx, maxBatch, options.tensorCores, mtp);
   const activations = Object.values(activationFloats(hp, maxBatch, options.slots, shape))
     .reduce((s, [, n]) => s + paddedSize(4 * n), 0);
   const weights = [...t.bytes.values()].reduce((s, n) => s + n, 0);
-  const slotState = options.slots * (slotBytes + perSlot.trail);
-  const snapshots = options.snapshots * slotBytes;
+  const slotState = options.slots * (slotBytes + perSlot.trail + perSlot.mtp);
+  const snapshots = options.snapshots * snapshotBytes;
   return {
     span,
     weights: t.bytes,

@@ -175,11 +175,12 @@ export function lmHead(hp: HParams, w: HeadWeights, x: Float32Array): Float64Arr
 }
 
 /**
- * One step of the MTP block at position `pos` (docs/model_arch.md §3.6): the token's embedding
- * and the hidden state before it (the main model's output-normed row at pos − 1, or the previous
- * step's result), each RMS-normed, joined, projected to D by eh_proj, run through the block (its
- * own KV cache in `state`), and normed by shared_head_norm: what the shared LM head reads, and
- * the hidden state of the next step.
+ * One step of the MTP block at its position `pos` (docs/model_arch.md §3.6): the embedding of the
+ * token at pos + 1 and the hidden state at pos (the main model's output-normed row there, or the
+ * previous step's result), each RMS-normed, joined, projected to D by eh_proj, run through the
+ * block (its own KV cache in `state`, a position per hidden row as in vLLM, so that position 0
+ * is the first pair and the cache has no hole), and normed by shared_head_norm: what the shared
+ * LM head reads, and the hidden state of the next step.
  */
 export function mtpStep(
   hp: HParams,

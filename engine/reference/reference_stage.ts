@@ -2,6 +2,7 @@
 // Opened by engine/open_stage.ts for the "reference" backend; the oracle the GPU stage must match.
 
 import type { GgufModel } from "../gguf/gguf_model.ts";
+import { hasMtpBlock } from "../gguf/stage_shard.ts";
 import { type HParams, modelHParams } from "../hparams.ts";
 import type {
   Stage,
@@ -15,6 +16,7 @@ import { greedyCount } from "../stage.ts";
 import {
   checkAdjust,
   checkCandidates,
+  checkDraft,
   checkLogits,
   checkOpen,
   checkOpenOptions,
@@ -36,7 +38,6 @@ import {
 import { argmaxTopK, biasLogits, logSumExp, maskLogits } from "./logits.ts";
 import {
   type Embedding,
-  hasMtp,
   type HeadWeights,
   type LayerWeights,
   loadEmbedding,
@@ -284,8 +285,8 @@ export class ReferenceStage implements Stage {
 
   /**
    * The MTP block over a run's positions (the whole model's stage): at each position p ≥ 1 it
-   * reads the token there and the output-normed row at p − 1, which fills its KV cache as the
-   * run goes; the run's rows are kept for the next run and for draft.
+   * reads the token there and the output-normed row at p − 1, which fills its KV cache at p − 1
+   * as the run goes; the run's rows are kept for the next run and for draft.
    */
   async #runMtp(slot: number, ids: Uint32Array, rows: Float32Array, base: number) {
     const w = this.#mtp;
@@ -300,7 +301,7 @@ export class ReferenceStage implements Stage {
       await this.#breathe();
       const before = t > 0 ? normed[t - 1] : this.#hiddenAt(slot, base - 1);
       if (!before) continue;
-      mtpStep(this.#hp, w, this.#embedding!.row(ids[t]), before, m.state, base + t);
+      mtpStep(this.#hp, w, this.#embedding!.row(ids[t]), before, m.state, base + t - 1);
     }
     m.hidden = normed;
     m.base = base;
@@ -314,6 +315,7 @@ export class ReferenceStage implements Stage {
 
   #draft(slot: number, id: number, k: number): Uint32Array {
     const state = this.#slot(slot);
+    checkDraft(id, k, this.#hp.V);
     const w = this.#mtp!;
     const drafts = new Uint32Array(Math.max(0, Math.min(k, this.ctx - state.pos)));
     let hidden = this.#hiddenAt(slot, state.pos - 1);
@@ -326,7 +328,7 @@ export class ReferenceStage implements Stage {
         this.#embedding!.row(token),
         hidden,
         this.#slotMtp[slot].state,
-        state.pos + i,
+        state.pos + i - 1,
       );
       token = argmaxTopK(matVec(this.#head!.output, hidden), 0).argmax;
       drafts[i] = token;
@@ -473,6 +475,8 @@ export async function openReferenceStage(
     layers,
     embedding: first === 0 ? await loadEmbedding(model, hp) : undefined,
     head: end === hp.nLayer ? await loadHead(model, hp) : undefined,
-    mtp: options.mtp && whole && hasMtp(model, hp) ? await loadMtp(model, hp) : undefined,
+    mtp: options.mtp && whole && hasMtpBlock(model, hp.nLayer)
+      ? await loadMtp(model, hp)
+      : undefined,
   });
 }

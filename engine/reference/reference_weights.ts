@@ -305,12 +305,7 @@ export interface MtpWeights {
   readonly headNorm: Float32Array; // (D) shared_head_norm, before the shared LM head
 }
 
-/** Whether `model` carries the MTP block after its nLayer blocks. */
-export function hasMtp(model: GgufModel, hp: HParams): boolean {
-  return model.tensors.has(`blk.${hp.nLayer}.nextn.eh_proj.weight`);
-}
-
-/** The MTP block of a model that has one (hasMtp). */
+/** The MTP block of a model that has one (hasMtpBlock). */
 export async function loadMtp(model: GgufModel, hp: HParams): Promise<MtpWeights> {
   const p = `blk.${hp.nLayer}.nextn`;
   return {

@@ -1,0 +1,120 @@
+// The MTP head drafting on the GPU engine (engine/gpu/mtp_forward.ts): the same drafts as the
+// reference engine's from the same runs, kept up through shared steps, fused decoding, verify
+// runs and rewinds; drafted decoding gives plain decoding's tokens; restores stop drafts.
+
+import assert from "node:assert/strict";
+import { openGguf } from "../engine/gguf/read.ts";
+import { openGpuStage } from "../engine/gpu/gpu_stage.ts";
+import { openReferenceStage } from "../engine/reference/reference_stage.ts";
+import type { Stage } from "../engine/stage.ts";
+import { complete, completeOnce, greedy } from "../lib/scheduler/complete.ts";
+import { Scheduler } from "../lib/scheduler/scheduler.ts";
+import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
+import { gpuTest } from "./_gpu.ts";
+import { testModel } from "./_models.ts";
+
+const model = await openGguf(await testModel({ arch: "qwen35moe", quant: "q8_0", mtp: true }));
+const tokenizer = TextTokenizer.fromGguf(model.metadata);
+const CTX = 96;
+const PROMPT = Uint32Array.of(5, 9, 13, 21, 34, 5, 9, 13);
+const OPEN = { first: 0, end: 4, ctx: CTX, maxRewind: 4, snapshots: 1, mtp: true };
+
+/**
+ * The drafts after each stage of a fixed walk through a slot's life: a prompt, single decode
+ * steps, a verify run of four rows rewound to two, another prompt from position 0.
+ */
+async function walk(stage: Stage, slot: number): Promise<number[][]> {
+  const out: number[][] = [];
+  const draft = async (id: number) => out.push([...await stage.draft!(slot, id, 3)]);
+  const ids = (...v: number[]) => ({ kind: "ids" as const, ids: Uint32Array.from(v) });
+  await stage.run(slot, ids(...PROMPT), PROMPT.length, 0);
+  await draft(40);
+  await stage.run(slot, ids(40), 1, 8);
+  await draft(41);
+  await stage.run(slot, ids(41, 7, 8, 9), 4, 9, { rewindable: true, logits: "all" });
+  await draft(7);
+  await stage.rewind(slot, 11);
+  await draft(8);
+  await stage.run(slot, ids(8), 1, 11);
+  await draft(3);
+  await stage.run(slot, ids(3, 4, 5), 3, 0);
+  await draft(6);
+  return out;
+}
+
+gpuTest(
+  "the GPU's MTP head drafts what the reference's drafts, through runs, rewinds and shared steps",
+  async (gpu) => {
+    const reference = await openReferenceStage(model, { ...OPEN, slots: 1 });
+    const want = await walk(reference, 0);
+    reference.close();
+    assert.ok(want.every((d) => d.length === 3), "the reference drafts three each time");
+    const stage = await openGpuStage(model, gpu, { ...OPEN, slots: 2, log: () => {} });
+    try {
+      assert.ok(stage.draft, "a whole-model stage opened with mtp drafts");
+      assert.deepEqual(await walk(stage, 1), want, "alone");
+      // Two slots walking at once share their steps: each gets the drafts it gets alone.
+      const both = await Promise.all([walk(stage, 0), walk(stage, 1)]);
+      assert.deepEqual(both, [want, want], "in shared steps");
+      // Fused greedy steps keep the block filled as single runs do.
+      await stage.run(0, { kind: "ids", ids: PROMPT }, PROMPT.length, 0);
+      const fused = await stage.decodeGreedy!(0, 40, 8, 3);
+      const afterFused = await stage.draft!(0, fused.ids[2], 3);
+      await stage.run(1, { kind: "ids", ids: PROMPT }, PROMPT.length, 0);
+      for (const [i, id] of [40, fused.ids[0], fused.ids[1]].entries()) {
+        await stage.run(1, { kind: "ids", ids: Uint32Array.of(id) }, 1, 8 + i);
+      }
+      assert.deepEqual(await stage.draft!(1, fused.ids[2], 3), afterFused, "fused == single steps");
+      // A restored slot has no hidden row to start from until it runs again.
+      await stage.save(0, 0);
+      await stage.restore(1, 0);
+      assert.equal((await stage.draft!(1, 5, 3)).length, 0, "none after a restore");
+      await stage.run(1, { kind: "ids", ids: Uint32Array.of(5) }, 1, 11);
+      assert.equal((await stage.draft!(1, 6, 3)).length, 3, "drafts again after a run");
+      await assert.rejects(stage.draft!(0, 1 << 30, 3), /vocabulary/);
+      await assert.rejects(stage.draft!(0, 5, -1), /whole number/);
+    } finally {
+      stage.close();
+    }
+  },
+);
+
+gpuTest("drafted decoding with the GPU's MTP head gives plain decoding's tokens", async (gpu) => {
+  const request = (temperature: number) =>
+    temperature === 0 ? greedy([...PROMPT], { maxTokens: 20, stopIds: new Set() }) : {
+      prompt: [...PROMPT],
+      maxTokens: 20,
+      stopIds: new Set<number>(),
+      sampling: { temperature, topK: 40, topP: 0.95, seed: 7n },
+    };
+  const plainStage = await openGpuStage(model, gpu, {
+    ...OPEN,
+    mtp: false,
+    slots: 1,
+    log: () => {},
+  });
+  assert.equal(plainStage.draft, undefined, "no MTP head unless asked for");
+  const plain = (await completeOnce({ local: plainStage, tokenizer }, request(0))).ids;
+  plainStage.close();
+  const stage = await openGpuStage(model, gpu, { ...OPEN, slots: 1, log: () => {} });
+  try {
+    for (const temperature of [0, 0.001]) {
+      const scheduler = new Scheduler({
+        local: stage,
+        tokenizer,
+        slots: 1,
+        queue: 1,
+        snapshots: 0,
+        draft: 3,
+      });
+      const { ids } = await complete(scheduler, request(temperature));
+      await scheduler.close();
+      assert.deepEqual(ids, plain, `temperature ${temperature}`);
+      const { verifies, drafted } = scheduler.stats.drafts;
+      assert.ok(verifies > 0 && drafted >= verifies, `${verifies} verify runs, ${drafted} drafts`);
+    }
+  } finally {
+    stage.close();
+    model.close();
+  }
+});
