@@ -26,6 +26,8 @@ export interface TestModelSpec {
   readonly tied?: boolean;
   /** With the MTP block published qwen35/qwen35moe files carry (ModelSpec.mtp). */
   readonly mtp?: boolean;
+  /** Greedy continuation and MTP drafts known by construction (ModelSpec.predictable). */
+  readonly predictable?: boolean;
 }
 
 const MODELS_DIR = new URL("./fixtures/models/", import.meta.url);
@@ -45,6 +47,7 @@ const GENERATOR_SOURCES = [
   "../tools/synth/quantize.ts",
   "../tools/synth/quant_fit.ts",
   "../engine/quant/blocks.ts",
+  "../engine/quant/dequant.ts",
   "../engine/quant/f16.ts",
   "../engine/quant/ggml_types.ts",
   "../tools/gguf/gguf_write.ts",
@@ -111,6 +114,7 @@ export async function testModel(spec: TestModelSpec): Promise<string> {
     seed: spec.seed,
     tied: spec.tied,
     mtp: spec.mtp,
+    predictable: spec.predictable,
   };
   generatorHash ??= hashGenerator();
   const dir = decodeURIComponent(MODELS_DIR.pathname);

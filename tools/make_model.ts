@@ -37,6 +37,10 @@ const MAKE_MODEL = {
     split: flag(whole(1), "write this many gguf-split shards", 1),
     tied: switchFlag("no output.weight: the LM head reuses token_embd"),
     mtp: switchFlag("append the MTP (nextn) block published qwen35/qwen35moe files carry"),
+    predictable: switchFlag(
+      "each token's greedy continuation is the next id and the MTP block agrees by construction " +
+        "(speculative decoding's best case; the products cost what a random model's do)",
+    ),
     out: flag(text("PATH"), "the output file (default models/<name>.gguf)"),
   },
 } satisfies Command<FlagTable>;
@@ -54,6 +58,7 @@ async function main(values: FlagValues<typeof MAKE_MODEL.flags>): Promise<void> 
     seed: values.seed,
     tied: values.tied,
     mtp: values.mtp,
+    predictable: values.predictable,
   };
   const split = values.split;
   const out = values.out ?? `models/${modelFileStem(spec)}.gguf`;

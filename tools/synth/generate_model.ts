@@ -35,7 +35,23 @@ export interface ModelSpec {
    * runs it; the main stack's tensors are the same bytes with or without it.
    */
   readonly mtp?: boolean;
+  /**
+   * A model whose greedy continuation is known and whose MTP block agrees with it by
+   * construction, for speculative decoding's best case: output.weight's row t + 1 is
+   * token_embd's row t (so a residual near e_t predicts t + 1), every block adds only
+   * PREDICTABLE_QUIET of its usual scale to the residual, and the MTP block's eh_proj passes the
+   * embedding through ([I | 0]). The products read and compute what a random model's do.
+   * Needs an untied head.
+   */
+  readonly predictable?: boolean;
 }
+
+/**
+ * The scale of every block's output projections in a predictable model: small enough that the
+ * residual stays nearest its token's embedding through every layer, large enough that the blocks'
+ * values are not negligible (routing still follows each token).
+ */
+export const PREDICTABLE_QUIET = 0.05;
 
 /**
  * What a tensor does, which decides its weight type. "vector" covers the 1-D tensors (norms,
@@ -158,9 +174,9 @@ function typeChooser(quant: Quant): (role: Role) => GgmlType {
   };
 }
 
-/** N(0, 1/in): keeps each projection's output at the scale of its RMS-normalised input. */
-function proj(inDim: number): Init {
-  return { dist: "normal", a: 0, b: 1 / Math.sqrt(inDim) };
+/** N(0, scale²/in): at scale 1 keeps a projection's output at the scale of its normed input. */
+function proj(inDim: number, scale = 1): Init {
+  return { dist: "normal", a: 0, b: scale / Math.sqrt(inDim) };
 }
 
 /** Stored norm weights of the zero-centred norms are 1 + w (docs/model_arch.md §3.7). */
@@ -171,16 +187,18 @@ function planTensors(
   p: Preset,
   arch: Arch,
   layout: Layout,
-  o: { readonly tied: boolean; readonly mtp: boolean },
+  o: { readonly tied: boolean; readonly mtp: boolean; readonly predictable: boolean },
   V: number,
 ): Omit<TensorDef, "type">[] {
   const { D, Hq, Hkv, Dh, Nk, Nv, Dk, Dv, Kc, E, Fe, Fs, F } = p;
+  // What a block adds to the residual (its output projections).
+  const out = (inDim: number) => proj(inDim, o.predictable ? PREDICTABLE_QUIET : 1);
   const keyDim = Nk * Dk;
   const valueDim = Nv * Dv;
   const C = 2 * keyDim + valueDim;
-  const out: Omit<TensorDef, "type">[] = [];
+  const tensors: Omit<TensorDef, "type">[] = [];
   const add = (name: string, shape: number[], role: Role, init: Init) =>
-    out.push({ name, shape, role, init });
+    tensors.push({ name, shape, role, init });
   // Unit-variance embeddings: RMSNorm rescales them anyway, and the residual stream keeps the
   // token's identity at the same scale as what each block adds. A tied head reads the residual
   // back through the same rows, where a unit-scale e_t would make every token predict itself
@@ -209,30 +227,30 @@ function planTensors(
       add(blk("ssm_dt.bias"), [Nv], "vector", { dist: "uniform", a: -4, b: -1 });
       add(blk("ssm_a"), [Nv], "vector", { dist: "neg-exp-uniform", a: -1, b: 1 });
       add(blk("ssm_norm.weight"), [Dv], "vector", NORM);
-      add(blk("ssm_out.weight"), [valueDim, D], "ssm", proj(valueDim));
+      add(blk("ssm_out.weight"), [valueDim, D], "ssm", out(valueDim));
     } else {
       add(blk("attn_q.weight"), [D, 2 * Hq * Dh], "attn", proj(D));
       add(blk("attn_k.weight"), [D, Hkv * Dh], "attn", proj(D));
       add(blk("attn_v.weight"), [D, Hkv * Dh], "attn_v", proj(D));
       add(blk("attn_q_norm.weight"), [Dh], "vector", NORM);
       add(blk("attn_k_norm.weight"), [Dh], "vector", NORM);
-      add(blk("attn_output.weight"), [Hq * Dh, D], "attn", proj(Hq * Dh));
+      add(blk("attn_output.weight"), [Hq * Dh, D], "attn", out(Hq * Dh));
     }
     add(blk("post_attention_norm.weight"), [D], "vector", NORM);
     if (arch === "qwen35") {
       add(blk("ffn_gate.weight"), [D, F], "ffn", proj(D));
       add(blk("ffn_up.weight"), [D, F], "ffn", proj(D));
-      add(blk("ffn_down.weight"), [F, D], "ffn_down", proj(F));
+      add(blk("ffn_down.weight"), [F, D], "ffn_down", out(F));
     } else {
       // Router logits ~ N(0, 1) per expert and token: different tokens pick different experts.
       add(blk("ffn_gate_inp.weight"), [D, E], "router", proj(D));
       add(blk("ffn_gate_exps.weight"), [D, Fe, E], "exps", proj(D));
       add(blk("ffn_up_exps.weight"), [D, Fe, E], "exps", proj(D));
-      add(blk("ffn_down_exps.weight"), [Fe, D, E], "exps_down", proj(Fe));
+      add(blk("ffn_down_exps.weight"), [Fe, D, E], "exps_down", out(Fe));
       add(blk("ffn_gate_inp_shexp.weight"), [D], "vector", proj(D));
       add(blk("ffn_gate_shexp.weight"), [D, Fs], "shexp", proj(D));
       add(blk("ffn_up_shexp.weight"), [D, Fs], "shexp", proj(D));
-      add(blk("ffn_down_shexp.weight"), [Fs, D], "shexp_down", proj(Fs));
+      add(blk("ffn_down_shexp.weight"), [Fs, D], "shexp_down", out(Fs));
     }
   };
   for (let i = 0; i < p.nLayer; i++) block(i, (i + 1) % p.fullAttentionInterval === 0);
@@ -240,14 +258,23 @@ function planTensors(
     const i = p.nLayer;
     block(i, true);
     // The draft's input: [RMSNorm(embedding) | RMSNorm(hidden state)] projected back to D.
-    add(`blk.${i}.nextn.eh_proj.weight`, [2 * D, D], "attn", proj(2 * D));
+    const eh: Init = o.predictable ? { dist: "identity" } : proj(2 * D);
+    add(`blk.${i}.nextn.eh_proj.weight`, [2 * D, D], "attn", eh);
     add(`blk.${i}.nextn.enorm.weight`, [D], "vector", NORM);
     add(`blk.${i}.nextn.hnorm.weight`, [D], "vector", NORM);
     add(`blk.${i}.nextn.shared_head_norm.weight`, [D], "vector", NORM);
   }
   add("output_norm.weight", [D], "vector", NORM);
   if (!o.tied) add("output.weight", [D, V], "output", proj(D));
-  return out;
+  return tensors;
+}
+
+/** A predictable model's LM head: row t + 1 is token_embd's row t, in the head's own type. */
+function predictableHead(tensors: TensorDef[]): TensorDef[] {
+  const embd = tensors.find((t) => t.name === "token_embd.weight")!;
+  return tensors.map((t) =>
+    t.name === "output.weight" ? { ...t, init: { dist: "rows-of", source: embd, shift: 1 } } : t
+  );
 }
 
 function archKeys(p: Preset, arch: Arch, mtp: boolean): GgufMetaEntry[] {
@@ -341,15 +368,23 @@ export function planModel(spec: ModelSpec): ModelPlan {
         "(docs/model_arch.md §2.2); use qwen35 or qwen35moe",
     );
   }
+  const predictable = spec.predictable ?? false;
+  if (predictable && spec.tied) {
+    throw new RangeError(
+      "Cannot plan a predictable model with a tied head: its LM head is token_embd shifted by " +
+        "one row, which needs output.weight; leave out --tied",
+    );
+  }
   const vocab = vocabOf(p);
   const chooseType = typeChooser(quant);
-  const tensors = planTensors(
+  const typed = planTensors(
     p,
     spec.arch,
     layout,
-    { tied: spec.tied ?? false, mtp },
+    { tied: spec.tied ?? false, mtp, predictable },
     vocab.tokens.length,
   ).map((t) => ({ ...t, type: chooseType(t.role) }));
+  const tensors = predictable ? predictableHead(typed) : typed;
   let dataBytes = 0;
   for (const t of tensors) {
     const g = blockGeometry(t.type)!;
@@ -368,7 +403,9 @@ export function planModel(spec: ModelSpec): ModelPlan {
     {
       key: "general.name",
       type: "string",
-      value: `tandem random ${p.name} ${spec.arch} ${quant} seed ${seed}`,
+      value: `tandem ${
+        predictable ? "predictable" : "random"
+      } ${p.name} ${spec.arch} ${quant} seed ${seed}`,
     },
     ...(fileType === undefined
       ? []
@@ -390,6 +427,7 @@ export function modelFileStem(spec: ModelSpec): string {
   parts.push(spec.quant ?? "f32", `seed${spec.seed ?? 1}`);
   if (spec.tied) parts.push("tied");
   if (spec.mtp) parts.push("mtp");
+  if (spec.predictable) parts.push("predictable");
   return parts.join("-");
 }
 

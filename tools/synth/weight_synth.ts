@@ -4,13 +4,21 @@
 import type { GgufTensorPlan } from "../gguf/gguf_write.ts";
 import { quantize, randomBlocks } from "./quantize.ts";
 import { rowBytes } from "../../engine/quant/ggml_types.ts";
+import { dequantize } from "../../engine/quant/dequant.ts";
 
-/** How values are drawn: N(a, b²), U(a, b), or −exp(U(a, b)) (ssm_a = −exp(A_log)). */
-export interface Init {
-  readonly dist: "normal" | "uniform" | "neg-exp-uniform";
-  readonly a: number;
-  readonly b: number;
-}
+/**
+ * How values are drawn: N(a, b²), U(a, b), or −exp(U(a, b)) (ssm_a = −exp(A_log)); or made:
+ * "identity" puts 1 at column r of row r (0 elsewhere), "rows-of" makes row r the row
+ * (r − shift) mod rows of `source` (same row length), converted to this tensor's type.
+ */
+export type Init =
+  | {
+    readonly dist: "normal" | "uniform" | "neg-exp-uniform";
+    readonly a: number;
+    readonly b: number;
+  }
+  | { readonly dist: "identity" }
+  | { readonly dist: "rows-of"; readonly source: SynthTensor; readonly shift: number };
 
 export interface SynthTensor extends GgufTensorPlan {
   readonly init: Init;
@@ -86,7 +94,14 @@ function rotl(x: number, k: number): number {
   return (x << k) | (x >>> (32 - k));
 }
 
-function fill(values: Float32Array, init: Init, rng: TensorRng): void {
+/** Drawn values of rows [r0, r0 + values.length / row) of a tensor with rows of `row`. */
+function fill(values: Float32Array, init: Init, rng: TensorRng, row: number, r0: number): void {
+  if (init.dist === "rows-of") throw new TypeError("Cannot draw rows copied from another tensor");
+  if (init.dist === "identity") {
+    values.fill(0);
+    for (let r = r0; r < r0 + values.length / row && r < row; r++) values[(r - r0) * row + r] = 1;
+    return;
+  }
   const { a, b } = init;
   for (let i = 0; i < values.length; i++) {
     switch (init.dist) {
@@ -127,8 +142,10 @@ export function tensorChunks(
   const bytesPerRow = rowBytes(t.type, row);
   const r0 = first * rowsPerChunk;
   const r1 = Math.min(rows, (first + count) * rowsPerChunk);
+  if (t.init.dist === "rows-of") return rowsOf(t, t.init, seed, synthesis, r0, r1);
   const out = new Uint8Array((r1 - r0) * bytesPerRow);
-  const blocks = synthesis === "blocks" && t.init.dist === "normal" && t.init.a === 0;
+  const init = t.init;
+  const blocks = synthesis === "blocks" && init.dist === "normal" && init.a === 0;
   const scratch = blocks ? undefined : new Float32Array(Math.min(rowsPerChunk, r1 - r0) * row);
   for (let c = first; c < first + count; c++) {
     const rng = new TensorRng(seed, t.name, c);
@@ -137,11 +154,46 @@ export function tensorChunks(
     const dst = out.subarray((ra - r0) * bytesPerRow, (rb - r0) * bytesPerRow);
     if (scratch) {
       const values = scratch.subarray(0, (rb - ra) * row);
-      fill(values, t.init, rng);
+      fill(values, init, rng, row, ra);
       dst.set(quantize(t.type, values));
-    } else {
-      randomBlocks(t.type, (rb - ra) * row, t.init.b, () => rng.uniform(), dst);
+    } else if (init.dist === "normal") {
+      randomBlocks(t.type, (rb - ra) * row, init.b, () => rng.uniform(), dst);
     }
+  }
+  return out;
+}
+
+/** Rows [r0, r1) of a "rows-of" tensor: its source's rows, made as the source makes them. */
+function rowsOf(
+  t: SynthTensor,
+  init: { readonly source: SynthTensor; readonly shift: number },
+  seed: number,
+  synthesis: Synthesis,
+  r0: number,
+  r1: number,
+): Uint8Array<ArrayBuffer> {
+  const src = init.source;
+  const { row, rows, rowsPerChunk } = geometry(src);
+  if (row !== t.shape[0]) {
+    throw new RangeError(
+      `Cannot make "${t.name}" from "${src.name}": rows of ${row}, not ${t.shape[0]}`,
+    );
+  }
+  const srcRow = rowBytes(src.type, row);
+  const dstRow = rowBytes(t.type, row);
+  const out = new Uint8Array((r1 - r0) * dstRow);
+  // Runs of consecutive source rows: at most two, where the shift wraps.
+  for (let r = r0; r < r1;) {
+    const s0 = (((r - init.shift) % rows) + rows) % rows;
+    const n = Math.min(r1 - r, rows - s0);
+    const c0 = Math.floor(s0 / rowsPerChunk);
+    const c1 = Math.floor((s0 + n - 1) / rowsPerChunk);
+    const bytes = tensorChunks(src, seed, synthesis, c0, c1 - c0 + 1);
+    const at = (s0 - c0 * rowsPerChunk) * srcRow;
+    const run = bytes.subarray(at, at + n * srcRow);
+    const made = src.type === t.type ? run : quantize(t.type, dequantize(src.type, run, n * row));
+    out.set(made, (r - r0) * dstRow);
+    r += n;
   }
   return out;
 }
