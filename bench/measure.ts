@@ -10,6 +10,8 @@ export interface Figure {
   readonly tokens: number;
   readonly timing?: Timing;
   readonly error?: string;
+  /** Speculative decoding's drafts, where the figure drafted (tgN-mtpK). */
+  readonly drafts?: DraftCount;
 }
 
 /** Seconds of each timed run (warm-up excluded): their median, fastest and slowest. */
@@ -232,6 +234,63 @@ export async function timeVerifiedDecode(
     pos += next;
   }
   return (performance.now() - start) / 1000;
+}
+
+/** A speculative decode's drafts: how many were verified and how many the model kept. */
+export interface DraftCount {
+  readonly drafted: number;
+  readonly kept: number;
+}
+
+/**
+ * The greedy tokens `plain` (timeDecode's fed ids) decoded with the model's MTP head drafting:
+ * each step drafts up to `drafts` tokens (Stage.draft), verifies them with the token before them
+ * in one rewindable run, keeps those the model agrees with and rewinds past the rest, as the
+ * scheduler does; every token is checked against plain decoding. 0 drafts: plain steps on a stage
+ * running the MTP block (its cost alone).
+ */
+export async function timeMtpDecode(
+  stage: Stage,
+  plain: Uint32Array,
+  drafts: number,
+): Promise<{ seconds: number } & DraftCount> {
+  if (!stage.draft) {
+    throw new TypeError("Cannot time MTP drafting: the stage runs no MTP block (open it with mtp)");
+  }
+  const n = plain.length;
+  let drafted = 0;
+  let kept = 0;
+  const start = performance.now();
+  for (let pos = 0; pos < n;) {
+    const k = Math.min(drafts, n - pos - 1);
+    const draft = k > 0 ? await stage.draft(0, plain[pos], k) : new Uint32Array();
+    const input = Uint32Array.of(plain[pos], ...draft);
+    const rewindable = draft.length > 0;
+    const out = await stage.run(0, { kind: "ids", ids: input }, input.length, pos, {
+      logits: "all",
+      rows: "decode",
+      rewindable,
+    });
+    if (out.kind !== "ids") {
+      throw new TypeError("Cannot time MTP drafting on a stage before the last");
+    }
+    let m = 0;
+    while (m < draft.length && draft[m] === out.ids[m]) m++;
+    for (let j = 0; j <= m && pos + j + 1 < n; j++) {
+      if (out.ids[j] !== plain[pos + j + 1]) {
+        throw new Error(
+          `Cannot time MTP drafting: position ${pos + j} gave id ${out.ids[j]}, plain decoding ${
+            plain[pos + j + 1]
+          }`,
+        );
+      }
+    }
+    if (m < draft.length) await stage.rewind(0, pos + m + 1);
+    drafted += draft.length;
+    kept += m;
+    pos += m + 1;
+  }
+  return { seconds: (performance.now() - start) / 1000, drafted, kept };
 }
 
 /**

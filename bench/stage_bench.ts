@@ -5,6 +5,7 @@
 // provider cannot take the other's figures with it.
 
 import { openGguf } from "../engine/gguf/read.ts";
+import { hasMtpBlock } from "../engine/gguf/stage_shard.ts";
 import type { GgufModel } from "../engine/gguf/gguf_model.ts";
 import { readHParams } from "../engine/hparams.ts";
 import { type Backend, BACKENDS, openLocalStage } from "../engine/open_stage.ts";
@@ -27,6 +28,7 @@ import {
   BENCH_SAMPLING,
   Deadline,
   DEFAULT_RUNS,
+  type DraftCount,
   type Figure,
   measure,
   OutOfTime,
@@ -34,6 +36,7 @@ import {
   timeConcurrentDecode,
   timeDecode,
   timeFusedDecode,
+  timeMtpDecode,
   timePrefill,
   timeSampledDecode,
   timeVerifiedDecode,
@@ -153,7 +156,7 @@ async function wholeFigures(
   options: StageBenchOptions,
   vocab: number,
   deadline: Deadline,
-): Promise<Record<string, Figure>> {
+): Promise<{ figures: Record<string, Figure>; plain?: Uint32Array }> {
   const figures: Record<string, Figure> = {};
   const { runs, tg, seed, at } = options;
   for (const n of options.pp) {
@@ -243,6 +246,63 @@ async function wholeFigures(
       deadline,
       log,
     );
+  }
+  return { figures, plain };
+}
+
+/**
+ * tgN-mtpK: tg's greedy tokens decoded with the model's MTP head drafting K tokens a step
+ * (timeMtpDecode; K = 0: plain steps with the block running), on a whole-model stage of its own
+ * opened with mtp, where the file has the block. Each figure carries how many drafts were kept:
+ * random weights keep almost none, a predictable model (make-model --predictable) all.
+ */
+async function mtpStage(
+  model: GgufModel,
+  options: StageBenchOptions,
+  nLayer: number,
+  plain: Uint32Array,
+  deadline: Deadline,
+): Promise<Record<string, Figure>> {
+  const figures: Record<string, Figure> = {};
+  const { tg, runs } = options;
+  const drafts = [0, ...options.drafts];
+  const size = { first: 0, end: nLayer, slots: 1, ctx: tg, maxRewind: Math.max(...drafts) + 1 };
+  let opened;
+  try {
+    if (deadline.left <= 0) throw new OutOfTime("no time left to open the MTP stage");
+    opened = await openLocalStage(model, {
+      engine: { backend: options.backend, gpu: options.gpu },
+      ...size,
+      mtp: true,
+    });
+  } catch (e) {
+    const error = e instanceof OutOfTime ? `skipped: ${e.message}` : (e as Error).message;
+    log(`open the MTP stage: ${error}`);
+    return Object.fromEntries(drafts.map((k) => [`tg${tg}-mtp${k}`, { tokens: tg, error }]));
+  }
+  try {
+    for (const k of drafts) {
+      let count: DraftCount = { drafted: 0, kept: 0 };
+      const figure = await measure(
+        `tg${tg}, MTP drafts ${k} a step`,
+        tg,
+        runs,
+        async () => {
+          const run = await timeMtpDecode(opened, plain, k);
+          count = run;
+          return run.seconds;
+        },
+        deadline,
+        log,
+      );
+      if (k > 0) log(`tg${tg}-mtp${k}: ${count.kept} of ${count.drafted} drafts kept`);
+      figures[`tg${tg}-mtp${k}`] = {
+        ...figure,
+        drafts: { drafted: count.drafted, kept: count.kept },
+      };
+    }
+  } finally {
+    opened.close();
   }
   return figures;
 }
@@ -412,10 +472,16 @@ export async function benchStage(options: StageBenchOptions): Promise<StageRepor
     }
     log(`opened ${hp.nLayer} layers in ${opened.seconds.toFixed(1)} s`);
     const figures: Record<string, Figure> = {};
+    let plain: Uint32Array | undefined;
     try {
-      Object.assign(figures, await wholeFigures(opened.stage, options, hp.V, deadline));
+      const whole = await wholeFigures(opened.stage, options, hp.V, deadline);
+      Object.assign(figures, whole.figures);
+      plain = whole.plain;
     } finally {
       opened.stage.close();
+    }
+    if (plain && options.drafts.length && hasMtpBlock(model, hp.nLayer)) {
+      Object.assign(figures, await mtpStage(model, options, hp.nLayer, plain, deadline));
     }
     const many = options.concurrency.length > 0
       ? await manySlotStage(model, options, hp.nLayer, hp.V, deadline)
