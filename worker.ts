@@ -56,6 +56,10 @@ export const WORKER = {
         "the head's (its drafts + 1)",
       0,
     ),
+    mtp: switchFlag(
+      "draft speculative steps with the file's MTP block, on the last stage (the head's --draft " +
+        "then takes its drafts; costs the block's weights and a KV cache a slot)",
+    ),
     next: flag(address, "the worker serving the layers after these"),
     "silence-s": SILENCE_FLAG,
     "key-file": flag(text("PATH"), "the wire's shared key, a secret file (docs/WIRE.md)"),
@@ -98,6 +102,7 @@ export async function serveWorker(
     maxBatch: flags["max-batch"],
     snapshots: flags.snapshots ?? defaultSnapshots(flags.ctx, flags.slots),
     maxRewind: flags.rewind,
+    mtp: flags.mtp,
     next: flags.next,
     silenceMs: flags["silence-s"] * 1000,
     key,

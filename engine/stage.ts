@@ -6,7 +6,15 @@ import type { HParams } from "./hparams.ts";
 /** Input rows for positions [base, base+n): token ids on the first stage, hidden rows after it. */
 export type StageInput =
   | { readonly kind: "ids"; readonly ids: Uint32Array }
-  | { readonly kind: "hidden"; readonly rows: Float32Array };
+  | {
+    readonly kind: "hidden";
+    readonly rows: Float32Array;
+    /**
+     * The tokens at the rows' positions: a last stage that drafts with the model's MTP block
+     * (Stage.draft) embeds them, and needs them; other stages pass them on or ignore them.
+     */
+    readonly ids?: Uint32Array;
+  };
 
 /**
  * Largest top-k any stage returns: one bound for the GPU kernel, the reference engine, the wire

@@ -122,14 +122,7 @@ export function checkRun(
         `Cannot run the first stage on hidden rows: it embeds token ids; pass { kind: "ids" }`,
       );
     }
-    if (input.ids.length !== n) {
-      throw new RangeError(`Cannot run ${n} positions on ${input.ids.length} token ids`);
-    }
-    for (const id of input.ids) {
-      if (id >= vocab) {
-        throw new RangeError(`Cannot embed token id ${id}: the vocabulary has ${vocab} tokens`);
-      }
-    }
+    checkTokenIds(input.ids, n, vocab);
     return;
   }
   if (input.kind !== "hidden") {
@@ -141,6 +134,31 @@ export function checkRun(
   if (input.rows.length !== n * D) {
     throw new RangeError(
       `Cannot run ${n} positions on ${input.rows.length} hidden values: expected ${n}·${D}`,
+    );
+  }
+  if (input.ids) checkTokenIds(input.ids, n, vocab);
+}
+
+/** A run's token ids: one a position, each in the vocabulary. */
+function checkTokenIds(ids: Uint32Array, n: number, vocab: number): void {
+  if (ids.length !== n) {
+    throw new RangeError(`Cannot run ${n} positions on ${ids.length} token ids`);
+  }
+  for (const id of ids) {
+    if (id >= vocab) {
+      throw new RangeError(`Cannot embed token id ${id}: the vocabulary has ${vocab} tokens`);
+    }
+  }
+}
+
+/**
+ * A run of a stage that drafts with the MTP block carries its token ids (a stage after the first
+ * gets them beside its hidden rows).
+ */
+export function checkMtpInput(stage: Pick<Stage, "first" | "end">, input: StageInput): void {
+  if (input.kind === "hidden" && !input.ids) {
+    throw new RangeError(
+      `Cannot run stage ${stage.first}..${stage.end} without the rows' token ids: it drafts with the model's MTP block, which embeds them; pass { kind: "hidden", rows, ids }`,
     );
   }
 }

@@ -176,14 +176,21 @@ export interface LocalServer {
 export async function serveLocal(
   model: GgufModel,
   stageOptions: StageOpenOptions,
-  options: { key?: CryptoKey; next?: RemoteStage; handshakeTimeoutMs?: number } = {},
+  options: {
+    key?: CryptoKey;
+    next?: RemoteStage;
+    handshakeTimeoutMs?: number;
+    /** Opens the served stage; default the reference engine's. */
+    open?: (model: GgufModel, options: StageOpenOptions) => Promise<Stage>;
+  } = {},
 ): Promise<LocalServer> {
-  const stage = await openReferenceStage(model, stageOptions);
+  const { open = openReferenceStage, ...serve } = options;
+  const stage = await open(model, stageOptions);
   const listener = Deno.listen({ hostname: "127.0.0.1", port: 0 });
   const server = serveStage(listener, {
     stage,
     fingerprint: await modelFingerprint(model),
-    ...options,
+    ...serve,
   });
   return {
     address: `127.0.0.1:${(listener.addr as Deno.NetAddr).port}`,

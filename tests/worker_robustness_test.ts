@@ -149,7 +149,27 @@ Deno.test("the worker refuses each malformed input with its code, then fuzzing l
     await t.step("each kind of malformed input", async () => {
       const { Malformed, Range } = ErrorCode;
       const cases: [Uint8Array, { code: ErrorCode; message: RegExp; answers?: number }][] = [
-        [words(9, 0, 0, 0, 0, 0, 0, 0), { code: Malformed, message: /unknown op 0x9/ }],
+        [words(10, 0, 0, 0, 0, 0, 0, 0), { code: Malformed, message: /unknown op 0xa/ }],
+        [
+          concat(words(Op.Draft, 0, 0, 0, 0, 0, 0, 0), new Uint8Array(4)),
+          { code: Range, message: /Draft frame: n is 0, expected 1\.\.4/ },
+        ],
+        [
+          encodeFrame({ op: Op.Drafted, slot: 0, ids: Uint32Array.of(1) }),
+          { code: Malformed, message: /op 138: it is not a request/ },
+        ],
+        [
+          encodeFrame({
+            op: Op.Run,
+            slot: 0,
+            base: 0,
+            n: 1,
+            topk: 0,
+            rows: new Float32Array(D),
+            ids: Uint32Array.of(0xffff_fff0),
+          }, D),
+          { code: Range, message: /Cannot embed token id 4294967280/ },
+        ],
         [
           encodeFrame({ op: Op.Rewind, slot: 0, position: 1 }),
           { code: Range, message: /Cannot rewind slot 0: its last run kept no trail/ },
@@ -231,7 +251,7 @@ Deno.test("the worker refuses each malformed input with its code, then fuzzing l
         assert.equal(answer.code, ErrorCode.Version);
         assert.match(
           answer.message,
-          /greeting starts with 0x716b7033 \("3pkq"\), expected 0x374d4454 \("TDM7"\)/,
+          /greeting starts with 0x716b7033 \("3pkq"\), expected 0x384d4454 \("TDM8"\)/,
         );
       }
       old.close();
@@ -240,7 +260,7 @@ Deno.test("the worker refuses each malformed input with its code, then fuzzing l
       await writeAll(tdm4, encodeGreeting(freshNonce(), 0x344d4454));
       const version = await new FrameReader(tdm4).readFrame({ nEmbd: 0, maxBatch: 0 });
       assert.ok(version?.op === Op.Error && version.code === ErrorCode.Version, `${version}`);
-      assert.match(version.message, /0x344d4454 \("TDM4"\), expected 0x374d4454 \("TDM7"\)/);
+      assert.match(version.message, /0x344d4454 \("TDM4"\), expected 0x384d4454 \("TDM8"\)/);
       tdm4.close();
       const noAuth = await Deno.connect({ hostname, port: Number(port) });
       await writeAll(noAuth, concat(encodeGreeting(freshNonce()), run(0, 0, 1)));

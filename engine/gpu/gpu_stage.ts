@@ -43,6 +43,7 @@ import {
   checkCandidates,
   checkDraft,
   checkLogits,
+  checkMtpInput,
   checkOpen,
   checkOpenOptions,
   checkRewind,
@@ -592,6 +593,7 @@ export class GpuStage implements Stage {
   #check(slot: number, input: StageInput, n: number, base: number): void {
     this.#checkSlot(slot);
     checkRun(this, slot, input, n, base, this.#pos[slot], this.#hp.V);
+    if (this.#mtp) checkMtpInput(this, input);
   }
 
   /**
@@ -625,8 +627,8 @@ export class GpuStage implements Stage {
   /** Writes a run's ids or hidden rows at row `row` of the step's input. */
   #write(input: StageInput, row: number): void {
     const act = this.#plan.act;
-    if (input.kind === "ids") writeBytes(this.#gpu, act.ids, 4 * row, input.ids);
-    else writeBytes(this.#gpu, act.x, 4 * row * this.#hp.D, input.rows);
+    if (input.kind === "hidden") writeBytes(this.#gpu, act.x, 4 * row * this.#hp.D, input.rows);
+    if (input.ids) writeBytes(this.#gpu, act.ids, 4 * row, input.ids);
   }
 
   /**
@@ -1430,9 +1432,8 @@ export async function openGpuStage(
       : options.emulateTensorCores ?? tensorCoresEmulatedByEnv()
       ? "emulate"
       : undefined;
-    // The MTP block runs where the stage is the whole model and its file has one (a split's last
-    // stage would need the token ids, which RUN does not carry).
-    const mtp = !!options.mtp && first === 0 && end === hp.nLayer && hasMtpBlock(model, hp.nLayer);
+    // The MTP block drafts on the last stage, which then embeds the tokens its runs carry.
+    const mtp = !!options.mtp && end === hp.nLayer && hasMtpBlock(model, hp.nLayer);
     const shape = activationShape(hp, { first, end }, ctx, maxBatch, mma !== undefined, mtp);
     const { lmChunk } = shape;
     const act = allocActivations(mem, activationFloats(hp, maxBatch, slots, shape));

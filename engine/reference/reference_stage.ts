@@ -18,6 +18,7 @@ import {
   checkCandidates,
   checkDraft,
   checkLogits,
+  checkMtpInput,
   checkOpen,
   checkOpenOptions,
   checkRewind,
@@ -192,10 +193,11 @@ export class ReferenceStage implements Stage {
     if (this.#head) checkAdjust(options.adjust, this.#hp.V);
     const rewindable = checkRewindable(this, options, n);
     const every = checkCandidates(options, n);
+    if (this.#mtp) checkMtpInput(this, input);
     const rows = await this.#forward(slot, input, n, base, rewindable);
     const head = this.#head;
     if (!head) return { kind: "hidden", rows };
-    if (input.kind === "ids") await this.#runMtp(slot, input.ids, rows, base);
+    if (input.ids) await this.#runMtp(slot, input.ids, rows, base);
     const D = this.#hp.D;
     const count = greedyCount(positions, n);
     const ids = new Uint32Array(count);
@@ -470,13 +472,12 @@ export async function openReferenceStage(
   );
   const layers = [];
   for (let il = first; il < end; il++) layers.push(await loadLayer(model, hp, il));
-  const whole = first === 0 && end === hp.nLayer;
+  // The MTP block drafts on the last stage, which then embeds the tokens its runs carry.
+  const mtp = !!options.mtp && end === hp.nLayer && hasMtpBlock(model, hp.nLayer);
   return new ReferenceStage(hp, first, end, slots, ctx, maxBatch, snapshots, maxRewind, {
     layers,
-    embedding: first === 0 ? await loadEmbedding(model, hp) : undefined,
+    embedding: first === 0 || mtp ? await loadEmbedding(model, hp) : undefined,
     head: end === hp.nLayer ? await loadHead(model, hp) : undefined,
-    mtp: options.mtp && whole && hasMtpBlock(model, hp.nLayer)
-      ? await loadMtp(model, hp)
-      : undefined,
+    mtp: mtp ? await loadMtp(model, hp) : undefined,
   });
 }

@@ -125,17 +125,21 @@ export class StageLink {
     };
   }
 
-  /** Runs positions [base, base+n) of `slot` on the rest of the chain. */
+  /**
+   * Runs positions [base, base+n) of `slot` on the rest of the chain; `ids`, the tokens at those
+   * positions, go along where its last stage drafts.
+   */
   async run(
     slot: number,
     rows: Float32Array,
     n: number,
     base: number,
     options: StageRunOptions,
+    ids?: Uint32Array,
   ): Promise<LastOutput> {
     const t0 = performance.now();
     const out = await this.#watch(
-      this.remote.run(slot, { kind: "hidden", rows }, n, base, options),
+      this.remote.run(slot, { kind: "hidden", rows, ...(ids ? { ids } : {}) }, n, base, options),
     );
     if (out.kind !== "ids") {
       throw new TypeError(`Stage ${this.remote.address} returned hidden rows, not ids`);
@@ -154,6 +158,11 @@ export class StageLink {
 
   rewind(slot: number, pos: number): Promise<void> {
     return this.#watch(this.remote.rewind(slot, pos));
+  }
+
+  /** The chain's last stage's drafts (RemoteStage.draft): none where it does not draft. */
+  draft(slot: number, id: number, k: number): Promise<Uint32Array> {
+    return this.#watch(this.remote.draft(slot, id, k));
   }
 
   /**

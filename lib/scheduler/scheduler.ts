@@ -62,8 +62,9 @@ export interface SchedulerOptions {
    */
   readonly draft?: DraftMode;
   /**
-   * Where drafts come from: by default the model's MTP head where the local stage owns the whole
-   * model and has it (Stage.draft), else lookupDraft (the sequence's own earlier tokens).
+   * Where drafts come from: by default the model's MTP head where the last stage runs it
+   * (Stage.draft: the local stage's, or the chain's over the link), else lookupDraft (the
+   * sequence's own earlier tokens).
    */
   readonly drafter?: Drafter;
   readonly log?: (line: string) => void;
@@ -747,14 +748,18 @@ export class Scheduler {
     const rows = Math.floor((2 * MAX_TOPK + 1) / (2 * k + 1));
     const most = Math.min(this.#drafts, left - 1, this.ctx - pos - 1, rows - 1);
     if (most <= 0) return [];
-    const mtp = this.#drafter ? undefined : this.#local.draft?.bind(this.#local);
-    if (mtp && !this.#link) {
-      return [
-        ...await this.#lane.run(() => {
+    // The model's MTP head on the last stage first (the chain's over the link); where it has no
+    // hidden row to start from (a restored slot), or there is none, prompt lookup.
+    if (!this.#drafter) {
+      const link = this.#link;
+      const local = this.#local.draft?.bind(this.#local);
+      const drafts = link ? await link.draft(slot, id, most) : local
+        ? await this.#lane.run(() => {
           seq.checkCancelled();
-          return mtp(slot, id, most);
-        }),
-      ];
+          return local(slot, id, most);
+        })
+        : new Uint32Array();
+      if (drafts.length) return [...drafts];
     }
     return (this.#drafter ?? lookupDraft)(history, most).slice(0, most);
   }
@@ -854,7 +859,7 @@ export class Scheduler {
       remoteTimes,
       ids.length,
       phase,
-      () => this.#link!.run(slot, out.rows, ids.length, base, options),
+      () => this.#link!.run(slot, out.rows, ids.length, base, options, ids),
     );
   }
 

@@ -17,20 +17,24 @@
 // | 5    | AUTH      | →   | 0    | 0            | 0             | 0         | 32-byte HMAC proof (zeros: none) |
 // | 7    | PING      | →   | 0    | 0            | 0             | 0         | none                             |
 // | 8    | REWIND    | →   | slot | 0            | position      | 0         | none                             |
+// | 9    | DRAFT     | →   | slot | drafts, 1..max| 0            | 0         | u32 id: the token at the slot's  |
+// |      |           |     |      |              |               |           | position                         |
 // | 0x81 | IDS       | ←   | slot | ids, 0..max  | first pos.    | pairs     | n u32 greedy ids, then topk ×    |
 // |      |           |     |      |              |               |           | (u32 id, f32 logit), descending, |
 // |      |           |     |      |              |               |           | then (topk > 0) f32 log-sum-exp  |
 // | 0x83 | SAVED     | ←   | slot | 0            | snapshot idx  | 0         | none                             |
 // | 0x84 | RESTORED  | ←   | slot | position     | snapshot idx  | 0         | none                             |
 // | 0x89 | REWOUND   | ←   | slot | 0            | position      | 0         | none                             |
+// | 0x8A | DRAFTED   | ←   | slot | ids, 0..max  | 0             | 0         | n u32 drafted ids                |
 // | 0x87 | PONG      | ←   | 0    | 0            | 0             | 0         | none                             |
 // | 0x88 | ALIVE     | ←   | 0    | 0            | 0             | 0         | none                             |
 // | 0x85 | CHALLENGE | ←   | 0    | 0            | 0             | 0         | u32 MAGIC, u32 auth, 32-byte     |
 // |      |           |     |      |              |               |           | nonce (40 bytes)                 |
-// | 0x86 | HELLO     | ←   | 0    | 0            | 0             | 0         | 9 × u32 (first, end, nLayer,     |
+// | 0x86 | HELLO     | ←   | 0    | 0            | 0             | 0         | 10 × u32 (first, end, nLayer,    |
 // |      |           |     |      |              |               |           | nEmbd, slots, ctx, maxBatch,     |
-// |      |           |     |      |              |               |           | snapshots, maxRewind), 32-byte   |
-// |      |           |     |      |              |               |           | fingerprint, 32-byte proof (100) |
+// |      |           |     |      |              |               |           | snapshots, maxRewind, drafts),   |
+// |      |           |     |      |              |               |           | 32-byte fingerprint, 32-byte     |
+// |      |           |     |      |              |               |           | proof (104)                      |
 // | 0xFF | ERROR     | ←   | 0    | message bytes| 0             | 0         | u32 code, then n bytes UTF-8     |
 //
 // The last three header words, `mask`, `bias` and `logits`, are used by RUN alone: the u32 words
@@ -40,10 +44,13 @@
 // 2 none) in its low byte and, in bit 8 (ROWS_DECODE), that the rows are generated tokens rather
 // than a prompt's (engine/stage.ts RowKind: which products compute them), in bit 9
 // (ROWS_REWINDABLE) that every stage keeps what a REWIND into the run needs, in bit 10
-// (EVERY_TOP) that the top-k of every position comes back, not only the last's. IDS holds the
+// (EVERY_TOP) that the top-k of every position comes back, not only the last's, in bit 11
+// (WITH_IDS) that the rows' n token ids follow them (for a last stage drafting with the model's
+// MTP block, which embeds them; HELLO's drafts word says one does). IDS holds the
 // greedy ids of those positions: n of a RUN's n rows, 1 or 0; with EVERY_TOP in its own logits
 // word, the topk pairs of each of its n positions in turn, then the last one's log-sum-exp. REWIND takes the slot back into
-// its last RUN on every stage behind the worker (engine/stage.ts Stage.rewind).
+// its last RUN on every stage behind the worker (engine/stage.ts Stage.rewind). DRAFT asks the
+// last stage for up to n drafts after the slot's position (engine/stage.ts Stage.draft).
 //
 // → client to worker, ← worker to client. D (n_embd) and the largest n are the worker's, learnt
 // by the client from HELLO. `end` in HELLO is one past the last layer served through that
@@ -68,8 +75,8 @@ import {
   type TopEntry,
 } from "../../engine/stage.ts";
 
-/** Greeting magic: the bytes "TDM7" on the wire. Bump it on any change to this file's layout. */
-export const MAGIC = 0x374d4454;
+/** Greeting magic: the bytes "TDM8" on the wire. Bump it on any change to this file's layout. */
+export const MAGIC = 0x384d4454;
 export const HEADER_BYTES = 32;
 export const NONCE_BYTES = 32;
 export const GREETING_BYTES = 4 + NONCE_BYTES;
@@ -90,7 +97,7 @@ export const MAX_PAYLOAD_BYTES = 256 * 1024 * 1024;
 export const ALIVE_MS = 500;
 
 const CHALLENGE_BYTES = 8 + NONCE_BYTES;
-const HELLO_WORDS = 9;
+const HELLO_WORDS = 10;
 const HELLO_BYTES = HELLO_WORDS * 4 + FINGERPRINT_BYTES + PROOF_BYTES;
 
 export enum Op {
@@ -101,6 +108,7 @@ export enum Op {
   Auth = 5,
   Ping = 7,
   Rewind = 8,
+  Draft = 9,
   Ids = 0x81,
   Saved = 0x83,
   Restored = 0x84,
@@ -109,6 +117,7 @@ export enum Op {
   Pong = 0x87,
   Alive = 0x88,
   Rewound = 0x89,
+  Drafted = 0x8a,
   Error = 0xff,
 }
 
@@ -142,6 +151,8 @@ export enum AuthMode {
 export interface HelloInfo extends StageShape {
   /** Snapshot places 0..snapshots-1 that SAVE and RESTORE accept on every stage behind it. */
   readonly snapshots: number;
+  /** The chain's last stage drafts with the model's MTP block: RUN carries token ids to it. */
+  readonly drafts: boolean;
   readonly fingerprint: Uint8Array;
 }
 
@@ -162,10 +173,14 @@ export type Frame =
     readonly rewindable?: boolean;
     /** engine/stage.ts StageRunOptions.candidates; absent: "last". */
     readonly candidates?: "last" | "every";
+    /** The tokens at the rows' positions (WITH_IDS), for a last stage that drafts. */
+    readonly ids?: Uint32Array;
   }
   | { readonly op: Op.Close | Op.Ping | Op.Pong | Op.Alive }
   | { readonly op: Op.Save | Op.Restore; readonly slot: number; readonly idx: number }
   | { readonly op: Op.Rewind | Op.Rewound; readonly slot: number; readonly position: number }
+  | { readonly op: Op.Draft; readonly slot: number; readonly id: number; readonly k: number }
+  | { readonly op: Op.Drafted; readonly slot: number; readonly ids: Uint32Array }
   | { readonly op: Op.Auth; readonly proof: Uint8Array }
   | {
     readonly op: Op.Ids;
@@ -269,13 +284,13 @@ function requireRunFields(h: Header): void {
         `expected at most ${MAX_MASK_WORDS} and ${MAX_BIAS_PAIRS}`,
     );
   }
-  const flags = ROWS_DECODE | ROWS_REWINDABLE | EVERY_TOP;
+  const flags = ROWS_DECODE | ROWS_REWINDABLE | EVERY_TOP | WITH_IDS;
   if ((h.logits & ~(flags | 0xff)) !== 0 || (h.logits & 0xff) >= LOGIT_POSITIONS.length) {
     throw new SyntaxError(
       `Cannot decode ${opName(h.op)} frame: logits is ${h.logits}, expected ` +
         LOGIT_POSITIONS.map((p, i) => `${i} (${p})`).join(", ") +
         `, plus ${ROWS_DECODE} for generated tokens' rows, ${ROWS_REWINDABLE} for a rewindable run ` +
-        `and ${EVERY_TOP} for every position's candidates`,
+        `, ${EVERY_TOP} for every position's candidates and ${WITH_IDS} for the rows' token ids`,
     );
   }
 }
@@ -322,8 +337,10 @@ export function payloadLength(h: Header, limits: FrameLimits): number {
       requireRunFields(h);
       return requirePayload(
         h,
-        h.n * limits.nEmbd * 4 + h.mask * 4 + h.bias * BIAS_RECORD_BYTES,
-        `n ${h.n} × D ${limits.nEmbd} × 4 + mask ${h.mask} × 4 + bias ${h.bias} × ${BIAS_RECORD_BYTES}`,
+        h.n * limits.nEmbd * 4 + idsBytes(h) + h.mask * 4 + h.bias * BIAS_RECORD_BYTES,
+        `n ${h.n} × D ${limits.nEmbd} × 4 + ids ${
+          idsBytes(h)
+        } + mask ${h.mask} × 4 + bias ${h.bias} × ${BIAS_RECORD_BYTES}`,
       );
     case Op.Ids: {
       requireCount(h, limits, 0);
@@ -346,6 +363,11 @@ export function payloadLength(h: Header, limits: FrameLimits): number {
     case Op.Alive:
       requireZero(h, ["slot", "n", "base", "topk", ...RUN_FIELDS]);
       return 0;
+    case Op.Draft:
+    case Op.Drafted:
+      requireCount(h, limits, h.op === Op.Draft ? 1 : 0);
+      requireZero(h, ["base", "topk", ...RUN_FIELDS]);
+      return h.op === Op.Draft ? 4 : 4 * h.n;
     case Op.Challenge:
     case Op.Hello:
       requireZero(h, ["slot", "n", "base", "topk", ...RUN_FIELDS]);
@@ -406,10 +428,31 @@ function decodeHello(v: DataView, bytes: Uint8Array): Frame {
       maxBatch: w(6),
       snapshots: w(7),
       maxRewind: w(8),
+      drafts: decodeFlag(w(9), "drafts"),
       fingerprint: bytes.slice(at, at + FINGERPRINT_BYTES),
     },
     proof: bytes.slice(at + FINGERPRINT_BYTES, HELLO_BYTES),
   };
+}
+
+/** A HELLO word that is 0 or 1. */
+function decodeFlag(word: number, name: string): boolean {
+  if (word > 1) {
+    throw new SyntaxError(`Cannot decode Hello frame: ${name} is ${word}, expected 0 or 1`);
+  }
+  return word === 1;
+}
+
+/** Bytes of RUN's token ids: n u32 with WITH_IDS, else none. */
+function idsBytes(h: Header): number {
+  return h.op === Op.Run && h.logits & WITH_IDS ? 4 * h.n : 0;
+}
+
+/** n u32 words from byte `at`. */
+function decodeWords(v: DataView, at: number, n: number): Uint32Array {
+  const words = new Uint32Array(n);
+  for (let i = 0; i < n; i++) words[i] = v.getUint32(at + 4 * i, true);
+  return words;
 }
 
 /**
@@ -467,13 +510,14 @@ export function decodePayload(h: Header, payload: Uint8Array, limits: FrameLimit
       const flags = {
         ...(h.logits & ROWS_REWINDABLE ? { rewindable: true } : {}),
         ...(h.logits & EVERY_TOP ? { candidates: "every" as const } : {}),
+        ...(h.logits & WITH_IDS ? { ids: decodeWords(v, rowBytes, h.n) } : {}),
       };
       if (h.mask === 0 && h.bias === 0) return { ...frame, ...logits, kind, ...flags };
-      return { ...frame, adjust: decodeAdjust(v, rowBytes, h), ...logits, kind, ...flags };
+      const adjust = decodeAdjust(v, rowBytes + idsBytes(h), h);
+      return { ...frame, adjust, ...logits, kind, ...flags };
     }
     case Op.Ids: {
-      const ids = new Uint32Array(h.n);
-      for (let i = 0; i < h.n; i++) ids[i] = v.getUint32(i * 4, true);
+      const ids = decodeWords(v, 0, h.n);
       const every = h.logits === EVERY_TOP;
       const tops: TopEntry[][] = [];
       for (let t = 0; t < (every ? h.n : 1); t++) {
@@ -505,6 +549,10 @@ export function decodePayload(h: Header, payload: Uint8Array, limits: FrameLimit
     case Op.Rewind:
     case Op.Rewound:
       return { op: h.op, slot: h.slot, position: h.base };
+    case Op.Draft:
+      return { op: Op.Draft, slot: h.slot, id: v.getUint32(0, true), k: h.n };
+    case Op.Drafted:
+      return { op: Op.Drafted, slot: h.slot, ids: decodeWords(v, 0, h.n) };
     case Op.Auth:
       return { op: Op.Auth, proof: payload.slice() };
     case Op.Challenge: {
@@ -562,7 +610,8 @@ function headerOf(f: Frame, messageBytes: number): Header {
         bias: f.adjust?.bias?.length ?? 0,
         logits: logitsWord(f.logits) |
           ((f.kind ?? defaultRows(f.n)) === "decode" ? ROWS_DECODE : 0) |
-          (f.rewindable ? ROWS_REWINDABLE : 0) | (f.candidates === "every" ? EVERY_TOP : 0),
+          (f.rewindable ? ROWS_REWINDABLE : 0) | (f.candidates === "every" ? EVERY_TOP : 0) |
+          (f.ids ? WITH_IDS : 0),
       };
     case Op.Ids:
       return {
@@ -583,6 +632,10 @@ function headerOf(f: Frame, messageBytes: number): Header {
     case Op.Rewind:
     case Op.Rewound:
       return { ...zero, op: f.op, slot: f.slot, base: f.position };
+    case Op.Draft:
+      return { ...zero, op: f.op, slot: f.slot, n: f.k };
+    case Op.Drafted:
+      return { ...zero, op: f.op, slot: f.slot, n: f.ids.length };
     case Op.Error:
       return { ...zero, op: f.op, n: messageBytes };
     default:
@@ -596,6 +649,8 @@ export const ROWS_DECODE = 0x100;
 export const ROWS_REWINDABLE = 0x200;
 /** RUN's logits word: every position's candidates; IDS's: they follow, each position's in turn. */
 export const EVERY_TOP = 0x400;
+/** RUN's logits word: the rows' token ids follow them (for a last stage that drafts). */
+export const WITH_IDS = 0x800;
 
 /** RUN's logits word's low byte: the index of its LogitPositions. */
 function logitsWord(logits: LogitPositions | undefined): number {
@@ -649,11 +704,21 @@ export function encodeFrame(f: Frame, nEmbd = 0): Uint8Array {
   switch (f.op) {
     case Op.Run: {
       bytes.set(new Uint8Array(f.rows.buffer, f.rows.byteOffset, f.rows.byteLength), p);
-      const at = p + f.rows.byteLength;
+      if (f.ids && f.ids.length !== f.n) {
+        throw new RangeError(`Cannot encode Run frame: ${f.ids.length} token ids for ${f.n} rows`);
+      }
+      f.ids?.forEach((id, i) => v.setUint32(p + f.rows.byteLength + 4 * i, id, true));
+      const at = p + f.rows.byteLength + 4 * (f.ids?.length ?? 0);
       f.adjust?.mask?.forEach((w, i) => v.setUint32(at + 4 * i, w, true));
       if (f.adjust?.bias) bytes.set(encodeBias(f.adjust.bias), at + 4 * h.mask);
       break;
     }
+    case Op.Draft:
+      v.setUint32(p, f.id, true);
+      break;
+    case Op.Drafted:
+      f.ids.forEach((id, i) => v.setUint32(p + i * 4, id, true));
+      break;
     case Op.Ids: {
       f.ids.forEach((id, i) => v.setUint32(p + i * 4, id, true));
       const tops = f.tops ?? [f.top];
@@ -711,6 +776,7 @@ export function encodeHelloInfo(info: HelloInfo): Uint8Array {
     info.maxBatch,
     info.snapshots,
     info.maxRewind,
+    info.drafts ? 1 : 0,
   ];
   words.forEach((x, i) => {
     if (!Number.isInteger(x) || x < 0 || x > U32_MAX) {

@@ -87,6 +87,32 @@ const SAMPLES: Frame[] = [
     logits: "none",
     kind: "decode",
   },
+  // The tokens at the rows' positions, for a last stage that drafts, with and without adjustments.
+  {
+    op: Op.Run,
+    slot: 1,
+    base: 4,
+    n: 2,
+    topk: 1,
+    rows: Float32Array.of(1, 2, 3, 4, 5, 6),
+    kind: "decode",
+    rewindable: true,
+    ids: Uint32Array.of(17, 0xffff_fffe),
+  },
+  {
+    op: Op.Run,
+    slot: 0,
+    base: 3,
+    n: 1,
+    topk: 2,
+    rows: Float32Array.of(1, 2, 3),
+    adjust: { mask: Uint32Array.of(7), bias: [{ id: 3, bias: 0.5 }] },
+    kind: "decode",
+    ids: Uint32Array.of(5),
+  },
+  { op: Op.Draft, slot: 1, id: 42, k: 3 },
+  { op: Op.Drafted, slot: 1, ids: Uint32Array.of(43, 44, 45) },
+  { op: Op.Drafted, slot: 0, ids: new Uint32Array() },
   { op: Op.Close },
   { op: Op.Save, slot: 3, idx: 9 },
   { op: Op.Restore, slot: 0, idx: 2 },
@@ -130,6 +156,7 @@ const SAMPLES: Frame[] = [
       maxBatch: 8,
       snapshots: 3,
       maxRewind: 4,
+      drafts: true,
       fingerprint: new Uint8Array(32).fill(0xab),
     },
     proof: new Uint8Array(32).fill(0xcd),
@@ -140,9 +167,9 @@ const SAMPLES: Frame[] = [
 Deno.test("the greeting and a Run frame are laid out as the header table says", () => {
   assert.deepEqual(
     [...encodeGreeting(new Uint8Array(32).fill(9))],
-    [0x54, 0x44, 0x4d, 0x37, ...new Array(32).fill(9)],
+    [0x54, 0x44, 0x4d, 0x38, ...new Array(32).fill(9)],
   );
-  assert.equal(new TextDecoder().decode(encodeGreeting(new Uint8Array(32)).subarray(0, 4)), "TDM7");
+  assert.equal(new TextDecoder().decode(encodeGreeting(new Uint8Array(32)).subarray(0, 4)), "TDM8");
   const run = encodeFrame(
     { op: Op.Run, slot: 2, base: 5, n: 1, topk: 3, rows: Float32Array.of(1.5, -2) },
     2,
@@ -191,6 +218,20 @@ Deno.test("the greeting and a Run frame are laid out as the header table says", 
   assert.deepEqual(word({ rewindable: true }), bytes(0x300));
   // 0x400: every position's candidates; IDS then carries each position's in turn.
   assert.deepEqual(word({ candidates: "every" }), bytes(0x500));
+  // 0x800: the rows' token ids follow the rows, before the mask and bias.
+  assert.deepEqual(
+    oneRow({ ids: Uint32Array.of(9), adjust: { mask: Uint32Array.of(6) } }),
+    [...bytes(1, 0, 1, 0, 1, 1, 0, 0x900), ...bytes(0, 9, 6)],
+  );
+  // DRAFT: n drafts asked for, the token at the slot's position; DRAFTED: n ids.
+  assert.deepEqual(
+    [...encodeFrame({ op: Op.Draft, slot: 2, id: 7, k: 3 })],
+    [...bytes(9, 2, 3, 0, 0, 0, 0, 0), ...bytes(7)],
+  );
+  assert.deepEqual(
+    [...encodeFrame({ op: Op.Drafted, slot: 2, ids: Uint32Array.of(8, 9) })],
+    [...bytes(0x8a, 2, 2, 0, 0, 0, 0, 0), ...bytes(8, 9)],
+  );
   // IDS answering a RUN with logits "none": no ids.
   const empty = encodeFrame({
     op: Op.Ids,
@@ -275,10 +316,15 @@ Deno.test("unknown ops and nonzero unused header words are refused", () => {
     /Cannot decode Run frame: logits is 3, expected 0 \(all\), 1 \(last\), 2 \(none\), plus 256/,
   );
   assert.throws(
-    () => decodeFrame(frame(Op.Run, 0, 1, 0, 0, 0, 0, 0x801), LIMITS),
-    /logits is 2049/,
+    () => decodeFrame(frame(Op.Run, 0, 1, 0, 0, 0, 0, 0x1001), LIMITS),
+    /logits is 4097/,
   );
   assert.throws(() => decodeFrame(frame(Op.Rewind, 0, 1, 0, 0, 0, 0, 0), LIMITS), /field n is 1/);
+  assert.throws(() => decodeFrame(frame(Op.Draft, 0, 1, 5, 0, 0, 0, 0), LIMITS), /field base is 5/);
+  // HELLO's drafts word is 0 or 1.
+  const hello = encodeFrame(SAMPLES.find((f) => f.op === Op.Hello)!);
+  new DataView(hello.buffer).setUint32(32 + 36, 2, true);
+  assert.throws(() => decodeFrame(hello, LIMITS), /Hello frame: drafts is 2, expected 0 or 1/);
 });
 
 Deno.test("counts above their caps are RangeErrors before any payload is read", () => {
@@ -289,6 +335,9 @@ Deno.test("counts above their caps are RangeErrors before any payload is read", 
   assert.throws(() => decodeFrame(header(Op.Run, 0, 0), LIMITS), RangeError);
   assert.throws(() => decodeFrame(header(Op.Run, 0xffff_ffff, 0), LIMITS), RangeError);
   assert.throws(() => decodeFrame(header(Op.Ids, 1, MAX_TOPK + 1), LIMITS), /topk is 1025/);
+  // A DRAFT asks for 1..maxBatch drafts; a DRAFTED holds at most maxBatch.
+  assert.throws(() => decodeFrame(header(Op.Draft, 0, 0), LIMITS), /n is 0, expected 1\.\.8/);
+  assert.throws(() => decodeFrame(header(Op.Drafted, 9, 0), LIMITS), /n is 9, expected 0\.\.8/);
   assert.throws(
     () => decodeFrame(header(Op.Run, 1, 0, MAX_MASK_WORDS + 1), LIMITS),
     /mask is 65537 words/,
@@ -304,7 +353,7 @@ Deno.test("counts above their caps are RangeErrors before any payload is read", 
   const wide = { nEmbd: 1 << 20, maxBatch: 0xffff_ffff };
   assert.throws(
     () => decodeFrame(header(Op.Run, 4096, 0), wide),
-    /\(n 4096 × D 1048576 × 4 \+ mask 0 × 4 \+ bias 0 × 16 = 17179869184 bytes\) is over the 268435456-byte frame limit/,
+    /\(n 4096 × D 1048576 × 4 \+ ids 0 \+ mask 0 × 4 \+ bias 0 × 16 = 17179869184 bytes\) is over the 268435456-byte frame limit/,
   );
   assert.throws(() => decodeFrame(header(Op.Ids, 0xffff_fff0, 0), wide), /frame limit/);
 });

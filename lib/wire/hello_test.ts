@@ -84,6 +84,7 @@ function helloInfo(): HelloInfo {
     maxBatch: 64,
     snapshots: 4,
     maxRewind: 3,
+    drafts: false,
     fingerprint: new Uint8Array(32).fill(0x11),
   };
 }

@@ -265,6 +265,7 @@ export class Peer {
     n: number,
     base: number,
     options: StageRunOptions = {},
+    tokens?: Uint32Array,
   ): Promise<RunReply> {
     if (n > this.info.maxBatch) {
       throw new RangeError(
@@ -284,6 +285,7 @@ export class Peer {
       kind,
       rewindable,
       candidates,
+      ...(tokens ? { ids: tokens } : {}),
     });
     if (
       reply.op !== Op.Ids || reply.slot !== slot || reply.base !== base ||
@@ -328,6 +330,18 @@ export class Peer {
         `it answered Rewind (slot ${slot}, position ${position}) with op ${reply.op}`,
       );
     }
+  }
+
+  /**
+   * Up to `k` drafts of the chain's last stage after `slot`'s position, `id` the token there
+   * (engine/stage.ts Stage.draft); none where it drafts nothing.
+   */
+  async draft(slot: number, id: number, k: number): Promise<Uint32Array> {
+    const reply = await this.#exchange({ op: Op.Draft, slot, id, k });
+    if (reply.op !== Op.Drafted || reply.slot !== slot || reply.ids.length > k) {
+      throw this.#fail(`it answered Draft (slot ${slot}, ${k} tokens) with op ${reply.op}`);
+    }
+    return reply.ids;
   }
 
   /**

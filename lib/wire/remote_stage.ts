@@ -150,12 +150,15 @@ export class RemoteStage implements Stage {
       const m = Math.min(chunk, n - at);
       const last = at + m === n;
       const rows = input.rows.subarray(at * this.nEmbd, (at + m) * this.nEmbd);
+      // The tokens go along where the chain's last stage drafts (it embeds them).
+      const tokens = peer.info.drafts ? input.ids?.subarray(at, at + m) : undefined;
       const reply = await peer.run(
         slot,
         rows,
         m,
         base + at,
         last ? { ...options, rows: kind } : before,
+        tokens,
       );
       ids.set(reply.ids, logits === "all" ? at : 0);
       if (last) ({ top, lse, tops } = reply);
@@ -185,6 +188,18 @@ export class RemoteStage implements Stage {
     const peer = await this.#live();
     this.#requireCurrent(this.#slotEpoch[slot], `slot ${slot}'s sequence`);
     await peer.rewind(slot, pos);
+  }
+
+  /**
+   * The drafts of the chain's last stage (Stage.draft), where its hello says it drafts with the
+   * model's MTP block; none otherwise. Its runs must have carried their token ids (input.ids).
+   */
+  async draft(slot: number, id: number, k: number): Promise<Uint32Array> {
+    checkSlot(this, slot);
+    const peer = await this.#live();
+    this.#requireCurrent(this.#slotEpoch[slot], `slot ${slot}'s sequence`);
+    if (!peer.info.drafts || k === 0) return new Uint32Array();
+    return await peer.draft(slot, id, Math.min(k, peer.info.maxBatch));
   }
 
   close(): void {

@@ -115,6 +115,8 @@ function chainInfo(options: StageServerOptions): HelloInfo {
     maxBatch: stage.maxBatch,
     snapshots: stage.snapshots,
     maxRewind: stage.maxRewind,
+    // A middle stage tells its next hop's, once connected (serve).
+    drafts: !next && stage.draft !== undefined,
     fingerprint: options.fingerprint,
   };
 }
@@ -258,9 +260,16 @@ export function serveStage(
         // against it.
         session.seen[slot] = base + n;
         const run = { topk, adjust, logits, rows: kind, rewindable, candidates };
-        let out = await stage.run(slot, { kind: "hidden", rows: frame.rows }, n, base, run);
+        const tokens = frame.ids ? { ids: frame.ids } : {};
+        let out = await stage.run(
+          slot,
+          { kind: "hidden", rows: frame.rows, ...tokens },
+          n,
+          base,
+          run,
+        );
         if (out.kind === "hidden" && next) {
-          out = await next.run(slot, { kind: "hidden", rows: out.rows }, n, base, run);
+          out = await next.run(slot, { kind: "hidden", rows: out.rows, ...tokens }, n, base, run);
         }
         if (out.kind !== "ids") {
           throw new TypeError(`Stage ${stage.first}..${stage.end} returned hidden rows, not ids`);
@@ -304,6 +313,13 @@ export function serveStage(
         await next?.rewind(slot, position);
         session.seen[slot] = position;
         return { op: Op.Rewound, slot, position };
+      }
+      case Op.Draft: {
+        const { slot, id, k } = frame;
+        checkSlot(slot);
+        const drafter = next ?? stage;
+        const ids = drafter.draft ? await drafter.draft(slot, id, k) : new Uint32Array();
+        return { op: Op.Drafted, slot, ids };
       }
       case Op.Ping:
         // A middle stage answers for the whole chain, as RUN does: a dead hop behind it then
@@ -393,13 +409,15 @@ export function serveStage(
     let reading: Promise<Frame | null> | undefined;
     let writer: FrameWriter | undefined;
     try {
-      await options.next?.connect();
+      const behind = await options.next?.connect();
+      // Whether the chain drafts is its last stage's to say.
+      const hello = behind ? { ...info, drafts: behind.drafts } : info;
       const proof = options.key
-        ? await workerProof(options.key, nonces.nonceC, nonces.nonceS, info)
+        ? await workerProof(options.key, nonces.nonceC, nonces.nonceS, hello)
         : NO_PROOF;
       // From the hello on, ALIVE goes out whenever nothing else has for a while (liveness.ts).
       writer = new FrameWriter(conn);
-      await writer.send({ op: Op.Hello, info, proof });
+      await writer.send({ op: Op.Hello, info: hello, proof });
       log(`${who} connected`);
       const session: Session = { seen: new Array(info.slots).fill(0), saved: new Map() };
       /** Answers not yet written, in request order. */

@@ -24,6 +24,8 @@ export interface WorkerOptions {
   readonly snapshots: number;
   /** Positions of a rewindable run it keeps (engine/stage.ts maxRewind); default 0. */
   readonly maxRewind?: number;
+  /** Draft with the model's MTP block, on the last stage of a file that has one. */
+  readonly mtp?: boolean;
   /** host:port of the worker serving the layers after these. */
   readonly next?: string;
   /** How long `next` may send nothing before it counts as down; default DEFAULT_SILENCE_MS. */
@@ -79,6 +81,7 @@ export async function startWorker(options: WorkerOptions): Promise<RunningWorker
       maxBatch: options.maxBatch,
       snapshots: options.snapshots,
       maxRewind: options.maxRewind,
+      mtp: options.mtp,
     });
     const fingerprint = await modelFingerprint(model);
     next = options.next
