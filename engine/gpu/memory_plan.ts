@@ -146,8 +146,7 @@ export function planStage(
 ): StagePlan {
   const t = new Tally(model, hp);
   for (let il = span.first; il < span.end; il++) planLayer(t, il);
-  const mtp = !!options.mtp && span.first === 0 && span.end === hp.nLayer &&
-    hasMtpBlock(model, hp.nLayer);
+  const mtp = !!options.mtp && span.end === hp.nLayer && hasMtpBlock(model, hp.nLayer);
   if (mtp) {
     // As gpu_weights.ts loads it: the nextn vectors, the block, then eh_proj.
     const p = `blk.${hp.nLayer}.nextn`;
@@ -155,12 +154,14 @@ export function planStage(
     planLayer(t, hp.nLayer);
     t.matrix("mtp", `${p}.eh_proj.weight`);
   }
-  if (span.first === 0) t.matrix("token embedding", "token_embd.weight");
+  // The MTP block embeds the tokens on the last stage too.
+  const embedding = span.first === 0 || mtp;
+  if (embedding) t.matrix("token embedding", "token_embd.weight");
   if (span.end === hp.nLayer) {
     t.vectors("norms", ["output_norm.weight"]);
     const tied = !model.tensors.has("output.weight");
-    // A tied head on the first stage reuses the embedding's buffer.
-    if (!(tied && span.first === 0)) {
+    // A tied head on a stage holding the embedding reuses its buffer.
+    if (!(tied && embedding)) {
       t.matrix("lm head", tied ? "token_embd.weight" : "output.weight");
     }
   }
