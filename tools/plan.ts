@@ -49,8 +49,9 @@ export const PLAN = {
       `positions per run, as --max-batch (default ${DEFAULT_MAX_BATCH}, or the context if shorter)`,
     ),
     mtp: switchFlag(
-      "a whole-model head drafts with the file's MTP block (the head's --draft): count the block, " +
-        "its KV cache in every slot and snapshot, and the rows it starts from",
+      "the last stage drafts with the file's MTP block (a whole-model head's --draft, the last " +
+        "worker's --mtp): count the block, its KV cache in every slot and snapshot, the rows it " +
+        "starts from and, after a split, the token embedding",
     ),
     "tensor-cores": switchFlag(
       "the stages run prompts on tensor cores (TANDEM_MMA=1, Dawn on a GPU with subgroup " +

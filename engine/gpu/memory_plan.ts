@@ -29,8 +29,9 @@ export interface PlanOptions {
   /** The device runs prompts on tensor cores (GpuFeatures.subgroupMatrix): their input scratch. */
   readonly tensorCores?: boolean;
   /**
-   * The stage runs the file's MTP block to draft (the head's --draft, whole model, the file has
-   * one): its weights, its KV cache in every slot and snapshot, and the rows it starts from.
+   * The last stage runs the file's MTP block to draft (a whole-model head's --draft, the last
+   * worker's --mtp): its weights, its KV cache in every slot and snapshot, the rows it starts
+   * from, and the token embedding it needs after a split.
    */
   readonly mtp?: boolean;
 }
