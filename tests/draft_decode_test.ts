@@ -154,6 +154,60 @@ Deno.test("a scheduler asked to verify more drafts than its stages keep refuses 
   }
 });
 
+Deno.test("--draft auto counts the drafting in a speculative step's cost and stops when it costs more", async () => {
+  const whole = await reference(0, 4);
+  // Plain steps take 100 ms and the stage's drafts (always right) 600 ms: four tokens a 600 ms
+  // step lose to one a 100 ms step, though the verify run alone would win.
+  const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
+  let pos = 0;
+  const slow = new Proxy(whole, {
+    get(target, key) {
+      if (key === "draft") {
+        return async (_slot: number, _id: number, k: number) => {
+          await sleep(600);
+          return Uint32Array.from(want.slice(pos - PROMPT.length + 1, pos - PROMPT.length + 1 + k));
+        };
+      }
+      if (key === "run") {
+        return async (...args: Parameters<Stage["run"]>) => {
+          const [, , n, base] = args;
+          if (n === 1) await sleep(100);
+          const out = await target.run(...args);
+          pos = base + n;
+          return out;
+        };
+      }
+      const value = Reflect.get(target, key, target);
+      return typeof value === "function" ? value.bind(target) : value;
+    },
+  });
+  const scheduler = new Scheduler({
+    local: slow,
+    tokenizer,
+    slots: 1,
+    queue: 1,
+    snapshots: 0,
+    draft: "auto",
+  });
+  try {
+    const { ids } = await complete(
+      scheduler,
+      greedy(PROMPT, { maxTokens: 12, stopIds: new Set() }),
+    );
+    assert.deepEqual(ids, want.slice(0, 12));
+    const { verifies, drafted, accepted } = scheduler.stats.drafts;
+    assert.equal(accepted, drafted, "every draft was right");
+    assert.equal(
+      verifies,
+      1,
+      `one speculative step, then plain steps: ${verifies} ${drafted} ${accepted}`,
+    );
+  } finally {
+    await scheduler.close();
+    whole.close();
+  }
+});
+
 gpuTest(
   "drafted decoding on the GPU gives plain greedy decoding's tokens, sampled near 0 too",
   async (gpu) => {

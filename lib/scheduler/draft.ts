@@ -79,9 +79,11 @@ const EMA = 0.25;
 export const DRAFT_BACKOFF = 32;
 
 /**
- * Whether one sequence drafts ("auto"): it compares the tokens a verify run yields per ms
- * (accepted drafts plus the model's own token) with a plain step's, both measured as the
- * sequence goes, and stops drafting for DRAFT_BACKOFF tokens when verifying yields less.
+ * Whether one sequence drafts ("auto"): it compares the tokens a speculative step yields per ms
+ * (accepted drafts plus the model's own token, over drafting, verifying and rewinding) with a
+ * plain step's, both measured as the sequence goes, and stops drafting for DRAFT_BACKOFF tokens
+ * when the speculative step yields less. It drafts only once a plain step has been measured: a
+ * sequence drafting from its first token would have nothing to compare with.
  */
 export class DraftGate {
   #plainMsPerToken: number | undefined;
@@ -94,7 +96,7 @@ export class DraftGate {
 
   /** Whether the sequence, having generated `generated` tokens, should draft its next step. */
   drafts(generated: number): boolean {
-    return generated >= this.#pausedUntil;
+    return this.#plainMsPerToken !== undefined && generated >= this.#pausedUntil;
   }
 
   /** A plain step (or fused steps) took `ms` for `tokens` tokens. */
@@ -103,8 +105,8 @@ export class DraftGate {
   }
 
   /**
-   * A verify run of `drafted` drafts took `ms` and the model accepted `accepted` of them, after
-   * `generated` tokens; pauses drafting when verifying yields fewer tokens a ms than plain steps.
+   * A speculative step of `drafted` drafts took `ms` and the model accepted `accepted` of them,
+   * after `generated` tokens; pauses drafting when it yields fewer tokens a ms than plain steps.
    */
   verified(ms: number, drafted: number, accepted: number, generated: number): void {
     this.verifies++;

@@ -37,8 +37,9 @@ Deno.test("--draft takes off, auto or 1..MAX_DRAFTS, and every stage keeps draft
 
 Deno.test("the draft gate pauses drafting while verify runs yield fewer tokens a ms than plain steps", () => {
   const gate = new DraftGate();
-  assert.ok(gate.drafts(0), "drafts until it knows better");
+  assert.ok(!gate.drafts(0), "a plain step first: the cost drafting must beat");
   gate.plain(10, 1);
+  assert.ok(gate.drafts(1), "then drafts until it knows better");
   // Three drafts kept of three: 4 tokens in 14 ms beat 1 in 10.
   gate.verified(14, 3, 3, 5);
   assert.ok(gate.drafts(9));

@@ -644,6 +644,8 @@ export class Scheduler {
     const sampled = seq.request.sampling.temperature > 0;
     const gate = new DraftGate();
     while (true) {
+      // A speculative step's cost, for the gate: drafting, verifying and rewinding.
+      const drafting = performance.now();
       const drafts = history
         ? await this.#draftFor(seq, slot, id, gate, history, pos, generated.length)
         : [];
@@ -654,7 +656,6 @@ export class Scheduler {
         // gives it (speculativeToken), so the tokens keep the sampler's distribution. The first
         // refused draft is replaced, or after the last kept one the model's own token follows,
         // and the slot is rewound to the last position kept.
-        const started = performance.now();
         const verify = await this.#forward(seq, slot, Uint32Array.of(id, ...drafts), pos, {
           logits: "all",
           rows: "decode",
@@ -673,11 +674,11 @@ export class Scheduler {
             else next = t.id;
           }
         }
-        gate.verified(performance.now() - started, drafts.length, kept, generated.length);
+        if (kept < drafts.length) await this.#rewind(seq, slot, pos + kept + 1);
+        gate.verified(performance.now() - drafting, drafts.length, kept, generated.length);
         this.stats.drafts.verifies++;
         this.stats.drafts.drafted += drafts.length;
         this.stats.drafts.accepted += kept;
-        if (kept < drafts.length) await this.#rewind(seq, slot, pos + kept + 1);
         for (const [j, token] of [...drafts.slice(0, kept), next].entries()) {
           if (!this.#accept(seq, progress, token, NO_TOP, pos + j + 1)) return;
           history!.push(token);
