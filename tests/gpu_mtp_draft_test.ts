@@ -4,6 +4,7 @@
 
 import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf/read.ts";
+import { lateKernels } from "../engine/gpu/kernel.ts";
 import { openGpuStage } from "../engine/gpu/gpu_stage.ts";
 import { openReferenceStage } from "../engine/reference/reference_stage.ts";
 import type { Stage } from "../engine/stage.ts";
@@ -118,3 +119,42 @@ gpuTest("drafted decoding with the GPU's MTP head gives plain decoding's tokens"
     model.close();
   }
 });
+
+gpuTest(
+  "a drafting stage's steps of every shape find their kernels built when it opened",
+  async (gpu) => {
+    // The bench model's types: IQ4_XS experts, whose layouts change with the step's rows.
+    const bench = await openGguf(
+      await testModel({ arch: "qwen35moe", quant: "iq4_xs", mtp: true }),
+    );
+    const stage = await openGpuStage(bench, gpu, { ...OPEN, slots: 2, log: () => {} });
+    const before = lateKernels(gpu).length;
+    try {
+      const ids = (...v: number[]) => ({ kind: "ids" as const, ids: Uint32Array.from(v) });
+      await stage.run(0, ids(...PROMPT), PROMPT.length, 0);
+      // Verify runs of every length a speculative step takes, sampled (every row's candidates).
+      let pos = PROMPT.length;
+      for (let n = 2; n <= OPEN.maxRewind; n++) {
+        const run = Array.from({ length: n }, (_, i) => 40 + i);
+        const verify = {
+          rewindable: true,
+          logits: "all",
+          rows: "decode",
+          topk: 4,
+          candidates: "every",
+        } as const;
+        await stage.run(0, ids(...run), n, pos, verify);
+        await stage.rewind(0, pos + 1);
+        pos++;
+        assert.equal((await stage.draft!(0, 7, n)).length, n);
+      }
+      await stage.decodeGreedy!(0, 9, pos, 3);
+      await stage.run(1, ids(...PROMPT), PROMPT.length, 0);
+      await Promise.all([stage.run(0, ids(1), 1, pos + 3), stage.run(1, ids(2), 1, PROMPT.length)]);
+      assert.deepEqual(lateKernels(gpu).slice(before), [], "no step compiled a kernel");
+    } finally {
+      stage.close();
+      bench.close();
+    }
+  },
+);

@@ -108,6 +108,8 @@ interface DeviceCache {
   readonly ahead: Map<string, Ahead>;
   /** The recording whose variants are being collected now (collectVariants, compileAhead). */
   recording: { readonly names: Set<string>; readonly ahead: boolean } | undefined;
+  /** Variants built synchronously outside any recording: a step that stalled to compile. */
+  readonly late: string[];
 }
 const caches = new WeakMap<GPUDevice, DeviceCache>();
 
@@ -120,6 +122,7 @@ function cacheOf(device: GPUDevice): DeviceCache {
       pending: [],
       ahead: new Map(),
       recording: undefined,
+      late: [],
     };
     caches.set(device, c);
   }
@@ -277,6 +280,7 @@ export function kernelFor<K>(ctx: GpuContext, family: KernelFamily<K>, key: K): 
       }
       return entry.placeholder;
     }
+    if (!recording) cache.late.push(v.name);
     kernel = build(ctx, family as KernelFamily<unknown>, v);
     cache.kernels.set(v.name, kernel);
   }
@@ -380,6 +384,15 @@ export async function compileKernel<K>(
   const kernel = kernelFor(ctx, family, key);
   await settleKernels(ctx);
   return kernel;
+}
+
+/**
+ * The variants built on first use outside a recording, in order: each stalled the step that met
+ * it while its pipeline compiled (a stage's recordSteps should have asked for it), unless a tool
+ * built it on purpose (compileKernel).
+ */
+export function lateKernels(ctx: GpuContext): readonly string[] {
+  return cacheOf(ctx.device).late;
 }
 
 /** A variant built earlier, by pipeline name (profiles report kernels by name). */

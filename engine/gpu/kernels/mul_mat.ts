@@ -21,6 +21,7 @@ import {
   MUL_MAT_VEC,
   type MulMatVecKey,
   PREFETCH_TYPES,
+  SLOT_WIDE_FROM_TOKENS,
   slotLayout,
   WIDE_ROWS,
   workgroupBytes,
@@ -114,6 +115,7 @@ export function matVecTakes(tokens: number, rows: number): boolean {
 export const PRODUCT_STEP_TOKENS: readonly number[] = [
   1,
   2,
+  SLOT_WIDE_FROM_TOKENS,
   DECODE_MAX_TOKENS + 1,
   MATVEC_WIDE_MAX_TOKENS + 1,
   EXPERT_MATVEC_MAX_TOKENS + 1,
