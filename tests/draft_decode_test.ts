@@ -18,6 +18,7 @@ import { connectRemoteStage } from "../lib/wire/remote_stage.ts";
 import { gpuTest } from "./_gpu.ts";
 import { testModel } from "./_models.ts";
 import { serveLocal } from "./_workers.ts";
+import { decodeDrafted, type DraftedRun } from "./_drafting.ts";
 
 const model = await openGguf(await testModel({ arch: "qwen35moe", quant: "q4_k_m" }));
 const tokenizer = TextTokenizer.fromGguf(model.metadata);
@@ -60,30 +61,19 @@ function reference(first: number, end: number) {
   return openReferenceStage(model, { first, end, slots: 1, ctx: CTX, maxRewind: 4 });
 }
 
-/** The request drafted under `draft` on `local` (and `link`): its ids and the draft counters. */
+/** The request drafted under `draft` on `local` (and `link`) by the oracle. */
 async function drafted(local: Stage, draft: DraftMode, link?: StageLink, temperature = 0) {
-  const scheduler = new Scheduler({
-    local,
-    link,
-    tokenizer,
-    slots: 1,
-    queue: 1,
-    snapshots: 0,
-    draft,
-    drafter: oracle,
-  });
-  try {
-    const { ids } = await complete(scheduler, request(temperature));
-    // Verify runs are generated tokens' rows, not prompt: only the prompt counts as prefill.
-    assert.equal(scheduler.stats.stages[0].prefillTokens, PROMPT.length);
-    return { ids, ...scheduler.stats.drafts };
-  } finally {
-    await scheduler.close();
-  }
+  const run = await decodeDrafted(
+    { local, link, tokenizer, draft, drafter: oracle },
+    request(temperature),
+  );
+  // Verify runs are generated tokens' rows, not prompt: only the prompt counts as prefill.
+  assert.equal(run.prefillTokens, PROMPT.length);
+  return run;
 }
 
 /** Every drafted run gave plain decoding's tokens, verified drafts and kept some, not all. */
-function check(got: Awaited<ReturnType<typeof drafted>>, what: string): void {
+function check(got: DraftedRun, what: string): void {
   assert.deepEqual(got.ids, want, `${what}: the tokens of plain decoding`);
   assert.ok(got.verifies > 0, `${what}: drafts were verified`);
   assert.ok(
@@ -181,29 +171,15 @@ Deno.test("--draft auto counts the drafting in a speculative step's cost and sto
       return typeof value === "function" ? value.bind(target) : value;
     },
   });
-  const scheduler = new Scheduler({
-    local: slow,
-    tokenizer,
-    slots: 1,
-    queue: 1,
-    snapshots: 0,
-    draft: "auto",
-  });
   try {
-    const { ids } = await complete(
-      scheduler,
+    const { ids, verifies, drafted, accepted } = await decodeDrafted(
+      { local: slow, tokenizer, draft: "auto" },
       greedy(PROMPT, { maxTokens: 12, stopIds: new Set() }),
     );
     assert.deepEqual(ids, want.slice(0, 12));
-    const { verifies, drafted, accepted } = scheduler.stats.drafts;
     assert.equal(accepted, drafted, "every draft was right");
-    assert.equal(
-      verifies,
-      1,
-      `one speculative step, then plain steps: ${verifies} ${drafted} ${accepted}`,
-    );
+    assert.equal(verifies, 1, `one speculative step, then plain steps: ${verifies} ${drafted}`);
   } finally {
-    await scheduler.close();
     whole.close();
   }
 });
@@ -249,19 +225,12 @@ Deno.test("drafts from the model's MTP head on the reference give plain decoding
     plainStage.close();
     const stage = await open(true);
     for (const temperature of [0, 0.001]) {
-      const scheduler = new Scheduler({
-        local: stage,
-        tokenizer,
-        slots: 1,
-        queue: 1,
-        snapshots: 0,
-        draft: 3,
-      });
-      const { ids } = await complete(scheduler, request(temperature));
-      await scheduler.close();
+      const { ids, verifies, drafted } = await decodeDrafted(
+        { local: stage, tokenizer, draft: 3 },
+        request(temperature),
+      );
       assert.deepEqual(ids, plainIds, `temperature ${temperature}`);
       // Prompt lookup finds nothing in a random model's output: these drafts are the head's.
-      const { verifies, drafted } = scheduler.stats.drafts;
       assert.ok(verifies > 0 && drafted >= verifies, `${verifies} verify runs, ${drafted} drafts`);
     }
     // The head drafts from the rows of the slot's last run: the same drafts from the same run,

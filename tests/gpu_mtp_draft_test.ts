@@ -8,11 +8,11 @@ import { lateKernels } from "../engine/gpu/kernel.ts";
 import { openGpuStage } from "../engine/gpu/gpu_stage.ts";
 import { openReferenceStage } from "../engine/reference/reference_stage.ts";
 import type { Stage } from "../engine/stage.ts";
-import { complete, completeOnce, greedy } from "../lib/scheduler/complete.ts";
-import { Scheduler } from "../lib/scheduler/scheduler.ts";
+import { completeOnce, greedy } from "../lib/scheduler/complete.ts";
 import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { gpuTest } from "./_gpu.ts";
 import { testModel } from "./_models.ts";
+import { decodeDrafted } from "./_drafting.ts";
 
 const model = await openGguf(await testModel({ arch: "qwen35moe", quant: "q8_0", mtp: true }));
 const tokenizer = TextTokenizer.fromGguf(model.metadata);
@@ -100,18 +100,11 @@ gpuTest("drafted decoding with the GPU's MTP head gives plain decoding's tokens"
   const stage = await openGpuStage(model, gpu, { ...OPEN, slots: 1, log: () => {} });
   try {
     for (const temperature of [0, 0.001]) {
-      const scheduler = new Scheduler({
-        local: stage,
-        tokenizer,
-        slots: 1,
-        queue: 1,
-        snapshots: 0,
-        draft: 3,
-      });
-      const { ids } = await complete(scheduler, request(temperature));
-      await scheduler.close();
+      const { ids, verifies, drafted } = await decodeDrafted(
+        { local: stage, tokenizer, draft: 3 },
+        request(temperature),
+      );
       assert.deepEqual(ids, plain, `temperature ${temperature}`);
-      const { verifies, drafted } = scheduler.stats.drafts;
       assert.ok(verifies > 0 && drafted >= verifies, `${verifies} verify runs, ${drafted} drafts`);
     }
   } finally {

@@ -8,13 +8,13 @@ import { openGguf } from "../engine/gguf/read.ts";
 import { openGpuStage } from "../engine/gpu/gpu_stage.ts";
 import { openReferenceStage } from "../engine/reference/reference_stage.ts";
 import type { Stage } from "../engine/stage.ts";
-import { complete, completeOnce, greedy } from "../lib/scheduler/complete.ts";
+import { completeOnce, greedy } from "../lib/scheduler/complete.ts";
 import { StageLink } from "../lib/scheduler/link.ts";
-import { Scheduler } from "../lib/scheduler/scheduler.ts";
 import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { connectRemoteStage } from "../lib/wire/remote_stage.ts";
 import { gpuTest } from "./_gpu.ts";
 import { testModel } from "./_models.ts";
+import { decodeDrafted, type DraftedRun } from "./_drafting.ts";
 import { type LocalServer, serveLocal } from "./_workers.ts";
 import type { GgufModel } from "../engine/gguf/gguf_model.ts";
 import type { StageOpenOptions } from "../engine/stage.ts";
@@ -32,23 +32,9 @@ const PROMPT = [300, 17, 512];
 const SIZE = { slots: 1, ctx: 64, maxRewind: 4 };
 const request = () => greedy(PROMPT, { maxTokens: 16, stopIds: new Set() });
 
-/** The request decoded on `head` (and `link`) drafting 3 a step: ids and draft counters. */
-async function drafted(head: Stage, link?: StageLink) {
-  const scheduler = new Scheduler({
-    local: head,
-    link,
-    tokenizer,
-    slots: 1,
-    queue: 1,
-    snapshots: 0,
-    draft: 3,
-  });
-  try {
-    const { ids } = await complete(scheduler, request());
-    return { ids, ...scheduler.stats.drafts };
-  } finally {
-    await scheduler.close();
-  }
+/** The request decoded on `head` (and `link`) drafting 3 a step. */
+function drafted(local: Stage, link?: StageLink): Promise<DraftedRun> {
+  return decodeDrafted({ local, link, tokenizer, draft: 3 }, request());
 }
 
 /** A head of layers 0..first and workers serving `cuts` onwards, the last drafting. */

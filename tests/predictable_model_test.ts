@@ -7,12 +7,12 @@ import { openGguf } from "../engine/gguf/read.ts";
 import { openGpuStage } from "../engine/gpu/gpu_stage.ts";
 import { openReferenceStage } from "../engine/reference/reference_stage.ts";
 import type { Stage } from "../engine/stage.ts";
-import { complete, greedy } from "../lib/scheduler/complete.ts";
-import { Scheduler } from "../lib/scheduler/scheduler.ts";
+import { greedy } from "../lib/scheduler/complete.ts";
 import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { planModel } from "../tools/synth/generate_model.ts";
 import { gpuTest } from "./_gpu.ts";
 import { testModel } from "./_models.ts";
+import { decodeDrafted, type DraftedRun } from "./_drafting.ts";
 
 const model = await openGguf(
   await testModel({ arch: "qwen35moe", quant: "q8_0", mtp: true, predictable: true }),
@@ -24,28 +24,13 @@ const OPEN = { first: 0, end: 4, slots: 1, ctx: 64, maxRewind: 4, mtp: true };
 /** The ids after the prompt: each the one before plus one. */
 const counting = (from: number, n: number) => Array.from({ length: n }, (_, i) => (from + i) % V);
 
-/** 16 tokens drafted three at a time through the scheduler: ids and draft counters. */
-async function drafted(stage: Stage) {
-  const scheduler = new Scheduler({
-    local: stage,
-    tokenizer,
-    slots: 1,
-    queue: 1,
-    snapshots: 0,
-    draft: 3,
-  });
-  try {
-    const { ids } = await complete(
-      scheduler,
-      greedy(PROMPT, { maxTokens: 16, stopIds: new Set() }),
-    );
-    return { ids, ...scheduler.stats.drafts };
-  } finally {
-    await scheduler.close();
-  }
+/** 16 tokens drafted three at a time through the scheduler. */
+function drafted(local: Stage): Promise<DraftedRun> {
+  const request = greedy(PROMPT, { maxTokens: 16, stopIds: new Set() });
+  return decodeDrafted({ local, tokenizer, draft: 3 }, request);
 }
 
-function checkAllKept(got: Awaited<ReturnType<typeof drafted>>, what: string): void {
+function checkAllKept(got: DraftedRun, what: string): void {
   assert.deepEqual(got.ids, counting(513, 16), `${what}: the model counts up from its last token`);
   assert.ok(got.verifies > 0, `${what}: drafts were verified`);
   assert.equal(got.accepted, got.drafted, `${what}: every draft kept`);
