@@ -59,6 +59,7 @@ backendTest(
         return {
           text: body.content[0].text,
           metrics: await (await fetch(`${head.url}/metrics`)).text(),
+          lines: head.lines,
         };
       } finally {
         await head.close();
@@ -72,5 +73,6 @@ backendTest(
     const verified = metric(drafted.metrics, 'tandem_draft_tokens_total{outcome="verified"}');
     const accepted = metric(drafted.metrics, 'tandem_draft_tokens_total{outcome="accepted"}');
     assert.ok(verified > 0 && accepted === verified, `${accepted} of ${verified} kept`);
+    assert.ok(drafted.lines.some((l) => l.includes("drafts 3 (the MTP head)")), "logged as such");
   },
 );

@@ -227,9 +227,21 @@ export async function startHead(options: HeadOptions): Promise<RunningHead> {
     const split = link
       ? `layers 0:${layers.end} here, ${layers.end}:${hp.nLayer} at ${options.next}`
       : "unsplit";
+    // Where drafts come from: the last stage's MTP block (here, or over the link once it
+    // answers), else prompt lookup.
+    const draft = options.draft ?? "off";
+    const drafting = draft === "off"
+      ? ""
+      : `, drafts ${draft} (${
+        local.draft
+          ? "the MTP head"
+          : link
+          ? "the last worker's MTP head if it has one, else prompt lookup"
+          : "prompt lookup"
+      })`;
     log(
       `serving ${modelId} at ${url}: ${split}; slots ${slots}, ctx ${ctx}, prefix cache ` +
-        `${snapshots} places${options.apiKey ? ", API key required" : ""}`,
+        `${snapshots} places${drafting}${options.apiKey ? ", API key required" : ""}`,
     );
     if (link) {
       // Lazy: a worker that starts later is fine; this only reports the first contact.
