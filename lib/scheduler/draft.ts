@@ -75,8 +75,13 @@ export function lookupDraft(tokens: readonly number[], most: number): number[] {
 
 /** Weight of the newest observation in the gate's running means. */
 const EMA = 0.25;
-/** Tokens a sequence decodes plainly after drafting stopped paying, before it tries again. */
+/**
+ * Tokens a sequence decodes plainly after drafting stopped paying, before it tries again; each
+ * pause that follows a losing try doubles it, up to MAX_DRAFT_BACKOFF (where drafts never pay,
+ * a losing speculative step costs several plain ones), and a try that pays brings it back.
+ */
 export const DRAFT_BACKOFF = 32;
+export const MAX_DRAFT_BACKOFF = 512;
 
 /**
  * Whether one sequence drafts ("auto"): it compares the tokens a speculative step yields per ms
@@ -89,6 +94,7 @@ export class DraftGate {
   #plainMsPerToken: number | undefined;
   #verifyTokensPerMs: number | undefined;
   #pausedUntil = 0;
+  #backoff = DRAFT_BACKOFF;
   /** Verify runs and the drafts they accepted, for the head's statistics. */
   verifies = 0;
   drafted = 0;
@@ -114,10 +120,14 @@ export class DraftGate {
     this.accepted += accepted;
     this.#verifyTokensPerMs = mean(this.#verifyTokensPerMs, (accepted + 1) / ms);
     const plain = this.#plainMsPerToken;
-    if (plain !== undefined && this.#verifyTokensPerMs * plain < 1) {
-      this.#pausedUntil = generated + DRAFT_BACKOFF;
+    if (plain === undefined) return;
+    if (this.#verifyTokensPerMs * plain < 1) {
+      this.#pausedUntil = generated + this.#backoff;
+      this.#backoff = Math.min(2 * this.#backoff, MAX_DRAFT_BACKOFF);
       // The next try starts from what it measures then.
       this.#verifyTokensPerMs = undefined;
+    } else {
+      this.#backoff = DRAFT_BACKOFF;
     }
   }
 }

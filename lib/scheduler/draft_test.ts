@@ -5,6 +5,7 @@ import {
   DRAFT_BACKOFF,
   DraftGate,
   lookupDraft,
+  MAX_DRAFT_BACKOFF,
   MAX_DRAFTS,
   parseDraftMode,
   rewindFor,
@@ -50,5 +51,19 @@ Deno.test("the draft gate pauses drafting while verify runs yield fewer tokens a
   assert.equal(generated, 18);
   assert.ok(!gate.drafts(17 + DRAFT_BACKOFF - 1));
   assert.ok(gate.drafts(17 + DRAFT_BACKOFF));
-  assert.deepEqual([gate.verifies, gate.drafted, gate.accepted], [9, 27, 3]);
+  // Each losing try after a pause pauses twice as long, up to MAX_DRAFT_BACKOFF.
+  let at = 17 + DRAFT_BACKOFF;
+  for (const pause of [64, 128, 256, MAX_DRAFT_BACKOFF, MAX_DRAFT_BACKOFF]) {
+    gate.verified(14, 3, 0, at);
+    assert.ok(!gate.drafts(at + pause - 1) && gate.drafts(at + pause), `paused ${pause}`);
+    at += pause;
+  }
+  // A try that pays brings the pause back to DRAFT_BACKOFF, once losing tries drag the running
+  // mean down again (the eighth).
+  gate.verified(14, 3, 3, at);
+  let next = at + 1;
+  while (gate.drafts(next)) gate.verified(14, 3, 0, next++);
+  assert.equal(next - at - 1, 8);
+  assert.ok(!gate.drafts(next - 1 + DRAFT_BACKOFF - 1) && gate.drafts(next - 1 + DRAFT_BACKOFF));
+  assert.deepEqual([gate.verifies, gate.drafted, gate.accepted], [9 + 5 + 1 + 8, 69, 6]);
 });
