@@ -3,7 +3,12 @@
 
 import { chainMaxBatch, runPipeline } from "../engine/pipeline.ts";
 import type { Stage } from "../engine/stage.ts";
-import { sampleToken, type SamplingParams, SplitMix64 } from "../lib/sampling/sample.ts";
+import {
+  sampleToken,
+  type SamplingParams,
+  speculativeToken,
+  SplitMix64,
+} from "../lib/sampling/sample.ts";
 
 /** One bench figure: tokens per run and the seconds of each run, or why it is missing. */
 export interface Figure {
@@ -291,6 +296,63 @@ export async function timeMtpDecode(
     pos += m + 1;
   }
   return { seconds: (performance.now() - start) / 1000, drafted, kept };
+}
+
+/**
+ * n tokens sampled with `sampling` (seeded) from `first`, with the model's MTP head drafting up
+ * to `drafts` a step: each step verifies its drafts in one rewindable run returning every row's
+ * candidates and keeps each draft with the probability the sampler gives it
+ * (lib/sampling/sample.ts speculativeToken), as the scheduler does for a sampled request.
+ */
+export async function timeMtpSampledDecode(
+  stage: Stage,
+  first: number,
+  n: number,
+  drafts: number,
+  sampling: SamplingParams,
+  seed: number,
+): Promise<DecodeRun & DraftCount> {
+  if (!stage.draft) {
+    throw new TypeError("Cannot time MTP drafting: the stage runs no MTP block (open it with mtp)");
+  }
+  const rng = new SplitMix64(BigInt(seed));
+  const fed = new Uint32Array(n);
+  fed[0] = first;
+  let drafted = 0;
+  let kept = 0;
+  const start = performance.now();
+  for (let pos = 0; pos < n;) {
+    const k = Math.min(drafts, n - pos - 1);
+    const draft = k > 0 ? await stage.draft(0, fed[pos], k) : new Uint32Array();
+    const input = Uint32Array.of(fed[pos], ...draft);
+    const out = await stage.run(0, { kind: "ids", ids: input }, input.length, pos, {
+      logits: "all",
+      rows: "decode",
+      topk: sampling.topK,
+      ...(draft.length ? { rewindable: true, candidates: "every" as const } : {}),
+    });
+    if (out.kind !== "ids") {
+      throw new TypeError("Cannot time MTP drafting on a stage before the last");
+    }
+    let m = 0;
+    let next = -1;
+    while (next < 0) {
+      if (m === draft.length) {
+        next = sampleToken(out.ids[m], out.tops?.[m] ?? out.top, sampling, rng);
+      } else {
+        const t = speculativeToken(draft[m], out.ids[m], out.tops![m], sampling, rng);
+        if (t.kept) m++;
+        else next = t.id;
+      }
+    }
+    if (m < draft.length) await stage.rewind(0, pos + m + 1);
+    // The n positions run, as timeSampledDecode's steps; the token after the last is dropped.
+    fed.set([...draft.subarray(0, m), next].slice(0, n - pos - 1), pos + 1);
+    drafted += draft.length;
+    kept += m;
+    pos += m + 1;
+  }
+  return { seconds: (performance.now() - start) / 1000, fed, drafted, kept };
 }
 
 /**

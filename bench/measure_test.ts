@@ -18,6 +18,7 @@ import {
   seededIds,
   timeConcurrentDecode,
   timeDecode,
+  timeMtpSampledDecode,
   timePrefill,
   timeSampledDecode,
   timingOf,
@@ -104,6 +105,38 @@ Deno.test("timeSampledDecode draws each step's id from its top-k with the seeded
       stage.close();
     }
   });
+});
+
+Deno.test("timeMtpSampledDecode samples as timeSampledDecode without drafts, and keeps a predictable model's drafts", async () => {
+  const open = (model: Parameters<typeof openReferenceStage>[0]) =>
+    openReferenceStage(model, { first: 0, end: 4, slots: 1, ctx: CTX, maxRewind: 4, mtp: true });
+  await withModel({ arch: "qwen35moe", quant: "q8_0", mtp: true }, async (model) => {
+    const stage = await open(model);
+    try {
+      const plain = await timeSampledDecode([stage], 300, 10, BENCH_SAMPLING, 7);
+      const none = await timeMtpSampledDecode(stage, 300, 10, 0, BENCH_SAMPLING, 7);
+      assert.deepEqual(none.fed, plain.fed, "no drafts: the same draws");
+      const a = await timeMtpSampledDecode(stage, 300, 10, 3, BENCH_SAMPLING, 7);
+      const b = await timeMtpSampledDecode(stage, 300, 10, 3, BENCH_SAMPLING, 7);
+      assert.deepEqual(a.fed, b.fed, "seeded: the same tokens again");
+      assert.ok(a.drafted > 0);
+    } finally {
+      stage.close();
+    }
+  });
+  await withModel(
+    { arch: "qwen35moe", quant: "q8_0", mtp: true, predictable: true },
+    async (model) => {
+      const stage = await open(model);
+      try {
+        const run = await timeMtpSampledDecode(stage, 300, 12, 3, BENCH_SAMPLING, 7);
+        assert.deepEqual([...run.fed], Array.from({ length: 12 }, (_, i) => 300 + i));
+        assert.ok(run.drafted > 0 && run.kept === run.drafted, `${run.kept} of ${run.drafted}`);
+      } finally {
+        stage.close();
+      }
+    },
+  );
 });
 
 Deno.test("timePrefill chunks by maxBatch as the server does and leaves the slot at the prompt's end", async () => {

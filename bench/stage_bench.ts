@@ -37,6 +37,7 @@ import {
   timeDecode,
   timeFusedDecode,
   timeMtpDecode,
+  timeMtpSampledDecode,
   timePrefill,
   timeSampledDecode,
   timeVerifiedDecode,
@@ -300,6 +301,31 @@ async function mtpStage(
         ...figure,
         drafts: { drafted: count.drafted, kept: count.kept },
       };
+      if (k === 0) continue;
+      // Sampled as the bench samples tg (BENCH_SAMPLING), each draft kept with its probability.
+      let sampled: DraftCount = { drafted: 0, kept: 0 };
+      const name = `tg${tg}-mtp${k}-sampled`;
+      const timed = await measure(
+        `tg${tg} sampled, MTP drafts ${k} a step`,
+        tg,
+        runs,
+        async () => {
+          const run = await timeMtpSampledDecode(
+            opened,
+            plain[0],
+            tg,
+            k,
+            BENCH_SAMPLING,
+            options.seed,
+          );
+          sampled = run;
+          return run.seconds;
+        },
+        deadline,
+        log,
+      );
+      log(`${name}: ${sampled.kept} of ${sampled.drafted} drafts kept`);
+      figures[name] = { ...timed, drafts: sampled };
     }
   } finally {
     opened.close();
