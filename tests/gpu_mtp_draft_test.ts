@@ -4,7 +4,9 @@
 
 import assert from "node:assert/strict";
 import { openGguf } from "../engine/gguf/read.ts";
-import { lateKernels } from "../engine/gpu/kernel.ts";
+import { compileKernel, lateKernels } from "../engine/gpu/kernel.ts";
+import { GET_ROWS } from "../engine/gpu/kernels/get_rows.ts";
+import { GgmlType } from "../engine/quant/ggml_types.ts";
 import { openGpuStage } from "../engine/gpu/gpu_stage.ts";
 import { openReferenceStage } from "../engine/reference/reference_stage.ts";
 import type { Stage } from "../engine/stage.ts";
@@ -120,7 +122,9 @@ gpuTest(
     const bench = await openGguf(
       await testModel({ arch: "qwen35moe", quant: "iq4_xs", mtp: true }),
     );
-    const stage = await openGpuStage(bench, gpu, { ...OPEN, slots: 2, log: () => {} });
+    const lines: string[] = [];
+    const log = (line: string) => lines.push(line);
+    const stage = await openGpuStage(bench, gpu, { ...OPEN, slots: 2, log });
     const before = lateKernels(gpu).length;
     try {
       const ids = (...v: number[]) => ({ kind: "ids" as const, ids: Uint32Array.from(v) });
@@ -145,6 +149,11 @@ gpuTest(
       await stage.run(1, ids(...PROMPT), PROMPT.length, 0);
       await Promise.all([stage.run(0, ids(1), 1, pos + 3), stage.run(1, ids(2), 1, PROMPT.length)]);
       assert.deepEqual(lateKernels(gpu).slice(before), [], "no step compiled a kernel");
+      // One that did would say so: a variant built outside the plan shows in the next step's log.
+      await compileKernel(gpu, GET_ROWS, GgmlType.F16);
+      await stage.run(0, ids(3), 1, pos + 4);
+      const said = lines.some((l) => /built kernel get_rows_F16 on the spot/.test(l));
+      assert.ok(said, lines.join("\n"));
     } finally {
       stage.close();
       bench.close();

@@ -12,7 +12,7 @@ import {
   StepEncoder,
   type StepTimer,
 } from "./encoder.ts";
-import { collectVariants, compileAhead, settleKernels } from "./kernel.ts";
+import { collectVariants, compileAhead, lateKernels, settleKernels } from "./kernel.ts";
 import type { DispatchProfiler, ProfiledStep } from "./profiler.ts";
 import type { GgufModel } from "../gguf/gguf_model.ts";
 import { argmaxScratchWords } from "./kernels/argmax.ts";
@@ -496,6 +496,9 @@ export class GpuStage implements Stage {
   /** Per slot, its next step encoded while the GPU ran the one before (#encodeAhead). */
   readonly #aheadBySlot = new Map<number, Prepared>();
   readonly #profile: ((p: StepProfile) => void) | undefined;
+  readonly #log: (line: string) => void;
+  /** Kernel variants built outside a recording when last looked (lateKernels). */
+  #lateSeen: number;
   readonly #timer: StepTimer | undefined;
   readonly #dispatchProfiler: DispatchProfiler | undefined;
   /**
@@ -530,12 +533,14 @@ export class GpuStage implements Stage {
     readonly ctx: number,
     readonly maxBatch: number,
     readonly maxRewind: number,
-    timing: Pick<GpuStageOptions, "profile" | "dispatchProfiler" | "shareSteps">,
+    timing: Pick<GpuStageOptions, "profile" | "dispatchProfiler" | "shareSteps" | "log">,
     mtp?: MtpPlan,
   ) {
     this.#gpu = memory.ctx;
     this.#memory = memory;
     this.#profile = timing.profile;
+    this.#log = timing.log ?? ((line: string) => console.error(line));
+    this.#lateSeen = lateKernels(memory.ctx).length;
     this.#dispatchProfiler = timing.dispatchProfiler;
     this.#shareFrom = slots === 1 || timing.shareSteps === false
       ? Infinity
@@ -1258,6 +1263,7 @@ export class GpuStage implements Stage {
         ? await mapRead(readback, p.total)
         : await this.#gpu.device.queue.onSubmittedWorkDone().then(() => new ArrayBuffer(0));
       const waitMs = performance.now() - t.submitted;
+      this.#reportLateKernels(run);
       this.#waits.set(shape, waitMs);
       // Collected before the outputs return: the next step, encoded once they have, reuses the
       // profiler's buffers.
@@ -1288,6 +1294,22 @@ export class GpuStage implements Stage {
       // Runs waiting for this step's slots may now wait out WAIT_MS for them instead.
       this.#schedule();
     }
+  }
+
+  /**
+   * Says which kernel variants a step had to build while it was encoded (each stalls it for its
+   * compile, up to a few hundred ms on Dawn): the stage's plan of steps (recordSteps) missed
+   * them, which is a bug to report.
+   */
+  #reportLateKernels(run: Submission): void {
+    const late = lateKernels(this.#gpu);
+    if (late.length === this.#lateSeen) return;
+    const names = late.slice(this.#lateSeen).join(", ");
+    this.#lateSeen = late.length;
+    this.#log(
+      `GPU stage ${this.first}..${this.end}: ${run.what()} built kernel ${names} on the spot, ` +
+        "stalling while it compiled; the stage's plan of steps (recordSteps) misses it: report this",
+    );
   }
 
   /**
