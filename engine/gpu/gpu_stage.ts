@@ -633,7 +633,9 @@ export class GpuStage implements Stage {
   #write(input: StageInput, row: number): void {
     const act = this.#plan.act;
     if (input.kind === "hidden") writeBytes(this.#gpu, act.x, 4 * row * this.#hp.D, input.rows);
-    if (input.ids) writeBytes(this.#gpu, act.ids, 4 * row, input.ids);
+    // After the first stage only the MTP block reads the tokens (a middle stage passes them on).
+    const ids = input.kind === "ids" || this.#mtp ? input.ids : undefined;
+    if (ids) writeBytes(this.#gpu, act.ids, 4 * row, ids);
   }
 
   /**
@@ -1106,10 +1108,11 @@ export class GpuStage implements Stage {
         topk: last ? k : 0,
         greedy: { buffer: act.ids, offset: s + 1 },
       });
-      // After the first step the store's slot row 0 holds the step before's hidden row.
-      const mtpBefore = s === 0 ? before : slot * (this.#mtp?.rows ?? 0);
-      if (this.#mtp) {
-        encodeMtpPass(enc, this.#plan, this.#mtp, [{ seq: seqs[0], slot, before: mtpBefore }], s);
+      const mtp = this.#mtp;
+      if (mtp) {
+        // After the first step the store's slot row 0 holds the step before's hidden row.
+        const mtpBefore = s === 0 ? before : slot * mtp.rows;
+        encodeMtpPass(enc, this.#plan, mtp, [{ seq: seqs[0], slot, before: mtpBefore }], s);
       }
     });
   }

@@ -113,8 +113,8 @@ export interface LoadStageOptions {
   readonly mtp?: boolean;
 }
 
-/** The nextn tensors of the MTP block besides its full-attention block's. */
-const MTP_VECTORS = ["enorm", "hnorm", "shared_head_norm"] as const;
+/** The nextn vectors of the MTP block, each uploaded on its own (memory_plan.ts counts them). */
+export const MTP_VECTORS = ["enorm", "hnorm", "shared_head_norm"] as const;
 
 /** Bytes above which loading shows progress. */
 const PROGRESS_BYTES = 256 * 1024 * 1024;

@@ -11,6 +11,7 @@ import { hasMtpBlock, type LayerSpan } from "../gguf/stage_shard.ts";
 import type { HParams } from "../hparams.ts";
 import { defaultMaxBatch } from "../stage.ts";
 import { paddedSize } from "./buffers.ts";
+import { MTP_VECTORS } from "./gpu_weights.ts";
 import {
   activationFloats,
   activationShape,
@@ -151,7 +152,7 @@ export function planStage(
   if (mtp) {
     // As gpu_weights.ts loads it: the nextn vectors, the block, then eh_proj.
     const p = `blk.${hp.nLayer}.nextn`;
-    for (const v of ["enorm", "hnorm", "shared_head_norm"]) t.vectors("mtp", [`${p}.${v}.weight`]);
+    for (const v of MTP_VECTORS) t.vectors("mtp", [`${p}.${v}.weight`]);
     planLayer(t, hp.nLayer);
     t.matrix("mtp", `${p}.eh_proj.weight`);
   }
