@@ -17,6 +17,7 @@ import { moeDownSum } from "./kernels/moe_sum.ts";
 import {
   DECODE_MAX_TOKENS,
   expertsPerSlot,
+  HEAD_FOLD_MAX_ROWS,
   mulMat,
   type MulMatOptions,
   mulMatPair,
@@ -700,10 +701,10 @@ export function encodeHead(enc: StepEncoder, plan: ForwardPlan, head: StepHead):
     src = act.headX;
     base = 0;
   }
-  // A few rows fold the norm into their products (reading src), else every row is normed into
+  // A row or two fold the norm into their products (reading src), else every row is normed into
   // h from row 0; either way with the bits a prefill's normed row gets. Tensor cores never fold.
   const pm = productsOf(plan, !!head.prompt);
-  const folded = R <= DECODE_MAX_TOKENS && !pm.mma;
+  const folded = R <= HEAD_FOLD_MAX_ROWS && !pm.mma;
   if (!folded) {
     rmsNorm(enc, { x: src, w: weights.outputNorm, y: act.h }, {
       n: D,

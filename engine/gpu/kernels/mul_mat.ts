@@ -116,6 +116,7 @@ export const PRODUCT_STEP_TOKENS: readonly number[] = [
   1,
   2,
   SLOT_WIDE_FROM_TOKENS,
+  3,
   DECODE_MAX_TOKENS + 1,
   MATVEC_WIDE_MAX_TOKENS + 1,
   EXPERT_MATVEC_MAX_TOKENS + 1,
@@ -124,11 +125,12 @@ export const PRODUCT_STEP_TOKENS: readonly number[] = [
 
 /**
  * Tokens (gathered: slots) a decode workgroup takes in a product of `tokens` tokens of `rows`
- * rows: one alone; two for a decode step (a pair reads each weight once, measured against one a
- * workgroup) and wherever the RMSNorm is folded; four to 16 tokens, eight beyond and for the LM
- * head, each group reading W once (from L2 after the first): on the H100 four a workgroup took
- * 10-45% less time than eight at 8 and 16 tokens, except the LM head's (bench/kernels/
- * decode_steps.ts); four slots of an expert, which rarely has more at these lengths.
+ * rows: one alone; two for two (a pair reads each weight once, measured against one a workgroup)
+ * and wherever the RMSNorm is folded; four for three or four, and to 16 but for the LM head; eight
+ * beyond, each group reading W once (from L2 after the first). On the H100 four a workgroup took
+ * 10-45% less time than eight at 8 and 16 tokens, except the LM head's, and at 4 tokens the LM
+ * head 1638 µs against two's 2326 (bench/kernels/decode_steps.ts); four slots of an expert,
+ * which rarely has more at these lengths.
  */
 export function decodeTokens(
   tokens: number,
@@ -136,9 +138,16 @@ export function decodeTokens(
 ): MatVecTokens {
   if (o.gathered) return o.norm ? 2 : 4;
   if (tokens <= 1) return 1;
-  if (tokens <= DECODE_MAX_TOKENS || o.norm) return 2;
-  return tokens <= 16 && (o.rows ?? 0) < LM_HEAD_ROWS ? 4 : 8;
+  if (tokens <= 2 || o.norm) return 2;
+  return tokens <= 4 || (tokens <= 16 && (o.rows ?? 0) < LM_HEAD_ROWS) ? 4 : 8;
 }
+
+/**
+ * Rows of a step up to which the LM head folds the final RMSNorm into its product: a folded norm
+ * keeps a workgroup to two tokens (decodeTokens), and at four rows the LM head's two-token
+ * workgroups took 0.7 ms longer than four-token ones after a separate norm (H100).
+ */
+export const HEAD_FOLD_MAX_ROWS = 2;
 
 /** A prefill tile variant. */
 export interface MulMatKey {

@@ -127,16 +127,16 @@ export function decodeLayout(rows: number, id: boolean, tokens: MatVecTokens = 1
 }
 
 /** Rows of a step from which the experts, a (token, rank) slot a workgroup, take 64 rows each. */
-export const SLOT_WIDE_FROM_TOKENS = 4;
+export const SLOT_WIDE_FROM_TOKENS = 2;
 
 /**
  * The layout of the experts' products a slot a workgroup in a step of `stepTokens` rows: from
  * SLOT_WIDE_FROM_TOKENS, 256 threads of four rows, loading two chunks of each at once where the
- * type's loads split off. On the H100 that took the down 1.1-1.8× and gate|up 1.1-1.5× less time
- * than 128 threads of two rows at 4 to 64 rows (bench/kernels/decode_steps.ts --layouts more,
+ * type's loads split off. On the H100 that took the down 1.35-1.85× and gate|up 1.1-1.2× less
+ * time than 128 threads of two rows at 2 to 64 rows (bench/kernels/decode_steps.ts --layouts more,
  * docs/PERFORMANCE-NOTES.md "Experts a slot a workgroup, wider"): a slot's SwiGLU or staged input
- * is computed once for 64 rows instead of 16, and a thread has four rows' chunks in flight.
- * Fewer rows keep decodeLayout's, unmeasured otherwise.
+ * is computed once for 64 rows instead of 16, and a thread has four rows' chunks in flight. One
+ * row keeps decodeLayout's (there its gate|up took 16.6 µs against 12.4).
  */
 export function slotLayout(type: GgmlType, stepTokens: number): MatVecLayout {
   if (stepTokens < SLOT_WIDE_FROM_TOKENS) return SLOT_NARROW;
