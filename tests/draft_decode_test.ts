@@ -144,7 +144,7 @@ Deno.test("a scheduler asked to verify more drafts than its stages keep refuses 
   }
 });
 
-Deno.test("--draft auto counts the drafting in a speculative step's cost and stops when it costs more", async () => {
+Deno.test("--draft auto counts the drafting in a speculative step's cost, stops when it costs more, and the next request starts paused", async () => {
   const whole = await reference(0, 4);
   // Plain steps take 100 ms and the stage's drafts (always right) 600 ms: four tokens a 600 ms
   // step lose to one a 100 ms step, though the verify run alone would win.
@@ -172,11 +172,14 @@ Deno.test("--draft auto counts the drafting in a speculative step's cost and sto
     },
   });
   try {
-    const { ids, verifies, drafted, accepted } = await decodeDrafted(
+    // Twice on one head: the second request starts paused for the DRAFT_BACKOFF tokens the
+    // first one's losing try set (more than its 12), so it drafts nothing.
+    const { runs, verifies, drafted, accepted } = await decodeDrafted(
       { local: slow, tokenizer, draft: "auto" },
       greedy(PROMPT, { maxTokens: 12, stopIds: new Set() }),
+      2,
     );
-    assert.deepEqual(ids, want.slice(0, 12));
+    assert.deepEqual(runs, [want.slice(0, 12), want.slice(0, 12)]);
     assert.equal(accepted, drafted, "every draft was right");
     assert.equal(verifies, 1, `one speculative step, then plain steps: ${verifies} ${drafted}`);
   } finally {

@@ -84,21 +84,43 @@ export const DRAFT_BACKOFF = 32;
 export const MAX_DRAFT_BACKOFF = 512;
 
 /**
+ * What drafting earned across a head's sequences (one per scheduler): the pause its last losing
+ * try set and the one a next loss would set, or none since a try paid. A sequence's gate starts
+ * from it, so where drafts never pay (random weights; a draft source the model disagrees with)
+ * only the head's first sequences pay for finding that out, each later one waiting as long as
+ * the last one learned before it tries; a try that pays lets the next sequences draft at once.
+ */
+export class DraftRecord {
+  /** Tokens a new sequence decodes plainly before its first try. */
+  pause = 0;
+  /** The pause a losing try sets. */
+  backoff = DRAFT_BACKOFF;
+}
+
+/**
  * Whether one sequence drafts ("auto"): it compares the tokens a speculative step yields per ms
  * (accepted drafts plus the model's own token, over drafting, verifying and rewinding) with a
  * plain step's, both measured as the sequence goes, and stops drafting for DRAFT_BACKOFF tokens
  * when the speculative step yields less. It drafts only once a plain step has been measured: a
- * sequence drafting from its first token would have nothing to compare with.
+ * sequence drafting from its first token would have nothing to compare with. Made with the
+ * head's DraftRecord, it starts paused and backed off as the record stands and keeps it current.
  */
 export class DraftGate {
   #plainMsPerToken: number | undefined;
   #verifyTokensPerMs: number | undefined;
-  #pausedUntil = 0;
-  #backoff = DRAFT_BACKOFF;
+  readonly #record: DraftRecord | undefined;
+  #pausedUntil: number;
+  #backoff: number;
   /** Verify runs and the drafts they accepted, for the head's statistics. */
   verifies = 0;
   drafted = 0;
   accepted = 0;
+
+  constructor(record?: DraftRecord) {
+    this.#record = record;
+    this.#pausedUntil = record?.pause ?? 0;
+    this.#backoff = record?.backoff ?? DRAFT_BACKOFF;
+  }
 
   /** Whether the sequence, having generated `generated` tokens, should draft its next step. */
   drafts(generated: number): boolean {
@@ -122,13 +144,22 @@ export class DraftGate {
     const plain = this.#plainMsPerToken;
     if (plain === undefined) return;
     if (this.#verifyTokensPerMs * plain < 1) {
-      this.#pausedUntil = generated + this.#backoff;
-      this.#backoff = Math.min(2 * this.#backoff, MAX_DRAFT_BACKOFF);
+      const pause = this.#backoff;
+      this.#pausedUntil = generated + pause;
+      this.#backoff = Math.min(2 * pause, MAX_DRAFT_BACKOFF);
       // The next try starts from what it measures then.
       this.#verifyTokensPerMs = undefined;
+      this.#remember(pause);
     } else {
       this.#backoff = DRAFT_BACKOFF;
+      this.#remember(0);
     }
+  }
+
+  #remember(pause: number): void {
+    if (!this.#record) return;
+    this.#record.pause = pause;
+    this.#record.backoff = this.#backoff;
   }
 }
 

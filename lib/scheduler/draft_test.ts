@@ -4,6 +4,7 @@ import assert from "node:assert/strict";
 import {
   DRAFT_BACKOFF,
   DraftGate,
+  DraftRecord,
   lookupDraft,
   MAX_DRAFT_BACKOFF,
   MAX_DRAFTS,
@@ -66,4 +67,33 @@ Deno.test("the draft gate pauses drafting while verify runs yield fewer tokens a
   assert.equal(next - at - 1, 8);
   assert.ok(!gate.drafts(next - 1 + DRAFT_BACKOFF - 1) && gate.drafts(next - 1 + DRAFT_BACKOFF));
   assert.deepEqual([gate.verifies, gate.drafted, gate.accepted], [9 + 5 + 1 + 8, 69, 6]);
+});
+
+Deno.test("a head's draft record starts each sequence where drafting last stood", () => {
+  const record = new DraftRecord();
+  // The head's first sequence loses every try: it pauses 32, 64 and 128 tokens.
+  const first = new DraftGate(record);
+  first.plain(10, 1);
+  let at = 1;
+  for (const pause of [DRAFT_BACKOFF, 64, 128]) {
+    assert.ok(first.drafts(at));
+    first.verified(14, 3, 0, at);
+    assert.ok(!first.drafts(at + pause - 1) && first.drafts(at + pause), `paused ${pause}`);
+    at += pause;
+  }
+  // The next sequence waits what the first learned last before its own first try, and a loss
+  // there pauses it twice as long.
+  const second = new DraftGate(record);
+  second.plain(10, 1);
+  assert.ok(!second.drafts(127) && second.drafts(128));
+  second.verified(14, 3, 0, 128);
+  assert.ok(!second.drafts(128 + 255) && second.drafts(128 + 256));
+  // A try that pays, in any sequence, lets the next ones draft after their first plain step.
+  second.verified(10, 3, 3, 400);
+  const third = new DraftGate(record);
+  assert.ok(!third.drafts(0));
+  third.plain(10, 1);
+  assert.ok(third.drafts(1));
+  third.verified(14, 3, 0, 1);
+  assert.ok(!third.drafts(1 + DRAFT_BACKOFF - 1) && third.drafts(1 + DRAFT_BACKOFF));
 });

@@ -15,7 +15,14 @@ import { StageUnavailableError } from "../wire/peer.ts";
 import { type LastOutput, MAX_TOPK, type Stage, type StageRunOptions } from "../../engine/stage.ts";
 import { checkChainLink, checkFirstStage, checkRows } from "../../engine/stage_checks.ts";
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
-import { type Drafter, DraftGate, type DraftMode, draftsOf, lookupDraft } from "./draft.ts";
+import {
+  type Drafter,
+  DraftGate,
+  type DraftMode,
+  DraftRecord,
+  draftsOf,
+  lookupDraft,
+} from "./draft.ts";
 import type { StageLink } from "./link.ts";
 import { PrefixCache } from "./prefix_cache.ts";
 import { CancelledError, type Candidates, Sequence, type SequenceRequest } from "./sequence.ts";
@@ -268,6 +275,8 @@ export class Scheduler {
   readonly #drafts: number;
   /** Drafts from the options; else the local stage's MTP head where it has one, else lookup. */
   readonly #drafter: Drafter | undefined;
+  /** What drafting earned across this head's sequences, where each one's gate starts. */
+  readonly #draftRecord = new DraftRecord();
   /** What a position of the last prompt chunk of any sequence cost, ms: a new prompt's start. */
   #promptMsPerPosition: number | undefined;
   readonly #cache: PrefixCache;
@@ -642,7 +651,7 @@ export class Scheduler {
     // What the sequence holds so far, for drafts: only kept when it may draft.
     const history = this.#drafts > 0 && this.#draftable(seq) ? [...tokens, id] : undefined;
     const sampled = seq.request.sampling.temperature > 0;
-    const gate = new DraftGate();
+    const gate = new DraftGate(this.#draftRecord);
     while (true) {
       // A speculative step's cost, for the gate: drafting, verifying and rewinding.
       const drafting = performance.now();
