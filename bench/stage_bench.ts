@@ -296,11 +296,8 @@ async function mtpStage(
         deadline,
         log,
       );
-      if (k > 0) log(`tg${tg}-mtp${k}: ${count.kept} of ${count.drafted} drafts kept`);
-      figures[`tg${tg}-mtp${k}`] = {
-        ...figure,
-        drafts: { drafted: count.drafted, kept: count.kept },
-      };
+      const plainName = `tg${tg}-mtp${k}`;
+      figures[plainName] = withDrafts(plainName, figure, count, k > 0 ? log : undefined);
       if (k === 0) continue;
       // Sampled as the bench samples tg (BENCH_SAMPLING), each draft kept with its probability.
       let sampled: DraftCount = { drafted: 0, kept: 0 };
@@ -324,13 +321,27 @@ async function mtpStage(
         deadline,
         log,
       );
-      log(`${name}: ${sampled.kept} of ${sampled.drafted} drafts kept`);
-      figures[name] = { ...timed, drafts: sampled };
+      figures[name] = withDrafts(name, timed, sampled, log);
     }
   } finally {
     opened.close();
   }
   return figures;
+}
+
+/**
+ * Figure `name` with the drafts its last run made and kept (said in `log` where given); a
+ * figure that was not measured (skipped, failed) carries none.
+ */
+function withDrafts(
+  name: string,
+  figure: Figure,
+  count: DraftCount,
+  log?: (line: string) => void,
+): Figure {
+  if (figure.error !== undefined) return figure;
+  log?.(`${name}: ${count.kept} of ${count.drafted} drafts kept`);
+  return { ...figure, drafts: { drafted: count.drafted, kept: count.kept } };
 }
 
 /**

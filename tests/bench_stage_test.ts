@@ -73,3 +73,35 @@ Deno.test("benchStage past its deadline skips every figure and opens no further 
     decode: { tokens: 4, error: "skipped: no time left to start the worker" },
   });
 });
+
+Deno.test("benchStage on a file with an MTP block: tgN-mtpK figures carry the drafts they made and kept", async () => {
+  const options = {
+    model: await testModel({ arch: "qwen35moe", quant: "q4_k_m", mtp: true }),
+    backend: "reference" as const,
+    gpu: "builtin" as const,
+    pp: [16],
+    tg: 4,
+    slots: 1,
+    concurrency: [],
+    at: 0,
+    drafts: [2],
+    runs: 1,
+    seed: 1,
+  };
+  const report = await benchStage({ ...options, deadlineS: 120 });
+  const drafted = ["tg4-mtp2", "tg4-mtp2-sampled"].map((name) => {
+    const f = report.figures[name];
+    assert.equal(f.timing?.seconds.length, 1, `${name}: ${f.error}`);
+    assert.deepEqual(Object.keys(f.drafts ?? {}).sort(), ["drafted", "kept"], name);
+    assert.ok(f.drafts!.kept <= f.drafts!.drafted && f.drafts!.drafted > 0, name);
+    return f.drafts!.drafted;
+  });
+  assert.equal(drafted.length, 2);
+  assert.deepEqual(report.figures["tg4-mtp0"].drafts, { drafted: 0, kept: 0 });
+  // Past the deadline nothing is measured, and no figure claims drafts.
+  const late = await benchStage({ ...options, deadlineS: 0 });
+  for (const [name, f] of Object.entries(late.figures)) {
+    assert.match(f.error ?? "", /^skipped: /, name);
+    assert.equal(f.drafts, undefined, name);
+  }
+});
