@@ -166,6 +166,13 @@ export interface StageRunOptions {
    * 2·MAX_TOPK + 1 (one run's share of the GPU's candidate buffer). Default "last".
    */
   readonly candidates?: "last" | "every";
+  /**
+   * false: a stage that runs the model's MTP block (opened with `mtp`) skips it for this run, for
+   * a sequence that will not draft after it. The slot's `draft` then returns none until the slot
+   * starts again at position 0 (its block's cache has a gap), and snapshots saved from it carry
+   * the gap. Default true; a stage without the block ignores it.
+   */
+  readonly mtp?: boolean;
 }
 
 /** A stage's layers and the sizes it was opened with; a worker's HELLO states the same. */
@@ -254,7 +261,7 @@ export interface Stage extends StageShape {
     id: number,
     base: number,
     steps: number,
-    options?: Pick<StageRunOptions, "topk">,
+    options?: Pick<StageRunOptions, "topk" | "mtp">,
   ): Promise<LastOutput>;
   /**
    * Optional, for a stage that owns the whole model and its MTP block (opened with `mtp`): up to

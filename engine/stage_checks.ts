@@ -152,15 +152,12 @@ function checkTokenIds(ids: Uint32Array, n: number, vocab: number): void {
 }
 
 /**
- * A run of a stage that drafts with the MTP block carries its token ids (a stage after the first
- * gets them beside its hidden rows).
+ * Whether a stage that runs the model's MTP block runs it over a run of `input` with `options`:
+ * unless the run says `mtp: false`, or, after the first stage, comes without its rows' token ids
+ * (the block embeds them; a chain's head sends none for a run it will not draft after).
  */
-export function checkMtpInput(stage: Pick<Stage, "first" | "end">, input: StageInput): void {
-  if (input.kind === "hidden" && !input.ids) {
-    throw new RangeError(
-      `Cannot run stage ${stage.first}..${stage.end} without the rows' token ids: it drafts with the model's MTP block, which embeds them; pass { kind: "hidden", rows, ids }`,
-    );
-  }
+export function runsMtp(input: StageInput, options: Pick<StageRunOptions, "mtp">): boolean {
+  return options.mtp !== false && (input.kind === "ids" || input.ids !== undefined);
 }
 
 /** Checks Stage.draft's arguments: `k` a whole number ≥ 0, `id` a token of the vocabulary. */

@@ -144,12 +144,14 @@ Deno.test("a scheduler asked to verify more drafts than its stages keep refuses 
   }
 });
 
-Deno.test("--draft auto counts the drafting in a speculative step's cost, stops when it costs more, and the next request starts paused", async () => {
+Deno.test("--draft auto counts the drafting in a speculative step's cost, stops when it costs more, and the next request starts paused without the MTP block", async () => {
   const whole = await reference(0, 4);
   // Plain steps take 100 ms and the stage's drafts (always right) 600 ms: four tokens a 600 ms
   // step lose to one a 100 ms step, though the verify run alone would win.
   const sleep = (ms: number) => new Promise((r) => setTimeout(r, ms));
   let pos = 0;
+  // Per request, whether each run skipped the MTP block.
+  const skipped: boolean[][] = [];
   const slow = new Proxy(whole, {
     get(target, key) {
       if (key === "draft") {
@@ -160,7 +162,9 @@ Deno.test("--draft auto counts the drafting in a speculative step's cost, stops 
       }
       if (key === "run") {
         return async (...args: Parameters<Stage["run"]>) => {
-          const [, , n, base] = args;
+          const [, , n, base, options] = args;
+          if (base === 0) skipped.push([]);
+          skipped[skipped.length - 1].push(options?.mtp === false);
           if (n === 1) await sleep(100);
           const out = await target.run(...args);
           pos = base + n;
@@ -182,6 +186,12 @@ Deno.test("--draft auto counts the drafting in a speculative step's cost, stops 
     assert.deepEqual(runs, [want.slice(0, 12), want.slice(0, 12)]);
     assert.equal(accepted, drafted, "every draft was right");
     assert.equal(verifies, 1, `one speculative step, then plain steps: ${verifies} ${drafted}`);
+    // The first request's runs feed the MTP block until its losing try pauses it past its end;
+    // the second's, which cannot draft before its end, all skip it.
+    assert.equal(skipped.length, 2);
+    const fed = skipped[0].indexOf(true);
+    assert.ok(fed >= 2 && skipped[0].slice(fed).every((s) => s), `${skipped[0]}`);
+    assert.ok(skipped[1].length > 0 && skipped[1].every((s) => s), `${skipped[1]}`);
   } finally {
     whole.close();
   }

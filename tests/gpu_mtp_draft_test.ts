@@ -160,3 +160,58 @@ gpuTest(
     }
   },
 );
+
+/**
+ * A slot's life with a run that skips the MTP block (StageRunOptions.mtp false; none where `skip`
+ * is false): each run's greedy id, then how many drafts follow it.
+ */
+async function skipping(stage: Stage, slot: number, skip = true): Promise<number[]> {
+  const out: number[] = [];
+  const step = async (v: number[], base: number, mtp?: false) => {
+    const o = await stage.run(slot, { kind: "ids", ids: Uint32Array.from(v) }, v.length, base, {
+      logits: "last",
+      ...(mtp === false ? { mtp } : {}),
+    });
+    const id = o.kind === "ids" ? o.ids[0] : -1;
+    out.push(id, (await stage.draft!(slot, id, 3)).length);
+  };
+  await step([...PROMPT], 0);
+  await step([40], 8, skip ? false : undefined);
+  // The block missed position 8: no drafts until the slot starts again.
+  await step([41], 9);
+  await stage.save(slot, 0);
+  await step([...PROMPT], 0);
+  await stage.restore(slot, 0);
+  // The snapshot was saved with the gap.
+  await step([42], 10);
+  await step([3, 4, 5], 0);
+  return out;
+}
+
+gpuTest(
+  "runs that skip the MTP block give the same tokens, and the slot drafts none until it starts again",
+  async (gpu) => {
+    const reference = await openReferenceStage(model, { ...OPEN, slots: 1 });
+    const want = await skipping(reference, 0);
+    reference.close();
+    const drafts = want.filter((_, i) => i % 2 === 1);
+    assert.deepEqual(drafts, [3, 0, 0, 3, 0, 3], "drafts stop at the skipped run");
+    const ids = (walked: number[]) => walked.filter((_, i) => i % 2 === 0);
+    const all = await openReferenceStage(model, { ...OPEN, slots: 1 });
+    const unskipped = await skipping(all, 0, false);
+    all.close();
+    assert.deepEqual(ids(unskipped), ids(want), "the same tokens with the block running");
+    assert.deepEqual(unskipped.filter((_, i) => i % 2 === 1), [3, 3, 3, 3, 3, 3]);
+    const stage = await openGpuStage(model, gpu, { ...OPEN, slots: 1, log: () => {} });
+    try {
+      assert.deepEqual(await skipping(stage, 0), want, "the GPU as the reference");
+      // Fused greedy steps skip it too.
+      await stage.run(0, { kind: "ids", ids: PROMPT }, PROMPT.length, 0, { logits: "last" });
+      assert.equal((await stage.draft!(0, 40, 3)).length, 3);
+      const fused = await stage.decodeGreedy!(0, 40, 8, 2, { mtp: false });
+      assert.equal((await stage.draft!(0, fused.ids[1], 3)).length, 0);
+    } finally {
+      stage.close();
+    }
+  },
+);

@@ -110,11 +110,35 @@ Deno.test("drafted decoding through a split with the MTP block gives the whole m
     const got = await drafted(c.head, c.link);
     assert.deepEqual(got.ids, plain);
     assert.ok(got.verifies > 0, "drafts were verified");
-    // A last stage that drafts needs each run's tokens.
-    await assert.rejects(
-      c.link.remote.run(0, { kind: "hidden", rows: new Float32Array(256) }, 1, 0),
-      /without the rows' token ids/,
-    );
+  } finally {
+    await c.close();
+  }
+});
+
+Deno.test("a RUN without token ids skips the last stage's MTP block: that slot drafts none until it starts again at 0", async () => {
+  const c = await chain(predictable, [2]);
+  try {
+    const hidden = (ids: Uint32Array, base = 0) =>
+      c.head.run(0, { kind: "ids", ids }, ids.length, base);
+    const prompt = Uint32Array.from(PROMPT);
+    const rows = await hidden(prompt);
+    assert.equal(rows.kind, "hidden");
+    if (rows.kind !== "hidden") return;
+    const withIds = await c.link.remote.run(0, { ...rows, ids: prompt }, 3, 0, { logits: "last" });
+    const next = withIds.kind === "ids" ? withIds.ids[0] : -1;
+    assert.deepEqual([...await c.link.draft(0, next, 3)], [next + 1, next + 2, next + 3]);
+    // The same run without its ids: the same token, and no drafts after it.
+    const without = await c.link.remote.run(0, rows, 3, 0, { logits: "last" });
+    assert.deepEqual(without, withIds);
+    assert.equal((await c.link.draft(0, next, 3)).length, 0);
+    // A later run with its ids does not bring them back: the block missed positions 1..2.
+    const one = await hidden(Uint32Array.of(next), 3);
+    if (one.kind !== "hidden") return;
+    await c.link.remote.run(0, { ...one, ids: Uint32Array.of(next) }, 1, 3, { logits: "last" });
+    assert.equal((await c.link.draft(0, next + 1, 3)).length, 0);
+    // Starting again at 0 does.
+    await c.link.remote.run(0, { ...rows, ids: prompt }, 3, 0, { logits: "last" });
+    assert.equal((await c.link.draft(0, next, 3)).length, 3);
   } finally {
     await c.close();
   }

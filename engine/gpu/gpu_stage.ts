@@ -43,7 +43,6 @@ import {
   checkCandidates,
   checkDraft,
   checkLogits,
-  checkMtpInput,
   checkOpen,
   checkOpenOptions,
   checkRewind,
@@ -54,6 +53,7 @@ import {
   checkSnapshot,
   checkTopK,
   type RewindSpan,
+  runsMtp,
 } from "../stage_checks.ts";
 import { loadStageWeights, type StageWeights } from "./gpu_weights.ts";
 import { hasMtpBlock } from "../gguf/stage_shard.ts";
@@ -377,6 +377,8 @@ interface StepRun {
   readonly pairs: number;
   /** Where the MTP block runs after the step: the store's row of the hidden state before it. */
   readonly before: number;
+  /** The MTP block runs over the rows (StageRunOptions.mtp; false where the stage has none). */
+  readonly mtp: boolean;
 }
 
 /** What a step's recording depends on besides its slots' state: its runs, in row order. */
@@ -384,7 +386,7 @@ function stepKey(runs: readonly StepRun[]): string {
   return runs.map((r) =>
     `${r.slot}@${r.base}+${r.n}${r.prompt ? "p" : ""}${r.trail ? "t" : ""} ${r.logits} ${r.k}${
       r.every ? "e" : ""
-    } ${r.words} ${r.pairs} h${r.before}`
+    } ${r.words} ${r.pairs} h${r.before}${r.mtp ? "" : " -mtp"}`
   ).join(" | ");
 }
 
@@ -452,8 +454,15 @@ export const STEP_BIAS_PAIRS = 4 * MAX_BIAS_PAIRS;
  * decodeGreedy's step s at position pos; only its last step depends on steps and k, only its
  * first on the MTP store's row before it.
  */
-function fusedKey(pos: number, s: number, steps: number, k: number, before: number): string {
-  const at = s === 0 ? ` h${before}` : "";
+function fusedKey(
+  pos: number,
+  s: number,
+  steps: number,
+  k: number,
+  before: number,
+  mtp: boolean,
+): string {
+  const at = (s === 0 ? ` h${before}` : "") + (mtp ? "" : " -mtp");
   return s === steps - 1 ? `fused ${pos} ${s} last ${steps} ${k}${at}` : `fused ${pos} ${s}${at}`;
 }
 
@@ -492,6 +501,11 @@ export class GpuStage implements Stage {
   readonly #mtp: MtpPlan | undefined;
   /** Per slot, the positions whose hidden rows the MTP store keeps (from the slot's row 0). */
   readonly #kept: (RewindSpan | undefined)[];
+  /**
+   * Per slot and snapshot: some position of its state skipped the MTP block (a run with
+   * StageRunOptions.mtp false), so its drafts are off until the slot starts again at 0.
+   */
+  readonly #mtpGap: boolean[];
   readonly #readbacks: GPUBuffer[] = [];
   /** Per slot, its next step encoded while the GPU ran the one before (#encodeAhead). */
   readonly #aheadBySlot = new Map<number, Prepared>();
@@ -556,6 +570,7 @@ export class GpuStage implements Stage {
     this.#spans = new Array(slots).fill(undefined);
     this.#mtp = mtp;
     this.#kept = new Array(slots).fill(undefined);
+    this.#mtpGap = sets.map(() => false);
     if (mtp) this.draft = (slot, id, k) => this.#draft(mtp, slot, id, k);
     this.nLayer = hp.nLayer;
     this.nEmbd = hp.D;
@@ -598,24 +613,34 @@ export class GpuStage implements Stage {
   #check(slot: number, input: StageInput, n: number, base: number): void {
     this.#checkSlot(slot);
     checkRun(this, slot, input, n, base, this.#pos[slot], this.#hp.V);
-    if (this.#mtp) checkMtpInput(this, input);
   }
 
   /**
    * A checked run is the slot's last: its positions are seen, a rewind may go into them, and the
    * MTP store keeps its last rows.
    */
-  #advance(run: Pick<Waiting, "slot" | "base" | "n"> & { readonly rewindable: boolean }): void {
+  #advance(
+    run: Pick<Waiting, "slot" | "base" | "n" | "mtp"> & { readonly rewindable: boolean },
+  ): void {
     this.#pos[run.slot] = run.base + run.n;
     this.#spans[run.slot] = run.rewindable ? { base: run.base, n: run.n } : undefined;
-    this.#keep(run.slot, run.base, run.n);
+    this.#keep(run.slot, run.base, run.n, run.mtp);
   }
 
-  /** The MTP store keeps the last of positions [base, base + n) of `slot`. */
-  #keep(slot: number, base: number, n: number): void {
+  /**
+   * The MTP store keeps the last of positions [base, base + n) of `slot`, where the block ran over
+   * them; where it did not, the slot's drafts are off until it starts again at 0.
+   */
+  #keep(slot: number, base: number, n: number, mtp: boolean): void {
     if (!this.#mtp) return;
+    this.#mtpGap[slot] = (base > 0 && this.#mtpGap[slot]) || !mtp;
     const m = Math.min(n, this.#mtp.rows);
-    this.#kept[slot] = { base: base + n - m, n: m };
+    this.#kept[slot] = mtp ? { base: base + n - m, n: m } : undefined;
+  }
+
+  /** Whether the MTP block runs over a run of `input` with `options` (StageRunOptions.mtp). */
+  #runsMtp(input: StageInput, options: Pick<StageRunOptions, "mtp">): boolean {
+    return this.#mtp !== undefined && runsMtp(input, options);
   }
 
   /**
@@ -855,6 +880,7 @@ export class GpuStage implements Stage {
       words: adjust?.mask?.length ?? 0,
       pairs: adjust?.bias?.length ?? 0,
       before: this.#before(slot, base),
+      mtp: this.#runsMtp(input, options),
     };
     // Runs share steps once enough slots are active (on the GPU, waiting, or back from a run
     // not long ago); a slot running alone goes as it would without sharing, its submit not put
@@ -887,7 +913,7 @@ export class GpuStage implements Stage {
     id: number,
     base: number,
     steps: number,
-    options: Pick<StageRunOptions, "topk"> = {},
+    options: Pick<StageRunOptions, "topk" | "mtp"> = {},
   ): Promise<LastOutput> {
     const started = performance.now();
     if (this.first !== 0 || !this.#last) {
@@ -912,10 +938,11 @@ export class GpuStage implements Stage {
       );
     }
     const before = this.#before(slot, base);
-    const first = this.#ahead(slot, fusedKey(base, 0, steps, k, before));
+    const mtp = this.#mtp !== undefined && options.mtp !== false;
+    const first = this.#ahead(slot, fusedKey(base, 0, steps, k, before, mtp));
     // Each step is submitted before the next is encoded.
     const prepare = (s: number) =>
-      (s === 0 ? first : undefined) ?? this.#prepareFused(slot, base, s, steps, k, before);
+      (s === 0 ? first : undefined) ?? this.#prepareFused(slot, base, s, steps, k, before, mtp);
     const run = {
       slot,
       base,
@@ -928,14 +955,15 @@ export class GpuStage implements Stage {
       words: 0,
       pairs: 0,
       before,
+      mtp,
     };
     const done = this.#submit(steps, prepare, started, submission([run]));
     this.#pos[slot] = base + steps;
-    this.#keep(slot, base + steps - 1, 1);
+    this.#keep(slot, base + steps - 1, 1, mtp);
     // The next call's first step, for a caller that goes on decoding this sequence.
     if (base + steps + 2 <= this.ctx) {
       const next = this.#before(slot, base + steps);
-      this.#encodeAhead(slot, () => this.#prepareFused(slot, base + steps, 0, 2, 0, next));
+      this.#encodeAhead(slot, () => this.#prepareFused(slot, base + steps, 0, 2, 0, next, mtp));
     }
     const data = await done;
     const ids = new Uint32Array(data, 0, steps).slice();
@@ -1070,12 +1098,10 @@ export class GpuStage implements Stage {
       encodeLayers(enc, this.#plan, seqs, 0, runs[0].prompt);
       if (head) encodeHead(enc, this.#plan, head);
       if (this.#mtp) {
-        const mtpRuns = runs.map((r, i): MtpRun => ({
-          seq: seqs[i],
-          slot: r.slot,
-          before: r.before,
-        }));
-        encodeMtpPass(enc, this.#plan, this.#mtp, mtpRuns);
+        const mtpRuns = runs.flatMap((r, i): MtpRun[] =>
+          r.mtp ? [{ seq: seqs[i], slot: r.slot, before: r.before }] : []
+        );
+        if (mtpRuns.length) encodeMtpPass(enc, this.#plan, this.#mtp, mtpRuns);
       }
     });
   }
@@ -1083,7 +1109,7 @@ export class GpuStage implements Stage {
   /**
    * Step s of decodeGreedy(slot, id, base, steps): embeds act.ids[s] at position base + s and
    * writes its argmax to act.ids[s + 1]; the last step reads back every id and the top-k. With
-   * the MTP block, `before` is the MTP store's row before the first step (#before).
+   * the MTP block (where `mtp`), `before` is the MTP store's row before the first step (#before).
    */
   #prepareFused(
     slot: number,
@@ -1092,6 +1118,7 @@ export class GpuStage implements Stage {
     steps: number,
     k: number,
     before: number,
+    mtp: boolean,
   ): Prepared {
     const { act } = this.#plan;
     const last = s === steps - 1;
@@ -1100,7 +1127,7 @@ export class GpuStage implements Stage {
       : [];
     const marks = { start: s === 0, end: last };
     const seqs = [{ states: this.#sets[slot], base: base + s, row: 0, n: 1 }];
-    const key = fusedKey(base + s, s, steps, k, before);
+    const key = fusedKey(base + s, s, steps, k, before, mtp);
     return this.#prepare(key, seqs, outputs, marks, (enc) => {
       encodeLayers(enc, this.#plan, seqs, s);
       encodeHead(enc, this.#plan, {
@@ -1108,11 +1135,11 @@ export class GpuStage implements Stage {
         topk: last ? k : 0,
         greedy: { buffer: act.ids, offset: s + 1 },
       });
-      const mtp = this.#mtp;
-      if (mtp) {
+      const plan = this.#mtp;
+      if (plan && mtp) {
         // After the first step the store's slot row 0 holds the step before's hidden row.
-        const mtpBefore = s === 0 ? before : slot * mtp.rows;
-        encodeMtpPass(enc, this.#plan, mtp, [{ seq: seqs[0], slot, before: mtpBefore }], s);
+        const mtpBefore = s === 0 ? before : slot * plan.rows;
+        encodeMtpPass(enc, this.#plan, plan, [{ seq: seqs[0], slot, before: mtpBefore }], s);
       }
     });
   }
@@ -1130,7 +1157,7 @@ export class GpuStage implements Stage {
     const pos = this.#pos[slot];
     const before = this.#before(slot, pos);
     const count = Math.min(k, this.ctx - pos, this.maxBatch);
-    if (before < 0 || count <= 0) return new Uint32Array();
+    if (before < 0 || count <= 0 || this.#mtpGap[slot]) return new Uint32Array();
     const started = performance.now();
     // The slot's runs go first: the drafts read the state they leave.
     this.#flush();
@@ -1356,6 +1383,7 @@ export class GpuStage implements Stage {
       const snap = this.#snapshot(idx);
       this.#copy(slot, snap, this.#pos[slot]);
       this.#pos[snap] = this.#pos[slot];
+      this.#mtpGap[snap] = this.#mtpGap[slot];
       resolve();
     });
   }
@@ -1372,6 +1400,7 @@ export class GpuStage implements Stage {
       }
       this.#copy(snap, slot, pos);
       this.#pos[slot] = pos;
+      this.#mtpGap[slot] = this.#mtpGap[snap];
       this.#spans[slot] = undefined;
       // The MTP store keeps no snapshot's rows: drafts wait for the slot's next run.
       this.#kept[slot] = undefined;

@@ -18,7 +18,6 @@ import {
   checkCandidates,
   checkDraft,
   checkLogits,
-  checkMtpInput,
   checkOpen,
   checkOpenOptions,
   checkRewind,
@@ -28,6 +27,7 @@ import {
   checkSnapshot,
   checkTopK,
   type RewindSpan,
+  runsMtp,
 } from "../stage_checks.ts";
 import {
   forwardLayer,
@@ -54,6 +54,8 @@ import { rmsNorm } from "./norms.ts";
 interface SlotState {
   pos: number;
   readonly layers: readonly LayerState[];
+  /** Some position of the state skipped the MTP block (StageRunOptions.mtp false). */
+  mtpGap: boolean;
 }
 
 /**
@@ -193,11 +195,17 @@ export class ReferenceStage implements Stage {
     if (this.#head) checkAdjust(options.adjust, this.#hp.V);
     const rewindable = checkRewindable(this, options, n);
     const every = checkCandidates(options, n);
-    if (this.#mtp) checkMtpInput(this, input);
     const rows = await this.#forward(slot, input, n, base, rewindable);
     const head = this.#head;
     if (!head) return { kind: "hidden", rows };
-    if (input.ids) await this.#runMtp(slot, input.ids, rows, base);
+    if (this.#mtp) {
+      const state = this.#slot(slot);
+      const mtp = runsMtp(input, options);
+      // A skipped run leaves a gap in the block's cache: no drafts until the slot restarts.
+      state.mtpGap = (base > 0 && state.mtpGap) || !mtp;
+      if (mtp && input.ids) await this.#runMtp(slot, input.ids, rows, base);
+      else this.#slotMtp[slot].hidden = [];
+    }
     const D = this.#hp.D;
     const count = greedyCount(positions, n);
     const ids = new Uint32Array(count);
@@ -261,6 +269,7 @@ export class ReferenceStage implements Stage {
     const to = this.#snapshots[idx] ??= this.#newSlot();
     copyLayers(from.layers, to.layers, from.pos, this.#kvRow());
     to.pos = from.pos;
+    to.mtpGap = from.mtpGap;
   }
 
   restore(slot: number, idx: number): Promise<number> {
@@ -276,6 +285,7 @@ export class ReferenceStage implements Stage {
     }
     copyLayers(from.layers, to.layers, from.pos, this.#kvRow());
     to.pos = from.pos;
+    to.mtpGap = from.mtpGap;
     this.#trails[slot] = undefined;
     // The MTP block's KV is not snapshotted: drafts wait for the next run's rows.
     if (this.#slotMtp[slot]) this.#slotMtp[slot].hidden = [];
@@ -321,7 +331,7 @@ export class ReferenceStage implements Stage {
     const w = this.#mtp!;
     const drafts = new Uint32Array(Math.max(0, Math.min(k, this.ctx - state.pos)));
     let hidden = this.#hiddenAt(slot, state.pos - 1);
-    if (!hidden) return new Uint32Array();
+    if (!hidden || state.mtpGap) return new Uint32Array();
     let token = id;
     for (let i = 0; i < drafts.length; i++) {
       hidden = mtpStep(
@@ -371,7 +381,7 @@ export class ReferenceStage implements Stage {
     for (let il = this.first; il < this.end; il++) {
       layers.push(newLayerState(this.#hp, il, this.ctx));
     }
-    return { pos: 0, layers };
+    return { pos: 0, layers, mtpGap: false };
   }
 
   #kvRow(): number {

@@ -127,6 +127,14 @@ export class DraftGate {
     return this.#plainMsPerToken !== undefined && generated >= this.#pausedUntil;
   }
 
+  /**
+   * Whether the sequence may draft again before it has generated `end` tokens (a try needs a
+   * token after its drafts): where not, its runs can skip the MTP block.
+   */
+  reaches(end: number): boolean {
+    return this.#pausedUntil < end - 1;
+  }
+
   /** A plain step (or fused steps) took `ms` for `tokens` tokens. */
   plain(ms: number, tokens: number): void {
     this.#plainMsPerToken = mean(this.#plainMsPerToken, ms / tokens);

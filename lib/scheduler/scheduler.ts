@@ -605,6 +605,8 @@ export class Scheduler {
     // ms a position of this sequence's last chunk took, its step's other rows included; before
     // its first, the last chunk of any sequence's
     let msPerPosition = this.#promptMsPerPosition;
+    const gate = new DraftGate(this.#draftRecord);
+    const mtp = () => this.#mtpOption(seq, gate);
     this.#prefilling.add(seq);
     try {
       while (pos < tokens.length) {
@@ -629,8 +631,8 @@ export class Scheduler {
           Uint32Array.from(tokens.slice(pos, end)),
           pos,
           last
-            ? { topk, adjust: await seq.adjust(end, this.ctx), logits: "last", rows }
-            : { logits: "none", rows },
+            ? { topk, adjust: await seq.adjust(end, this.ctx), logits: "last", rows, ...mtp() }
+            : { logits: "none", rows, ...mtp() },
         );
         msPerPosition = (performance.now() - started) / (end - pos);
         this.#promptMsPerPosition = msPerPosition;
@@ -651,7 +653,6 @@ export class Scheduler {
     // What the sequence holds so far, for drafts: only kept when it may draft.
     const history = this.#drafts > 0 && this.#draftable(seq) ? [...tokens, id] : undefined;
     const sampled = seq.request.sampling.temperature > 0;
-    const gate = new DraftGate(this.#draftRecord);
     while (true) {
       // A speculative step's cost, for the gate: drafting, verifying and rewinding.
       const drafting = performance.now();
@@ -708,7 +709,7 @@ export class Scheduler {
           1,
           Math.min(FUSED_STEPS, left, this.ctx - pos, this.#local.maxBatch),
         );
-        const ids = await this.#fusedSteps(seq, slot, fused, id, pos, steps);
+        const ids = await this.#fusedSteps(seq, slot, fused, id, pos, steps, mtp());
         gate.plain(performance.now() - started, steps);
         for (const [s, next] of ids.entries()) {
           if (!this.#accept(seq, progress, next, NO_TOP, pos + s + 1)) return;
@@ -723,6 +724,7 @@ export class Scheduler {
         adjust: await seq.adjust(pos + 1, this.ctx),
         logits: "last",
         rows: "decode",
+        ...mtp(),
       });
       gate.plain(performance.now() - started, 1);
       pos++;
@@ -784,6 +786,18 @@ export class Scheduler {
     return !constraint && logprobs === undefined && !seq.adjusting;
   }
 
+  /**
+   * The run option that spares a sequence the last stage's MTP block when it will not draft
+   * again: it cannot draft at all, or under "auto" its gate's pause outlasts its token budget.
+   * The block runs beside every other run (it must have seen every position a draft follows).
+   */
+  #mtpOption(seq: Sequence, gate: DraftGate): { readonly mtp?: false } {
+    if (this.#drafts === 0) return {};
+    const drafts = this.#draftable(seq) &&
+      (this.#draft !== "auto" || gate.reaches(seq.request.maxTokens));
+    return drafts ? {} : { mtp: false };
+  }
+
   /** Takes `slot` back to `pos` inside its last (rewindable) run, on every stage. */
   async #rewind(seq: Sequence, slot: number, pos: number): Promise<void> {
     await this.#lane.run(() => {
@@ -819,7 +833,10 @@ export class Scheduler {
     return this.#local.decodeGreedy?.bind(this.#local);
   }
 
-  /** `steps` fused greedy steps from `id` at `pos` on the lane; each step's greedy id. */
+  /**
+   * `steps` fused greedy steps from `id` at `pos` on the lane (`options.mtp` as a run's); each
+   * step's greedy id.
+   */
   async #fusedSteps(
     seq: Sequence,
     slot: number,
@@ -827,6 +844,7 @@ export class Scheduler {
     id: number,
     pos: number,
     steps: number,
+    options: Pick<StageRunOptions, "mtp">,
   ): Promise<Uint32Array> {
     const [localTimes] = this.stats.stages;
     return await this.#lane.run(() => {
@@ -835,7 +853,7 @@ export class Scheduler {
         localTimes,
         steps,
         "decode",
-        async () => (await decode(slot, id, pos, steps)).ids,
+        async () => (await decode(slot, id, pos, steps, options)).ids,
       );
     });
   }

@@ -150,8 +150,11 @@ export class RemoteStage implements Stage {
       const m = Math.min(chunk, n - at);
       const last = at + m === n;
       const rows = input.rows.subarray(at * this.nEmbd, (at + m) * this.nEmbd);
-      // The tokens go along where the chain's last stage drafts (it embeds them).
-      const tokens = peer.info.drafts ? input.ids?.subarray(at, at + m) : undefined;
+      // The tokens go along where the chain's last stage drafts (it embeds them), unless the run
+      // skips its MTP block: a RUN without them does (engine/stage_checks.ts runsMtp).
+      const tokens = peer.info.drafts && options.mtp !== false
+        ? input.ids?.subarray(at, at + m)
+        : undefined;
       const reply = await peer.run(
         slot,
         rows,
