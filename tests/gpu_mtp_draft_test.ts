@@ -209,6 +209,29 @@ gpuTest(
     const stage = await openGpuStage(model, gpu, { ...OPEN, slots: 1, log: () => {} });
     try {
       assert.deepEqual(await skipping(stage, 0), want, "the GPU as the reference");
+      // In a step shared with a slot that skips the block, a slot that runs it drafts what it
+      // drafts alone.
+      const two = await openGpuStage(model, gpu, {
+        ...OPEN,
+        slots: 2,
+        shareSteps: true,
+        log: () => {},
+      });
+      try {
+        const prompt = (slot: number, mtp?: false) =>
+          two.run(slot, { kind: "ids", ids: PROMPT }, PROMPT.length, 0, {
+            logits: "last",
+            ...(mtp === false ? { mtp } : {}),
+          });
+        await prompt(0);
+        const alone = [...await two.draft!(0, 40, 3)];
+        assert.equal(alone.length, 3);
+        await Promise.all([prompt(0), prompt(1, false)]);
+        assert.deepEqual([...await two.draft!(0, 40, 3)], alone);
+        assert.equal((await two.draft!(1, 40, 3)).length, 0);
+      } finally {
+        two.close();
+      }
       // Fused greedy steps skip it too.
       await stage.run(0, { kind: "ids", ids: PROMPT }, PROMPT.length, 0, { logits: "last" });
       assert.equal((await stage.draft!(0, 40, 3)).length, 3);
