@@ -84,11 +84,12 @@ export const DRAFT_BACKOFF = 32;
 export const MAX_DRAFT_BACKOFF = 512;
 
 /**
- * What drafting earned across a head's sequences (one per scheduler): the pause its last losing
- * try set and the one a next loss would set, or none since a try paid. A sequence's gate starts
- * from it, so where drafts never pay (random weights; a draft source the model disagrees with)
- * only the head's first sequences pay for finding that out, each later one waiting as long as
- * the last one learned before it tries; a try that pays lets the next sequences draft at once.
+ * What drafting with the model's MTP head earned across a head's sequences (one per scheduler):
+ * the pause its last losing try set and the one a next loss would set, or none since a try paid.
+ * A sequence's gate starts from it, so where the head's drafts never pay (random weights; an MTP
+ * head the model disagrees with) only the first sequences pay for finding that out, each later
+ * one waiting as long as the last one learned before it tries; a try that pays lets the next
+ * sequences draft at once. Prompt lookup's drafts depend on each prompt, so its gates start fresh.
  */
 export class DraftRecord {
   /** Tokens a new sequence decodes plainly before its first try. */

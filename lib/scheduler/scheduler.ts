@@ -605,7 +605,9 @@ export class Scheduler {
     // ms a position of this sequence's last chunk took, its step's other rows included; before
     // its first, the last chunk of any sequence's
     let msPerPosition = this.#promptMsPerPosition;
-    const gate = new DraftGate(this.#draftRecord);
+    // What drafting earned on this head says something of the model's MTP head, which drafts for
+    // every prompt alike; prompt lookup's drafts are the prompt's own, so each gate starts fresh.
+    const gate = new DraftGate(this.#mtpDrafts() ? this.#draftRecord : undefined);
     const mtp = () => this.#mtpOption(seq, gate);
     this.#prefilling.add(seq);
     try {
@@ -784,6 +786,12 @@ export class Scheduler {
   #draftable(seq: Sequence): boolean {
     const { constraint, logprobs } = seq.request;
     return !constraint && logprobs === undefined && !seq.adjusting;
+  }
+
+  /** Whether drafts come from the model's MTP head (the local stage's, or the chain's). */
+  #mtpDrafts(): boolean {
+    if (this.#drafter) return false;
+    return this.#link ? this.#link.remote.drafts : this.#local.draft !== undefined;
   }
 
   /**

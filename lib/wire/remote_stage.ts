@@ -82,6 +82,14 @@ export class RemoteStage implements Stage {
     return this.#epoch;
   }
 
+  /**
+   * Whether the chain's last stage drafts with the model's MTP block, as the current connection's
+   * hello says (false while there is none).
+   */
+  get drafts(): boolean {
+    return this.#peer?.info.drafts ?? false;
+  }
+
   /** The live connection's hello, connecting if there is none. */
   async connect(): Promise<HelloInfo> {
     return (await this.#live()).info;
