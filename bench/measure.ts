@@ -2,7 +2,7 @@
 // Called by bench/decode.ts for the in-process engine and for the split over loopback TCP.
 
 import { chainMaxBatch, runPipeline } from "../engine/pipeline.ts";
-import type { Stage } from "../engine/stage.ts";
+import type { LastOutput, Stage, StageRunOptions } from "../engine/stage.ts";
 import {
   sampleToken,
   type SamplingParams,
@@ -248,6 +248,36 @@ export interface DraftCount {
 }
 
 /**
+ * One speculative step of slot 0 at `pos`: up to `k` drafts of the stage's MTP head after `id`,
+ * verified with `id` in one run returning every row's greedy id (`drafted`'s options too where
+ * there are drafts: rewindable, and the sampled candidates).
+ */
+async function draftAndVerify(
+  stage: Stage,
+  pos: number,
+  id: number,
+  k: number,
+  options: StageRunOptions,
+  drafted: StageRunOptions,
+): Promise<{ readonly draft: Uint32Array; readonly out: LastOutput }> {
+  if (!stage.draft) {
+    throw new TypeError("Cannot time MTP drafting: the stage runs no MTP block (open it with mtp)");
+  }
+  const draft = k > 0 ? await stage.draft(0, id, k) : new Uint32Array();
+  const input = Uint32Array.of(id, ...draft);
+  const out = await stage.run(0, { kind: "ids", ids: input }, input.length, pos, {
+    logits: "all",
+    rows: "decode",
+    ...options,
+    ...(draft.length ? drafted : {}),
+  });
+  if (out.kind !== "ids") {
+    throw new TypeError("Cannot time MTP drafting on a stage before the last");
+  }
+  return { draft, out };
+}
+
+/**
  * The greedy tokens `plain` (timeDecode's fed ids) decoded with the model's MTP head drafting:
  * each step drafts up to `drafts` tokens (Stage.draft), verifies them with the token before them
  * in one rewindable run, keeps those the model agrees with and rewinds past the rest, as the
@@ -259,26 +289,15 @@ export async function timeMtpDecode(
   plain: Uint32Array,
   drafts: number,
 ): Promise<{ seconds: number } & DraftCount> {
-  if (!stage.draft) {
-    throw new TypeError("Cannot time MTP drafting: the stage runs no MTP block (open it with mtp)");
-  }
   const n = plain.length;
   let drafted = 0;
   let kept = 0;
   const start = performance.now();
   for (let pos = 0; pos < n;) {
     const k = Math.min(drafts, n - pos - 1);
-    const draft = k > 0 ? await stage.draft(0, plain[pos], k) : new Uint32Array();
-    const input = Uint32Array.of(plain[pos], ...draft);
-    const rewindable = draft.length > 0;
-    const out = await stage.run(0, { kind: "ids", ids: input }, input.length, pos, {
-      logits: "all",
-      rows: "decode",
-      rewindable,
+    const { draft, out } = await draftAndVerify(stage, pos, plain[pos], k, {}, {
+      rewindable: true,
     });
-    if (out.kind !== "ids") {
-      throw new TypeError("Cannot time MTP drafting on a stage before the last");
-    }
     let m = 0;
     while (m < draft.length && draft[m] === out.ids[m]) m++;
     for (let j = 0; j <= m && pos + j + 1 < n; j++) {
@@ -312,9 +331,6 @@ export async function timeMtpSampledDecode(
   sampling: SamplingParams,
   seed: number,
 ): Promise<DecodeRun & DraftCount> {
-  if (!stage.draft) {
-    throw new TypeError("Cannot time MTP drafting: the stage runs no MTP block (open it with mtp)");
-  }
   const rng = new SplitMix64(BigInt(seed));
   const fed = new Uint32Array(n);
   fed[0] = first;
@@ -323,17 +339,9 @@ export async function timeMtpSampledDecode(
   const start = performance.now();
   for (let pos = 0; pos < n;) {
     const k = Math.min(drafts, n - pos - 1);
-    const draft = k > 0 ? await stage.draft(0, fed[pos], k) : new Uint32Array();
-    const input = Uint32Array.of(fed[pos], ...draft);
-    const out = await stage.run(0, { kind: "ids", ids: input }, input.length, pos, {
-      logits: "all",
-      rows: "decode",
+    const { draft, out } = await draftAndVerify(stage, pos, fed[pos], k, {
       topk: sampling.topK,
-      ...(draft.length ? { rewindable: true, candidates: "every" as const } : {}),
-    });
-    if (out.kind !== "ids") {
-      throw new TypeError("Cannot time MTP drafting on a stage before the last");
-    }
+    }, { rewindable: true, candidates: "every" });
     let m = 0;
     let next = -1;
     while (next < 0) {

@@ -160,6 +160,14 @@ export function runsMtp(input: StageInput, options: Pick<StageRunOptions, "mtp">
   return options.mtp !== false && (input.kind === "ids" || input.ids !== undefined);
 }
 
+/**
+ * Whether a slot's MTP cache has a gap after a run from `base` that did or did not run the block
+ * (`ran`): a skipped run opens one, and only a run from position 0 (a fresh sequence) closes it.
+ */
+export function mtpGapAfter(gap: boolean, base: number, ran: boolean): boolean {
+  return (base > 0 && gap) || !ran;
+}
+
 /** Checks Stage.draft's arguments: `k` a whole number ≥ 0, `id` a token of the vocabulary. */
 export function checkDraft(id: number, k: number, vocab: number): void {
   if (!Number.isInteger(k) || k < 0) {

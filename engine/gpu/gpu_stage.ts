@@ -52,6 +52,7 @@ import {
   checkSlot,
   checkSnapshot,
   checkTopK,
+  mtpGapAfter,
   type RewindSpan,
   runsMtp,
 } from "../stage_checks.ts";
@@ -633,7 +634,7 @@ export class GpuStage implements Stage {
    */
   #keep(slot: number, base: number, n: number, mtp: boolean): void {
     if (!this.#mtp) return;
-    this.#mtpGap[slot] = (base > 0 && this.#mtpGap[slot]) || !mtp;
+    this.#mtpGap[slot] = mtpGapAfter(this.#mtpGap[slot], base, mtp);
     const m = Math.min(n, this.#mtp.rows);
     this.#kept[slot] = mtp ? { base: base + n - m, n: m } : undefined;
   }

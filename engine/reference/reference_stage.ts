@@ -26,6 +26,7 @@ import {
   checkSlot,
   checkSnapshot,
   checkTopK,
+  mtpGapAfter,
   type RewindSpan,
   runsMtp,
 } from "../stage_checks.ts";
@@ -202,7 +203,7 @@ export class ReferenceStage implements Stage {
       const state = this.#slot(slot);
       const mtp = runsMtp(input, options);
       // A skipped run leaves a gap in the block's cache: no drafts until the slot restarts.
-      state.mtpGap = (base > 0 && state.mtpGap) || !mtp;
+      state.mtpGap = mtpGapAfter(state.mtpGap, base, mtp);
       if (mtp && input.ids) await this.#runMtp(slot, input.ids, rows, base);
       else this.#slotMtp[slot].hidden = [];
     }
