@@ -167,10 +167,12 @@ Deno.test("split driver: one slot's local layers run while the other's frame is 
     assert.deepEqual(both, solo);
     const steps = local.spans.filter((s) => s.n === 1);
     const overlapped = steps.filter((s) =>
-      link.spans.some((r) => r.slot !== s.slot && r.start <= s.start && s.end <= r.end)
+      link.spans.some((r) => r.slot !== s.slot && r.start < s.end && s.start < r.end)
     );
-    // Nearly every step of one slot should fall inside the other's round trip (a serial driver
-    // gives none); half is a margin for a busy machine.
+    // Nearly every step of one slot should run while the other's round trip is out (a serial
+    // driver gives none); half is a margin for a busy machine. Overlapping, not contained: on a
+    // loaded 2-core box a step starting a moment before the other's frame left counted as serial
+    // (28 of 58 once, in the full suite).
     assert.ok(
       overlapped.length >= steps.length / 2,
       `${overlapped.length} of ${steps.length} local steps overlapped a remote round trip`,
