@@ -32,10 +32,10 @@ const TILES: readonly MmaTile[] = ([64, 128] as const).flatMap((rows) =>
  * Every weight type the tensor cores take in the engine's tiles for the bench model's products
  * (dense with the add epilogue, gathered experts), and two types (one with prefetching, one
  * without) in every tile `target` holds with every flag, the emulated matrix operations and the
- * single-product precision included; the scaled integers' types in each of their tiles.
+ * single-product precision included.
  */
 function keys(target: KernelTarget): MulMatMmaKey[] {
-  const everyType = MUL_MAT_TYPES.filter((t) => mmaTakes(t)).flatMap((type): MulMatMmaKey[] => [
+  const everyType = MUL_MAT_TYPES.filter(mmaTakes).flatMap((type): MulMatMmaKey[] => [
     { type, tile: { rows: 128, tokens: 128, stages: 1 }, prefetch: true, add: true },
     { type, tile: { rows: 128, tokens: 32, stages: 2 }, prefetch: true, id: true },
   ]);
@@ -48,20 +48,7 @@ function keys(target: KernelTarget): MulMatMmaKey[] {
       { type, tile, precision: "f16", prefetch: true, add: true },
     ])
   );
-  // The scaled integers: their types in their tiles, with every flag and emulated.
-  const scaled = [GgmlType.Q8_0, GgmlType.IQ4_XS].flatMap((type) =>
-    ([[64, 64], [128, 32], [64, 32]] as const).flatMap(([rows, tokens]): MulMatMmaKey[] => {
-      const tile: MmaTile = { rows, tokens, stages: 1 };
-      const precision = "scaled";
-      return [
-        { type, tile, precision, prefetch: true, add: true },
-        { type, tile, precision },
-        { type, tile, precision, prefetch: true, id: true },
-        { type, tile, precision, prefetch: true, id: true, emulate: true },
-      ];
-    })
-  );
-  return [...everyType, ...everyTile, ...scaled].filter((k) =>
+  return [...everyType, ...everyTile].filter((k) =>
     mmaWorkgroupBytes(k.tile, mmaStagesF32(target, k.emulate), k.precision) <=
       target.limits.maxComputeWorkgroupStorageSize
   );

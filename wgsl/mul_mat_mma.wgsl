@@ -11,14 +11,9 @@
 // most 22 bits, which every |w| < 2^−3 does (below 2^−14, a is w as an f16 subnormal and b is 0).
 // So a + 2^−11·b is w exactly, or within 2^−22 of it above 2^−3, up to f16's largest (65504).
 // Matches engine/reference/math.ts matVec over engine/quant/dequant.ts rows to f32's rounding
-// (docs/PERFORMANCE.md "Tensor cores"). SCALED (Q8_0 and IQ4_XS, dequant.wgsl decode32_scaled):
-// each weight is scale · integer with one scale a row's chunk of 32 values, so the integers are
-// staged (exact in f16) and the inputs as hi + lo; a chunk's sums take q·hi and q·lo per 16
-// values into a result of their own, which leaves through workgroup memory to be multiplied by
-// the row's scale and added to the lane's f32 sums: two matrix multiplies a step where SPLIT
-// takes three, and half its staged weights. Without SPLIT or SCALED: a and hi alone, one matrix
-// multiply a step (the kernel bench's "f16" precision: weights and inputs rounded to f16, as
-// llama.cpp's Vulkan coopmat path rounds its weights).
+// (docs/PERFORMANCE.md "Tensor cores"). Without SPLIT: a and hi alone, one matrix multiply a step
+// (the kernel bench's "f16" precision: weights and inputs rounded to f16, as llama.cpp's Vulkan
+// coopmat path rounds its weights).
 // Bindings: 0 w: weight bytes of one part (rows of `k` values, quantized) | 1 xh (input rows as
 //   mma_input writes them: f16 pairs two a word) | 2 xscale (s_r) | 3 ids (u32: the gather table
 //   under GATHERED, a dummy otherwise) | 4 y (f32) | 5 params.
@@ -27,8 +22,7 @@
 //   device check of engine/gpu/device.ts), SGR × SGC over the tile, each FM × FN results of 16×16.
 // Variants: TYPE_<type> (one), BM (64, 128), BN (32, 64, 128), SGR, SGC, FM, FN (set from BM and
 //   BN by the binder), STAGES (1: one staging buffer, two barriers a chunk; 2: the next chunk is
-//   staged into a second buffer beside this chunk's products, one barrier; SCALED takes 1),
-//   XSPLIT (inputs as hi + lo: with SPLIT and SCALED), SPLIT, SCALED (FM, FN ≤ 2), GATHERED, ADD
+//   staged into a second buffer beside this chunk's products, one barrier), SPLIT, GATHERED, ADD
 //   (y += result), PREFETCH (types with dequant.wgsl's load32: the chunk after the staged one
 //   loads into registers during the products), IQ4_TABLE_WORKGROUP (dequant.wgsl), EMULATE (the
 //   matrix operations as f32 code over the same staged tiles: any device, so the tests check the
@@ -36,8 +30,7 @@
 //   (with EMULATE: staged values kept as f32 rounded to f16, where the device has no shader-f16).
 //
 // Batch invariance: an output's sum starts at 0 and takes k's 16-value blocks in increasing order,
-// its matrix multiplies in one order each (SCALED: each chunk's from 0, then fma(scale, chunk,
-// sum) in increasing chunks), then y = sum·s_r. Which tile, slot, subgroup or run
+// its matrix multiplies in one order each, then y = sum·s_r. Which tile, slot, subgroup or run
 // length a token gets changes none of that, so its bits depend on its weight row and input row
 // alone (tests/gpu_mma_test.ts checks it, emulated on any device and on the tensor cores).
 
@@ -78,16 +71,16 @@ const SW = 2u * BM + 8u;
 const SW = BM + 8u;
 #endif
 const WSZ = 32u * SW;
-// Staged inputs are slot-major: a slot's chunk as 16 vec2<f16> (hi), under XSPLIT 16 more (lo),
+// Staged inputs are slot-major: a slot's chunk as 16 vec2<f16> (hi), under SPLIT 16 more (lo),
 // then 4 of padding, so slots are 80 (144) bytes apart: 16-byte aligned, the 8 a load phase reads
 // in distinct banks. Loads and strides of xs count its elements, vec2s.
-#ifdef XSPLIT
+#ifdef SPLIT
 const VK = 36u;
 #else
 const VK = 20u;
 #endif
 const XSZ = BN * VK;
-// Words of xh a slot's chunk takes: its 16 hi words, then (XSPLIT) its 16 lo words.
+// Words of xh a slot's chunk takes: its 16 hi words, then (SPLIT) its 16 lo words.
 const XCW = VK - 4u;
 // Slots a thread stages a quarter of: one per 32 slots.
 const XPT = BN / 32u;
@@ -95,15 +88,8 @@ const XPT = BN / 32u;
 // [stage][k][row (a), row (b)] and [stage][slot][hi, lo: k / 2].
 var<workgroup> ws: array<H1, STAGES * WSZ>;
 var<workgroup> xs: array<H2, STAGES * XSZ>;
-#ifdef SCALED
-// Each subgroup's FM × FN results of a chunk, slot-major, on their way to the lanes' sums; and
-// the staged rows' scales.
-var<workgroup> outs: array<f32, 1024u * FM * FN>;
-var<workgroup> wsc: array<f32, BM>;
-#else
 // One 16 × 16 result a subgroup on its way to y, slot-major.
 var<workgroup> outs: array<f32, 1024>;
-#endif
 // A slot's first word of xh, its y offset and s_r.
 var<workgroup> slot_x: array<u32, BN>;
 var<workgroup> slot_y: array<u32, BN>;
@@ -112,8 +98,8 @@ var<workgroup> slot_s: array<f32, BN>;
 #include "_include/gather_tile.wgsl"
 #endif
 
-// Words q, q + 4, q + 8, q + 12 of a slot's chunk of hi pairs, and under XSPLIT the same of its lo.
-#ifdef XSPLIT
+// Words q, q + 4, q + 8, q + 12 of a slot's chunk of hi pairs, and under SPLIT the same of its lo.
+#ifdef SPLIT
 struct XWords {
   hi: vec4<u32>,
   lo: vec4<u32>,
@@ -264,6 +250,10 @@ fn load_wb(o: u32) -> MatA {
   return load_a(o + BM);
 }
 
+fn load_lo(o: u32) -> MatB {
+  return load_b(o + 16u);
+}
+
 fn his(hi: MatB) -> MatB {
   return scale_b(hi);
 }
@@ -272,31 +262,22 @@ fn load_wb(o: u32) -> MatA {
   return MatA();
 }
 
-fn his(hi: MatB) -> MatB {
+fn load_lo(o: u32) -> MatB {
   return MatB();
 }
-#endif
-#ifdef XSPLIT
-fn load_lo(o: u32) -> MatB {
-  return load_b(o + 16u);
-}
-#else
-fn load_lo(o: u32) -> MatB {
+
+fn his(hi: MatB) -> MatB {
   return MatB();
 }
 #endif
 
 // c + a·hi + a·lo + b·his (his = 2^−11·hi), each a matrix multiply-accumulate in that order
-// (SPLIT), c + a·hi + a·lo (SCALED: a holds the integers), or c + a·hi.
+// (SPLIT), or c + a·hi.
 fn prod(a: MatA, b: MatA, hi: MatB, lo: MatB, his: MatB, c: MatC) -> MatC {
 #ifdef SPLIT
   return mma(b, his, mma(a, lo, mma(a, hi, c)));
 #else
-#ifdef SCALED
-  return mma(a, lo, mma(a, hi, c));
-#else
   return mma(a, hi, c);
-#endif
 #endif
 }
 
@@ -336,15 +317,6 @@ fn put_w4(o: u32, q: vec4<f32>) {
   ws[o + 3u * SW] = h1(a.w);
 }
 
-#ifdef SCALED
-// Stages a row's chunk as its integers, and its scale.
-fn stage_scaled(buf: u32, r: u32, raw: Raw) {
-  let sc = decode32_scaled(raw);
-  put_w(buf, r, sc.q);
-  wsc[r] = sc.s;
-}
-#endif
-
 fn put_w(buf: u32, r: u32, v: array<vec4<f32>, 8>) {
   let o = buf * WSZ + r;
   put_w4(o, v[0]);
@@ -370,7 +342,7 @@ fn put_x4(o: u32, v: vec4<u32>) {
 // of a store in its own bank.
 fn put_x(buf: u32, slot: u32, q: u32, v: XWords) {
   let o = buf * XSZ + slot * VK + q;
-#ifdef XSPLIT
+#ifdef SPLIT
   put_x4(o, v.hi);
   put_x4(o + 16u, v.lo);
 #else
@@ -386,7 +358,7 @@ fn xat4(i: u32) -> vec4<u32> {
 // A slot's chunk c, this thread's words: the lanes of a slot read its 64 (128) bytes together.
 fn xat(slot: u32, c: u32, q: u32) -> XWords {
   let i = slot_x[slot] + XCW * c + q;
-#ifdef XSPLIT
+#ifdef SPLIT
   return XWords(xat4(i), xat4(i + 16u));
 #else
   return xat4(i);
@@ -420,18 +392,10 @@ fn load(c: u32, s: u32, q: u32, n: u32, live: bool, w_byte: u32) {
 // weight row r (rows past the part's stay stale, as slots do) and the slots' inputs.
 fn stage(buf: u32, c: u32, r: u32, s: u32, q: u32, n: u32, live: bool, w_byte: u32) {
   if (live) {
-#ifdef SCALED
-#ifdef PREFETCH
-    stage_scaled(buf, r, wraw);
-#else
-    stage_scaled(buf, r, load32(w_byte, c));
-#endif
-#else
 #ifdef PREFETCH
     put_w(buf, r, decode32(wraw));
 #else
     put_w(buf, r, dequant32(w_byte, c));
-#endif
 #endif
   }
   if (s < n) {
@@ -465,43 +429,6 @@ fn emit(m: MatC, sg: u32, lane: u32, row0: u32, col0: u32, n: u32, y_row0: u32) 
   }
   workgroupBarrier();
 }
-
-#ifdef SCALED
-// A lane's f32 sums of one 16 × 16 result: its elements l, l + 32, ..., l + 224 (slot-major),
-// so all of one row (l % 16) and slots 2e + l / 16.
-struct Sums {
-  a: vec4<f32>,
-  b: vec4<f32>,
-}
-
-// The sums plus s times this chunk's result at outs[at..]: the lane's elements of it.
-fn add_chunk(m: Sums, at: u32, lane: u32, s: f32) -> Sums {
-  let o = at + lane;
-  let lo = vec4<f32>(outs[o], outs[o + 32u], outs[o + 64u], outs[o + 96u]);
-  let hi = vec4<f32>(outs[o + 128u], outs[o + 160u], outs[o + 192u], outs[o + 224u]);
-  return Sums(fma(vec4<f32>(s), lo, m.a), fma(vec4<f32>(s), hi, m.b));
-}
-
-fn put_sum(slot: u32, row: u32, n: u32, y_row0: u32, v: f32) {
-  if (slot < n && row < params.rows) {
-    put(slot_y[slot] + y_row0 + row, v * slot_s[slot]);
-  }
-}
-
-// Writes a lane's sums of one result (rows row0.., slots col0..) to y.
-fn emit_sums(m: Sums, lane: u32, row0: u32, col0: u32, n: u32, y_row0: u32) {
-  let row = row0 + lane % 16u;
-  let s0 = col0 + lane / 16u;
-  put_sum(s0, row, n, y_row0, m.a.x);
-  put_sum(s0 + 2u, row, n, y_row0, m.a.y);
-  put_sum(s0 + 4u, row, n, y_row0, m.a.z);
-  put_sum(s0 + 6u, row, n, y_row0, m.a.w);
-  put_sum(s0 + 8u, row, n, y_row0, m.b.x);
-  put_sum(s0 + 10u, row, n, y_row0, m.b.y);
-  put_sum(s0 + 12u, row, n, y_row0, m.b.z);
-  put_sum(s0 + 14u, row, n, y_row0, m.b.w);
-}
-#endif
 
 @compute @workgroup_size(WG)
 fn main(
@@ -588,15 +515,6 @@ fn main(
   var c31: MatC;
   var c32: MatC;
   var c33: MatC;
-#ifdef SCALED
-  // The lane's sums of results ij; each chunk's results leave through outs at sg_outs + 256·(FN·i + j).
-  var m00: Sums;
-  var m01: Sums;
-  var m10: Sums;
-  var m11: Sums;
-  let sg_outs = sg * 256u * FM * FN;
-  let lane_row = wr0 + lane % 16u;
-#endif
 
   let chunks = params.k / 32u;
   load(0u, s, q, n, live, w_byte);
@@ -615,18 +533,6 @@ fn main(
         load(c + 2u, s, q, n, live, w_byte);
       }
     }
-#ifdef SCALED
-    // Each chunk's results from 0 (they take its scale after), and this lane's rows' scales.
-    c00 = MatC();
-    c01 = MatC();
-    c10 = MatC();
-    c11 = MatC();
-    let sc0 = wsc[lane_row];
-    var sc1 = 0.0;
-    if (FM > 1u) {
-      sc1 = wsc[lane_row + 16u];
-    }
-#endif
     for (var kk = 0u; kk < 2u; kk++) {
       let wo = cur * WSZ + 16u * kk * SW + wr0;
       let xo = cur * XSZ + wc0 * VK + 8u * kk;
@@ -697,31 +603,7 @@ fn main(
         }
       }
     }
-#ifdef SCALED
-    store_c(c00, sg_outs);
-    if (FN > 1u) {
-      store_c(c01, sg_outs + 256u);
-    }
-    if (FM > 1u) {
-      store_c(c10, sg_outs + 256u * FN);
-      if (FN > 1u) {
-        store_c(c11, sg_outs + 256u * FN + 256u);
-      }
-    }
-#endif
     workgroupBarrier();
-#ifdef SCALED
-    m00 = add_chunk(m00, sg_outs, lane, sc0);
-    if (FN > 1u) {
-      m01 = add_chunk(m01, sg_outs + 256u, lane, sc0);
-    }
-    if (FM > 1u) {
-      m10 = add_chunk(m10, sg_outs + 256u * FN, lane, sc1);
-      if (FN > 1u) {
-        m11 = add_chunk(m11, sg_outs + 256u * FN + 256u, lane, sc1);
-      }
-    }
-#endif
     if (STAGES == 1u && c + 1u < chunks) {
       stage(0u, c + 1u, lid, s, q, n, live, w_byte);
       if (c + 2u < chunks) {
@@ -732,18 +614,6 @@ fn main(
   }
 
   let r0 = row0 + wr0;
-#ifdef SCALED
-  emit_sums(m00, lane, r0, wc0, n, y_row0);
-  if (FN > 1u) {
-    emit_sums(m01, lane, r0, wc0 + 16u, n, y_row0);
-  }
-  if (FM > 1u) {
-    emit_sums(m10, lane, r0 + 16u, wc0, n, y_row0);
-    if (FN > 1u) {
-      emit_sums(m11, lane, r0 + 16u, wc0 + 16u, n, y_row0);
-    }
-  }
-#else
   emit(c00, sg, lane, r0, wc0, n, y_row0);
   if (FN > 1u) {
     emit(c01, sg, lane, r0, wc0 + 16u, n, y_row0);
@@ -776,5 +646,4 @@ fn main(
       emit(c33, sg, lane, r0 + 48u, wc0 + 48u, n, y_row0);
     }
   }
-#endif
 }

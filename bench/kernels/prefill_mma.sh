@@ -3,9 +3,9 @@
 # tests, the f32 products' beside them, llama.cpp parity and the stage and scheduler gates, all with
 # prompt rows on the tensor cores; on the builtin provider (no tensor cores) the products' tests and
 # llama.cpp parity with the path emulated (TANDEM_MMA=emulate); then bench/kernels/prefill_mma.ts
-# at 512 and 2048 tokens, every split tile, every scaled tile and the single-product (f16)
-# variant. Prints each suite's result line, any failure, the tests' measured errors and parity
-# reports, and last the bench's closing table.
+# at 512 and 2048 tokens, every split tile and the single-product (f16) variant. Prints each
+# suite's result line, any failure, the tests' measured errors and parity reports, and last the
+# bench's closing table.
 #
 # The tensor cores are off unless TANDEM_MMA=1 (engine/gpu/dawn.ts), so this script sets it.
 #
@@ -41,7 +41,7 @@ suite tests-builtin-emulated 100 TANDEM_GPU=builtin TANDEM_MMA=emulate -- tests/
   tests/gpu_llama_parity_test.ts
 
 TANDEM_MMA=1 timeout 200 "$deno" run -A --node-modules-dir=manual bench/kernels/prefill_mma.ts --gpu dawn \
-  --precision split,scaled,f16 --out "$out/prefill_mma.json" "$@" >"$out/bench.txt" 2>&1
+  --precision split,f16 --out "$out/prefill_mma.json" "$@" >"$out/bench.txt" 2>&1
 rc=$?
 echo "bench rc=$rc"
 [ $rc -ne 0 ] && tail -20 "$out/bench.txt"

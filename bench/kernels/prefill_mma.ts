@@ -2,14 +2,13 @@
 // engine's f32 tiles (wgsl/mul_mat.wgsl) on the bench model's shapes, at each of --tokens, experts
 // routed unevenly as routers do. Every tensor-core tile of the engine's precision ("split": f16
 // pairs, three products) is checked (close to the f32 tile, the same bits in every tile, a few
-// tokens run alone giving their bits in the run), as is every tile of the scaled integers
-// ("scaled", Q8_0 and IQ4_XS: two products a step and a scale a chunk, also f32's accuracy), and
-// the single-product precision ("f16") in the tile it would take, for what the accuracy costs;
-// then all are timed in rounds. Prints a line a variant with its distance from the f32 tile, then,
-// last, each shape's best split and scaled tiles against the f32 tile and the f16 products, and
-// what the products of a whole prefill of the model take each way.
+// tokens run alone giving their bits in the run), and the single-product precision ("f16") in the
+// tile it would take, for what the accuracy costs; then all are timed in rounds. Prints a line a
+// variant with its distance from the f32 tile, then, last, each shape's best split tile against
+// the f32 tile and the f16 products, and what the products of a whole prefill of the model take
+// each way.
 //
-//   deno run -A bench/kernels/prefill_mma.ts --gpu dawn [--tokens 512,2048] [--precision split,scaled,f16] [--out r.json]
+//   deno run -A bench/kernels/prefill_mma.ts --gpu dawn [--tokens 512,2048] [--out r.json]
 //   deno run -A bench/kernels/prefill_mma.ts --gpu builtin --shapes tiny --emulate --allow-software-gpu
 
 import { GpuMemory, readBuffer } from "../../engine/gpu/buffers.ts";
@@ -21,10 +20,8 @@ import {
   type MmaPrecision,
   mmaScratchBytes,
   mmaStagesF32,
-  mmaTakes,
   type MmaTile,
   mmaTileFor,
-  mmaTileTakes,
   mmaWorkgroupBytes,
 } from "../../engine/gpu/kernels/mul_mat_mma.ts";
 import { PROVIDER_CHOICES } from "../../engine/gpu/provider.ts";
@@ -65,7 +62,6 @@ const DENSE_TILES: readonly MmaTile[] = [
   { rows: 64, tokens: 64, stages: 2 },
   { rows: 64, tokens: 64, stages: 1 },
   { rows: 128, tokens: 32, stages: 2 },
-  { rows: 128, tokens: 32, stages: 1 },
 ];
 const GATHERED_TILES: readonly MmaTile[] = [
   { rows: 128, tokens: 32, stages: 2 },
@@ -75,19 +71,15 @@ const GATHERED_TILES: readonly MmaTile[] = [
 ];
 
 /** Relative distance from the f32 tile a variant may keep: f32's rounding, or f16's. */
-const CHECK_BOUND: Readonly<Record<MmaPrecision, number>> = {
-  split: 1e-4,
-  scaled: 1e-4,
-  f16: 3e-3,
-};
+const CHECK_BOUND: Readonly<Record<MmaPrecision, number>> = { split: 1e-4, f16: 3e-3 };
 
 function tileName(t: MmaTile): string {
   return `r${t.rows}t${t.tokens}s${t.stages}`;
 }
 
 /**
- * The f32 tile, then the split tiles the device holds (* marks mmaTileFor's), the scaled tiles
- * (types it takes), then under "f16" the single-product variant in the tile mmaTileFor gives it.
+ * The f32 tile, then the split tiles the device holds (* marks mmaTileFor's), then under "f16"
+ * the single-product variant in the tile mmaTileFor gives it.
  */
 function variantsOf(
   ctx: GpuContext,
@@ -110,18 +102,6 @@ function variantsOf(
       name: `${tileName(tile)}${i === 0 ? "*" : ""}`,
       tile,
       precision: "split" as const,
-    })));
-  }
-  if (precisions.includes("scaled") && mmaTakes(shape.type, "scaled")) {
-    const chosen = mmaTileFor(ctx, shape.rows, slots, id, emulate, "scaled");
-    const tiles = [chosen, ...(id ? GATHERED_TILES : DENSE_TILES)].filter((t, i, all) =>
-      all.findIndex((u) => tileName(u) === tileName(t)) === i && mmaTileTakes(t, "scaled") &&
-      mmaWorkgroupBytes(t, stageF32, "scaled") <= ctx.limits.maxComputeWorkgroupStorageSize
-    );
-    variants.push(...tiles.map((tile, i) => ({
-      name: `sc ${tileName(tile)}${i === 0 ? "*" : ""}`,
-      tile,
-      precision: "scaled" as const,
     })));
   }
   if (precisions.includes("f16")) {
@@ -339,23 +319,18 @@ function summary(results: readonly Result[], tokensList: readonly number[], full
     "",
     `${"shape".padEnd(22)} ${"T".padEnd(5)} ${"f32 µs".padStart(9)} ${"TFLOPS".padStart(7)}  ${
       "best split".padEnd(11)
-    } ${"µs".padStart(9)} ${"TFLOPS".padStart(7)} ${"×".padStart(6)}  ${"best scaled".padEnd(14)} ${
-      "µs".padStart(9)
-    } ${"×".padStart(6)} ${"f16 µs".padStart(9)}`,
+    } ${"µs".padStart(9)} ${"TFLOPS".padStart(7)} ${"×".padStart(6)} ${"f16 µs".padStart(9)}`,
   ];
   const counts = layersRunning();
   for (const tokens of [...new Set(results.map((r) => r.tokens))]) {
-    const total = { f32: 0, split: 0, scaled: 0, f16: 0 };
+    const total = { f32: 0, split: 0, f16: 0 };
     let covered = true;
     let f16Covered = true;
     const rows = results.filter((r) => r.tokens === tokens);
     for (const shape of [...new Set(rows.map((r) => r.shape))]) {
       const of = rows.filter((r) => r.shape === shape && r.us !== undefined);
       const f32 = of.find((r) => !r.precision);
-      const fastest = (p: MmaPrecision) =>
-        of.filter((r) => r.precision === p).sort((a, b) => a.us! - b.us!)[0];
-      const best = fastest("split");
-      const scaled = fastest("scaled");
+      const best = of.filter((r) => r.precision === "split").sort((a, b) => a.us! - b.us!)[0];
       const f16 = of.find((r) => r.precision === "f16");
       const n = counts.get(shape) ?? 0;
       if (!f32 || !best) {
@@ -368,16 +343,12 @@ function summary(results: readonly Result[], tokensList: readonly number[], full
           f32.tflops!.toFixed(1).padStart(7)
         }  ${best.variant.padEnd(11)} ${best.us!.toFixed(1).padStart(9)} ${
           best.tflops!.toFixed(1).padStart(7)
-        } ${(f32.us! / best.us!).toFixed(2).padStart(6)}  ${(scaled?.variant ?? "-").padEnd(14)} ${
-          (scaled ? scaled.us!.toFixed(1) : "-").padStart(9)
-        } ${(scaled ? (f32.us! / scaled.us!).toFixed(2) : "-").padStart(6)} ${
+        } ${(f32.us! / best.us!).toFixed(2).padStart(6)} ${
           (f16 ? f16.us!.toFixed(1) : "-").padStart(9)
         }`,
       );
       total.f32 += n * f32.us!;
       total.split += n * best.us!;
-      // Where scaled does not take the type, the product keeps the faster of the others.
-      total.scaled += n * (scaled?.us ?? Math.min(f32.us!, best.us!));
       if (f16) total.f16 += n * f16.us!;
       else if (n) f16Covered = false;
     }
@@ -386,9 +357,6 @@ function summary(results: readonly Result[], tokensList: readonly number[], full
       const way = (what: string, us: number) =>
         `${what} ${(us / 1000).toFixed(1)} ms (${(tokens / (us / 1e6)).toFixed(0)} tok/s)`;
       const ways = [way("f32", total.f32), way("split", total.split)];
-      if (results.some((r) => r.precision === "scaled")) {
-        ways.push(way("scaled (others: the faster of f32 and split)", total.scaled));
-      }
       if (f16Covered) ways.push(way("f16", total.f16));
       out.push(
         `products of a ${tokens}-token prefill (${BENCH_MODEL.nLayer} layers): ${ways.join(", ")}`,
@@ -417,8 +385,8 @@ const PREFILL_MMA = {
     uniform: switchFlag("route every expert equally often (default: log-normal popularity)"),
     emulate: switchFlag("emulate the matrix operations (any device; for checking, not timing)"),
     precision: flag(
-      listOf(oneOf(["split", "scaled", "f16"] as const)),
-      "tensor-core precisions: split (the engine's, every tile), scaled (Q8_0 and IQ4_XS, its tiles) and f16 (one product, its tile)",
+      listOf(oneOf(["split", "f16"] as const)),
+      "tensor-core precisions: split (the engine's, every tile) and f16 (one product, its tile)",
       ["split"],
     ),
     out: flag(text("FILE"), "write every result here as JSON"),

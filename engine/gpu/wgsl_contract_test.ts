@@ -123,7 +123,7 @@ const KEYS = new Map<string, readonly unknown[] | ((t: KernelTarget) => readonly
         mmaWorkgroupBytes(tile, mmaStagesF32(t, emulate), precision) <=
           t.limits.maxComputeWorkgroupStorageSize;
       return MMA_TILES.flatMap((tile) =>
-        MUL_MAT_TYPES.filter((t) => mmaTakes(t)).flatMap((type) => [
+        MUL_MAT_TYPES.filter(mmaTakes).flatMap((type) => [
           ...(fits(tile, false)
             ? [
               { type, tile },
@@ -134,13 +134,6 @@ const KEYS = new Map<string, readonly unknown[] | ((t: KernelTarget) => readonly
           ...(fits(tile, true) ? [{ type, tile, prefetch: true, id: true, emulate: true }] : []),
           ...(fits(tile, false, "f16")
             ? [{ type, tile, precision: "f16" as const, prefetch: true, add: true }]
-            : []),
-          ...(mmaTakes(type, "scaled") && tile.stages === 1 && tile.rows * tile.tokens <= 4096 &&
-              fits(tile, false, "scaled")
-            ? [
-              { type, tile, precision: "scaled" as const, prefetch: true, add: true },
-              { type, tile, precision: "scaled" as const, id: true },
-            ]
             : []),
         ])
       );

@@ -8,9 +8,6 @@
 // starting at byte `row_byte`, as 8 vec4 (element 32c+4v+j is component j of vec4 v). F32, Q8_0
 // and IQ4_XS also split it as decode32(load32(row_byte, c)): load32 only loads (a Raw of words
 // and shifts), so a tile can hold the next chunk's words while it computes (wgsl/mul_mat.wgsl).
-// Q8_0 and IQ4_XS also give a chunk as integers and the one scale they share,
-// decode32_scaled(load32(...)) (SCALED32_TYPES): every value of the chunk is scale · integer, the
-// integers at most 127 in magnitude (exact in f16), the scale an f32 computed as dequant32 does.
 // Optional IQ4_TABLE_WORKGROUP (IQ4_NL, IQ4_XS): the lookups read the workgroup copy iq4_table,
 // which the includer fills with fill_iq4_table before the first dequant32; a per-thread private
 // table indexed by data is slow on some GPUs.
@@ -45,12 +42,6 @@ fn whalf(b: u32) -> f32 {
   return unpack2x16float(w[b >> 2u] >> ((b & 2u) * 8u)).x;
 }
 #endif
-
-// A chunk as integers and their shared scale (decode32_scaled).
-struct Scaled32 {
-  q: array<vec4<f32>, 8>,
-  s: f32,
-}
 
 // The four bytes of a word as a vec4.
 fn bytes4(q: u32) -> vec4<u32> {
@@ -243,18 +234,6 @@ fn decode32(r: Raw) -> array<vec4<f32>, 8> {
 
 fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
   return decode32(load32(row_byte, c));
-}
-
-fn decode32_scaled(r: Raw) -> Scaled32 {
-  let d = unpack2x16float(r.dw >> r.dsh).x;
-  return Scaled32(
-    array<vec4<f32>, 8>(
-      q8x4(r.q0, r.q1, r.sh, 1.0), q8x4(r.q1, r.q2, r.sh, 1.0), q8x4(r.q2, r.q3, r.sh, 1.0),
-      q8x4(r.q3, r.q4, r.sh, 1.0), q8x4(r.q4, r.q5, r.sh, 1.0), q8x4(r.q5, r.q6, r.sh, 1.0),
-      q8x4(r.q6, r.q7, r.sh, 1.0), q8x4(r.q7, r.q8, r.sh, 1.0),
-    ),
-    d,
-  );
 }
 #endif
 
@@ -508,29 +487,14 @@ fn load32(row_byte: u32, c: u32) -> Raw {
   return Raw(w[i], w[i + 1u], w[q], w[q + 1u], w[q + 2u], w[q + 3u], ib);
 }
 
-// The sub-block's scale d·(ls − 32).
-fn iq4xs_scale(r: Raw) -> f32 {
+fn decode32(r: Raw) -> array<vec4<f32>, 8> {
   let ib = r.ib;
   let scales_h = r.h0 >> 16u;
   let ls = ((r.h1 >> (8u * (ib / 2u) + 4u * (ib % 2u))) & 15u) | (((scales_h >> (2u * ib)) & 3u) << 4u);
-  return unpack2x16float(r.h0).x * f32(i32(ls) - 32);
-}
-
-fn decode32(r: Raw) -> array<vec4<f32>, 8> {
-  let dl = iq4xs_scale(r);
+  let dl = unpack2x16float(r.h0).x * f32(i32(ls) - 32);
   return array<vec4<f32>, 8>(
     iq4(lo4u(r.q0)) * dl, iq4(lo4u(r.q1)) * dl, iq4(lo4u(r.q2)) * dl, iq4(lo4u(r.q3)) * dl,
     iq4(hi4u(r.q0)) * dl, iq4(hi4u(r.q1)) * dl, iq4(hi4u(r.q2)) * dl, iq4(hi4u(r.q3)) * dl,
-  );
-}
-
-fn decode32_scaled(r: Raw) -> Scaled32 {
-  return Scaled32(
-    array<vec4<f32>, 8>(
-      iq4(lo4u(r.q0)), iq4(lo4u(r.q1)), iq4(lo4u(r.q2)), iq4(lo4u(r.q3)),
-      iq4(hi4u(r.q0)), iq4(hi4u(r.q1)), iq4(hi4u(r.q2)), iq4(hi4u(r.q3)),
-    ),
-    iq4xs_scale(r),
   );
 }
 

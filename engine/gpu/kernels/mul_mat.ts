@@ -312,10 +312,7 @@ export interface MulMatOptions {
   readonly mma?: boolean;
   /** Tensor-core products: the tile instead of mmaTileFor's (bench/kernels/prefill_mma.ts). */
   readonly mmaTile?: MmaTile;
-  /**
-   * Tensor-core products: "scaled" (its types only; others keep the f32 tiles) or "f16" instead of
-   * "split" (bench/kernels/prefill_mma.ts compares them).
-   */
+  /** Tensor-core products: "f16" instead of "split" (bench/kernels/prefill_mma.ts compares). */
   readonly mmaPrecision?: MmaPrecision;
   /**
    * With `mma`: run the tensor-core path on any device, its matrix operations emulated by f32
@@ -448,11 +445,8 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
     );
   }
   // F32 and BF16 weights (the router, F32 models) keep their exact products: their values can
-  // exceed what f16 holds. So do types "scaled" does not take.
-  if (
-    o.mma && mmaTakes(w.type, o.mmaPrecision) &&
-    (enc.ctx.features.subgroupMatrix || o.mmaEmulate)
-  ) {
+  // exceed what f16 holds.
+  if (o.mma && mmaTakes(w.type) && (enc.ctx.features.subgroupMatrix || o.mmaEmulate)) {
     mulMatMma(enc, b, o);
     return;
   }

@@ -25,23 +25,17 @@ export interface MmaTile {
 /**
  * How a tensor-core product carries its f32 operands in f16. "split" (the engine's): each weight
  * and input value as two f16, three matrix multiplies a step, within f32's rounding of the exact
- * product. "scaled" (SCALED_TYPES only): each weight as the integer its type stores, exact in one
- * f16, and inputs as two; two multiplies a step into a chunk's result, which the row's scale then
- * multiplies in f32: also within f32's rounding. "f16": each rounded to one f16, one multiply a
- * step, ~3e-4 off (the kernel bench times it beside "split", for what the accuracy costs).
+ * product. "f16": each rounded to one f16, one multiply a step, ~3e-4 off (the kernel bench times
+ * it beside "split", for what the accuracy costs).
  */
-export type MmaPrecision = "split" | "scaled" | "f16";
-
-/** Types whose 32-value chunks are one f32 scale times integers below 128 (dequant.wgsl). */
-export const SCALED_TYPES: readonly GgmlType[] = [GgmlType.Q8_0, GgmlType.IQ4_XS];
+export type MmaPrecision = "split" | "f16";
 
 /**
  * Weight types the tensor cores take: every type whose dequantized values lie in f16's range on
  * f16's grid (docs/PERFORMANCE-NOTES.md "Tensor cores"). F32 and BF16 reach 3.4e38, beyond any pair of
- * f16, and keep the f32 tiles' exact products. "scaled" takes SCALED_TYPES alone.
+ * f16, and keep the f32 tiles' exact products.
  */
-export function mmaTakes(type: GgmlType, precision?: MmaPrecision): boolean {
-  if (precision === "scaled") return SCALED_TYPES.includes(type);
+export function mmaTakes(type: GgmlType): boolean {
   return type !== GgmlType.F32 && type !== GgmlType.BF16;
 }
 
@@ -61,49 +55,30 @@ export interface MulMatMmaKey {
   readonly emulate?: boolean;
 }
 
-/** f16 values each weight takes: two (a and b) under "split". */
-function weightParts(precision: MmaPrecision = "split"): 1 | 2 {
+/** f16 values each weight and input value takes: two (hi and lo) under "split". */
+function parts(precision: MmaPrecision = "split"): 1 | 2 {
   return precision === "split" ? 2 : 1;
-}
-
-/** f16 values each input value takes: two (hi and lo) but under "f16". */
-function inputParts(precision: MmaPrecision = "split"): 1 | 2 {
-  return precision === "f16" ? 1 : 2;
 }
 
 /**
  * Workgroup memory of a tile: per stage, a chunk's 32 values of each row and of each slot as f16,
- * two of each under "split", two of each slot's under "scaled" (twice that with its f16 values
- * kept as f32), padded (8 values a k run of rows, 8 a slot), and under "scaled" a scale a row;
- * 4 KB of results on their way out (under "scaled" 4 KB for each of a subgroup's results), 12
- * bytes a slot, the gather tile and the IQ4 table.
+ * two of each under "split" (twice that with its f16 values kept as f32), padded (8 values a k run
+ * of rows, 8 a slot); 4 KB of results on their way out, 12 bytes a slot, the gather tile and the
+ * IQ4 table.
  */
 export function mmaWorkgroupBytes(
   t: MmaTile,
   stageF32 = false,
   precision?: MmaPrecision,
 ): number {
-  const [wp, xp] = [weightParts(precision), inputParts(precision)];
-  const scaled = precision === "scaled";
-  const staged = 64 * (wp * t.rows + 8) + 16 * (4 * xp + 1) * t.tokens + (scaled ? 4 * t.rows : 0);
-  const { fm, fn } = subgroupLayout(t);
-  const outs = 4096 * (scaled ? fm * fn : 1);
-  return (stageF32 ? 2 : 1) * t.stages * staged + outs + 12 * t.tokens + 4 + 64;
+  const p = parts(precision);
+  const staged = 64 * (p * t.rows + 8) + 16 * (4 * p + 1) * t.tokens;
+  return (stageF32 ? 2 : 1) * t.stages * staged + 4096 + 12 * t.tokens + 4 + 64;
 }
 
 /** Whether a variant keeps its staged f16 values as f32: emulated, on a device without f16. */
 export function mmaStagesF32(target: KernelTarget, emulate: boolean | undefined): boolean {
   return !!emulate && !target.features.f16;
-}
-
-/**
- * Whether a precision runs in a tile: "scaled" keeps each subgroup's results of a chunk in
- * workgroup memory, so it takes one stage and at most 2 × 2 results a subgroup (64 × 64,
- * 128 × 32, 64 × 32); the others take every tile.
- */
-export function mmaTileTakes(t: MmaTile, precision?: MmaPrecision): boolean {
-  const { fm, fn } = subgroupLayout(t);
-  return precision !== "scaled" || (t.stages === 1 && fm <= 2 && fn <= 2);
 }
 
 /** Subgroups along rows and slots, and 16 × 16 results each along both. */
@@ -113,32 +88,11 @@ function subgroupLayout(t: MmaTile): { sgr: number; sgc: number; fm: number; fn:
   return { sgr, sgc, fm: t.rows / 16 / sgr, fn: t.tokens / 16 / sgc };
 }
 
-const PRECISION_SUFFIX: Readonly<Record<MmaPrecision, string>> = {
-  split: "",
-  scaled: "_sc",
-  f16: "_f16",
-};
-
 /** A variant per weight type, tile, staging and epilogue. */
 export const MUL_MAT_MMA: KernelFamily<MulMatMmaKey> = {
   file: "mul_mat_mma.wgsl",
   variant: (target, v) => {
     const t = v.tile;
-    const { sgr, sgc, fm, fn } = subgroupLayout(t);
-    if (v.precision === "scaled") {
-      if (!SCALED_TYPES.includes(v.type)) {
-        throw new RangeError(
-          `Cannot run ${typeName(v.type)} weights as scaled integers: only ${
-            SCALED_TYPES.map(typeName).join(" and ")
-          } store one scale a chunk of 32; use the "split" precision`,
-        );
-      }
-      if (!mmaTileTakes(t, v.precision)) {
-        throw new RangeError(
-          `Cannot run a ${t.rows} × ${t.tokens} tile in ${t.stages} stage(s) as scaled integers: they take one stage and at most 2 × 2 results a subgroup (64 × 64, 128 × 32, 64 × 32)`,
-        );
-      }
-    }
     const stageF32 = mmaStagesF32(target, v.emulate);
     const bytes = mmaWorkgroupBytes(t, stageF32, v.precision);
     if (bytes > target.limits.maxComputeWorkgroupStorageSize) {
@@ -146,6 +100,7 @@ export const MUL_MAT_MMA: KernelFamily<MulMatMmaKey> = {
         `Cannot run a ${t.rows} × ${t.tokens} tensor-core tile in ${t.stages} stage(s): it needs ${bytes} bytes of workgroup memory, the device allows ${target.limits.maxComputeWorkgroupStorageSize}; use a smaller tile`,
       );
     }
+    const { sgr, sgc, fm, fn } = subgroupLayout(t);
     const defines: Record<string, number | true> = {
       [`TYPE_${typeName(v.type)}`]: true,
       BM: t.rows,
@@ -156,10 +111,8 @@ export const MUL_MAT_MMA: KernelFamily<MulMatMmaKey> = {
       FN: fn,
       STAGES: t.stages,
     };
-    const split = weightParts(v.precision) === 2;
+    const split = parts(v.precision) === 2;
     if (split) defines.SPLIT = true;
-    if (v.precision === "scaled") defines.SCALED = true;
-    if (inputParts(v.precision) === 2) defines.XSPLIT = true;
     if (v.type === GgmlType.IQ4_NL || v.type === GgmlType.IQ4_XS) {
       defines.IQ4_TABLE_WORKGROUP = true;
     }
@@ -171,9 +124,9 @@ export const MUL_MAT_MMA: KernelFamily<MulMatMmaKey> = {
     if (prefetch) defines.PREFETCH = true;
     const name = `mul_mat_mma_${typeName(v.type)}_r${t.rows}t${t.tokens}s${t.stages}${
       prefetch ? "p" : ""
-    }${PRECISION_SUFFIX[v.precision ?? "split"]}${v.id ? "_id" : ""}${v.add ? "_add" : ""}${
-      v.emulate ? "_emu" : ""
-    }${stageF32 ? "32" : ""}`;
+    }${split ? "" : "_f16"}${v.id ? "_id" : ""}${v.add ? "_add" : ""}${v.emulate ? "_emu" : ""}${
+      stageF32 ? "32" : ""
+    }`;
     return { name, defines };
   },
 };
@@ -194,12 +147,6 @@ export function mmaTileFor(
   precision?: MmaPrecision,
 ): MmaTile {
   const big = rows >= 2048;
-  if (precision === "scaled") {
-    // At most 2 × 2 results a subgroup: 64 × 64, or 128 × 32 for the experts and short runs.
-    const narrow = id || slots <= 32;
-    const wide = narrow && (big || (id && rows >= 128));
-    return { rows: wide ? 128 : 64, tokens: narrow ? 32 : 64, stages: 1 };
-  }
   const tokens = id || slots <= 32 ? 32 : slots <= 64 || !big ? 64 : 128;
   // One stage: on the H100 under Dawn the double-staged tiles ran 1.2-3.5x slower than the same
   // tiles staged once (docs/PERFORMANCE-NOTES.md, "Tensor cores", 2026-12-06), their larger
@@ -216,7 +163,7 @@ export function mmaTileFor(
   if (!fits) {
     throw new RangeError(
       `Cannot run tensor-core products: the smallest tile needs ${
-        bytes(tiles[2])
+        bytes(tiles[3])
       } bytes of workgroup memory, the device allows ${target.limits.maxComputeWorkgroupStorageSize}`,
     );
   }
@@ -258,7 +205,7 @@ function scratchSlices(
   const at = scaleBytes(ctx, rows);
   return {
     xscale: { buffer: scratch, offset: 0, size: rows * 4 },
-    xh: { buffer: scratch, offset: at, size: rows * k * 2 * inputParts(precision) },
+    xh: { buffer: scratch, offset: at, size: rows * k * 2 * parts(precision) },
   };
 }
 
@@ -272,14 +219,9 @@ function scratchSlices(
 export function mulMatMma(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): void {
   const { w } = b;
   const id = b.ids !== undefined;
-  const precision = o.mmaPrecision;
-  if (!mmaTakes(w.type, precision)) {
+  if (!mmaTakes(w.type)) {
     throw new RangeError(
-      precision === "scaled"
-        ? `Cannot run ${typeName(w.type)} weights as scaled integers on tensor cores: only ${
-          SCALED_TYPES.map(typeName).join(" and ")
-        } store one scale a chunk; use the "split" precision`
-        : `Cannot run ${typeName(w.type)} weights on tensor cores: their values exceed f16's range`,
+      `Cannot run ${typeName(w.type)} weights on tensor cores: their values exceed f16's range`,
     );
   }
   if (o.norm || o.conv || o.moeSum || o.decode || o.tile || o.pad !== undefined) {
@@ -296,6 +238,7 @@ export function mulMatMma(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions):
   const k = w.cols;
   const nUsed = id ? (o.nUsed ?? 1) : 1;
   const ranks = id && (o.xStrideI ?? 0) !== 0 ? nUsed : 1;
+  const precision = o.mmaPrecision;
   const { xscale, xh } = scratchSlices(enc.ctx, b.mmaX, o.tokens * ranks, k, precision);
   mmaInput(enc, { x: b.x, xh, xscale }, {
     k,
@@ -306,7 +249,7 @@ export function mulMatMma(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions):
     xStrideI: o.xStrideI ?? 0,
     swiglu: !!o.swiglu,
     upOffset: o.upOffset ?? 0,
-    split: inputParts(precision) === 2,
+    split: parts(precision) === 2,
   });
   const ids: BufferRef = b.ids ?? dummyStorage(enc.ctx);
   const prefetch = (o.prefetch ?? true) && PREFETCH_TYPES.includes(w.type);
