@@ -126,6 +126,9 @@ gpuTest(
       [16, 1, 32, 70, 3],
       // 53 blocks: the combine's 4-block loads run for its first block lanes
       [2, 1, 32, 3330, 2],
+      // 11 tokens of head dim 256 (the bench model's): a workgroup of 8 and one of 3 where the
+      // device has ~42 KB of workgroup memory (the GPU box), of 4 elsewhere
+      [16, 2, 256, 100, 11],
     ];
     for (const [hq, hkv, dh, pos0, T] of cases) {
       const shape = { hq, hkv, dh };
@@ -165,8 +168,8 @@ function smallWorkgroupMemory(ctx: GpuContext): GpuContext {
 gpuTest(
   "attention() gives every token the same bits in one call, one by one, split or chunked",
   async (device) => {
-    // Workgroups of 4 tokens where the adapter has the memory (tiles straddle a block's end),
-    // and of 1.
+    // Workgroups of 8 or 4 tokens where the adapter has the memory (tiles straddle a block's
+    // end), and of 1.
     for (const ctx of [device, smallWorkgroupMemory(device)]) {
       await sameBits(ctx);
     }

@@ -1,11 +1,14 @@
 // The tensor-core kernels' WGSL (wgsl/mul_mat_mma.wgsl, wgsl/mma_input.wgsl) through Tint on any
 // machine: Dawn's null backend lists subgroup matrices, so it compiles every variant kind and
-// builds the pipelines whose workgroup memory fits it. A WGSL error fails here, in CI, not on the GPU box.
+// builds the pipelines whose workgroup memory fits it; and the variants only a GPU box's workgroup
+// memory runs (attention's workgroups of 8 tokens, beyond Mesa's 32 KB). A WGSL error fails here,
+// in CI, not on the GPU box.
 
 import assert from "node:assert/strict";
 import { dawnOptions } from "../engine/gpu/dawn.ts";
 import { SUBGROUP_MATRIX_FEATURE } from "../engine/gpu/device.ts";
 import { type KernelFamily, type KernelTarget, variantSource } from "../engine/gpu/kernel.ts";
+import { ATTENTION, attentionWorkgroupBytes } from "../engine/gpu/kernels/attention.ts";
 import { MMA_INPUT } from "../engine/gpu/kernels/mma_input.ts";
 import { MUL_MAT_TYPES } from "../engine/gpu/kernels/mul_mat.ts";
 import {
@@ -54,12 +57,17 @@ function keys(target: KernelTarget): MulMatMmaKey[] {
   );
 }
 
-/** The errors Tint and pipeline validation report for one variant, as text ("" if none). */
+/**
+ * The errors Tint and pipeline validation report for one variant, as text ("" if none); the
+ * pipeline is built where the device holds its workgroup memory (`bytes`, for other families
+ * than the tensor cores').
+ */
 async function compile<K>(
   device: GPUDevice,
   target: KernelTarget,
   family: KernelFamily<K>,
   key: K,
+  bytes = 0,
 ): Promise<string> {
   const v = family.variant(target, key);
   const { code } = variantSource(family as KernelFamily<unknown>, v);
@@ -68,8 +76,9 @@ async function compile<K>(
   const errors = info.messages.filter((m) => m.type === "error")
     .map((m) => `${v.name}:${m.lineNum}: ${m.message}`);
   const mma = key as MulMatMmaKey;
-  const fits = family !== (MUL_MAT_MMA as unknown) ||
-    mmaWorkgroupBytes(mma.tile, mmaStagesF32(target, mma.emulate), mma.precision) <=
+  const fits = family !== (MUL_MAT_MMA as unknown)
+    ? bytes <= device.limits.maxComputeWorkgroupStorageSize
+    : mmaWorkgroupBytes(mma.tile, mmaStagesF32(target, mma.emulate), mma.precision) <=
       device.limits.maxComputeWorkgroupStorageSize;
   if (!errors.length && fits) {
     device.pushErrorScope("validation");
@@ -80,6 +89,25 @@ async function compile<K>(
   return errors.join("\n");
 }
 
+/**
+ * Variants for a device like the GPU box's (48 KB of workgroup memory); the null device has 16 KB,
+ * so the larger tiles, and every tile of the split products, compile as modules only.
+ */
+const BOX: KernelTarget = {
+  features: { f16: true, subgroups: true, timestamps: false, subgroupMatrix: true },
+  limits: {
+    maxBufferSize: 2 ** 30,
+    maxStorageBufferBindingSize: 2 ** 30,
+    maxComputeWorkgroupStorageSize: 49152,
+    maxComputeInvocationsPerWorkgroup: 1024,
+    maxComputeWorkgroupsPerDimension: 65535,
+    minUniformBufferOffsetAlignment: 256,
+    minStorageBufferOffsetAlignment: 256,
+    maxStorageBuffersPerShaderStage: 8,
+    subgroupMinSize: 32,
+  },
+};
+
 Deno.test("every tensor-core kernel variant compiles through Tint (Dawn's null backend)", async () => {
   const adapter = await nullGpu.requestAdapter();
   assert.ok(adapter, "Dawn's null backend gives an adapter");
@@ -87,22 +115,7 @@ Deno.test("every tensor-core kernel variant compiles through Tint (Dawn's null b
   for (const f of requiredFeatures) assert.ok(adapter.features.has(f), `the null adapter has ${f}`);
   const device = await adapter.requestDevice({ requiredFeatures });
   try {
-    // Variants for a device like the GPU box's (48 KB of workgroup memory); the null device has
-    // 16 KB, so the larger tiles, and every tile of the split products, compile as modules only.
-    const target: KernelTarget = {
-      features: { f16: true, subgroups: true, timestamps: false, subgroupMatrix: true },
-      limits: {
-        maxBufferSize: 2 ** 30,
-        maxStorageBufferBindingSize: 2 ** 30,
-        maxComputeWorkgroupStorageSize: 49152,
-        maxComputeInvocationsPerWorkgroup: 1024,
-        maxComputeWorkgroupsPerDimension: 65535,
-        minUniformBufferOffsetAlignment: 256,
-        minStorageBufferOffsetAlignment: 256,
-        maxStorageBuffersPerShaderStage: 8,
-        subgroupMinSize: 32,
-      },
-    };
+    const target = BOX;
     const errors: string[] = [];
     let pipelines = 0;
     const all = keys(target);
@@ -125,6 +138,26 @@ Deno.test("every tensor-core kernel variant compiles through Tint (Dawn's null b
     );
     assert.equal(errors.filter((e) => e).join("\n"), "");
     assert.ok(pipelines >= 3, `${pipelines} tile variants were built as whole pipelines`);
+  } finally {
+    device.destroy();
+  }
+});
+
+Deno.test("attention's workgroups of 8 tokens compile through Tint (Dawn's null backend)", async () => {
+  const adapter = await nullGpu.requestAdapter();
+  assert.ok(adapter, "Dawn's null backend gives an adapter");
+  const device = await adapter.requestDevice();
+  try {
+    const bytes = attentionWorkgroupBytes(8);
+    assert.ok(
+      bytes > 32768 && bytes <= BOX.limits.maxComputeWorkgroupStorageSize,
+      `${bytes} bytes`,
+    );
+    const errors: string[] = [];
+    for (const dh of [64, 128, 256]) {
+      errors.push(await compile(device, BOX, ATTENTION, { dh, tq: 8 }, bytes));
+    }
+    assert.equal(errors.filter((e) => e).join("\n"), "");
   } finally {
     device.destroy();
   }

@@ -25,8 +25,9 @@
 //   meanwhile. Nothing is an array indexed by a variable (such arrays live in local
 //   memory on the H200's compiler, docs/PERFORMANCE.md).
 // Variants: DH (a multiple of 8, ≤ 256), B (64), TQ (tokens a workgroup: 1 for single-token
-//   calls, else 4 where the device gives ~25 KB of workgroup memory), VR (V rows a round: a
-//   power of two, VR·DH/2 ≤ 2048), MULTI (with TQ = 1).
+//   calls, else 8 where the device gives ~42 KB of workgroup memory and the call has 8 tokens or
+//   more, 4 where it gives ~25 KB), VR (V rows a round: a power of two, VR·DH/2 ≤ 2048), MULTI
+//   (with TQ = 1).
 
 struct Params {
   hq: u32,
@@ -254,21 +255,32 @@ fn main(
   t.kv4 = kv0 + t.p0 * t.row4 + kvh * W4;
 
   // Chunk c of K and of the queries is fetched into registers while chunk c − 1 is scored, and
-  // the first V rows while the scores are computed.
+  // the first V rows while the scores are computed. Eight tokens' queries take four vec4s a
+  // thread (qc and qd), fewer take two.
   var ka = k_fetch(t, lid, 0u);
   var kb = k_fetch(t, lid + WG, 0u);
   var qa = q_fetch(t, lid, 0u);
   var qb = q_fetch(t, lid + WG, 0u);
+  var qc = vec4(0.0);
+  var qd = vec4(0.0);
+  if (TQ > 4u) {
+    qc = q_fetch(t, lid + 2u * WG, 0u);
+    qd = q_fetch(t, lid + 3u * WG, 0u);
+  }
   var va = v_fetch(t, lid, 0u);
   var vb = v_fetch(t, lid + WG, 0u);
 
   let p = lid % B;
   let gs = lid / B;
-  // Scores of tokens 0..3 of the tile, heads gs and gs + 4.
+  // Scores of tokens 0..7 of the tile, heads gs and gs + 4.
   var s0 = vec2(0.0);
   var s1 = vec2(0.0);
   var s2 = vec2(0.0);
   var s3 = vec2(0.0);
+  var s4 = vec2(0.0);
+  var s5 = vec2(0.0);
+  var s6 = vec2(0.0);
+  var s7 = vec2(0.0);
   for (var c = 0u; c < KCHUNKS; c++) {
     k_stage(lid, ka);
     k_stage(lid + WG, kb);
@@ -278,11 +290,19 @@ fn main(
     if (lid + WG < TG * QV) {
       qs[lid + WG] = qb;
     }
+    if (TQ > 4u) {
+      qs[lid + 2u * WG] = qc;
+      qs[lid + 3u * WG] = qd;
+    }
     workgroupBarrier();
     ka = k_fetch(t, lid, c + 1u);
     kb = k_fetch(t, lid + WG, c + 1u);
     qa = q_fetch(t, lid, c + 1u);
     qb = q_fetch(t, lid + WG, c + 1u);
+    if (TQ > 4u) {
+      qc = q_fetch(t, lid + 2u * WG, c + 1u);
+      qd = q_fetch(t, lid + 3u * WG, c + 1u);
+    }
     // Each K word read once for the tile's tokens and heads (words past DH are zeros on both
     // sides and add exactly 0).
     for (var w2 = 0u; w2 < KW / 2u; w2++) {
@@ -298,6 +318,18 @@ fn main(
       if (TQ > 3u && t.live > 3u) {
         s3 = score(s3, 3u * GMAX + gs, w2, k0, k1);
       }
+      if (TQ > 4u && t.live > 4u) {
+        s4 = score(s4, 4u * GMAX + gs, w2, k0, k1);
+      }
+      if (TQ > 5u && t.live > 5u) {
+        s5 = score(s5, 5u * GMAX + gs, w2, k0, k1);
+      }
+      if (TQ > 6u && t.live > 6u) {
+        s6 = score(s6, 6u * GMAX + gs, w2, k0, k1);
+      }
+      if (TQ > 7u && t.live > 7u) {
+        s7 = score(s7, 7u * GMAX + gs, w2, k0, k1);
+      }
     }
     workgroupBarrier();
   }
@@ -307,6 +339,12 @@ fn main(
     scores_out(t, 1u, p, gs, s1);
     scores_out(t, 2u, p, gs, s2);
     scores_out(t, 3u, p, gs, s3);
+  }
+  if (TQ > 4u) {
+    scores_out(t, 4u, p, gs, s4);
+    scores_out(t, 5u, p, gs, s5);
+    scores_out(t, 6u, p, gs, s6);
+    scores_out(t, 7u, p, gs, s7);
   }
   workgroupBarrier();
   if (lid < TG) {
@@ -322,6 +360,12 @@ fn main(
     weights_out(t, 1u, p, gs, s1);
     weights_out(t, 2u, p, gs, s2);
     weights_out(t, 3u, p, gs, s3);
+  }
+  if (TQ > 4u) {
+    weights_out(t, 4u, p, gs, s4);
+    weights_out(t, 5u, p, gs, s5);
+    weights_out(t, 6u, p, gs, s6);
+    weights_out(t, 7u, p, gs, s7);
   }
   workgroupBarrier();
   // l of pair lid: its weights summed in row order.
@@ -346,6 +390,14 @@ fn main(
   var a2y = vec4(0.0);
   var a3x = vec4(0.0);
   var a3y = vec4(0.0);
+  var a4x = vec4(0.0);
+  var a4y = vec4(0.0);
+  var a5x = vec4(0.0);
+  var a5y = vec4(0.0);
+  var a6x = vec4(0.0);
+  var a6y = vec4(0.0);
+  var a7x = vec4(0.0);
+  var a7y = vec4(0.0);
   for (var r0 = 0u; r0 < t.nr; r0 += VR) {
     v_stage(lid, va);
     v_stage(lid + WG, vb);
@@ -375,6 +427,26 @@ fn main(
           a3x = fma(w3, vec4(v.x), a3x);
           a3y = fma(w3, vec4(v.y), a3y);
         }
+        if (TQ > 4u && t.live > 4u) {
+          let w4 = ps[4u * PJ / 4u + at];
+          a4x = fma(w4, vec4(v.x), a4x);
+          a4y = fma(w4, vec4(v.y), a4y);
+        }
+        if (TQ > 5u && t.live > 5u) {
+          let w5 = ps[5u * PJ / 4u + at];
+          a5x = fma(w5, vec4(v.x), a5x);
+          a5y = fma(w5, vec4(v.y), a5y);
+        }
+        if (TQ > 6u && t.live > 6u) {
+          let w6 = ps[6u * PJ / 4u + at];
+          a6x = fma(w6, vec4(v.x), a6x);
+          a6y = fma(w6, vec4(v.y), a6y);
+        }
+        if (TQ > 7u && t.live > 7u) {
+          let w7 = ps[7u * PJ / 4u + at];
+          a7x = fma(w7, vec4(v.x), a7x);
+          a7y = fma(w7, vec4(v.y), a7y);
+        }
       }
     }
     workgroupBarrier();
@@ -385,6 +457,12 @@ fn main(
       acc_out(t, 1u, b, dp, hq4, a1x, a1y);
       acc_out(t, 2u, b, dp, hq4, a2x, a2y);
       acc_out(t, 3u, b, dp, hq4, a3x, a3y);
+    }
+    if (TQ > 4u) {
+      acc_out(t, 4u, b, dp, hq4, a4x, a4y);
+      acc_out(t, 5u, b, dp, hq4, a5x, a5y);
+      acc_out(t, 6u, b, dp, hq4, a6x, a6y);
+      acc_out(t, 7u, b, dp, hq4, a7x, a7y);
     }
   }
   let j = lid / GMAX;

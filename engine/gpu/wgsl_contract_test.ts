@@ -146,7 +146,7 @@ const KEYS = new Map<string, readonly unknown[] | ((t: KernelTarget) => readonly
   [GET_ROWS.file, MUL_MAT_TYPES],
   [MOE_GATHER.file, ["count", "scan", "place"]],
   [TOPK.file, [false, true]],
-  [ATTENTION.file, [64, 128, 256].flatMap((dh) => [{ dh, tq: 1 }, { dh, tq: 4 }])],
+  [ATTENTION.file, [64, 128, 256].flatMap((dh) => [1, 4, 8].map((tq) => ({ dh, tq })))],
   [ATTENTION_COMBINE.file, [64, 256].map((dh) => ({ dh, block: 64 }))],
   [
     GATED_DELTA_NET.file,

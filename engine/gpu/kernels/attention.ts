@@ -9,9 +9,9 @@ import { attentionCombine } from "./attention_combine.ts";
 import type { SequenceTable } from "./ssm_conv.ts";
 
 /**
- * Pass 1, a variant per head dim and tokens a workgroup (TQ): 4 for calls of several tokens where
- * the device's workgroup memory holds their queries and weights (they share each staged block of
- * K and V), else 1, and 1 for a decode step. Every variant gives a token the same bits
+ * Pass 1, a variant per head dim and tokens a workgroup (TQ): 8 or 4 for calls of several tokens
+ * where the device's workgroup memory holds their queries and weights (they share each staged
+ * block of K and V), else 1, and 1 for a decode step. Every variant gives a token the same bits
  * (wgsl/attention.wgsl: explicit fma chains in fixed orders).
  */
 export const ATTENTION: KernelFamily<
@@ -26,12 +26,23 @@ export const ATTENTION: KernelFamily<
   },
 };
 
-/** Tokens a pass-1 workgroup takes (wgsl TQ) in a call of `tokens`. */
-function tileTokens(target: KernelTarget, tokens: number): number {
+/** Workgroup memory of pass 1 with `tq` tokens a workgroup. */
+export function attentionWorkgroupBytes(tq: number): number {
   // Staged K rows (33 words each), then per (token, head) 64 query values, 65 weights (a row of
   // padding) and a max.
-  const bytes = 4 * (ATTENTION_BLOCK * 33 + 4 * HEADS_PER_WORKGROUP * (64 + ATTENTION_BLOCK + 2));
-  return tokens > 1 && bytes <= target.limits.maxComputeWorkgroupStorageSize ? 4 : 1;
+  return 4 * (ATTENTION_BLOCK * 33 + tq * HEADS_PER_WORKGROUP * (64 + ATTENTION_BLOCK + 2));
+}
+
+/**
+ * Tokens a pass-1 workgroup takes (wgsl TQ) in a call of `tokens`: the most of 8 and 4 the call
+ * fills and the device's workgroup memory holds (8 needs ~42 KB: the H100's 48 KB, not Mesa's
+ * 32), else 1. More tokens a workgroup share each staged block of K and V among more queries.
+ */
+export function attentionTileTokens(target: KernelTarget, tokens: number): number {
+  const fits = (tq: number) =>
+    attentionWorkgroupBytes(tq) <= target.limits.maxComputeWorkgroupStorageSize;
+  if (tokens >= 8 && fits(8)) return 8;
+  return tokens > 1 && fits(4) ? 4 : 1;
 }
 
 /**
@@ -49,8 +60,12 @@ function vRows(dh: number): number {
  * blocks must be the same in every grouping of tokens into calls (batch invariance).
  */
 export const ATTENTION_BLOCK = 64;
-/** Bytes of the partials scratch, unless one token at the last position alone needs more. */
-const PARTIALS_BUDGET_BYTES = 48 * 1024 * 1024;
+/**
+ * Bytes of the partials scratch, unless one token at the last position alone needs more: deep in
+ * a long prompt a token's partials take ~8 MB (32768 positions, 16 heads of 256), so this holds
+ * ~32 tokens a call there, whole workgroups of 8 (48 MiB held 6: a workgroup of 4 and one of 2).
+ */
+const PARTIALS_BUDGET_BYTES = 256 * 1024 * 1024;
 /** Query heads of one KV head per pass-1 workgroup (wgsl/attention.wgsl GMAX). */
 const HEADS_PER_WORKGROUP = 8;
 
@@ -64,7 +79,7 @@ function checkShape(hq: number, hkv: number, dh: number): void {
 
 /**
  * f32 values of the partials scratch for calls of up to maxBatch tokens within ctx positions:
- * (dh + 2)·max(hq·⌈ctx/64⌉, min(maxBatch·hq·⌈ctx/64⌉, ⌊48 MiB / (4·(dh + 2))⌋)). Calls that
+ * (dh + 2)·max(hq·⌈ctx/64⌉, min(maxBatch·hq·⌈ctx/64⌉, ⌊256 MiB / (4·(dh + 2))⌋)). Calls that
  * need more are run in token chunks that fit (attention()).
  */
 export function attentionPartialFloats(
@@ -145,7 +160,7 @@ export function attention(
     // A table's tokens each see up to pos0 (the largest position): blocks past a token's own
     // position exit.
     const nbs = m ? blocksOf(1) : blocksOf(t0 + tokens);
-    const tq = m ? 1 : tileTokens(enc.ctx, tokens);
+    const tq = m ? 1 : attentionTileTokens(enc.ctx, tokens);
     const buffers: Record<string, BufferRef> = { q: b.q, kc: b.kc, vc: b.vc, part: b.part };
     if (m) buffers.seqs = m.seqs;
     const table = m && { ...m, seq0: m.seq0 + t0, count: tokens };
