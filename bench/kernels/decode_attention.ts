@@ -2,9 +2,11 @@
 // at several positions and of its DeltaNet recurrence (gated_delta_net.ts), on the bench model's
 // head shapes: every dispatch timed in a pass of its own (DispatchProfiler, as bench/profile.ts
 // times a step), then the steps back to back in one pass (as a decode step runs them); also one
-// prefill call of attention.
+// prefill call of attention, from position 0 or deep in a long prompt (--prefill-at), with the
+// TFLOPS its scores and weighted sums make.
 //
 //   deno run -A bench/kernels/decode_attention.ts --gpu dawn [--positions 512,4096] [--out r.json]
+//   deno run -A bench/kernels/decode_attention.ts --gpu dawn --prefill 256 --prefill-at 30720
 
 import { type GpuContext, openGpu } from "../../engine/gpu/device.ts";
 import { GpuMemory, readBuffer } from "../../engine/gpu/buffers.ts";
@@ -117,6 +119,7 @@ const DECODE_ATTENTION = {
     gpu: flag(oneOf(PROVIDER_CHOICES), "the WebGPU provider", "auto"),
     positions: flag(text("P,..."), "positions a decode step attends from", "512,4096"),
     prefill: flag(whole(0), "tokens of the timed prefill call (0: none)", 512),
+    "prefill-at": flag(whole(0), "position of the prefill call's first token", 0),
     steps: flag(whole(1), "decode steps a timed submit records", 20),
     runs: flag(whole(1), "timed submits per scenario", 3),
     out: flag(text("FILE"), "write every result here as JSON"),
@@ -137,7 +140,8 @@ async function main(values: FlagValues<typeof DECODE_ATTENTION.flags>): Promise<
   const p = BENCH_MODEL;
   const r = seeded(7);
   const positions = values.positions.split(",").map(Number);
-  const ctxLen = Math.max(...positions, values.prefill) + 1;
+  const prefillAt = values["prefill-at"];
+  const ctxLen = Math.max(...positions, prefillAt + values.prefill) + 1;
   const { Hq: hq, Hkv: hkv, Dh: dh } = p;
   const qRow = hq * 2 * dh;
   const maxBatch = Math.max(1, values.prefill);
@@ -180,9 +184,15 @@ async function main(values: FlagValues<typeof DECODE_ATTENTION.flags>): Promise<
     });
   }
   if (values.prefill) {
-    await measure(`prefill attention ${values.prefill}`, 1, 1, (enc) => {
-      attention(enc, att, call(values.prefill, 0));
+    const n = values.prefill;
+    const scenario = `prefill attention ${n} @${prefillAt}`;
+    await measure(scenario, 1, values.runs, (enc) => {
+      attention(enc, att, call(n, prefillAt));
     });
+    // Each (query, position, head) takes dh fmas for its score and dh for its share of V.
+    const pairs = n * prefillAt + (n * (n + 1)) / 2;
+    const step = results.findLast((row) => row.scenario === scenario)!;
+    console.log(`${scenario}: ${(4 * dh * hq * pairs / step.us / 1e6).toFixed(2)} TFLOPS`);
   }
   const { Nk: nk, Nv: nv, Dk: dk, Dv: dv, C } = p;
   const dn = {
