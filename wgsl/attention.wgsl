@@ -304,30 +304,33 @@ fn main(
       qd = q_fetch(t, lid + 3u * WG, c + 1u);
     }
     // Each K word read once for the tile's tokens and heads (words past DH are zeros on both
-    // sides and add exactly 0).
+    // sides and add exactly 0). Every token of the tile is scored, live or not (an idle one's
+    // queries are zeros and its results are never written): a test of the live count inside
+    // this loop and V's kept the H100's compiler from interleaving the tokens' chains, and cost
+    // the kernel 1.41x its time deep in a long prompt (docs/PERFORMANCE-NOTES.md).
     for (var w2 = 0u; w2 < KW / 2u; w2++) {
       let k0 = unpack2x16float(ks[p * KP + 2u * w2]);
       let k1 = unpack2x16float(ks[p * KP + 2u * w2 + 1u]);
       s0 = score(s0, gs, w2, k0, k1);
-      if (TQ > 1u && t.live > 1u) {
+      if (TQ > 1u) {
         s1 = score(s1, GMAX + gs, w2, k0, k1);
       }
-      if (TQ > 2u && t.live > 2u) {
+      if (TQ > 2u) {
         s2 = score(s2, 2u * GMAX + gs, w2, k0, k1);
       }
-      if (TQ > 3u && t.live > 3u) {
+      if (TQ > 3u) {
         s3 = score(s3, 3u * GMAX + gs, w2, k0, k1);
       }
-      if (TQ > 4u && t.live > 4u) {
+      if (TQ > 4u) {
         s4 = score(s4, 4u * GMAX + gs, w2, k0, k1);
       }
-      if (TQ > 5u && t.live > 5u) {
+      if (TQ > 5u) {
         s5 = score(s5, 5u * GMAX + gs, w2, k0, k1);
       }
-      if (TQ > 6u && t.live > 6u) {
+      if (TQ > 6u) {
         s6 = score(s6, 6u * GMAX + gs, w2, k0, k1);
       }
-      if (TQ > 7u && t.live > 7u) {
+      if (TQ > 7u) {
         s7 = score(s7, 7u * GMAX + gs, w2, k0, k1);
       }
     }
@@ -412,37 +415,37 @@ fn main(
         let w0 = ps[at];
         a0x = fma(w0, vec4(v.x), a0x);
         a0y = fma(w0, vec4(v.y), a0y);
-        if (TQ > 1u && t.live > 1u) {
+        if (TQ > 1u) {
           let w1 = ps[PJ / 4u + at];
           a1x = fma(w1, vec4(v.x), a1x);
           a1y = fma(w1, vec4(v.y), a1y);
         }
-        if (TQ > 2u && t.live > 2u) {
+        if (TQ > 2u) {
           let w2 = ps[2u * PJ / 4u + at];
           a2x = fma(w2, vec4(v.x), a2x);
           a2y = fma(w2, vec4(v.y), a2y);
         }
-        if (TQ > 3u && t.live > 3u) {
+        if (TQ > 3u) {
           let w3 = ps[3u * PJ / 4u + at];
           a3x = fma(w3, vec4(v.x), a3x);
           a3y = fma(w3, vec4(v.y), a3y);
         }
-        if (TQ > 4u && t.live > 4u) {
+        if (TQ > 4u) {
           let w4 = ps[4u * PJ / 4u + at];
           a4x = fma(w4, vec4(v.x), a4x);
           a4y = fma(w4, vec4(v.y), a4y);
         }
-        if (TQ > 5u && t.live > 5u) {
+        if (TQ > 5u) {
           let w5 = ps[5u * PJ / 4u + at];
           a5x = fma(w5, vec4(v.x), a5x);
           a5y = fma(w5, vec4(v.y), a5y);
         }
-        if (TQ > 6u && t.live > 6u) {
+        if (TQ > 6u) {
           let w6 = ps[6u * PJ / 4u + at];
           a6x = fma(w6, vec4(v.x), a6x);
           a6y = fma(w6, vec4(v.y), a6y);
         }
-        if (TQ > 7u && t.live > 7u) {
+        if (TQ > 7u) {
           let w7 = ps[7u * PJ / 4u + at];
           a7x = fma(w7, vec4(v.x), a7x);
           a7y = fma(w7, vec4(v.y), a7y);
