@@ -3,7 +3,8 @@
 // head shapes: every dispatch timed in a pass of its own (DispatchProfiler, as bench/profile.ts
 // times a step), then the steps back to back in one pass (as a decode step runs them); also one
 // prefill call of attention, from position 0 or deep in a long prompt (--prefill-at), with the
-// TFLOPS its scores and weighted sums make.
+// TFLOPS its scores and weighted sums make, checked first: every token of the call must get the
+// bits its own decode step gives it, so a variant of the kernel timed here is also a right one.
 //
 //   deno run -A bench/kernels/decode_attention.ts --gpu dawn [--positions 512,4096] [--out r.json]
 //   deno run -A bench/kernels/decode_attention.ts --gpu dawn --prefill 256 --prefill-at 30720
@@ -111,6 +112,33 @@ async function profile(
   ];
 }
 
+/**
+ * How many of the `n`-token prefill call's outputs (from position `pos0`) differ in their bits
+ * from what each token's decode step computes alone: attention's batch invariance, 0 when right.
+ */
+async function differingFromDecode(
+  ctx: GpuContext,
+  arena: ParamArena,
+  att: Parameters<typeof attention>[1] & { readonly o: GPUBuffer },
+  call: (tokens: number, pos0: number) => Parameters<typeof attention>[2],
+  n: number,
+  pos0: number,
+): Promise<number> {
+  const { hq, dh, qStrideT } = call(n, pos0);
+  const bytes = n * hq * dh * 4;
+  const together = new StepEncoder(ctx, arena);
+  attention(together, att, call(n, pos0));
+  together.submit();
+  const inCall = new Uint32Array(await readBuffer(ctx, att.o, 0, bytes));
+  const alone = new StepEncoder(ctx, arena);
+  for (let t = 0; t < n; t++) {
+    attention(alone, att, { ...call(1, pos0 + t), qOffset: t * qStrideT, oOffset: t * hq * dh });
+  }
+  alone.submit();
+  const each = new Uint32Array(await readBuffer(ctx, att.o, 0, bytes));
+  return inCall.reduce((k, bits, i) => k + (bits === each[i] ? 0 : 1), 0);
+}
+
 const DECODE_ATTENTION = {
   name: "Decode attention bench",
   usage: "deno run -A bench/kernels/decode_attention.ts",
@@ -186,6 +214,15 @@ async function main(values: FlagValues<typeof DECODE_ATTENTION.flags>): Promise<
   if (values.prefill) {
     const n = values.prefill;
     const scenario = `prefill attention ${n} @${prefillAt}`;
+    const differ = await differingFromDecode(ctx, arena, att, call, n, prefillAt);
+    if (differ) {
+      throw new Error(
+        `${scenario}: ${differ} of ${
+          n * hq * dh
+        } outputs differ from each token's decode step alone; the kernel is wrong, its time is not worth taking`,
+      );
+    }
+    console.log(`${scenario}: the call's ${n * hq * dh} outputs have each token's decode bits`);
     await measure(scenario, 1, values.runs, (enc) => {
       attention(enc, att, call(n, prefillAt));
     });
