@@ -260,7 +260,13 @@ Deno.test("a worker dead past the grace: partial tokens, then an error event; th
     w = await worker(port, 2048, 1);
 
     // OpenAI streams cut the same way (chat and legacy completions) end with an error chunk,
-    // then the closing [DONE] of every OpenAI stream.
+    // then the closing [DONE] of every OpenAI stream. Their end-of-generation tokens are banned,
+    // so only the kill can end them: a sampled end that came before the kill took effect (the
+    // head generating on while the test read its first frames) once ended a stream cleanly.
+    const eog = (await (await post(`${head.url}/tokenize`, {
+      content: "<|im_end|><|endoftext|>",
+    })).json()).tokens as number[];
+    const endless = Object.fromEntries(eog.map((id) => [id, -100]));
     const openaiStreams: [string, Record<string, unknown>][] = [
       ["/v1/chat/completions", { messages: [{ role: "user", content: "Go on" }] }],
       ["/v1/completions", { prompt: "Go on" }],
@@ -270,6 +276,7 @@ Deno.test("a worker dead past the grace: partial tokens, then an error event; th
         model: "m",
         max_tokens: 1500,
         stream: true,
+        logit_bias: endless,
         ...body,
       });
       assert.equal(cut.status, 200);
