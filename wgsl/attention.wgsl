@@ -197,6 +197,20 @@ fn weights_out(t: Tile, j: u32, p: u32, gs: u32, s: vec2<f32>) {
   );
 }
 
+// Token j's weights of the 4 heads at vec4 `at` of its block times the dims pair's values v,
+// into its sums ax (x halves) and ay (y halves).
+fn acc(
+  ax: ptr<function, vec4<f32>>,
+  ay: ptr<function, vec4<f32>>,
+  j: u32,
+  at: u32,
+  v: vec2<f32>,
+) {
+  let w = ps[j * (PJ / 4u) + at];
+  *ax = fma(w, vec4(v.x), *ax);
+  *ay = fma(w, vec4(v.y), *ay);
+}
+
 // Token j's partial sums of dims pair dp of heads 4·hq4 .. 4·hq4 + 3 (x and y halves) into part.
 fn acc_out(t: Tile, j: u32, b: u32, dp: u32, hq4: u32, ax: vec4<f32>, ay: vec4<f32>) {
   // A token whose positions end before the block has no partial here.
@@ -412,43 +426,27 @@ fn main(
         let v = unpack2x16float(ks[r * W + dp]);
         // Weights of the 4 heads at row r0 + r: vec4 (row·GMAX + 4·hq4) / 4 of a token's.
         let at = 2u * (r0 + r) + hq4;
-        let w0 = ps[at];
-        a0x = fma(w0, vec4(v.x), a0x);
-        a0y = fma(w0, vec4(v.y), a0y);
+        acc(&a0x, &a0y, 0u, at, v);
         if (TQ > 1u) {
-          let w1 = ps[PJ / 4u + at];
-          a1x = fma(w1, vec4(v.x), a1x);
-          a1y = fma(w1, vec4(v.y), a1y);
+          acc(&a1x, &a1y, 1u, at, v);
         }
         if (TQ > 2u) {
-          let w2 = ps[2u * PJ / 4u + at];
-          a2x = fma(w2, vec4(v.x), a2x);
-          a2y = fma(w2, vec4(v.y), a2y);
+          acc(&a2x, &a2y, 2u, at, v);
         }
         if (TQ > 3u) {
-          let w3 = ps[3u * PJ / 4u + at];
-          a3x = fma(w3, vec4(v.x), a3x);
-          a3y = fma(w3, vec4(v.y), a3y);
+          acc(&a3x, &a3y, 3u, at, v);
         }
         if (TQ > 4u) {
-          let w4 = ps[4u * PJ / 4u + at];
-          a4x = fma(w4, vec4(v.x), a4x);
-          a4y = fma(w4, vec4(v.y), a4y);
+          acc(&a4x, &a4y, 4u, at, v);
         }
         if (TQ > 5u) {
-          let w5 = ps[5u * PJ / 4u + at];
-          a5x = fma(w5, vec4(v.x), a5x);
-          a5y = fma(w5, vec4(v.y), a5y);
+          acc(&a5x, &a5y, 5u, at, v);
         }
         if (TQ > 6u) {
-          let w6 = ps[6u * PJ / 4u + at];
-          a6x = fma(w6, vec4(v.x), a6x);
-          a6y = fma(w6, vec4(v.y), a6y);
+          acc(&a6x, &a6y, 6u, at, v);
         }
         if (TQ > 7u) {
-          let w7 = ps[7u * PJ / 4u + at];
-          a7x = fma(w7, vec4(v.x), a7x);
-          a7y = fma(w7, vec4(v.y), a7y);
+          acc(&a7x, &a7y, 7u, at, v);
         }
       }
     }
