@@ -1,7 +1,7 @@
 // GPU matrix products (engine/gpu/kernels/mul_mat.ts) against the CPU dequantizer and float64 dots.
 // Covers every weight type, decode products (a token or several a workgroup) and prefill tiles,
 // split parts, expert ids (per slot and gathered), SwiGLU input, add, and the decode epilogues
-// (pair, conv, MoE sum, routing) against the kernels they replace, bit for bit.
+// (pair, conv, MoE sum) against the kernels they replace, bit for bit.
 
 import assert from "node:assert/strict";
 import { createStorage } from "../engine/gpu/buffers.ts";
@@ -14,7 +14,6 @@ import {
   mulMat,
   mulMatPair,
   PREFILL_TT,
-  routeFits,
   tileFor,
   type TileShape,
 } from "../engine/gpu/kernels/mul_mat.ts";
@@ -26,7 +25,6 @@ import {
   WIDE_ROWS,
 } from "../engine/gpu/kernels/mul_mat_vec.ts";
 import type { GpuTensor } from "../engine/gpu/tensor.ts";
-import { moeRoute } from "../engine/gpu/kernels/moe_route.ts";
 import { moeSum } from "../engine/gpu/kernels/moe_sum.ts";
 import { rmsNorm } from "../engine/gpu/kernels/rms_norm.ts";
 import { ssmConv } from "../engine/gpu/kernels/ssm_conv.ts";
@@ -38,7 +36,6 @@ import {
   gpuTest,
   randomF32,
   readF32,
-  readU32,
   rng,
   submit,
   upload,
@@ -763,53 +760,3 @@ async function moeSumEpilogue(ctx: GpuContext, T: number): Promise<void> {
     `x of ${T} tokens, fused (batch) or apart (alone)`,
   );
 }
-
-gpuTest(
-  "mulMat() routing its own slots writes moeRoute's ids and weights and the products they pick, bit for bit",
-  async (ctx) => {
-    // One row (128 threads play the routing's 256 lanes), three (256 threads, bursts), both with
-    // the norm folded; six without; E not a multiple of the table's 16.
-    const type = GgmlType.IQ4_XS;
-    const [K, M] = [256, 13];
-    const cases = [[40, 6, 1, true], [256, 8, 3, true], [100, 8, 6, false]] as const;
-    for (const [E, k, T, normed] of cases) {
-      const what = `E ${E}, k ${k}, ${T} tokens`;
-      const r = rng(300 + E + T);
-      const stride = E + 1;
-      const logits = randomF32(T * stride, r, 3);
-      // A tie at the top of token 0: the lower id goes first.
-      logits[1] = logits[6] = 9;
-      const w = await uploadWeights(
-        ctx,
-        { name: "exps", type, shape: [K, M, E] },
-        randomBlocks(type, K * M * E, 0.5, r),
-      );
-      const x = upload(ctx, randomF32(T * K, r, 3));
-      const norm = normed ? { w: upload(ctx, randomF32(K, r)), eps: 1e-6 } : undefined;
-      const lb = upload(ctx, logits);
-      const [ids, ids2] = [0, 1].map(() => createStorage(ctx, "ids", T * k * 4));
-      const [wts, wts2] = [0, 1].map(() => createStorage(ctx, "weights", T * (k + 1) * 4));
-      const [y, y2] = [0, 1].map(() => createStorage(ctx, "y", T * k * M * 4));
-      const o = { tokens: T, nUsed: k, norm };
-      const route = { experts: E, logitsStride: stride, sharedGate: true };
-      assert.ok(routeFits(ctx, type, { tokens: T, experts: E, nUsed: k }), `${what}: fits`);
-      await submit(ctx, (enc) => {
-        moeRoute(enc, { logits: lb, ids, weights: wts }, { ...route, k, tokens: T });
-        mulMat(enc, { w, x, y, ids }, o);
-        mulMat(enc, { w, x, y: y2, ids: ids2 }, {
-          ...o,
-          route: { ...route, logits: lb, weights: wts2 },
-        });
-      });
-      const want = await readU32(ctx, ids, T * k);
-      assert.deepEqual([...want.subarray(0, 2)], [1, 6], `${what}: the tie`);
-      assert.deepEqual([...await readU32(ctx, ids2, T * k)], [...want], `${what}: ids`);
-      assert.deepEqual(
-        [...await readU32(ctx, wts2, T * (k + 1))],
-        [...await readU32(ctx, wts, T * (k + 1))],
-        `${what}: weights' bits`,
-      );
-      assertSameBits(await readF32(ctx, y, T * k * M), await readF32(ctx, y2, T * k * M), M, what);
-    }
-  },
-);

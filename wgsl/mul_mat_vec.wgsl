@@ -8,9 +8,7 @@
 //   under NORM, a dummy otherwise | 4 y (f32) | under PAIR_F32: 5 w2 (an F32 matrix of rows2
 //   rows) | 6 y2 (f32) | under CONV: 5 cw (channels, kc) f32 | 6 cstate (kc − 1, channels) f32
 //   from conv_state_offset | 7 u (channels) f32 | under MOE_SUM: 5 eo (T, sum_k, sum_d) f32
-//   expert outputs | 6 ew (T, sum_k + 1) f32 | under ROUTE: 2 ids written, 5 logits (T,
-//   logits_stride) f32 router logits, the shared gate's after the route_e | 6 route_w (T, n_used +
-//   1) f32 | then params.
+//   expert outputs | 6 ew (T, sum_k + 1) f32 | then params.
 // Dispatch: a workgroup takes ROWS = (WG / CU)·RPT rows of TN tokens. Plain: row_tiles ×
 //   ⌈T / TN⌉ workgroups folded to 2-D, a row tile's token groups next to each other (so they run
 //   together and the later ones read its weights from L2), z = 1; ID: row_tiles folded to 2-D,
@@ -38,12 +36,8 @@
 //   outputs below conv_channels are also the DeltaNet's raw conv inputs; each goes through the
 //   causal conv + SiLU into u and shifts its channel's state, as wgsl/ssm_conv.wgsl computes one
 //   token), MOE_SUM (y += Σ_i ew_i·eo_i + ew_k·(this product), wgsl/moe_sum.wgsl's sum in its
-//   order: the shared expert's down closing a MoE layer; not with ID or ADD),
-//   ROUTE (ID, not GATHERED: the experts' gate|up of a decode step): each workgroup routes its
-//   slot's token from the router logits (_include/route.wgsl, wgsl/moe_route.wgsl's bits) instead
-//   of reading ids, and tile 0's write ids and the routing weights (the shared gate at n_used)
-//   for the layer's later products, a dispatch fewer. The epilogues use the same explicit fmas as
-//   the kernels they replace, so an output has the same bits either way
+//   order: the shared expert's down closing a MoE layer; not with ID or ADD). Both epilogues use
+//   the same explicit fmas as the kernels they replace, so an output has the same bits either way
 //   and a decode step matches a prefill run. TN (1, 2, 4 or 8; above 1 only with REG_CLASSES, not
 //   with PAIR_F32 or CONV): a workgroup takes TN tokens, multiplying each weight chunk it loads
 //   with every one of them, so a step of several sequences reads the weights ⌈T / TN⌉ times, and
@@ -79,11 +73,7 @@ enable subgroups;
 @group(0) @binding(0) var<storage, read> w: array<u32>;
 #endif
 @group(0) @binding(1) var<storage, read> x: array<f32>;
-#ifdef ROUTE
-@group(0) @binding(2) var<storage, read_write> ids: array<u32>;
-#else
 @group(0) @binding(2) var<storage, read> ids: array<u32>;
-#endif
 @group(0) @binding(3) var<storage, read> nw: array<f32>;
 @group(0) @binding(4) var<storage, read_write> y: array<f32>;
 #ifdef PAIR_F32
@@ -102,13 +92,7 @@ enable subgroups;
 @group(0) @binding(6) var<storage, read> ew: array<f32>;
 @group(0) @binding(7) var<uniform> params: Params;
 #else
-#ifdef ROUTE
-@group(0) @binding(5) var<storage, read> logits: array<f32>;
-@group(0) @binding(6) var<storage, read_write> route_w: array<f32>;
-@group(0) @binding(7) var<uniform> params: Params;
-#else
 @group(0) @binding(5) var<uniform> params: Params;
-#endif
 #endif
 #endif
 #endif
@@ -144,9 +128,6 @@ var<workgroup> xs: array<vec4<f32>, XB * TN>;
 #ifdef ID
 var<workgroup> chosen: u32;
 #endif
-#endif
-#ifdef ROUTE
-#include "_include/route.wgsl"
 #endif
 
 fn xval(i: u32) -> f32 {
@@ -778,29 +759,9 @@ fn main(
   let base = gt.first;
 #else
   // Slot wid.z = (token t, expert rank i).
-  let t_slot = wid.z / params.n_used;
-  let i_slot = wid.z % params.n_used;
-#ifdef ROUTE
-  // Every workgroup routes its token; tile 0's write the routing for the layer's later products.
-  let lo = t_slot * params.logits_stride;
-  route_token(lo, params.route_e, params.n_used, lid);
   if (lid == 0u) {
-    chosen = route_ids[i_slot];
-    if (tile == 0u) {
-      let k = params.n_used;
-      ids[t_slot * params.ids_stride + i_slot] = chosen;
-      route_w[t_slot * (k + 1u) + i_slot] = route_weight(i_slot, k);
-      if (i_slot == 0u) {
-        let gate = route_gate(logits[lo + params.route_e]);
-        route_w[t_slot * (k + 1u) + k] = select(0.0, gate, params.shared_gate == 1u);
-      }
-    }
+    chosen = ids[(wid.z / params.n_used) * params.ids_stride + wid.z % params.n_used];
   }
-#else
-  if (lid == 0u) {
-    chosen = ids[t_slot * params.ids_stride + i_slot];
-  }
-#endif
   let e = workgroupUniformLoad(&chosen);
   let n = 1u;
 #endif

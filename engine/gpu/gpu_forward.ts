@@ -23,7 +23,6 @@ import {
   mulMatPair,
   PREFILL_TT,
   type RmsNormInput,
-  routeFits,
 } from "./kernels/mul_mat.ts";
 import { qkNormRope } from "./kernels/qk_norm_rope.ts";
 import { rmsNorm } from "./kernels/rms_norm.ts";
@@ -468,7 +467,7 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
   const { hp, act } = plan;
   const { E, Ku, Fe, Fs } = hp;
   // router logits and the shared expert's gate logit (with a decode step's shared gate|up in
-  // the same dispatch where they pair)
+  // the same dispatch where they pair); softmax, top-k, renormalise
   const pm = h.pm;
   const paired = !pm.mma && w.router.length === 1 && w.sharedGateUp.length === 1 &&
     mulMatPair(enc, {
@@ -486,6 +485,13 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
       y2StrideT: E + 1,
     });
   if (!paired) project(enc, w.router, h, act.router, E + 1, { tokens: T });
+  moeRoute(enc, { logits: act.router, ids: act.route, weights: act.routeW }, {
+    experts: E,
+    k: Ku,
+    tokens: T,
+    logitsStride: E + 1,
+    sharedGate: true,
+  });
   // Up to EXPERT_MATVEC_MAX_TOKENS rows, while the shared expert's down runs as decode products,
   // the experts run a (token, rank) slot a workgroup and that down's epilogue closes the layer:
   // on the H100 a slot a workgroup, reading an expert again from L2 for each of its slots, took
@@ -495,18 +501,6 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
   let ids = act.route;
   let tiles: number | undefined;
   const perSlot = !pm.mma && expertsPerSlot(T, w.sharedDown.matrixRows);
-  // softmax, top-k, renormalise: a slot a workgroup, in the first gate|up product, which routes
-  // its own slot (the same bits, a dispatch fewer)
-  const folded = perSlot &&
-    routeFits(enc.ctx, w.gateUp[0].w.type, { tokens: T, experts: E, nUsed: Ku });
-  const route = { experts: E, logitsStride: E + 1, sharedGate: true };
-  if (!folded) {
-    moeRoute(enc, { logits: act.router, ids: act.route, weights: act.routeW }, {
-      ...route,
-      k: Ku,
-      tokens: T,
-    });
-  }
   if (!perSlot) {
     moeGather(enc, { ids: act.route, table: act.gather }, {
       slots: T * Ku,
@@ -517,10 +511,9 @@ function moeBlock(enc: StepEncoder, plan: ForwardPlan, w: MoeWeights, h: Normed,
     tiles = gatherTiles(T * Ku, E, PREFILL_TT);
   }
   // each token's experts: [gate | up]
-  for (const [j, p] of w.gateUp.entries()) {
+  for (const p of w.gateUp) {
     mulMat(enc, { w: p.w, x: h.x, y: act.gateUp, ids, mmaX: act.mmaX }, {
       ...pm,
-      route: folded && j === 0 ? { ...route, logits: act.router, weights: act.routeW } : undefined,
       tokens: T,
       norm: h.norm,
       nUsed: Ku,

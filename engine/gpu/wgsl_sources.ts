@@ -25,7 +25,6 @@ import gatherTile from "../../wgsl/_include/gather_tile.wgsl" with { type: "text
 import matParams from "../../wgsl/_include/mat_params.wgsl" with { type: "text" };
 import reduce from "../../wgsl/_include/reduce.wgsl" with { type: "text" };
 import rms from "../../wgsl/_include/rms.wgsl" with { type: "text" };
-import route from "../../wgsl/_include/route.wgsl" with { type: "text" };
 
 /** wgsl/<name> → its text, e.g. "mul_mat.wgsl", "_include/dequant.wgsl". */
 export const WGSL_SOURCES: ReadonlyMap<string, string> = new Map([
@@ -52,5 +51,4 @@ export const WGSL_SOURCES: ReadonlyMap<string, string> = new Map([
   ["_include/mat_params.wgsl", matParams],
   ["_include/reduce.wgsl", reduce],
   ["_include/rms.wgsl", rms],
-  ["_include/route.wgsl", route],
 ]);

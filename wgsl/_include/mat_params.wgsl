@@ -2,8 +2,8 @@
 // wgsl/mul_mat_vec.wgsl (decode), which engine/gpu/kernels/mul_mat.ts fills from one set of values
 // so a token's product reads the same operands in either kernel. Offsets and strides count f32
 // elements, per token (_t) and per expert rank (_i); row_tiles is the grid's real row tiles. eps is
-// a folded RMSNorm's (mul_mat_vec NORM; 0 elsewhere); the PAIR_F32, CONV, MOE_SUM and ROUTE fields
-// are mul_mat_vec's only.
+// a folded RMSNorm's (mul_mat_vec NORM; 0 elsewhere); the PAIR_F32, CONV and MOE_SUM fields are
+// mul_mat_vec's only.
 
 struct Params {
   k: u32,
@@ -37,10 +37,5 @@ struct Params {
 #ifdef MOE_SUM
   sum_k: u32,
   sum_d: u32,
-#endif
-#ifdef ROUTE
-  route_e: u32,
-  logits_stride: u32,
-  shared_gate: u32,
 #endif
 }

@@ -21,9 +21,6 @@ import {
   MUL_MAT_VEC,
   type MulMatVecKey,
   PREFETCH_TYPES,
-  ROUTE_MAX_EXPERTS,
-  ROUTE_MAX_USED,
-  ROUTE_QUANTUM,
   SLOT_WIDE_FROM_TOKENS,
   slotLayout,
   WIDE_ROWS,
@@ -286,12 +283,6 @@ export interface MulMatOptions {
   /** Decode, no ids, no add: the MoE layer's sum as the product's epilogue. */
   readonly moeSum?: MoeSumEpilogue;
   /**
-   * Experts a (token, rank) slot a workgroup: route each token in the product itself and write
-   * the routing into b.ids and `weights`, as moeRoute would (the same bits), a dispatch fewer.
-   * Only where routeFits.
-   */
-  readonly route?: RouteInput;
-  /**
    * The decode layout instead of decodeLayout's, a decode product at any length (bench/kernels/
    * decode_matvec.ts).
    */
@@ -368,40 +359,6 @@ export interface MoeSumEpilogue {
 }
 
 /**
- * A MoE layer's router logits, routed by the experts' product that reads them (MulMatOptions.
- * route): engine/gpu/kernels/moe_route.ts's operands.
- */
-export interface RouteInput {
-  /** (T, logitsStride) f32: each token's E router logits, then the shared expert's gate logit. */
-  readonly logits: BufferRef;
-  /** (T, k + 1) f32 out: the routing weights, then the shared expert's gate (0 without one). */
-  readonly weights: BufferRef;
-  readonly experts: number;
-  readonly logitsStride: number;
-  readonly sharedGate: boolean;
-}
-
-/** The routing table's size, in experts, of a product routing `experts`. */
-function routeTable(experts: number): number {
-  return Math.ceil(experts / ROUTE_QUANTUM) * ROUTE_QUANTUM;
-}
-
-/**
- * Whether the experts' product of a step of `tokens` tokens (a slot a workgroup) can route its
- * slots itself on `target`: up to ROUTE_MAX_EXPERTS experts and ROUTE_MAX_USED a token, the
- * routing's workgroup memory beside the product's.
- */
-export function routeFits(
-  target: KernelTarget,
-  type: GgmlType,
-  o: { readonly tokens: number; readonly experts: number; readonly nUsed: number },
-): boolean {
-  if (o.experts > ROUTE_MAX_EXPERTS || o.nUsed > ROUTE_MAX_USED) return false;
-  const key = { type, layout: slotLayout(type, o.tokens), id: true, route: routeTable(o.experts) };
-  return workgroupBytes(key) <= target.limits.maxComputeWorkgroupStorageSize;
-}
-
-/**
  * The tile a prefill product of `rows` rows (a part's, or an expert's) runs on `target`. Measured
  * on an H200 under Dawn at 512 tokens (docs/PERFORMANCE.md "Prefill tiles"): 128-row tiles read x
  * once for twice the rows, 19-30% off the gathered experts and 4-7% off the dense products of
@@ -445,7 +402,6 @@ function decodeKey(
     norm: !!o.norm,
     conv: !!o.conv,
     moeSum: !!o.moeSum,
-    route: o.route ? routeTable(o.route.experts) : undefined,
   };
   let tokens: MatVecTokens = layout.cu === 16 ? asked : 1;
   while (
@@ -476,11 +432,6 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
   if ((o.conv || o.moeSum) && (!decode || id || o.add)) {
     throw new RangeError(
       "Cannot run the conv or the MoE sum as the epilogue of a prefill, expert or accumulating product",
-    );
-  }
-  if (o.route && (!decode || !id || gathered)) {
-    throw new RangeError(
-      "Cannot route the experts in a prefill or gathered product: a slot a workgroup only",
     );
   }
   if (o.conv && (o.tokens !== 1 || o.conv.kc < 2)) {
@@ -546,14 +497,6 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
       if (o.moeSum) {
         Object.assign(buffers, { eo: o.moeSum.experts, ew: o.moeSum.weights });
         Object.assign(params, { sum_k: o.moeSum.k, sum_d: w.matrixRows });
-      }
-      if (o.route) {
-        Object.assign(buffers, { logits: o.route.logits, route_w: o.route.weights });
-        Object.assign(params, {
-          route_e: o.route.experts,
-          logits_stride: o.route.logitsStride,
-          shared_gate: o.route.sharedGate ? 1 : 0,
-        });
       }
       enc.dispatch(MUL_MAT_VEC, key, buffers, params, { tiles: grid, z });
     } else {

@@ -54,24 +54,6 @@ export interface MulMatVecKey {
    * slots of one of its tiles, `tokens` at a time, so each expert's weights are read once.
    */
   readonly gathered?: boolean;
-  /**
-   * With id, not gathered: each workgroup routes its slot's token from the router logits instead
-   * of reading ids, and writes the routing (ids, weights) for the later products (wgsl ROUTE).
-   * The experts rounded up to ROUTE_QUANTUM: the workgroup's table of their probabilities.
-   */
-  readonly route?: number;
-}
-
-/** The experts a routing workgroup's probability table is sized by a multiple of. */
-export const ROUTE_QUANTUM = 16;
-
-/** The most experts and experts a token a routing workgroup takes (wgsl/_include/route.wgsl). */
-export const ROUTE_MAX_EXPERTS = 1024;
-export const ROUTE_MAX_USED = 64;
-
-/** Workgroup memory the routing of wgsl/_include/route.wgsl declares for `maxE` experts. */
-function routeBytes(maxE: number): number {
-  return 4 * maxE + 2 * 4 * ROUTE_MAX_USED + 4 * 256 + 4 * 16;
 }
 
 /** Rows from which a plain product is an LM head to the decode layouts and token counts. */
@@ -106,7 +88,6 @@ export function workgroupBytes(key: MulMatVecKey): number {
   if (key.layout.xstage) bytes += 16 * win * 9 * tokens;
   if (key.norm) bytes += 4 * 128;
   if (key.type === GgmlType.IQ4_NL || key.type === GgmlType.IQ4_XS) bytes += 64;
-  if (key.route) bytes += routeBytes(key.route);
   return bytes;
 }
 
@@ -254,23 +235,14 @@ export const MUL_MAT_VEC: KernelFamily<MulMatVecKey> = {
       if (!v.id) throw new RangeError("Cannot gather the slots of a product without experts");
       defines.GATHERED = true;
     }
-    if (v.route !== undefined) {
-      if (!v.id || v.gathered || v.route % ROUTE_QUANTUM !== 0 || v.route > ROUTE_MAX_EXPERTS) {
-        throw new RangeError(
-          `Cannot route ${v.route} experts in a product: experts a slot a workgroup only, up to ${ROUTE_MAX_EXPERTS} experts in multiples of ${ROUTE_QUANTUM}`,
-        );
-      }
-      defines.ROUTE = true;
-      defines.ROUTE_MAX_E = v.route;
-    }
     if (subgroups) defines.SUBGROUPS = true;
     const name = `mul_mat_vec_${typeName(v.type)}_${layoutName(layout)}${v.id ? "_id" : ""}${
       v.gathered ? "_gathered" : ""
     }${v.swiglu ? "_swiglu" : ""}${v.add ? "_add" : ""}${v.norm ? "_norm" : ""}${
       v.pairF32 ? "_pairf32" : ""
-    }${v.conv ? "_conv" : ""}${v.moeSum ? "_moesum" : ""}${v.route ? `_route${v.route}` : ""}${
-      tokens > 1 ? `_t${tokens}` : ""
-    }${subgroups ? "_sg" : ""}`;
+    }${v.conv ? "_conv" : ""}${v.moeSum ? "_moesum" : ""}${tokens > 1 ? `_t${tokens}` : ""}${
+      subgroups ? "_sg" : ""
+    }`;
     return { name, defines };
   },
 };
