@@ -1,8 +1,9 @@
 // The tensor-core kernels' WGSL (wgsl/mul_mat_mma.wgsl, wgsl/mma_input.wgsl) through Tint on any
 // machine: Dawn's null backend lists subgroup matrices, so it compiles every variant kind and
 // builds the pipelines whose workgroup memory fits it; and the variants only a GPU box's workgroup
-// memory runs (attention's workgroups of 8 tokens, beyond Mesa's 32 KB). A WGSL error fails here,
-// in CI, not on the GPU box.
+// memory runs (attention's workgroups of 8 tokens, beyond Mesa's 32 KB); and decode variants whose
+// subgroup code Mesa's builtin provider does not compile. A WGSL error fails here, in CI, not on
+// the GPU box.
 
 import assert from "node:assert/strict";
 import { dawnOptions } from "../engine/gpu/dawn.ts";
@@ -19,6 +20,11 @@ import {
   MUL_MAT_MMA,
   type MulMatMmaKey,
 } from "../engine/gpu/kernels/mul_mat_mma.ts";
+import {
+  MUL_MAT_VEC,
+  type MulMatVecKey,
+  workgroupBytes,
+} from "../engine/gpu/kernels/mul_mat_vec.ts";
 import { GgmlType } from "../engine/quant/ggml_types.ts";
 
 /** Dawn on its null backend, held by the module: the instance must outlive its devices. */
@@ -158,6 +164,26 @@ Deno.test("attention's workgroups of 8 tokens compile through Tint (Dawn's null 
       errors.push(await compile(device, BOX, ATTENTION, { dh, tq: 8 }, bytes));
     }
     assert.equal(errors.filter((e) => e).join("\n"), "");
+  } finally {
+    device.destroy();
+  }
+});
+
+Deno.test("the router's pair with two tokens a workgroup compiles through Tint (Dawn's null backend)", async () => {
+  const adapter = await nullGpu.requestAdapter();
+  assert.ok(adapter, "Dawn's null backend gives an adapter");
+  const device = await adapter.requestDevice({ requiredFeatures: ["subgroups"] });
+  try {
+    // The shared expert's gate|up beside the router in a step of 2-4 rows (mulMatPair), with
+    // subgroups, which Mesa's builtin provider does not compile.
+    const key: MulMatVecKey = {
+      type: GgmlType.Q8_0,
+      layout: { wg: 128, cu: 16, rpt: 1, xstage: true },
+      norm: true,
+      pairF32: true,
+      tokens: 2,
+    };
+    assert.equal(await compile(device, BOX, MUL_MAT_VEC, key, workgroupBytes(key)), "");
   } finally {
     device.destroy();
   }

@@ -594,8 +594,10 @@ gpuTest(
 
 gpuTest("mulMatPair() gives both products the bits mulMat gives each alone", async (ctx) => {
   // The shared expert's gate|up (Q8_0, 70 rows) and the router (F32, 37 rows) on one normed
-  // input, 2 tokens, each into a wider row at an offset; both layouts the engine uses for them.
-  const [K, M, M2, T, eps] = [1280, 70, 37, 2, 1e-6];
+  // input, 3 tokens, each into a wider row at an offset: the layouts the engine uses for one row
+  // and (undefined: its choice) for several, two tokens a workgroup, the last group half full;
+  // against each product alone in the one-row layout, a token a workgroup.
+  const [K, M, M2, T, eps] = [1280, 70, 37, 3, 1e-6];
   const r = rng(41);
   const x = upload(ctx, randomF32(T * K, r, 3));
   const norm = { w: upload(ctx, randomF32(K, r)), eps };
@@ -610,14 +612,21 @@ gpuTest("mulMatPair() gives both products the bits mulMat gives each alone", asy
     randomBlocks(GgmlType.F32, K * M2, 0.5, r),
   );
   const [yo, ys, y2o, y2s] = [3, M + 5, 1, M2 + 2];
-  const layouts: MatVecLayout[] = [
-    { wg: 128, cu: 64, rpt: 2, xstage: true },
+  const oneRow: MatVecLayout = { wg: 128, cu: 64, rpt: 2, xstage: true };
+  const layouts: (MatVecLayout | undefined)[] = [
+    oneRow,
     { wg: 128, cu: 64, rpt: 1, xstage: true },
+    undefined,
+    { wg: 256, cu: 16, rpt: 2, xstage: true },
   ];
+  const [alone, alone2] = [ys, y2s].map((n) => createStorage(ctx, "y", T * n * 4));
+  await submit(ctx, (enc) => {
+    const o = { tokens: T, norm, decode: oneRow };
+    mulMat(enc, { w, x, y: alone }, { ...o, yOffset: yo, yStrideT: ys });
+    mulMat(enc, { w: w2, x, y: alone2 }, { ...o, yOffset: y2o, yStrideT: y2s });
+  });
   for (const decode of layouts) {
-    const [y, y2, alone, alone2] = [ys, y2s, ys, y2s].map((n) =>
-      createStorage(ctx, "y", T * n * 4)
-    );
+    const [y, y2] = [ys, y2s].map((n) => createStorage(ctx, "y", T * n * 4));
     let paired = false;
     await submit(ctx, (enc) => {
       paired = mulMatPair(enc, { w, w2, x, y, y2 }, {
@@ -627,14 +636,6 @@ gpuTest("mulMatPair() gives both products the bits mulMat gives each alone", asy
         yStrideT: ys,
         y2Offset: y2o,
         y2StrideT: y2s,
-        decode,
-      });
-      mulMat(enc, { w, x, y: alone }, { tokens: T, norm, yOffset: yo, yStrideT: ys, decode });
-      mulMat(enc, { w: w2, x, y: alone2 }, {
-        tokens: T,
-        norm,
-        yOffset: y2o,
-        yStrideT: y2s,
         decode,
       });
     });

@@ -39,7 +39,7 @@
 //   order: the shared expert's down closing a MoE layer; not with ID or ADD). Both epilogues use
 //   the same explicit fmas as the kernels they replace, so an output has the same bits either way
 //   and a decode step matches a prefill run. TN (1, 2, 4 or 8; above 1 only with REG_CLASSES, not
-//   with PAIR_F32 or CONV): a workgroup takes TN tokens, multiplying each weight chunk it loads
+//   with CONV): a workgroup takes TN tokens, multiplying each weight chunk it loads
 //   with every one of them, so a step of several sequences reads the weights ⌈T / TN⌉ times, and
 //   each token's sums are the ones it gets alone. Tokens past the step's last repeat its input
 //   and write nothing. With TN ≤ 2 a chunk's inputs are held in registers across the thread's

@@ -521,6 +521,14 @@ export function mulMat(enc: StepEncoder, b: MulMatBuffers, o: MulMatOptions): vo
 }
 
 /**
+ * The pair's layout in a step of several rows: 128 threads a row apart, each workgroup taking two
+ * tokens (decodeTokens with the norm folded), so the router and the shared gate|up are read once
+ * for every two rows where the one-row layout (64 threads across a row's chunks) reads them a row
+ * at a time. The same bits: every layout sums a row in one order.
+ */
+const PAIR_MULTI_LAYOUT: MatVecLayout = { wg: 128, cu: 16, rpt: 1, xstage: true };
+
+/**
  * Records y = W·x and y2 = W2·x for a decode step of a few tokens in one dispatch, W2 F32 and
  * both of one part: the MoE router beside the shared expert's gate|up, on the same (normed)
  * input. Each output has the bits mulMat gives it alone (the same layout and summation order);
@@ -556,10 +564,11 @@ export function mulMatPair(
   checkType(w.type);
   const rows = w.parts[0].rows;
   const rows2 = w2.parts[0].rows;
-  const layout = o.decode ?? decodeLayout(rows, false);
+  const layout = o.decode ?? (o.tokens > 1 ? PAIR_MULTI_LAYOUT : decodeLayout(rows, false));
   const tiles = Math.ceil(rows / layoutRows(layout));
   const tiles2 = Math.ceil(rows2 / layoutRows(layout));
-  const key = { type: w.type, layout, norm: !!o.norm, pairF32: true };
+  const tn: MatVecTokens = layout.cu === 16 ? decodeTokens(o.tokens, { norm: !!o.norm, rows }) : 1;
+  const key = { type: w.type, layout, norm: !!o.norm, pairF32: true, tokens: tn };
   const buffers = {
     w: w.parts[0].buffer,
     x: b.x,
@@ -591,6 +600,6 @@ export function mulMatPair(
     row_tiles2: tiles2,
     y2_offset: o.y2Offset ?? 0,
     y2_stride_t: o.y2StrideT ?? rows2,
-  }, { tiles: (tiles + tiles2) * o.tokens, z: 1 });
+  }, { tiles: (tiles + tiles2) * Math.ceil(o.tokens / tn), z: 1 });
   return true;
 }

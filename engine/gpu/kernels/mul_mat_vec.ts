@@ -46,7 +46,7 @@ export interface MulMatVecKey {
   readonly moeSum?: boolean;
   /**
    * Tokens (or, gathered, slots) a workgroup takes, each weight chunk it loads multiplied with
-   * all of them: cu 16 layouts, no pair or conv; NORM takes at most 2. Default 1.
+   * all of them: cu 16 layouts, no conv; NORM takes at most 2. Default 1.
    */
   readonly tokens?: MatVecTokens;
   /**
@@ -204,9 +204,9 @@ export const MUL_MAT_VEC: KernelFamily<MulMatVecKey> = {
       defines.MOE_SUM = true;
     }
     if (tokens > 1) {
-      if (!regClasses || (v.id && !v.gathered) || v.pairF32 || v.conv) {
+      if (!regClasses || (v.id && !v.gathered) || v.conv) {
         throw new RangeError(
-          `Cannot give a workgroup ${tokens} tokens but in a cu 16 layout of a plain or gathered product without the pair or the conv`,
+          `Cannot give a workgroup ${tokens} tokens but in a cu 16 layout of a plain or gathered product without the conv`,
         );
       }
       // Four or more tokens' chunks are read where they are used, not held across the rows.
