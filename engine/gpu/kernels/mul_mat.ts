@@ -567,8 +567,19 @@ export function mulMatPair(
   const layout = o.decode ?? (o.tokens > 1 ? PAIR_MULTI_LAYOUT : decodeLayout(rows, false));
   const tiles = Math.ceil(rows / layoutRows(layout));
   const tiles2 = Math.ceil(rows2 / layoutRows(layout));
-  const tn: MatVecTokens = layout.cu === 16 ? decodeTokens(o.tokens, { norm: !!o.norm, rows }) : 1;
-  const key = { type: w.type, layout, norm: !!o.norm, pairF32: true, tokens: tn };
+  // mulMat's choice of tokens a workgroup for this layout, fewer where workgroup memory is short
+  const plain = decodeKey(
+    enc.ctx,
+    w.type,
+    rows,
+    { tokens: o.tokens, norm: o.norm, decode: layout },
+    {
+      id: false,
+      gathered: false,
+    },
+  );
+  const tn = plain.tokens ?? 1;
+  const key = { ...plain, pairF32: true };
   const buffers = {
     w: w.parts[0].buffer,
     x: b.x,
