@@ -216,3 +216,15 @@ async function sameBits(ctx: GpuContext): Promise<void> {
     }
   }
 }
+
+Deno.test("the attention partials fit the device's largest storage binding, one token's at least", () => {
+  // The bench model's heads at 32768 positions: 256 MiB of partials on a device that binds that
+  // much, 128 MiB on Deno's builtin provider; a token's own partials (8.5 MB) whatever the limit.
+  const shape = { hq: 16, dh: 256, ctx: 32768, maxBatch: 2048 };
+  const oneToken = 16 * 512 * (256 + 2);
+  const free = attentionPartialFloats(shape);
+  assert.ok(4 * free > 2 ** 27 && 4 * free <= 2 ** 28, `${4 * free} bytes unlimited`);
+  const builtin = attentionPartialFloats({ ...shape, maxBindingBytes: 2 ** 27 });
+  assert.ok(4 * builtin <= 2 ** 27 && builtin >= 15 * oneToken, `${4 * builtin} bytes at 128 MiB`);
+  assert.equal(attentionPartialFloats({ ...shape, maxBindingBytes: 2 ** 20 }), oneToken);
+});

@@ -35,6 +35,7 @@ gpuTest("the memory plan equals what each GPU stage allocates, by kind", async (
         const plan = planStage(model, hp, span, {
           ...OPTIONS,
           tensorCores: gpu.features.subgroupMatrix,
+          maxBindingBytes: gpu.limits.maxStorageBufferBindingSize,
           mtp,
         });
         const stage = await openGpuStage(model, gpu, { ...span, ...OPTIONS, mtp, log: () => {} });

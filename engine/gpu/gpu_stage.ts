@@ -196,6 +196,7 @@ export function activationShape(
   maxBatch: number,
   tensorCores = false,
   mtp = false,
+  maxBindingBytes = Infinity,
 ): ActivationShape {
   // Where the logits budget splits a run, chunks of whole token tiles of the LM head's product:
   // a chunk of 67 positions would run a second tile of 3 over every row of the vocabulary.
@@ -203,7 +204,7 @@ export function activationShape(
   const lmChunk = fit < maxBatch && fit > DENSE_TT ? fit - (fit % DENSE_TT) : fit;
   const attention = hp.isDeltaNet.slice(span.first, span.end).some((d) => !d) || mtp;
   const attnPartFloats = attention
-    ? attentionPartialFloats({ hq: hp.Hq, dh: hp.Dh, ctx, maxBatch })
+    ? attentionPartialFloats({ hq: hp.Hq, dh: hp.Dh, ctx, maxBatch, maxBindingBytes })
     : 0;
   const mmaFloats = tensorCores ? mmaScratchFloats(hp, maxBatch) : 1;
   return { lmChunk, attnPartFloats, mmaFloats, mtp };
@@ -1489,7 +1490,15 @@ export async function openGpuStage(
       : undefined;
     // The MTP block drafts on the last stage, which then embeds the tokens its runs carry.
     const mtp = !!options.mtp && end === hp.nLayer && hasMtpBlock(model, hp.nLayer);
-    const shape = activationShape(hp, { first, end }, ctx, maxBatch, mma !== undefined, mtp);
+    const shape = activationShape(
+      hp,
+      { first, end },
+      ctx,
+      maxBatch,
+      mma !== undefined,
+      mtp,
+      gpu.limits.maxStorageBufferBindingSize,
+    );
     const { lmChunk } = shape;
     const act = allocActivations(mem, activationFloats(hp, maxBatch, slots, shape));
     // The MTP block's KV cache is one more layer of every slot's (and snapshot's) state.

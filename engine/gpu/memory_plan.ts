@@ -35,6 +35,11 @@ export interface PlanOptions {
    * from, and the token embedding it needs after a split.
    */
   readonly mtp?: boolean;
+  /**
+   * The device's maxStorageBufferBindingSize, where it caps a buffer bound whole (the attention
+   * partials); default unlimited, as on the GPU box's Dawn.
+   */
+  readonly maxBindingBytes?: number;
 }
 
 export interface StagePlan extends Omit<StageMemory, "total"> {
@@ -188,7 +193,15 @@ export function planStage(
     perSlot.mtp = kv + 4 * Math.max(1, rewind) * hp.D;
   }
   const maxBatch = options.maxBatch ?? defaultMaxBatch(options.ctx);
-  const shape = activationShape(hp, span, options.ctx, maxBatch, options.tensorCores, mtp);
+  const shape = activationShape(
+    hp,
+    span,
+    options.ctx,
+    maxBatch,
+    options.tensorCores,
+    mtp,
+    options.maxBindingBytes,
+  );
   const activations = Object.values(activationFloats(hp, maxBatch, options.slots, shape))
     .reduce((s, [, n]) => s + paddedSize(4 * n), 0);
   const weights = [...t.bytes.values()].reduce((s, n) => s + n, 0);

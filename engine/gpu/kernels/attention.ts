@@ -79,14 +79,24 @@ function checkShape(hq: number, hkv: number, dh: number): void {
 
 /**
  * f32 values of the partials scratch for calls of up to maxBatch tokens within ctx positions:
- * (dh + 2)·max(hq·⌈ctx/64⌉, min(maxBatch·hq·⌈ctx/64⌉, ⌊256 MiB / (4·(dh + 2))⌋)). Calls that
- * need more are run in token chunks that fit (attention()).
+ * (dh + 2)·max(hq·⌈ctx/64⌉, min(maxBatch·hq·⌈ctx/64⌉, ⌊B / (4·(dh + 2))⌋)), B = 256 MiB or the
+ * device's largest storage binding if smaller (the scratch is bound whole: Deno's builtin
+ * provider binds 128 MiB at most). Calls that need more are run in token chunks that fit
+ * (attention()).
  */
 export function attentionPartialFloats(
-  o: { readonly hq: number; readonly dh: number; readonly ctx: number; readonly maxBatch: number },
+  o: {
+    readonly hq: number;
+    readonly dh: number;
+    readonly ctx: number;
+    readonly maxBatch: number;
+    /** The device's maxStorageBufferBindingSize; default unlimited. */
+    readonly maxBindingBytes?: number;
+  },
 ): number {
   const perToken = o.hq * Math.ceil(o.ctx / ATTENTION_BLOCK);
-  const budget = Math.floor(PARTIALS_BUDGET_BYTES / (4 * (o.dh + 2)));
+  const bytes = Math.min(PARTIALS_BUDGET_BYTES, o.maxBindingBytes ?? Infinity);
+  const budget = Math.floor(bytes / (4 * (o.dh + 2)));
   return (o.dh + 2) * Math.max(perToken, Math.min(o.maxBatch * perToken, budget));
 }
 
