@@ -1,7 +1,15 @@
 // Picks the next token from the last stage's top-k candidates: greedy, or temperature + top-k +
-// top-p + min-p from a per-request SplitMix64 stream. Runs on the head, after the ids come off the
-// wire.
+// top-p + min-p from a per-request SplitMix64 stream, in engine/sampler.ts's integer arithmetic.
+// Runs on the head, after the ids come off the wire (a whole-model GPU stage also runs it itself).
 
+import {
+  candidateWeights,
+  drawIndex,
+  keptCount,
+  mulHi,
+  samplerConstants,
+  type SamplingParams,
+} from "../../engine/sampler.ts";
 import type { TopEntry } from "../../engine/stage.ts";
 
 /** SplitMix64: a tiny, well-mixed 64-bit generator; the same seed replays the same stream. */
@@ -18,68 +26,35 @@ export class SplitMix64 {
     z = BigInt.asUintN(64, (z ^ (z >> 27n)) * 0x94d049bb133111ebn);
     return z ^ (z >> 31n);
   }
+  /** A uniform u32: the top 32 bits (what the sampler draws with). */
+  nextU32(): number {
+    return Number(this.nextU64() >> 32n);
+  }
   /** A uniform double in [0, 1) from the top 53 bits. */
   nextFloat(): number {
     return Number(this.nextU64() >> 11n) / 2 ** 53;
   }
 }
 
-export interface SamplingParams {
-  /** 0 means greedy. */
-  readonly temperature: number;
-  /** 0 means no top-k cut beyond the candidates given. */
-  readonly topK: number;
-  /** 1 means no nucleus cut. */
-  readonly topP: number;
-  /** Drops candidates less likely than minP times the best one; 0 (default) keeps all. */
-  readonly minP?: number;
-  /** The top-p and min-p cuts keep at least this many candidates (default 1). */
-  readonly minKeep?: number;
-}
+export type { SamplingParams };
 
 /**
- * What a sampled token is drawn from: the candidates left after the cuts and their weights
- * (exp((logit − best) / temperature), the best one's exactly 1), or undefined where the pick is
- * the greedy id (temperature 0, no candidates, or every candidate banned). The cuts run in
- * llama.cpp's order (top-k, top-p, min-p), on probabilities at the temperature; `candidates`
- * are sorted by logit, descending.
+ * What a sampled token is drawn from: the candidates left after the cuts and their integer
+ * weights (engine/sampler.ts: exp((logit − best) / temperature) in fixed point, the best one's
+ * a power of two), or undefined where the pick is the greedy id (temperature 0, no candidates,
+ * or every candidate banned). The cuts run in llama.cpp's order (top-k, top-p, min-p);
+ * `candidates` are sorted by logit, descending. wgsl/sample.wgsl computes the same weights.
  */
 export function samplingDistribution(
   candidates: readonly TopEntry[],
   params: SamplingParams,
 ): { readonly ids: readonly number[]; readonly weights: readonly number[] } | undefined {
   if (params.temperature <= 0 || candidates.length === 0) return undefined;
-  const k = params.topK > 0 ? Math.min(params.topK, candidates.length) : candidates.length;
-  const kept = candidates.slice(0, k);
-  const maxLogit = kept[0].logit;
-  if (maxLogit === -Infinity) return undefined;
-  const weights = kept.map((c) => Math.exp((c.logit - maxLogit) / params.temperature));
-  const total = weights.reduce((a, b) => a + b, 0);
-  const keep = Math.min(Math.max(1, params.minKeep ?? 1), kept.length);
-  let n = 0;
-  let mass = 0;
-  while (n < kept.length) {
-    mass += weights[n] / total;
-    n += 1;
-    if (mass >= params.topP && n >= keep) break;
-  }
-  const floor = params.minP ?? 0;
-  while (n > keep && weights[n - 1] < floor) n--;
-  return { ids: kept.slice(0, n).map((c) => c.id), weights: weights.slice(0, n) };
-}
-
-/** Draws an index with probability weights[i] / Σ weights, leaving out index `skip`. */
-function draw(weights: readonly number[], rng: SplitMix64, skip = -1): number {
-  const total = weights.reduce((a, w, i) => i === skip ? a : a + w, 0);
-  let r = rng.nextFloat() * total;
-  let last = -1;
-  for (let i = 0; i < weights.length; i++) {
-    if (i === skip) continue;
-    last = i;
-    r -= weights[i];
-    if (r < 0) return i;
-  }
-  return last;
+  const c = samplerConstants(params, candidates.length);
+  const weights = candidateWeights(candidates.map((e) => e.logit), c);
+  if (!weights) return undefined;
+  const n = keptCount(weights, c);
+  return { ids: candidates.slice(0, n).map((e) => e.id), weights: weights.slice(0, n) };
 }
 
 /**
@@ -92,8 +67,12 @@ export function sampleToken(
   params: SamplingParams,
   rng: SplitMix64,
 ): number {
+  if (params.temperature <= 0 || candidates.length === 0) return greedyId;
+  // One draw a sampled token, even where every candidate is banned: the GPU's fused steps take
+  // draw s for step s whatever they find.
+  const u = rng.nextU32();
   const dist = samplingDistribution(candidates, params);
-  return dist ? dist.ids[draw(dist.weights, rng)] : greedyId;
+  return dist ? dist.ids[drawIndex(dist.weights, u)] : greedyId;
 }
 
 /**
@@ -115,8 +94,8 @@ export function speculativeToken(
   if (!dist) return { id: greedyId, kept: greedyId === draft };
   const at = dist.ids.indexOf(draft);
   const total = dist.weights.reduce((a, b) => a + b, 0);
-  // A draft alone in the nucleus has weight `total`, and nextFloat() < 1: it is always kept, so a
-  // refused draft leaves at least one other candidate to draw.
-  if (at >= 0 && rng.nextFloat() * total < dist.weights[at]) return { id: draft, kept: true };
-  return { id: dist.ids[draw(dist.weights, rng, at)], kept: false };
+  // Kept when floor(u · total / 2^32) < the draft's weight. A draft alone in the nucleus has
+  // weight `total`, which that always is: a refused draft leaves another candidate to draw.
+  if (at >= 0 && mulHi(rng.nextU32(), total) < dist.weights[at]) return { id: draft, kept: true };
+  return { id: dist.ids[drawIndex(dist.weights, rng.nextU32(), at)], kept: false };
 }
