@@ -1,5 +1,6 @@
 // GPU greedy ids, logit adjustments, top-k and log-sum-exp (engine/gpu/kernels/{argmax,logit_adjust,
-// topk}.ts) against engine/reference/logits.ts, ties breaking toward the lower id as it does.
+// topk}.ts) against engine/reference/logits.ts, ties breaking toward the lower id as it does; the
+// GPU's sampled ids (kernels/sample.ts) against the head's sampler.
 
 import assert from "node:assert/strict";
 import { createStorage } from "../engine/gpu/buffers.ts";
@@ -13,6 +14,17 @@ import {
   maskLogits,
 } from "../engine/reference/logits.ts";
 import { BAN, encodeBias, type LogitAdjust, MAX_TOPK } from "../engine/stage.ts";
+import { sample } from "../engine/gpu/kernels/sample.ts";
+import { wgslSource } from "../engine/gpu/wgsl.ts";
+import {
+  drawIndex,
+  EXP2_HI,
+  EXP2_LO,
+  samplerConstants,
+  samplerWords,
+  type SamplingParams,
+} from "../engine/sampler.ts";
+import { samplingDistribution, SplitMix64 } from "../lib/sampling/sample.ts";
 import { gpuTest, randomF32, readU32, rng, submit, upload } from "./_gpu.ts";
 
 const f32 = (bits: number) => new Float32Array(new Uint32Array([bits]).buffer)[0];
@@ -158,3 +170,53 @@ gpuTest(
     assert.equal((await readU32(ctx, ids, 1))[0], 3_100);
   },
 );
+
+gpuTest("sample() draws the id the head's sampler draws from the same candidates", async (ctx) => {
+  // The WGSL tables are the TypeScript ones (the kernel's own test below needs them equal).
+  const wgsl = wgslSource("sample.wgsl");
+  for (const [name, table] of [["EXP2_HI", EXP2_HI], ["EXP2_LO", EXP2_LO]] as const) {
+    const body = wgsl.match(new RegExp(`const ${name} = array<u32, 64>\\(([^)]*)\\)`))![1];
+    assert.deepEqual(body.match(/\d+/g)!.map(Number), table, `${name} in wgsl/sample.wgsl`);
+  }
+  const r = rng(31);
+  const stream = new SplitMix64(31n);
+  const cases: { k: number; params: SamplingParams; scale: number; ties?: boolean }[] = [
+    { k: 40, params: { temperature: 0.7, topK: 40, topP: 0.9 }, scale: 4 },
+    { k: 40, params: { temperature: 1, topK: 0, topP: 1 }, scale: 2 },
+    { k: 64, params: { temperature: 0.2, topK: 20, topP: 0.95, minP: 0.05 }, scale: 0.5 },
+    { k: 300, params: { temperature: 1.3, topK: 0, topP: 0.5, minKeep: 3 }, scale: 3 },
+    { k: MAX_TOPK, params: { temperature: 2, topK: 0, topP: 1 }, scale: 30 },
+    { k: 8, params: { temperature: 1e-6, topK: 0, topP: 1 }, scale: 1, ties: true },
+    { k: 16, params: { temperature: 0.8, topK: 0, topP: 0.01, minP: 0.5, minKeep: 5 }, scale: 1 },
+  ];
+  const draws = 24;
+  for (const { k, params, scale, ties } of cases) {
+    // Candidates as topK leaves them: descending logits (ties the lower id first), all k real.
+    const logits = Float32Array.from({ length: k }, () => (2 * r() - 1) * scale + 10)
+      .sort((a, b) => b - a);
+    if (ties) logits.fill(logits[0], 0, 3);
+    const ids = Array.from({ length: k }, (_, i) => (i * 7919 + 13) % 100_000);
+    const pairs = new Uint32Array(2 * k + 1);
+    const bits = new Uint32Array(logits.buffer);
+    ids.forEach((id, i) => {
+      pairs[2 * i] = bits[i];
+      pairs[2 * i + 1] = id;
+    });
+    const u = Uint32Array.from({ length: draws }, () => stream.nextU32());
+    const constants = samplerWords(samplerConstants(params, k));
+    const drawsBuffer = upload(ctx, Uint32Array.from([...constants, ...u]));
+    const top = upload(ctx, pairs);
+    const out = createStorage(ctx, "sampled ids", 4 * draws);
+    await submit(ctx, (enc) => {
+      for (let s = 0; s < draws; s++) {
+        sample(enc, { top, draws: drawsBuffer, out }, { topOffset: 0, draw: s, outOffset: s });
+      }
+    });
+    const got = await readU32(ctx, out, draws);
+    const candidates = ids.map((id, i) => ({ id, logit: logits[i] }));
+    const dist = samplingDistribution(candidates, params)!;
+    const want = Array.from(u, (d) => dist.ids[drawIndex(dist.weights, d)]);
+    assert.deepEqual([...got], want, `k ${k} ${JSON.stringify(params)}`);
+    if (k >= 40) assert.ok(new Set(want).size > 1, `k ${k}: the draws pick several candidates`);
+  }
+});
