@@ -144,7 +144,7 @@ export interface DecodeAt {
 export const BENCH_SAMPLING: SamplingParams = { temperature: 0.7, topK: 40, topP: 0.9 };
 
 /** A sampled decode's draws: the sampler's parameters and the seed of its stream. */
-interface Draws {
+export interface Draws {
   readonly sampling: SamplingParams;
   readonly seed: number;
 }
@@ -364,8 +364,10 @@ export async function timeMtpSampledDecode(
 }
 
 /**
- * The same n greedy tokens as timeDecode, decoded as the server's scheduler decodes a plain
- * greedy sequence on a whole-model stage: `steps` tokens per readback (Stage.decodeGreedy).
+ * The same n tokens as timeDecode (greedy) or timeSampledDecode (with `draws`), decoded as the
+ * server's scheduler decodes a plain sequence running alone on a whole-model stage: `steps`
+ * tokens per readback (Stage.decodeFused), sampled on the device from each step's top-k with the
+ * stream's draws.
  */
 export async function timeFusedDecode(
   stage: Stage,
@@ -373,18 +375,25 @@ export async function timeFusedDecode(
   n: number,
   steps: number,
   slot = 0,
+  draws?: Draws,
 ): Promise<DecodeRun> {
-  if (!stage.decodeGreedy) {
+  if (!stage.decodeFused) {
     throw new TypeError(
-      `Cannot time fused decoding on layers ${stage.first}..${stage.end}: the stage has no decodeGreedy`,
+      `Cannot time fused decoding on layers ${stage.first}..${stage.end}: the stage has no decodeFused`,
     );
   }
+  const rng = new SplitMix64(BigInt(draws?.seed ?? 0));
   const fed = new Uint32Array(n);
   fed[0] = first;
   const start = performance.now();
   for (let pos = 0; pos < n;) {
     const k = Math.min(steps, n - pos);
-    const { ids } = await stage.decodeGreedy(slot, fed[pos], pos, k);
+    const sampling = draws && {
+      params: draws.sampling,
+      draws: Uint32Array.from({ length: k }, () => rng.nextU32()),
+    };
+    const options = sampling ? { topk: draws.sampling.topK, sampling } : {};
+    const { ids } = await stage.decodeFused(slot, fed[pos], pos, k, options);
     fed.set(ids.subarray(0, Math.min(k, n - pos - 1)), pos + 1);
     pos += k;
   }

@@ -23,6 +23,7 @@ Deno.test("formatTable: median (best–worst, ×slowest/median), load, server ro
             tg128: { tokens: 128, timing: t(2) },
             "tg128-fused": { tokens: 128, timing: t(1.6) },
             "tg128-sampled": { tokens: 128, timing: t(2.56) },
+            "tg128-sampled-step": { tokens: 128, timing: t(3.2) },
             tg128x2: { tokens: 256, error: "skipped: out of time" },
           },
           split: {
@@ -88,14 +89,15 @@ Deno.test("formatTable: median (best–worst, ×slowest/median), load, server ro
   assert.equal(
     lines[5],
     "| tandem gpu dawn | 11.9 | 1024 (1280–853, ×1.20) | 64.0 (64.0–64.0, ×1.00) | " +
-      "80.0 (80.0–80.0, ×1.00) | 50.0 (50.0–50.0, ×1.00) | (1) | 0:20 + 20:40 | " +
+      "80.0 (80.0–80.0, ×1.00) | 50.0 (50.0–50.0, ×1.00) | 40.0 (40.0–40.0, ×1.00) | (1) | " +
+      "0:20 + 20:40 | " +
       "2.5 (2.5–2.5, ×1.00) | 128 (128–128, ×1.00) |",
   );
-  assert.equal(lines[6], "| tandem gpu builtin | (2) | — | — | — | — | — | — | — | — |");
+  assert.equal(lines[6], "| tandem gpu builtin | (2) | — | — | — | — | — | — | — | — | — |");
   assert.equal(
     lines[7],
     "| llama.cpp | 6.8 | 5120 (5120–5120, ×1.00) | 128 (128–128, ×1.00); 256 without sampling " +
-      "| — | — | — | — | — | — |",
+      "| — | — | — | — | — | — | — |",
   );
   assert.match(lines[9], /^\| through the server, 510-token prompt, 128 out \| start s \|/);
   assert.equal(

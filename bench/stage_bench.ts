@@ -198,7 +198,7 @@ async function wholeFigures(
       );
     }
   }
-  if (stage.decodeGreedy) {
+  if (stage.decodeFused) {
     figures[`tg${tg}-fused`] = await measure(
       `tg${tg} fused`,
       tg,
@@ -208,14 +208,43 @@ async function wholeFigures(
       log,
     );
   }
-  figures[`tg${tg}-sampled`] = await measure(
-    `tg${tg} sampled`,
+  // Sampled as the server samples a sequence running alone: on the device, FUSED_STEPS a
+  // readback, where the stage can (the per-step figure, tgN-sampled-step, is then what a split
+  // deployment's head does). Both draw the same tokens (the sampler's integer arithmetic),
+  // checked here.
+  const fused = stage.decodeFused !== undefined;
+  let stepwise: Uint32Array | undefined;
+  figures[fused ? `tg${tg}-sampled-step` : `tg${tg}-sampled`] = await measure(
+    fused ? `tg${tg} sampled, a readback a step` : `tg${tg} sampled`,
     tg,
     runs,
-    async () => (await timeSampledDecode([stage], firsts[0], tg, BENCH_SAMPLING, seed)).seconds,
+    async () => {
+      const run = await timeSampledDecode([stage], firsts[0], tg, BENCH_SAMPLING, seed);
+      stepwise = run.fed;
+      return run.seconds;
+    },
     deadline,
     log,
   );
+  if (fused) {
+    const draws = { sampling: BENCH_SAMPLING, seed };
+    figures[`tg${tg}-sampled`] = await measure(
+      `tg${tg} sampled`,
+      tg,
+      runs,
+      async () => {
+        const run = await timeFusedDecode(stage, firsts[0], tg, FUSED_STEPS, 0, draws);
+        if (stepwise && run.fed.some((id, i) => id !== stepwise![i])) {
+          throw new Error(
+            `tg${tg} sampled on the device drew other tokens than the head's per-step draws: the GPU sampler (wgsl/sample.wgsl) and lib/sampling/sample.ts disagree`,
+          );
+        }
+        return run.seconds;
+      },
+      deadline,
+      log,
+    );
+  }
   if (options.slots > 1) {
     const name = `tg${tg}x${options.slots}`;
     figures[name] = await measure(

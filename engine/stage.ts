@@ -2,6 +2,7 @@
 // Implemented by the CPU reference engine and the WebGPU engine; driven by generate, worker and head.
 
 import type { HParams } from "./hparams.ts";
+import type { SamplingParams } from "./sampler.ts";
 
 /** Input rows for positions [base, base+n): token ids on the first stage, hidden rows after it. */
 export type StageInput =
@@ -175,6 +176,16 @@ export interface StageRunOptions {
   readonly mtp?: boolean;
 }
 
+/** Stage.decodeFused's options: a run's top-k and MTP choice, and how its steps sample. */
+export interface FusedOptions extends Pick<StageRunOptions, "topk" | "mtp"> {
+  /**
+   * Sample each step from its top `topk` (≥ 1) candidates with `params` (temperature > 0, no
+   * grammar or logit changes), step s with the u32 draws[s] (SplitMix64.nextU32, as the head
+   * draws); without it each step takes its argmax.
+   */
+  readonly sampling?: { readonly params: SamplingParams; readonly draws: Uint32Array };
+}
+
 /** A stage's layers and the sizes it was opened with; a worker's HELLO states the same. */
 export interface StageShape {
   /** First layer owned (0 on the stage that embeds tokens). */
@@ -252,16 +263,18 @@ export interface Stage extends StageShape {
     options?: StageRunOptions,
   ): Promise<StageOutput>;
   /**
-   * Optional, for a stage that owns the whole model: greedy decoding of `steps` tokens from `id`
-   * at position `base` in one submission, each step's argmax fed to the next on the device.
-   * Returns every step's greedy id and the top-k of the last step.
+   * Optional, for a stage that owns the whole model: decoding of `steps` tokens from `id` at
+   * position `base` in one submission, each step's token fed to the next on the device: its
+   * argmax, or with `options.sampling` its draw from the step's top `options.topk` candidates in
+   * the head's sampler's arithmetic (engine/sampler.ts), so the tokens are what per-step runs and
+   * lib/sampling/sample.ts would give. Returns every step's token and the top-k of the last step.
    */
-  decodeGreedy?(
+  decodeFused?(
     slot: number,
     id: number,
     base: number,
     steps: number,
-    options?: Pick<StageRunOptions, "topk" | "mtp">,
+    options?: FusedOptions,
   ): Promise<LastOutput>;
   /**
    * Optional, for a stage that owns the whole model and its MTP block (opened with `mtp`): up to

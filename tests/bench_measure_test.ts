@@ -70,7 +70,7 @@ Deno.test("startWorker reports the worker's own error when it cannot start", asy
 });
 
 gpuTest(
-  "timeFusedDecode feeds the same tokens as timeDecode, several steps per readback",
+  "timeFusedDecode feeds the tokens of timeDecode and timeSampledDecode, several steps a readback",
   async (gpu) => {
     await withModel(TINY, async (model) => {
       const stage = await openGpuStage(model, gpu, { first: 0, end: 4, slots: 1, ctx: CTX });
@@ -82,6 +82,11 @@ gpuTest(
         const fused = await timeFusedDecode(stage, first, 11, 4);
         assert.ok(fused.seconds > 0);
         assert.deepEqual(fused.fed, stepwise.fed);
+        // Sampled on the device: the draws the head makes from each step's candidates.
+        const sampled = await timeSampledDecode([stage], first, 11, BENCH_SAMPLING, 9);
+        const draws = { sampling: BENCH_SAMPLING, seed: 9 };
+        assert.deepEqual((await timeFusedDecode(stage, first, 11, 4, 0, draws)).fed, sampled.fed);
+        assert.notDeepEqual(sampled.fed, stepwise.fed, "the draws left the greedy path");
         await assert.rejects(timeFusedDecode(reference, first, 4, 2), TypeError);
       } finally {
         stage.close();

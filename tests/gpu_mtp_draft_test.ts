@@ -61,7 +61,7 @@ gpuTest(
       assert.deepEqual(both, [want, want], "in shared steps");
       // Fused greedy steps keep the block filled as single runs do.
       await stage.run(0, { kind: "ids", ids: PROMPT }, PROMPT.length, 0);
-      const fused = await stage.decodeGreedy!(0, 40, 8, 3);
+      const fused = await stage.decodeFused!(0, 40, 8, 3);
       const afterFused = await stage.draft!(0, fused.ids[2], 3);
       await stage.run(1, { kind: "ids", ids: PROMPT }, PROMPT.length, 0);
       for (const [i, id] of [40, fused.ids[0], fused.ids[1]].entries()) {
@@ -145,7 +145,7 @@ gpuTest(
         pos++;
         assert.equal((await stage.draft!(0, 7, n)).length, n);
       }
-      await stage.decodeGreedy!(0, 9, pos, 3);
+      await stage.decodeFused!(0, 9, pos, 3);
       await stage.run(1, ids(...PROMPT), PROMPT.length, 0);
       await Promise.all([stage.run(0, ids(1), 1, pos + 3), stage.run(1, ids(2), 1, PROMPT.length)]);
       assert.deepEqual(lateKernels(gpu).slice(before), [], "no step compiled a kernel");
@@ -235,7 +235,7 @@ gpuTest(
       // Fused greedy steps skip it too.
       await stage.run(0, { kind: "ids", ids: PROMPT }, PROMPT.length, 0, { logits: "last" });
       assert.equal((await stage.draft!(0, 40, 3)).length, 3);
-      const fused = await stage.decodeGreedy!(0, 40, 8, 2, { mtp: false });
+      const fused = await stage.decodeFused!(0, 40, 8, 2, { mtp: false });
       assert.equal((await stage.draft!(0, fused.ids[1], 3)).length, 0);
     } finally {
       stage.close();

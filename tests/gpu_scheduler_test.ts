@@ -1,5 +1,6 @@
-// The scheduler on a whole-model GPU stage: greedy sequences decode several steps per readback
-// (decodeGreedy) and must end exactly where per-step decoding ends, on length and on stop text;
+// The scheduler on a whole-model GPU stage: greedy and sampled sequences decode several steps per
+// readback (decodeFused) and must end exactly where per-step decoding ends, on length and on stop
+// text, sampled ones with the same draws;
 // penalised sequences (logit changes on the last stage) match the reference stage's.
 
 import assert from "node:assert/strict";
@@ -13,28 +14,28 @@ import { tinyModel } from "./_head.ts";
 import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { gpuTest } from "./_gpu.ts";
 
-/** `stage` with decodeGreedy hidden (the scheduler then runs one step per readback). */
+/** `stage` with decodeFused hidden (the scheduler then runs one step per readback). */
 function perStepOnly(stage: Stage): Stage {
   return new Proxy(stage, {
     get: (target, key) => {
-      if (key === "decodeGreedy") return undefined;
+      if (key === "decodeFused") return undefined;
       const value = Reflect.get(target, key);
       return typeof value === "function" ? value.bind(target) : value;
     },
   });
 }
 
-/** `stage` counting its decodeGreedy calls. */
+/** `stage` counting its decodeFused calls. */
 function countingFused(stage: Stage): { stage: Stage; calls: () => number } {
   let calls = 0;
   const wrapped = new Proxy(stage, {
     get: (target, key) => {
       const value = Reflect.get(target, key);
       if (typeof value !== "function") return value;
-      if (key !== "decodeGreedy") return value.bind(target);
-      return (...args: Parameters<NonNullable<Stage["decodeGreedy"]>>) => {
+      if (key !== "decodeFused") return value.bind(target);
+      return (...args: Parameters<NonNullable<Stage["decodeFused"]>>) => {
         calls++;
-        return stage.decodeGreedy!(...args);
+        return stage.decodeFused!(...args);
       };
     },
   });
@@ -63,7 +64,7 @@ async function run(stage: Stage, tokenizer: TextTokenizer, request: SequenceRequ
 }
 
 gpuTest(
-  "greedy sequences decode fused on a whole-model GPU stage and end where per-step decoding ends",
+  "greedy and sampled sequences decode fused on a whole-model GPU stage as per-step decoding does",
   async (gpu) => {
     const model = await openGguf(await tinyModel());
     const stage = await openGpuStage(model, gpu, { first: 0, end: 4, slots: 1, ctx: 128 });
@@ -97,6 +98,20 @@ gpuTest(
       assert.equal(stepStop.end, "stop_sequence");
       assert.deepEqual(fusedStop, stepStop);
       assert.ok(fusedStop.ids.length < 13, "the stop ended the sequence early");
+
+      // Sampled: the stage draws each step itself, with the sequence's own draws, and the tokens
+      // are the head's per-step draws from the read-back candidates.
+      const sampled = (maxTokens: number): SequenceRequest => ({
+        prompt,
+        maxTokens,
+        sampling: { temperature: 1.2, topK: 20, topP: 0.95, seed: 7n },
+      });
+      const countedSampled = countingFused(stage);
+      const fusedSampled = await run(countedSampled.stage, tokenizer, sampled(13));
+      const stepSampled = await run(perStepOnly(stage), tokenizer, sampled(13));
+      assert.deepEqual(fusedSampled, stepSampled);
+      assert.equal(countedSampled.calls(), 2, "sampled: 12 tokens in two fused calls");
+      assert.notDeepEqual(fusedSampled.ids, fused.ids, "the draws left the greedy path");
     } finally {
       stage.close();
       model.close();

@@ -12,6 +12,7 @@ import { runPipeline } from "../engine/pipeline.ts";
 import { argmaxTopK } from "../engine/reference/logits.ts";
 import { openReferenceStage } from "../engine/reference/reference_stage.ts";
 import type { Stage, StageOutput, StageRunOptions } from "../engine/stage.ts";
+import { sampleToken, SplitMix64 } from "../lib/sampling/sample.ts";
 import { gpuTest } from "./_gpu.ts";
 import type { TestModelSpec } from "./_models.ts";
 import {
@@ -639,7 +640,67 @@ gpuTest(
 );
 
 gpuTest(
-  "GPU stage decodeGreedy() equals token-by-token runs and needs the whole model",
+  "GPU stage decodeFused() sampling on the device draws what the head draws from per-step runs",
+  async (gpu) => {
+    const params = { temperature: 1.5, topK: 12, topP: 0.95 };
+    await withModel({ arch: "qwen35moe" }, async (model) => {
+      const ids = prompt(model, 7, 8);
+      const [stage] = await openChain(gpu, model, []);
+      try {
+        const head = await session([stage], 0, ids, 0);
+        const first = head.ids[head.ids.length - 1];
+        // Per step, as a split deployment's head samples: each step's candidates read back.
+        const rng = new SplitMix64(77n);
+        const want: number[] = [];
+        let id = first;
+        for (let s = 0; s < 6; s++) {
+          const out = await stage.run(
+            0,
+            { kind: "ids", ids: Uint32Array.of(id) },
+            1,
+            ids.length + s,
+            {
+              topk: params.topK,
+            },
+          );
+          assert.equal(out.kind, "ids");
+          if (out.kind !== "ids") return;
+          id = sampleToken(out.ids[0], out.top, params, rng);
+          want.push(id);
+        }
+        // Fused, in two calls (the second's first step was encoded while the first ran).
+        await session([stage], 0, ids, 0);
+        const draws = new SplitMix64(77n);
+        const got: number[] = [];
+        id = first;
+        for (const [from, n] of [[0, 2], [2, 4]]) {
+          const out = await stage.decodeFused(0, id, ids.length + from, n, {
+            topk: params.topK,
+            sampling: { params, draws: Uint32Array.from({ length: n }, () => draws.nextU32()) },
+          });
+          got.push(...out.ids);
+          id = out.ids[n - 1];
+        }
+        assert.deepEqual(got, want);
+        // Temperature 1.5 over a random model's flat logits: not every pick was the argmax.
+        const greedy = await session([stage], 0, ids, 6);
+        assert.notDeepEqual(got, greedy.ids.slice(ids.length), "the draws left the argmax");
+        await assert.rejects(
+          () =>
+            stage.decodeFused(0, id, ids.length + 6, 2, {
+              sampling: { params, draws: new Uint32Array(2) },
+            }),
+          /topk ≥ 1/,
+        );
+      } finally {
+        stage.close();
+      }
+    });
+  },
+);
+
+gpuTest(
+  "GPU stage decodeFused() equals token-by-token runs and needs the whole model",
   async (gpu) => {
     for (const spec of [{ arch: "qwen35moe" }, { arch: "qwen3next", layout: "legacy" }] as const) {
       await withModel(spec, async (model) => {
@@ -648,7 +709,7 @@ gpuTest(
         try {
           const want = await session([stage], 0, ids, 6);
           const head = await session([stage], 0, ids, 0);
-          const got = await stage.decodeGreedy(0, head.ids[head.ids.length - 1], ids.length, 6, {
+          const got = await stage.decodeFused(0, head.ids[head.ids.length - 1], ids.length, 6, {
             topk: TOPK,
           });
           assert.deepEqual([...head.ids, ...got.ids], want.ids, `${label(spec)} ids`);
@@ -660,7 +721,7 @@ gpuTest(
           stage.close();
         }
         const split = await openChain(gpu, model, [2]);
-        await assert.rejects(() => split[0].decodeGreedy(0, 1, 0, 2), /whole model/);
+        await assert.rejects(() => split[0].decodeFused(0, 1, 0, 2), /whole model/);
         closeAll(split);
       });
     }

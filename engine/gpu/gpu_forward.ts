@@ -45,7 +45,7 @@ import type {
 
 /** Scratch rows for up to maxBatch tokens, shared by every layer and slot of a stage. */
 export interface Activations {
-  readonly ids: GPUBuffer; // (T + 1) u32 input token ids (decodeGreedy chains its argmaxes here)
+  readonly ids: GPUBuffer; // (T + 1) u32 input token ids (decodeFused chains its argmaxes here)
   readonly seqs: GPUBuffer; // the step's sequence table: SEQ_WORDS u32 a sequence (encodeLayers)
   readonly x: GPUBuffer; // (T, D) residual stream
   readonly h: GPUBuffer; // (T, D) normed input of a mixer or FFN
@@ -70,6 +70,7 @@ export interface Activations {
   readonly bias: GPUBuffer; // (id, bias, repeat, subtract) records of the step's runs' LogitAdjusts
   readonly argmaxScratch: GPUBuffer; // argmax candidates of the first pass
   readonly top: GPUBuffer; // per top row: (k) (f32 bits, id) pairs, then the log-sum-exp
+  readonly draws: GPUBuffer; // u32 sampler constants (samplerWords), then a draw per fused step
   readonly topScratch: GPUBuffer; // per-chunk top-k and log-sum-exp partials (topKScratchWords a row)
   readonly mmaX: GPUBuffer; // tensor-core products' f16 input rows and scales (mmaScratchBytes)
   readonly mtpBefore: GPUBuffer; // (T, D) the MTP block's hidden rows, then embeddings (mtp_forward.ts)

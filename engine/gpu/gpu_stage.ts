@@ -20,11 +20,14 @@ import { attentionPartialFloats } from "./kernels/attention.ts";
 import { gatherWords } from "./kernels/moe_gather.ts";
 import { DENSE_TT, PREFILL_TT, PRODUCT_STEP_TOKENS } from "./kernels/mul_mat.ts";
 import { MMA_X_VALUE_BYTES } from "./kernels/mul_mat_mma.ts";
+import { sample } from "./kernels/sample.ts";
 import { topKScratchWords, topKWords } from "./kernels/topk.ts";
+import { SAMPLER_WORDS, samplerConstants, samplerWords } from "../sampler.ts";
 import { type HParams, readHParams } from "../hparams.ts";
 import {
   BIAS_RECORD_BYTES,
   encodeBias,
+  type FusedOptions,
   greedyCount,
   type LastOutput,
   type LogitAdjust,
@@ -171,6 +174,7 @@ export function activationFloats(
     ],
     argmaxScratch: ["argmax scratch", argmaxScratchWords(lmChunk)],
     top: ["top-k", runs * topKWords(MAX_TOPK)],
+    draws: ["sampler draws", SAMPLER_WORDS + T],
     topScratch: ["top-k scratch", topKScratchWords(V, MAX_TOPK)],
     mmaX: ["tensor-core inputs", mmaFloats],
     mtpBefore: ["mtp hidden rows", mtp ? T * D : 1],
@@ -345,7 +349,7 @@ interface Prepared {
   readonly key: string;
   readonly step: EncodedStep;
   /**
-   * Undefined for a step that reads nothing back (decodeGreedy's steps before the last, a run
+   * Undefined for a step that reads nothing back (decodeFused's steps before the last, a run
    * with logits "none" without a timer).
    */
   readonly readback: GPUBuffer | undefined;
@@ -453,8 +457,8 @@ const SHARE_MIN_SLOTS_SLOW_MAPS = 3;
 export const STEP_BIAS_PAIRS = 4 * MAX_BIAS_PAIRS;
 
 /**
- * decodeGreedy's step s at position pos; only its last step depends on steps and k, only its
- * first on the MTP store's row before it.
+ * decodeFused's step s at position pos; only its last step depends on steps and k (every step
+ * on k where it samples), only its first on the MTP store's row before it.
  */
 function fusedKey(
   pos: number,
@@ -463,9 +467,22 @@ function fusedKey(
   k: number,
   before: number,
   mtp: boolean,
+  sampled: boolean,
 ): string {
-  const at = (s === 0 ? ` h${before}` : "") + (mtp ? "" : " -mtp");
+  const at = (s === 0 ? ` h${before}` : "") + (mtp ? "" : " -mtp") +
+    (sampled ? ` sampled ${k}` : "");
   return s === steps - 1 ? `fused ${pos} ${s} last ${steps} ${k}${at}` : `fused ${pos} ${s}${at}`;
+}
+
+/** A decodeFused call's steps: what each step's recording depends on. */
+interface FusedCall {
+  readonly slot: number;
+  readonly base: number;
+  readonly steps: number;
+  readonly k: number;
+  readonly before: number;
+  readonly mtp: boolean;
+  readonly sampled: boolean;
 }
 
 /** The top-k pairs of a readback's words from `at`, and the log-sum-exp after `stride` pairs. */
@@ -904,18 +921,20 @@ export class GpuStage implements Stage {
   }
 
   /**
-   * Greedy decoding of `steps` tokens, for a stage that owns the whole model: position base
-   * takes `id`, and each step's argmax is embedded at the next position without leaving the
-   * GPU. Each step is submitted as soon as it is encoded, so the GPU starts on the first while
-   * the rest are encoded. Returns every step's greedy id (what `steps` single-token runs fed
-   * their own output would return) and the top-k of the last step.
+   * Decoding of `steps` tokens, for a stage that owns the whole model: position base takes `id`,
+   * and each step's next token (its argmax, or with `options.sampling` its draw from the step's
+   * top-k: wgsl/sample.wgsl, the head's sampler's arithmetic) is embedded at the next position
+   * without leaving the GPU. Each step is submitted as soon as it is encoded, so the GPU starts
+   * on the first while the rest are encoded. Returns every step's token (what `steps`
+   * single-token runs fed their own output, or the head's draws from their candidates, would
+   * give) and the top-k of the last step.
    */
-  async decodeGreedy(
+  async decodeFused(
     slot: number,
     id: number,
     base: number,
     steps: number,
-    options: Pick<StageRunOptions, "topk" | "mtp"> = {},
+    options: FusedOptions = {},
   ): Promise<LastOutput> {
     const started = performance.now();
     if (this.first !== 0 || !this.#last) {
@@ -925,26 +944,40 @@ export class GpuStage implements Stage {
     }
     if (this.#dispatchProfiler) {
       throw new RangeError(
-        "Cannot time every dispatch of decodeGreedy: it submits one command buffer per step; profile single-token runs (bench/profile.ts)",
+        "Cannot time every dispatch of decodeFused: it submits one command buffer per step; profile single-token runs (bench/profile.ts)",
       );
     }
     const k = this.#topk(options);
-    this.#active.delete(slot);
-    this.#flush();
-    this.#check(slot, { kind: "ids", ids: Uint32Array.of(id) }, 1, base);
-    this.#spans[slot] = undefined;
-    this.#write({ kind: "ids", ids: Uint32Array.of(id) }, 0);
     if (!Number.isInteger(steps) || steps < 1 || steps > this.maxBatch || base + steps > this.ctx) {
       throw new RangeError(
         `Cannot decode ${steps} tokens from position ${base}: expected 1..${this.maxBatch} steps within the context of ${this.ctx}`,
       );
     }
+    const sampling = options.sampling;
+    if (sampling && (k < 1 || sampling.draws.length !== steps)) {
+      throw new RangeError(
+        `Cannot sample ${steps} steps from ${k} candidates with ${sampling.draws.length} draws: a sampled decodeFused needs topk ≥ 1 and a draw a step`,
+      );
+    }
+    const constants = sampling && samplerWords(samplerConstants(sampling.params, k));
+    this.#active.delete(slot);
+    this.#flush();
+    this.#check(slot, { kind: "ids", ids: Uint32Array.of(id) }, 1, base);
+    this.#spans[slot] = undefined;
+    this.#write({ kind: "ids", ids: Uint32Array.of(id) }, 0);
+    if (constants) {
+      const words = new Uint32Array(SAMPLER_WORDS + steps);
+      words.set(constants);
+      words.set(sampling.draws, SAMPLER_WORDS);
+      writeBytes(this.#gpu, this.#plan.act.draws, 0, words);
+    }
+    const sampled = constants !== undefined;
     const before = this.#before(slot, base);
     const mtp = this.#mtp !== undefined && options.mtp !== false;
-    const first = this.#ahead(slot, fusedKey(base, 0, steps, k, before, mtp));
+    const first = this.#ahead(slot, fusedKey(base, 0, steps, k, before, mtp, sampled));
     // Each step is submitted before the next is encoded.
-    const prepare = (s: number) =>
-      (s === 0 ? first : undefined) ?? this.#prepareFused(slot, base, s, steps, k, before, mtp);
+    const fused = { slot, base, steps, k, before, mtp, sampled };
+    const prepare = (s: number) => (s === 0 ? first : undefined) ?? this.#prepareFused(fused, s);
     const run = {
       slot,
       base,
@@ -964,8 +997,14 @@ export class GpuStage implements Stage {
     this.#keep(slot, base + steps - 1, 1, mtp);
     // The next call's first step, for a caller that goes on decoding this sequence.
     if (base + steps + 2 <= this.ctx) {
-      const next = this.#before(slot, base + steps);
-      this.#encodeAhead(slot, () => this.#prepareFused(slot, base + steps, 0, 2, 0, next, mtp));
+      const next = {
+        ...fused,
+        base: base + steps,
+        steps: 2,
+        k: sampled ? k : 0,
+        before: this.#before(slot, base + steps),
+      };
+      this.#encodeAhead(slot, () => this.#prepareFused(next, 0));
     }
     const data = await done;
     const ids = new Uint32Array(data, 0, steps).slice();
@@ -1109,19 +1148,13 @@ export class GpuStage implements Stage {
   }
 
   /**
-   * Step s of decodeGreedy(slot, id, base, steps): embeds act.ids[s] at position base + s and
-   * writes its argmax to act.ids[s + 1]; the last step reads back every id and the top-k. With
-   * the MTP block (where `mtp`), `before` is the MTP store's row before the first step (#before).
+   * Step s of decodeFused: embeds act.ids[s] at position base + s and writes its argmax, or
+   * where `sampled` its draw s from its top-k, to act.ids[s + 1]; the last step reads back every
+   * id and the top-k. With the MTP block (where `mtp`), `before` is the MTP store's row before
+   * the first step (#before).
    */
-  #prepareFused(
-    slot: number,
-    base: number,
-    s: number,
-    steps: number,
-    k: number,
-    before: number,
-    mtp: boolean,
-  ): Prepared {
+  #prepareFused(f: FusedCall, s: number): Prepared {
+    const { slot, base, steps, k, before, mtp, sampled } = f;
     const { act } = this.#plan;
     const last = s === steps - 1;
     const outputs: Outputs = last
@@ -1129,14 +1162,22 @@ export class GpuStage implements Stage {
       : [];
     const marks = { start: s === 0, end: last };
     const seqs = [{ states: this.#sets[slot], base: base + s, row: 0, n: 1 }];
-    const key = fusedKey(base + s, s, steps, k, before, mtp);
+    const key = fusedKey(base + s, s, steps, k, before, mtp, sampled);
     return this.#prepare(key, seqs, outputs, marks, (enc) => {
       encodeLayers(enc, this.#plan, seqs, s);
+      const top = (last || sampled) && k > 0;
       encodeHead(enc, this.#plan, {
-        rows: [{ row: 0, top: last && k > 0 }],
-        topk: last ? k : 0,
+        rows: [{ row: 0, top }],
+        topk: top ? k : 0,
         greedy: { buffer: act.ids, offset: s + 1 },
       });
+      if (sampled) {
+        sample(enc, { top: act.top, draws: act.draws, out: act.ids }, {
+          topOffset: 0,
+          draw: s,
+          outOffset: s + 1,
+        });
+      }
       const plan = this.#mtp;
       if (plan && mtp) {
         // After the first step the store's slot row 0 holds the step before's hidden row.
@@ -1648,6 +1689,15 @@ function recordSteps(
   // With tensor cores a prompt's rows run their own products, at every length.
   for (const prompt of plan.mma ? [false, true] : [false]) {
     recordKind(enc, plan, states, maxBatch, prompt);
+  }
+  // decodeFused's draw from a step's candidates.
+  if (plan.weights.output) {
+    const { act } = plan;
+    sample(enc, { top: act.top, draws: act.draws, out: act.ids }, {
+      topOffset: 0,
+      draw: 0,
+      outOffset: 1,
+    });
   }
   // The MTP block after steps of every length, and its drafts.
   if (mtp) {

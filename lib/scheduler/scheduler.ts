@@ -12,7 +12,13 @@
 
 import { ErrorCode } from "../wire/frame.ts";
 import { StageUnavailableError } from "../wire/peer.ts";
-import { type LastOutput, MAX_TOPK, type Stage, type StageRunOptions } from "../../engine/stage.ts";
+import {
+  type FusedOptions,
+  type LastOutput,
+  MAX_TOPK,
+  type Stage,
+  type StageRunOptions,
+} from "../../engine/stage.ts";
 import { checkChainLink, checkFirstStage, checkRows } from "../../engine/stage_checks.ts";
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
 import {
@@ -701,17 +707,22 @@ export class Scheduler {
       }
       const started = performance.now();
       // Decided at every step: a sequence that starts alone stops fusing when another joins.
-      const fused = this.#fusedGreedy(seq);
+      const fused = this.#fused(seq);
       if (fused) {
-        // Several greedy steps per readback, each step's argmax fed to the next on the GPU:
-        // the same ids as one step at a time (the stage's bit-exact contract), overshoot past a
-        // stop is dropped, and the slot's extra positions are never continued from.
+        // Several steps per readback, each step's argmax or draw fed to the next on the GPU:
+        // the same ids as one step at a time (the stage's bit-exact contract, and the head's
+        // sampler's arithmetic with the sequence's own draws), overshoot past a stop is dropped,
+        // and the slot's extra positions are never continued from.
         const left = seq.request.maxTokens - seq.outputTokens;
         const steps = Math.max(
           1,
           Math.min(FUSED_STEPS, left, this.ctx - pos, this.#local.maxBatch),
         );
-        const ids = await this.#fusedSteps(seq, slot, fused, id, pos, steps, mtp());
+        // Sampled from no candidates is the argmax, as the head's sampler has it.
+        const options = sampled && topk > 0
+          ? { ...mtp(), topk, sampling: { params: seq.request.sampling, draws: seq.draws(steps) } }
+          : mtp();
+        const ids = await this.#fusedSteps(seq, slot, fused, id, pos, steps, options);
         gate.plain(performance.now() - started, steps);
         for (const [s, next] of ids.entries()) {
           if (!this.#accept(seq, progress, next, NO_TOP, pos + s + 1)) return;
@@ -830,29 +841,25 @@ export class Scheduler {
   }
 
   /**
-   * The local stage's fused greedy decoding, when it may stand in for per-step runs: the head
-   * holds the whole model, the sequence takes each step's argmax as it is (no sampling, grammar,
-   * per-token probabilities or logit changes), and no other sequence runs, whose steps its own
-   * would then not share.
+   * The local stage's fused decoding, when it may stand in for per-step runs: the head holds the
+   * whole model, the sequence takes each step's argmax or draw as the stage makes it (no grammar,
+   * per-token probabilities or logit changes; sampled, from candidates all its own), and no
+   * other sequence runs, whose steps its own would then not share.
    */
-  #fusedGreedy(seq: Sequence): Stage["decodeGreedy"] {
-    const greedy = seq.request.sampling.temperature === 0;
-    if (this.#link || !greedy || !this.#draftable(seq) || this.#running.size > 1) return undefined;
-    return this.#local.decodeGreedy?.bind(this.#local);
+  #fused(seq: Sequence): Stage["decodeFused"] {
+    if (this.#link || !this.#draftable(seq) || this.#running.size > 1) return undefined;
+    return this.#local.decodeFused?.bind(this.#local);
   }
 
-  /**
-   * `steps` fused greedy steps from `id` at `pos` on the lane (`options.mtp` as a run's); each
-   * step's greedy id.
-   */
+  /** `steps` fused steps from `id` at `pos` on the lane (Stage.decodeFused); each step's token. */
   async #fusedSteps(
     seq: Sequence,
     slot: number,
-    decode: NonNullable<Stage["decodeGreedy"]>,
+    decode: NonNullable<Stage["decodeFused"]>,
     id: number,
     pos: number,
     steps: number,
-    options: Pick<StageRunOptions, "mtp">,
+    options: FusedOptions,
   ): Promise<Uint32Array> {
     const [localTimes] = this.stats.stages;
     return await this.#lane.run(() => {

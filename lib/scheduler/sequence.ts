@@ -315,6 +315,14 @@ export class Sequence {
   }
 
   /**
+   * The next `n` draws of this sequence's stream, for a stage that samples its next n tokens
+   * itself (Stage.decodeFused): the draws pick() would take for them, one a token.
+   */
+  draws(n: number): Uint32Array {
+    return Uint32Array.from({ length: n }, () => this.#rng.nextU32());
+  }
+
+  /**
    * The token at a speculative step's position whose draft is `draft`, from its greedy id and
    * candidates, with this sequence's sampler and stream (lib/sampling/sample.ts
    * speculativeToken): the draft, kept, or another token in its place.
