@@ -166,11 +166,12 @@ const LOGIT_LIMIT = 2 ** 30;
 const EXPONENT_LIMIT = 31 * 4096;
 
 /**
- * A sampled row's constants, as the host derives them from SamplingParams and the candidates it
- * asks for; the GPU kernel reads the same numbers (SAMPLER_WORDS u32 words, in this order).
+ * A sampled row's constants, as the head derives them from SamplingParams and the candidates it
+ * has (the GPU kernel derives k, shift and keep itself from the candidates its top-k found, from
+ * the words samplerWords gives it).
  */
 export interface SamplerConstants {
-  /** Candidates the weights cover: the top-k cut of the k asked for (≥ 1). */
+  /** Candidates the weights cover: the top-k cut of the candidates (≥ 1). */
   readonly k: number;
   /**
    * round(log2(e) / T · 2^20), at most 2^31: a logit gap of d steps (of 2^−16) weighs
@@ -179,7 +180,7 @@ export interface SamplerConstants {
   readonly scale: number;
   /** Gaps from here on weigh 0 (their exponent would pass EXPONENT_LIMIT). */
   readonly cap: number;
-  /** The best candidate weighs 2^(31 − shift), so k weights sum below 2^30. */
+  /** The best candidate weighs 2^(31 − shift), so k weights sum below 2^30: 1 + ceil(log2 k). */
   readonly shift: number;
   /** floor(topP · 2^32) for topP < 1; 2^32 − 1 (no cut) otherwise. */
   readonly topP: number;
@@ -189,11 +190,16 @@ export interface SamplerConstants {
   readonly keep: number;
 }
 
-/** u32 words of SamplerConstants, as samplerWords writes them. */
+/** u32 words samplerWords writes. */
 export const SAMPLER_WORDS = 7;
 
 /** Largest temperature sampled (a weight's exponent needs scale ≥ 1). */
 export const MAX_TEMPERATURE = 1000;
+
+/** 1 + ceil(log2 k) for k ≥ 1, in integers (wgsl/sample.wgsl computes it so). */
+function shiftFor(k: number): number {
+  return 1 + (k <= 1 ? 0 : 32 - Math.clz32(k - 1));
+}
 
 /** The constants of sampling `params` from `candidates` candidates (temperature > 0). */
 export function samplerConstants(params: SamplingParams, candidates: number): SamplerConstants {
@@ -207,16 +213,22 @@ export function samplerConstants(params: SamplingParams, candidates: number): Sa
   // Temperatures below ~7e-4 sample as 7e-4 does.
   const scale = Math.min(2 ** 31, Math.round(Math.LOG2E / T * 2 ** 20));
   const cap = Math.max(1, Math.ceil(EXPONENT_LIMIT * 2 ** 24 / scale));
-  const shift = 1 + Math.ceil(Math.log2(k));
   const topP = params.topP >= 1 ? 0xffffffff : Math.max(0, Math.floor(params.topP * 2 ** 32));
   const minP = Math.min(2 ** 16, Math.max(0, Math.floor((params.minP ?? 0) * 2 ** 16)));
   const keep = Math.min(Math.max(1, params.minKeep ?? 1), k);
-  return { k, scale, cap, shift, topP, minP, keep };
+  return { k, scale, cap, shift: shiftFor(k), topP, minP, keep };
 }
 
-/** The constants as the GPU kernel reads them. */
-export function samplerWords(c: SamplerConstants): Uint32Array {
-  return Uint32Array.of(c.k, c.scale, c.cap, c.shift, c.topP, c.minP, c.keep);
+/**
+ * What wgsl/sample.wgsl reads before a step's draws: the candidates each step's top-k holds
+ * (`asked`), then params' top-k (0: all), scale, cap, top-p, min-p and min_keep as
+ * SamplerConstants has them.
+ */
+export function samplerWords(params: SamplingParams, asked: number): Uint32Array {
+  const c = samplerConstants(params, asked);
+  const minKeep = Math.min(Math.max(1, params.minKeep ?? 1), 2 ** 31);
+  const topK = Math.min(Math.max(0, params.topK), asked);
+  return Uint32Array.of(asked, topK, c.scale, c.cap, c.topP, c.minP, minKeep);
 }
 
 /** floor(a · b / 2^32) for u32 a and b, in the 16-bit pieces wgsl/sample.wgsl multiplies. */

@@ -184,6 +184,11 @@ export interface FusedOptions extends Pick<StageRunOptions, "topk" | "mtp"> {
    * draws); without it each step takes its argmax.
    */
   readonly sampling?: { readonly params: SamplingParams; readonly draws: Uint32Array };
+  /**
+   * Logit changes every step applies before its argmax and top-k, as a run's `adjust.bias`
+   * (a request's logit_bias and bans: changes that do not depend on the tokens so far).
+   */
+  readonly bias?: readonly LogitBias[];
 }
 
 /** A stage's layers and the sizes it was opened with; a worker's HELLO states the same. */

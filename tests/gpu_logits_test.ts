@@ -16,15 +16,8 @@ import {
 import { BAN, encodeBias, type LogitAdjust, MAX_TOPK } from "../engine/stage.ts";
 import { sample } from "../engine/gpu/kernels/sample.ts";
 import { wgslSource } from "../engine/gpu/wgsl.ts";
-import {
-  drawIndex,
-  EXP2_HI,
-  EXP2_LO,
-  samplerConstants,
-  samplerWords,
-  type SamplingParams,
-} from "../engine/sampler.ts";
-import { samplingDistribution, SplitMix64 } from "../lib/sampling/sample.ts";
+import { EXP2_HI, EXP2_LO, samplerWords, type SamplingParams } from "../engine/sampler.ts";
+import { sampleToken, SplitMix64 } from "../lib/sampling/sample.ts";
 import { gpuTest, randomF32, readU32, rng, submit, upload } from "./_gpu.ts";
 
 const f32 = (bits: number) => new Float32Array(new Uint32Array([bits]).buffer)[0];
@@ -179,8 +172,14 @@ gpuTest("sample() draws the id the head's sampler draws from the same candidates
     assert.deepEqual(body.match(/\d+/g)!.map(Number), table, `${name} in wgsl/sample.wgsl`);
   }
   const r = rng(31);
-  const stream = new SplitMix64(31n);
-  const cases: { k: number; params: SamplingParams; scale: number; ties?: boolean }[] = [
+  const cases: {
+    k: number;
+    params: SamplingParams;
+    scale: number;
+    ties?: boolean;
+    /** Candidates the top-k found (the rest of its k pairs missing: a mask or bans). */
+    found?: number;
+  }[] = [
     { k: 40, params: { temperature: 0.7, topK: 40, topP: 0.9 }, scale: 4 },
     { k: 40, params: { temperature: 1, topK: 0, topP: 1 }, scale: 2 },
     { k: 64, params: { temperature: 0.2, topK: 20, topP: 0.95, minP: 0.05 }, scale: 0.5 },
@@ -188,25 +187,31 @@ gpuTest("sample() draws the id the head's sampler draws from the same candidates
     { k: MAX_TOPK, params: { temperature: 2, topK: 0, topP: 1 }, scale: 30 },
     { k: 8, params: { temperature: 1e-6, topK: 0, topP: 1 }, scale: 1, ties: true },
     { k: 16, params: { temperature: 0.8, topK: 0, topP: 0.01, minP: 0.5, minKeep: 5 }, scale: 1 },
+    { k: 40, params: { temperature: 1, topK: 40, topP: 1 }, scale: 1, found: 5 },
+    { k: 40, params: { temperature: 1, topK: 3, topP: 1 }, scale: 1, found: 2 },
+    { k: 40, params: { temperature: 1, topK: 40, topP: 1 }, scale: 1, found: 0 },
   ];
   const draws = 24;
-  for (const { k, params, scale, ties } of cases) {
-    // Candidates as topK leaves them: descending logits (ties the lower id first), all k real.
+  // What the argmax left where the kernel leaves it.
+  const GREEDY = 4242;
+  for (const [c, { k, params, scale, ties, found = k }] of cases.entries()) {
+    // Candidates as topK leaves them: descending logits (ties the lower id first), then
+    // missing pairs (the masked value, no id).
     const logits = Float32Array.from({ length: k }, () => (2 * r() - 1) * scale + 10)
       .sort((a, b) => b - a);
     if (ties) logits.fill(logits[0], 0, 3);
-    const ids = Array.from({ length: k }, (_, i) => (i * 7919 + 13) % 100_000);
+    const ids = Array.from({ length: found }, (_, i) => (i * 7919 + 13) % 100_000);
     const pairs = new Uint32Array(2 * k + 1);
     const bits = new Uint32Array(logits.buffer);
-    ids.forEach((id, i) => {
-      pairs[2 * i] = bits[i];
-      pairs[2 * i + 1] = id;
-    });
+    for (let i = 0; i < k; i++) {
+      pairs[2 * i] = i < found ? bits[i] : 0xff7fffff;
+      pairs[2 * i + 1] = i < found ? ids[i] : 0xffffffff;
+    }
+    const stream = new SplitMix64(BigInt(c));
     const u = Uint32Array.from({ length: draws }, () => stream.nextU32());
-    const constants = samplerWords(samplerConstants(params, k));
-    const drawsBuffer = upload(ctx, Uint32Array.from([...constants, ...u]));
+    const drawsBuffer = upload(ctx, Uint32Array.from([...samplerWords(params, k), ...u]));
     const top = upload(ctx, pairs);
-    const out = createStorage(ctx, "sampled ids", 4 * draws);
+    const out = upload(ctx, new Uint32Array(draws).fill(GREEDY));
     await submit(ctx, (enc) => {
       for (let s = 0; s < draws; s++) {
         sample(enc, { top, draws: drawsBuffer, out }, { topOffset: 0, draw: s, outOffset: s });
@@ -214,9 +219,9 @@ gpuTest("sample() draws the id the head's sampler draws from the same candidates
     });
     const got = await readU32(ctx, out, draws);
     const candidates = ids.map((id, i) => ({ id, logit: logits[i] }));
-    const dist = samplingDistribution(candidates, params)!;
-    const want = Array.from(u, (d) => dist.ids[drawIndex(dist.weights, d)]);
-    assert.deepEqual([...got], want, `k ${k} ${JSON.stringify(params)}`);
-    if (k >= 40) assert.ok(new Set(want).size > 1, `k ${k}: the draws pick several candidates`);
+    const head = new SplitMix64(BigInt(c));
+    const want = Array.from({ length: draws }, () => sampleToken(GREEDY, candidates, params, head));
+    assert.deepEqual([...got], want, `k ${k}, ${found} found, ${JSON.stringify(params)}`);
+    if (found >= 40) assert.ok(new Set(want).size > 1, `k ${k}: the draws pick several candidates`);
   }
 });

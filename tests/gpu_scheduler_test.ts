@@ -1,13 +1,13 @@
 // The scheduler on a whole-model GPU stage: greedy and sampled sequences decode several steps per
 // readback (decodeFused) and must end exactly where per-step decoding ends, on length and on stop
-// text, sampled ones with the same draws;
-// penalised sequences (logit changes on the last stage) match the reference stage's.
+// text, sampled ones with the same draws; penalised sequences (logit changes on the last stage)
+// match the reference stage's, and those biased alone decode fused.
 
 import assert from "node:assert/strict";
 import { openGpuStage } from "../engine/gpu/gpu_stage.ts";
 import { openGguf } from "../engine/gguf/read.ts";
 import { openReferenceStage } from "../engine/reference/reference_stage.ts";
-import type { Stage } from "../engine/stage.ts";
+import { BAN, type Stage } from "../engine/stage.ts";
 import { Scheduler } from "../lib/scheduler/scheduler.ts";
 import type { SequenceEvent, SequenceRequest } from "../lib/scheduler/sequence.ts";
 import { tinyModel } from "./_head.ts";
@@ -120,7 +120,7 @@ gpuTest(
 );
 
 gpuTest(
-  "penalties and logit bias on the GPU stage give the reference stage's sequence, never fused",
+  "penalties and logit bias on the GPU stage give the reference stage's sequence; a bias alone fused",
   async (gpu) => {
     const model = await openGguf(await tinyModel());
     const stage = await openGpuStage(model, gpu, { first: 0, end: 4, slots: 1, ctx: 128 });
@@ -157,6 +157,32 @@ gpuTest(
       assert.equal(counted.calls(), 0, "a penalised sequence is never decoded fused");
       const sampled = await run(stage, tokenizer, penalised(0.7));
       assert.deepEqual(sampled.ids, (await run(reference, tokenizer, penalised(0.7))).ids);
+
+      // A bias alone (a boost and a ban, as ignore_eos bans) is the same every step: decoded
+      // fused, greedy and sampled, with the per-step and the reference stage's tokens.
+      const plain = await run(stage, tokenizer, {
+        ...penalised(0),
+        sampling: { ...penalised(0).sampling, penalties: undefined },
+      });
+      const biased = (temperature: number): SequenceRequest => ({
+        prompt,
+        maxTokens: 10,
+        sampling: {
+          temperature,
+          topK: 40,
+          topP: 1,
+          seed: 7n,
+          penalties: { logitBias: new Map([[far, 4], [plain.ids[1], BAN]]) },
+        },
+      });
+      for (const temperature of [0, 0.9]) {
+        const fused = countingFused(stage);
+        const got = await run(fused.stage, tokenizer, biased(temperature));
+        assert.ok(fused.calls() > 0, `temperature ${temperature}: a biased sequence decodes fused`);
+        assert.ok(!got.ids.includes(plain.ids[1]), "the banned token never comes");
+        assert.deepEqual(got, await run(perStepOnly(stage), tokenizer, biased(temperature)));
+        assert.deepEqual(got.ids, (await run(reference, tokenizer, biased(temperature))).ids);
+      }
     } finally {
       reference.close();
       stage.close();

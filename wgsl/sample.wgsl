@@ -1,9 +1,10 @@
 // sample: a sampled id from one row's top-k candidates in integer arithmetic, written where the
 // next step embeds it (Stage.decodeFused), over the argmax's greedy id. Matches engine/sampler.ts,
 // so it is the id lib/sampling/sample.ts draws from the same candidates and draw, bit for bit.
-// Bindings: 0 top: the row's (f32 bits, id) pairs from top_offset, descending (topk.wgsl); all
-//   k of them candidates | 1 draws: samplerWords's SAMPLER_WORDS constants (k, scale, cap,
-//   shift, top_p, min_p, keep), then a u32 draw a step | 2 out: the id at out_offset | 3 params.
+// Bindings: 0 top: the row's (f32 bits, id) pairs from top_offset, descending (topk.wgsl), the
+//   candidates first and missing entries (id NONE) after them | 1 draws: samplerWords's
+//   SAMPLER_WORDS words (pairs asked, top-k, scale, cap, top_p, min_p, min_keep), then a u32
+//   draw a step | 2 out: the id at out_offset | 3 params.
 // Dispatch: 1 workgroup. WG = 256: its threads weigh the candidates, thread 0 cuts and draws.
 // Variants: none.
 
@@ -25,6 +26,7 @@ const LOGIT_LIMIT = 1073741824.0;
 // 31 · 4096: an exponent from here on weighs 0.
 const EXPONENT_LIMIT = 126976u;
 const NO_CUT = 0xffffffffu;
+const NONE = 0xffffffffu;
 
 // round(2^15 · 2^(−j/64)) and round(2^16 · 2^(−j/4096)): engine/sampler.ts EXP2_HI, EXP2_LO.
 const EXP2_HI = array<u32, 64>(
@@ -90,25 +92,42 @@ fn weight(d: u32, scale: u32, cap: u32, shift: u32) -> u32 {
   return (EXP2_HI[f >> 6u] * EXP2_LO[f & 63u]) >> n;
 }
 
+var<workgroup> valid: atomic<u32>;
+
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32) {
-  let k = min(draws[0], MAXK);
-  let scale = draws[1];
-  let cap = draws[2];
-  let shift = draws[3];
+  let asked = min(draws[0], MAXK);
+  // The candidates: the pairs before the first missing one (the cut of top-k applied to them).
+  if (lid == 0u) {
+    atomicStore(&valid, asked);
+  }
+  workgroupBarrier();
+  for (var i = lid; i < asked; i += WG) {
+    if (top[params.top_offset + 2u * i + 1u] == NONE) {
+      atomicMin(&valid, i);
+    }
+  }
+  workgroupBarrier();
+  let found = atomicLoad(&valid);
+  let top_k = draws[1];
+  let k = select(found, min(top_k, found), top_k > 0u);
+  let scale = draws[2];
+  let cap = draws[3];
+  // 1 + ceil(log2 k): the best weighs 2^(31 − shift), k weights stay below 2^30.
+  let shift = 1u + select(32u - countLeadingZeros(k - 1u), 0u, k <= 1u);
   let best = logit_steps(top[params.top_offset]);
   for (var i = lid; i < k; i += WG) {
     let d = u32(best - logit_steps(top[params.top_offset + 2u * i]));
     weights[i] = weight(d, scale, cap, shift);
   }
   workgroupBarrier();
-  // Every candidate at the bottom of the range: the argmax's id stays.
-  if (lid != 0u || best == -1073741824) {
+  // No candidate, or every one at the bottom of the range: the argmax's id stays.
+  if (lid != 0u || k == 0u || best == -1073741824) {
     return;
   }
   let top_p = draws[4];
   let min_p = draws[5];
-  let keep = draws[6];
+  let keep = min(draws[6], k);
   var total = 0u;
   for (var i = 0u; i < k; i++) {
     total += weights[i];

@@ -22,7 +22,7 @@ import { DENSE_TT, PREFILL_TT, PRODUCT_STEP_TOKENS } from "./kernels/mul_mat.ts"
 import { MMA_X_VALUE_BYTES } from "./kernels/mul_mat_mma.ts";
 import { sample } from "./kernels/sample.ts";
 import { topKScratchWords, topKWords } from "./kernels/topk.ts";
-import { SAMPLER_WORDS, samplerConstants, samplerWords } from "../sampler.ts";
+import { SAMPLER_WORDS, samplerWords } from "../sampler.ts";
 import { type HParams, readHParams } from "../hparams.ts";
 import {
   BIAS_RECORD_BYTES,
@@ -457,20 +457,14 @@ const SHARE_MIN_SLOTS_SLOW_MAPS = 3;
 export const STEP_BIAS_PAIRS = 4 * MAX_BIAS_PAIRS;
 
 /**
- * decodeFused's step s at position pos; only its last step depends on steps and k (every step
- * on k where it samples), only its first on the MTP store's row before it.
+ * Step s of a decodeFused call: only its last step depends on steps and k (every step on k where
+ * it samples), only its first on the MTP store's row before it.
  */
-function fusedKey(
-  pos: number,
-  s: number,
-  steps: number,
-  k: number,
-  before: number,
-  mtp: boolean,
-  sampled: boolean,
-): string {
+function fusedKey(f: FusedCall, s: number): string {
+  const { base, steps, k, before, mtp, sampled, pairs } = f;
   const at = (s === 0 ? ` h${before}` : "") + (mtp ? "" : " -mtp") +
-    (sampled ? ` sampled ${k}` : "");
+    (sampled ? ` sampled ${k}` : "") + (pairs ? ` b${pairs}` : "");
+  const pos = base + s;
   return s === steps - 1 ? `fused ${pos} ${s} last ${steps} ${k}${at}` : `fused ${pos} ${s}${at}`;
 }
 
@@ -483,6 +477,8 @@ interface FusedCall {
   readonly before: number;
   readonly mtp: boolean;
   readonly sampled: boolean;
+  /** Bias records every step applies (act.bias from 0). */
+  readonly pairs: number;
 }
 
 /** The top-k pairs of a readback's words from `at`, and the log-sum-exp after `stride` pairs. */
@@ -959,7 +955,9 @@ export class GpuStage implements Stage {
         `Cannot sample ${steps} steps from ${k} candidates with ${sampling.draws.length} draws: a sampled decodeFused needs topk ≥ 1 and a draw a step`,
       );
     }
-    const constants = sampling && samplerWords(samplerConstants(sampling.params, k));
+    const constants = sampling && samplerWords(sampling.params, k);
+    const bias = options.bias ?? [];
+    checkAdjust({ bias }, this.#hp.V);
     this.#active.delete(slot);
     this.#flush();
     this.#check(slot, { kind: "ids", ids: Uint32Array.of(id) }, 1, base);
@@ -971,12 +969,14 @@ export class GpuStage implements Stage {
       words.set(sampling.draws, SAMPLER_WORDS);
       writeBytes(this.#gpu, this.#plan.act.draws, 0, words);
     }
+    if (bias.length) writeBytes(this.#gpu, this.#plan.act.bias, 0, encodeBias(bias));
     const sampled = constants !== undefined;
     const before = this.#before(slot, base);
     const mtp = this.#mtp !== undefined && options.mtp !== false;
-    const first = this.#ahead(slot, fusedKey(base, 0, steps, k, before, mtp, sampled));
+    const pairs = bias.length;
+    const fused = { slot, base, steps, k, before, mtp, sampled, pairs };
+    const first = this.#ahead(slot, fusedKey(fused, 0));
     // Each step is submitted before the next is encoded.
-    const fused = { slot, base, steps, k, before, mtp, sampled };
     const prepare = (s: number) => (s === 0 ? first : undefined) ?? this.#prepareFused(fused, s);
     const run = {
       slot,
@@ -988,7 +988,7 @@ export class GpuStage implements Stage {
       every: false,
       logits: "all" as const,
       words: 0,
-      pairs: 0,
+      pairs,
       before,
       mtp,
     };
@@ -1154,7 +1154,7 @@ export class GpuStage implements Stage {
    * the first step (#before).
    */
   #prepareFused(f: FusedCall, s: number): Prepared {
-    const { slot, base, steps, k, before, mtp, sampled } = f;
+    const { slot, base, steps, k, before, mtp, sampled, pairs } = f;
     const { act } = this.#plan;
     const last = s === steps - 1;
     const outputs: Outputs = last
@@ -1162,12 +1162,13 @@ export class GpuStage implements Stage {
       : [];
     const marks = { start: s === 0, end: last };
     const seqs = [{ states: this.#sets[slot], base: base + s, row: 0, n: 1 }];
-    const key = fusedKey(base + s, s, steps, k, before, mtp, sampled);
+    const key = fusedKey(f, s);
     return this.#prepare(key, seqs, outputs, marks, (enc) => {
       encodeLayers(enc, this.#plan, seqs, s);
       const top = (last || sampled) && k > 0;
+      const adjust = pairs ? { maskAt: 0, words: 0, biasAt: 0, pairs } : undefined;
       encodeHead(enc, this.#plan, {
-        rows: [{ row: 0, top }],
+        rows: [{ row: 0, top, adjust }],
         topk: top ? k : 0,
         greedy: { buffer: act.ids, offset: s + 1 },
       });

@@ -84,6 +84,11 @@ export class LogitAdjuster {
     this.#tokens = prompt.slice(prompt.length - this.#window);
   }
 
+  /** Whether every step gets the same changes: a bias alone, no penalty window. */
+  get constant(): boolean {
+    return this.#window === 0;
+  }
+
   /** Tokens of history any window looks at. */
   get #window(): number {
     return Math.max(this.#repeatLastN, this.#penaltyLastN);

@@ -67,9 +67,9 @@ export function sampleToken(
   params: SamplingParams,
   rng: SplitMix64,
 ): number {
-  if (params.temperature <= 0 || candidates.length === 0) return greedyId;
-  // One draw a sampled token, even where every candidate is banned: the GPU's fused steps take
-  // draw s for step s whatever they find.
+  if (params.temperature <= 0) return greedyId;
+  // One draw a sampled token, even where there is no candidate to draw from: the GPU's fused
+  // steps take draw s for step s whatever they find.
   const u = rng.nextU32();
   const dist = samplingDistribution(candidates, params);
   return dist ? dist.ids[drawIndex(dist.weights, u)] : greedyId;

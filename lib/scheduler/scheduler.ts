@@ -718,10 +718,14 @@ export class Scheduler {
           1,
           Math.min(FUSED_STEPS, left, this.ctx - pos, this.#local.maxBatch),
         );
-        // Sampled from no candidates is the argmax, as the head's sampler has it.
-        const options = sampled && topk > 0
-          ? { ...mtp(), topk, sampling: { params: seq.request.sampling, draws: seq.draws(steps) } }
-          : mtp();
+        // Sampled from no candidates is the argmax, as the head's sampler has it (which takes
+        // its draw all the same).
+        const draws = sampled ? seq.draws(steps) : undefined;
+        const options: FusedOptions = {
+          ...mtp(),
+          bias: seq.stepBias(),
+          ...(draws && topk > 0 ? { topk, sampling: { params: seq.request.sampling, draws } } : {}),
+        };
         const ids = await this.#fusedSteps(seq, slot, fused, id, pos, steps, options);
         gate.plain(performance.now() - started, steps);
         for (const [s, next] of ids.entries()) {
@@ -843,11 +847,15 @@ export class Scheduler {
   /**
    * The local stage's fused decoding, when it may stand in for per-step runs: the head holds the
    * whole model, the sequence takes each step's argmax or draw as the stage makes it (no grammar,
-   * per-token probabilities or logit changes; sampled, from candidates all its own), and no
-   * other sequence runs, whose steps its own would then not share.
+   * per-token probabilities or penalties; a logit_bias and bans, the same every step, go with
+   * it), and no other sequence runs, whose steps its own would then not share.
    */
   #fused(seq: Sequence): Stage["decodeFused"] {
-    if (this.#link || !this.#draftable(seq) || this.#running.size > 1) return undefined;
+    const { constraint, logprobs } = seq.request;
+    if (this.#link || constraint || logprobs !== undefined || this.#running.size > 1) {
+      return undefined;
+    }
+    if (!seq.stepBias()) return undefined;
     return this.#local.decodeFused?.bind(this.#local);
   }
 

@@ -1,7 +1,7 @@
 // One request's generation state: prompt, limits, sampler, stop conditions and its event stream.
 // The scheduler feeds it the last stage's output per step; lib/server reads its events.
 
-import type { LastOutput, LogitAdjust } from "../../engine/stage.ts";
+import type { LastOutput, LogitAdjust, LogitBias } from "../../engine/stage.ts";
 import { LogitAdjuster, noPenalties, type PenaltyOptions } from "../sampling/penalties.ts";
 import { sampleToken, speculativeToken, SplitMix64 } from "../sampling/sample.ts";
 import type { TextTokenizer } from "../tokenizer/tokenizer.ts";
@@ -266,6 +266,16 @@ export class Sequence {
   /** Whether the last stage changes logits for this sequence (so no step may skip it). */
   get adjusting(): boolean {
     return this.#adjuster !== undefined;
+  }
+
+  /**
+   * The logit changes every step of this sequence gets where they do not change with its tokens
+   * (none, or a logit_bias and bans alone), for a stage that runs its steps itself
+   * (Stage.decodeFused); undefined where penalties make each step's own.
+   */
+  stepBias(): LogitBias[] | undefined {
+    if (!this.#adjuster) return [];
+    return this.#adjuster.constant ? this.#adjuster.adjustments() : undefined;
   }
 
   /** Candidates to ask the last stage for at each step. */
