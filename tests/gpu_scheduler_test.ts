@@ -10,6 +10,7 @@ import { openReferenceStage } from "../engine/reference/reference_stage.ts";
 import { BAN, type Stage } from "../engine/stage.ts";
 import { Scheduler } from "../lib/scheduler/scheduler.ts";
 import type { SequenceEvent, SequenceRequest } from "../lib/scheduler/sequence.ts";
+import type { PenaltyOptions } from "../lib/sampling/penalties.ts";
 import { tinyModel } from "./_head.ts";
 import { TextTokenizer } from "../lib/tokenizer/tokenizer.ts";
 import { gpuTest } from "./_gpu.ts";
@@ -71,12 +72,13 @@ gpuTest(
     try {
       const tokenizer = TextTokenizer.fromGguf(model.metadata);
       const prompt = tokenizer.encode("Two machines serve one model");
-      const greedy = (maxTokens: number, stop?: string[]): SequenceRequest => ({
-        prompt,
-        maxTokens,
-        stop,
-        sampling: { temperature: 0, topK: 40, topP: 1, seed: 1n },
-      });
+      const request = (
+        maxTokens: number,
+        sampling: SequenceRequest["sampling"],
+        stop?: string[],
+      ): SequenceRequest => ({ prompt, maxTokens, stop, sampling });
+      const greedy = (maxTokens: number, stop?: string[]) =>
+        request(maxTokens, { temperature: 0, topK: 40, topP: 1, seed: 1n }, stop);
 
       // 13 tokens: the first from the prompt's run, then bursts of 8 and 4 (not a whole burst).
       const counted = countingFused(stage);
@@ -101,14 +103,10 @@ gpuTest(
 
       // Sampled: the stage draws each step itself, with the sequence's own draws, and the tokens
       // are the head's per-step draws from the read-back candidates.
-      const sampled = (maxTokens: number): SequenceRequest => ({
-        prompt,
-        maxTokens,
-        sampling: { temperature: 1.2, topK: 20, topP: 0.95, seed: 7n },
-      });
+      const sampled = request(13, { temperature: 1.2, topK: 20, topP: 0.95, seed: 7n });
       const countedSampled = countingFused(stage);
-      const fusedSampled = await run(countedSampled.stage, tokenizer, sampled(13));
-      const stepSampled = await run(perStepOnly(stage), tokenizer, sampled(13));
+      const fusedSampled = await run(countedSampled.stage, tokenizer, sampled);
+      const stepSampled = await run(perStepOnly(stage), tokenizer, sampled);
       assert.deepEqual(fusedSampled, stepSampled);
       assert.equal(countedSampled.calls(), 2, "sampled: 12 tokens in two fused calls");
       assert.notDeepEqual(fusedSampled.ids, fused.ids, "the draws left the greedy path");
@@ -129,25 +127,21 @@ gpuTest(
       const tokenizer = TextTokenizer.fromGguf(model.metadata);
       const prompt = tokenizer.encode("Two machines serve one model");
       const far = tokenizer.encode(" zebra").at(-1)!;
-      const penalised = (temperature: number): SequenceRequest => ({
+      const withPenalties = (temperature: number, penalties?: PenaltyOptions): SequenceRequest => ({
         prompt,
         maxTokens: 10,
-        sampling: {
-          temperature,
-          topK: 40,
-          topP: 1,
-          seed: 7n,
-          penalties: {
-            // A token far from the top forced first, then kept out by its frequency penalty.
-            logitBias: new Map([[far, 100]]),
-            frequency: 150,
-            penaltyLastN: 64,
-            penaltyScope: "output",
-            repeat: 1.3,
-            repeatLastN: 16,
-          },
-        },
+        sampling: { temperature, topK: 40, topP: 1, seed: 7n, penalties },
       });
+      const penalised = (temperature: number) =>
+        withPenalties(temperature, {
+          // A token far from the top forced first, then kept out by its frequency penalty.
+          logitBias: new Map([[far, 100]]),
+          frequency: 150,
+          penaltyLastN: 64,
+          penaltyScope: "output",
+          repeat: 1.3,
+          repeatLastN: 16,
+        });
       const counted = countingFused(stage);
       const gpuRun = await run(counted.stage, tokenizer, penalised(0));
       const refRun = await run(reference, tokenizer, penalised(0));
@@ -160,21 +154,9 @@ gpuTest(
 
       // A bias alone (a boost and a ban, as ignore_eos bans) is the same every step: decoded
       // fused, greedy and sampled, with the per-step and the reference stage's tokens.
-      const plain = await run(stage, tokenizer, {
-        ...penalised(0),
-        sampling: { ...penalised(0).sampling, penalties: undefined },
-      });
-      const biased = (temperature: number): SequenceRequest => ({
-        prompt,
-        maxTokens: 10,
-        sampling: {
-          temperature,
-          topK: 40,
-          topP: 1,
-          seed: 7n,
-          penalties: { logitBias: new Map([[far, 4], [plain.ids[1], BAN]]) },
-        },
-      });
+      const plain = await run(stage, tokenizer, withPenalties(0));
+      const biased = (temperature: number) =>
+        withPenalties(temperature, { logitBias: new Map([[far, 4], [plain.ids[1], BAN]]) });
       for (const temperature of [0, 0.9]) {
         const fused = countingFused(stage);
         const got = await run(fused.stage, tokenizer, biased(temperature));
