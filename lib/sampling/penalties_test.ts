@@ -84,3 +84,19 @@ Deno.test("the windows and the bias are bounded, so a step never exceeds MAX_BIA
   assert.ok(n <= MAX_BIAS_PAIRS);
   assert.throws(() => new LogitAdjuster({ repeat: 5000 }, []), /repeat penalty of 5000/);
 });
+
+Deno.test("a bias alone is constant: every step gets the same changes; a penalty window is not", () => {
+  const bias = new Map([[3, 2], [9, BAN]]);
+  const alone = new LogitAdjuster({ logitBias: bias }, [3, 3, 9]);
+  assert.ok(alone.constant);
+  const first = alone.adjustments();
+  for (const id of [3, 9, 4, 3]) alone.accept(id);
+  assert.deepEqual(alone.adjustments(), first);
+  for (const options of [{ repeat: 1.2 }, { presence: 0.5 }, { frequency: 0.5 }]) {
+    const windowed = new LogitAdjuster({ logitBias: bias, ...options }, [3, 4]);
+    assert.ok(!windowed.constant, JSON.stringify(options));
+    const before = windowed.adjustments();
+    windowed.accept(7);
+    assert.notDeepEqual(windowed.adjustments(), before, JSON.stringify(options));
+  }
+});
