@@ -707,8 +707,10 @@ export class Scheduler {
       }
       const started = performance.now();
       // Decided at every step: a sequence that starts alone stops fusing when another joins.
+      // A bias alone rides along every fused step; penalties (undefined) go a step at a time.
       const fused = this.#fused(seq);
-      if (fused) {
+      const bias = fused && seq.stepBias();
+      if (fused && bias) {
         // Several steps per readback, each step's argmax or draw fed to the next on the GPU:
         // the same ids as one step at a time (the stage's bit-exact contract, and the head's
         // sampler's arithmetic with the sequence's own draws), overshoot past a stop is dropped,
@@ -723,7 +725,7 @@ export class Scheduler {
         const draws = sampled ? seq.draws(steps) : undefined;
         const options: FusedOptions = {
           ...mtp(),
-          bias: seq.stepBias(),
+          bias,
           ...(draws && topk > 0 ? { topk, sampling: { params: seq.request.sampling, draws } } : {}),
         };
         const ids = await this.#fusedSteps(seq, slot, fused, id, pos, steps, options);
@@ -846,16 +848,15 @@ export class Scheduler {
 
   /**
    * The local stage's fused decoding, when it may stand in for per-step runs: the head holds the
-   * whole model, the sequence takes each step's argmax or draw as the stage makes it (no grammar,
-   * per-token probabilities or penalties; a logit_bias and bans, the same every step, go with
-   * it), and no other sequence runs, whose steps its own would then not share.
+   * whole model, the sequence takes each step's argmax or draw as the stage makes it (no grammar
+   * or per-token probabilities; the caller checks for penalties: Sequence.stepBias), and no other
+   * sequence runs, whose steps its own would then not share.
    */
   #fused(seq: Sequence): Stage["decodeFused"] {
     const { constraint, logprobs } = seq.request;
     if (this.#link || constraint || logprobs !== undefined || this.#running.size > 1) {
       return undefined;
     }
-    if (!seq.stepBias()) return undefined;
     return this.#local.decodeFused?.bind(this.#local);
   }
 
