@@ -1,9 +1,9 @@
 // The GPU memory a stage will hold, from the model's header alone: weights by kind, state per slot,
 // snapshots, activations. Read by tools/plan.ts before deploying; checked against GpuStage.memory.
 //
-// Weights follow gpu_weights.ts's upload: matrices stay in their stored type, joined into one
-// buffer where the loader joins same-typed projections; small vectors become f32. Every buffer is
-// padded as buffers.ts pads it. A matrix larger than the device's binding limit is uploaded in
+// Weights follow gpu_weights.ts's upload: matrices stay in their stored type (Q6_K in its GPU
+// layout, weight_layout.ts), joined into one buffer where the loader joins same-typed projections;
+// small vectors become f32. Every buffer is padded as buffers.ts pads it. A matrix larger than the device's binding limit is uploaded in
 // parts, each with its own padding: the plan counts one part, a few bytes under such a stage.
 
 import type { GgufModel } from "../gguf/gguf_model.ts";
@@ -12,6 +12,7 @@ import type { HParams } from "../hparams.ts";
 import { defaultMaxBatch } from "../stage.ts";
 import { paddedSize } from "./buffers.ts";
 import { MTP_VECTORS } from "./gpu_weights.ts";
+import { gpuTensorBytes } from "./weight_layout.ts";
 import {
   activationFloats,
   activationShape,
@@ -69,13 +70,14 @@ class Tally {
     this.bytes.set(kind, (this.bytes.get(kind) ?? 0) + paddedSize(bytes));
   }
 
+  /** Bytes of a tensor in its GPU layout (weight_layout.ts). */
   #stored(name: string): number {
     const t = this.model.tensors.get(name);
     if (!t) throw new RangeError(`Cannot plan: "${this.model.path}" has no tensor "${name}"`);
-    return t.nbytes;
+    return gpuTensorBytes(t.type, t.shape);
   }
 
-  /** A matrix uploaded as stored, with the word past its last row the dequantizer may read. */
+  /** A matrix uploaded in its GPU layout, with the word past its last row the dequantizer may read. */
   matrix(kind: string, name: string): void {
     this.#add(kind, this.#stored(name) + 4);
   }

@@ -7,6 +7,7 @@
 
 import type { GgufModel } from "../gguf/gguf_model.ts";
 import { GgmlType, rowBytes, typeName } from "../quant/ggml_types.ts";
+import { gpuRowBytes, isRepacked, repackRows } from "./weight_layout.ts";
 import {
   dummyStorage,
   type Fill,
@@ -31,6 +32,7 @@ export interface GpuTensor {
   readonly matrixRows: number;
   /** Matrices stacked (GGUF shape[2], 1 for a plain matrix). */
   readonly experts: number;
+  /** Bytes of a row in GPU memory (weight_layout.ts: the file's, or Q6_K's repacked block). */
   readonly rowBytes: number;
   /** Bytes of GPU memory the parts take. */
   readonly bytes: number;
@@ -191,7 +193,7 @@ async function uploadRows(
       `Cannot upload tensor "${name}": shape [${shape.join(", ")}] has more than 3 dimensions`,
     );
   }
-  const rb = rowBytes(type, cols);
+  const rb = gpuRowBytes(type, cols);
   const rows = matrixRows * experts;
   // Binding sizes must be multiples of 4 and the dequantizer may read one word past a row.
   const { ctx } = mem;
@@ -209,19 +211,22 @@ async function uploadRows(
     const bytes = plan.reduce((s, p) => s + paddedSize(p.rows * rb + PART_PADDING), 0);
     return { name, type, cols, matrixRows, experts, rowBytes: rb, bytes, parts };
   }
+  const fileRb = rowBytes(type, cols);
   let whole: Uint8Array | undefined;
   if (order) {
-    const file = new Uint8Array(rows * rb);
+    const file = new Uint8Array(rows * fileRb);
     await read(file, 0);
-    whole = permuteRows(file, order, rb);
+    whole = new Uint8Array(rows * rb);
+    repackRows(type, permuteRows(file, order, fileRb), whole);
   }
+  const readGpu = isRepacked(type) ? repackedReader(type, read, fileRb, rb) : read;
   const parts: TensorPart[] = [];
   let bytes = 0;
   for (const p of plan) {
     const first = p.firstRow * rb;
     const fill: Fill = whole
       ? (dst, at) => Promise.resolve(dst.set(whole.subarray(first + at, first + at + dst.length)))
-      : (dst, at) => read(dst, first + at);
+      : (dst, at) => readGpu(dst, first + at);
     const buffer = await mem.fill(`${name}[${p.firstRow}+${p.rows}]`, p.rows * rb, fill, {
       padding: PART_PADDING,
       staging: options.staging,
@@ -232,6 +237,23 @@ async function uploadRows(
     bytes += buffer.size;
   }
   return { name, type, cols, matrixRows, experts, rowBytes: rb, bytes, parts };
+}
+
+/**
+ * A reader of GPU-layout bytes over one of file bytes: the whole rows a range touches, read and
+ * repacked, of which the range is copied out.
+ */
+function repackedReader(type: GgmlType, read: ReadInto, fileRb: number, rb: number): ReadInto {
+  return async (dst, start) => {
+    const first = Math.floor(start / rb);
+    const end = Math.ceil((start + dst.length) / rb);
+    const file = new Uint8Array(new ArrayBuffer((end - first) * fileRb));
+    await read(file, first * fileRb);
+    const gpu = new Uint8Array((end - first) * rb);
+    repackRows(type, file, gpu);
+    const from = start - first * rb;
+    dst.set(gpu.subarray(from, from + dst.length));
+  };
 }
 
 function permuteRows(src: Uint8Array, order: Uint32Array, rb: number): Uint8Array {

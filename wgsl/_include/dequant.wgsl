@@ -2,7 +2,7 @@
 // Matches engine/quant/dequant.ts (llama.cpp dequantize_row_*) exactly; docs/model_arch.md §6.
 // Contract: the including shader declares `var<storage, read> w: array<u32>` (the weight bytes;
 // rows start at any even byte offset, IQ4_XS rows at a multiple of 4: whole 136-byte blocks from
-// the start of w) and defines exactly one TYPE_<name> flag; or, with TYPE_F32 and W_VEC4,
+// the start of w; Q6_K in its GPU layout, engine/gpu/weight_layout.ts, rows at a multiple of 16) and defines exactly one TYPE_<name> flag; or, with TYPE_F32 and W_VEC4,
 // `w: array<vec4<u32>>` (rows at 16-byte offsets: one load a vec4).
 // Provides BLOCK_ELEMS, BLOCK_BYTES and dequant32(row_byte, c): elements 32c..32c+31 of the row
 // starting at byte `row_byte`, as 8 vec4 (element 32c+4v+j is component j of vec4 v). F32, Q8_0
@@ -426,39 +426,30 @@ fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
 
 #ifdef TYPE_Q6_K
 const BLOCK_ELEMS = 256u;
-const BLOCK_BYTES = 210u;
-// Chunk c: half n = c/4, quarter k = c%4: low 4 bits from ql[64n + 32(k%2) + l] (nibble k/2),
-// high 2 bits from qh[32n + l] bits 2k; int8 scales 8n+2k (l < 16) and 8n+2k+1 (l ≥ 16).
-// Values 4v..4v+3: low nibbles from the ql words at la, high bit pairs from the qh words at ha,
-// each shifted out of the two words covering them as Q8_0's quants (blocks alternate between
-// 4- and 2-byte alignment), times the scale d·sc.
-fn q6kx4(la: u32, ha: u32, v: u32, sh: u32, k: u32, d: f32, sc: f32) -> vec4<f32> {
-  let lw = (w[la + v] >> sh) | ((w[la + v + 1u] << 16u) << (16u - sh));
-  let hw = (w[ha + v] >> sh) | ((w[ha + v + 1u] << 16u) << (16u - sh));
-  let ql = (bytes4(lw) >> vec4<u32>(4u * (k >> 1u))) & vec4<u32>(15u);
-  let qh = (bytes4(hw) >> vec4<u32>(2u * k)) & vec4<u32>(3u);
-  return d * sc * (exact_f32(ql | (qh << vec4<u32>(4u))) - 32.0);
+// The GPU's Q6_K block (engine/gpu/weight_layout.ts repacks the file's at upload): the 256 values
+// q (0..63) a byte each in element order, d (f16) at byte 256, the int8 scales at 258 (scale e/16
+// for element e), padding to 288, so rows lie at 16-byte offsets. A value is d·sc·(q − 32) with
+// d·sc first, as llama.cpp's dequantize_row_q6_K and engine/quant/dequant.ts round it.
+const BLOCK_BYTES = 288u;
+
+// Four values of one word, q − 32 exactly (2^23 + q less 2^23 + 32), times the scale d·sc.
+fn q6k4(q: u32, dsc: f32) -> vec4<f32> {
+  return dsc * (bitcast<vec4<f32>>(bytes4(q) | vec4<u32>(0x4b000000u)) - 8388640.0);
 }
 
 fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
   let b = row_byte + (c >> 3u) * BLOCK_BYTES;
   let sub = c & 7u;
-  let n = sub >> 2u;
-  let k = sub & 3u;
-  let d = whalf(b + 208u);
-  let la = (b + 64u * n + 32u * (k & 1u)) >> 2u;
-  let ha = (b + 128u + 32u * n) >> 2u;
-  let sh = (b & 3u) * 8u;
+  let q = (b >> 2u) + 8u * sub;
+  let d = whalf(b + 256u);
   // Both scales from the halfword at an even offset.
-  let s2 = b + 192u + 8u * n + 2u * k;
+  let s2 = b + 258u + 2u * sub;
   let scw = bitcast<i32>(w[s2 >> 2u] >> ((s2 & 2u) * 8u));
-  let s0 = f32((scw << 24u) >> 24u);
-  let s1 = f32((scw << 16u) >> 24u);
+  let d0 = d * f32((scw << 24u) >> 24u);
+  let d1 = d * f32((scw << 16u) >> 24u);
   return array<vec4<f32>, 8>(
-    q6kx4(la, ha, 0u, sh, k, d, s0), q6kx4(la, ha, 1u, sh, k, d, s0),
-    q6kx4(la, ha, 2u, sh, k, d, s0), q6kx4(la, ha, 3u, sh, k, d, s0),
-    q6kx4(la, ha, 4u, sh, k, d, s1), q6kx4(la, ha, 5u, sh, k, d, s1),
-    q6kx4(la, ha, 6u, sh, k, d, s1), q6kx4(la, ha, 7u, sh, k, d, s1),
+    q6k4(w[q], d0), q6k4(w[q + 1u], d0), q6k4(w[q + 2u], d0), q6k4(w[q + 3u], d0),
+    q6k4(w[q + 4u], d1), q6k4(w[q + 5u], d1), q6k4(w[q + 6u], d1), q6k4(w[q + 7u], d1),
   );
 }
 #endif
