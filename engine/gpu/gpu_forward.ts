@@ -655,8 +655,16 @@ export interface StepHead {
   readonly rows: readonly HeadRow[];
   /** Candidates of every top row (1..MAX_TOPK; unused without top rows). */
   readonly topk: number;
-  /** Greedy id of rows[i] at element offset + i. */
-  readonly greedy: { readonly buffer: GPUBuffer; readonly offset: number };
+  /**
+   * Greedy id of rows[i] at element offset + i; absent, no argmax runs (a sampled fused step,
+   * whose draw writes the id).
+   */
+  readonly greedy?: { readonly buffer: GPUBuffer; readonly offset: number };
+  /**
+   * The top rows' log-sum-exp (default true); false where nothing reads it (a sampled fused step
+   * before the last draws from the candidates alone).
+   */
+  readonly lse?: boolean;
   /** The rows are a prompt's: the LM head runs on tensor cores where plan.mma says so. */
   readonly prompt?: boolean;
 }
@@ -678,8 +686,9 @@ function rowTable(buffer: GPUBuffer, cols: number): GpuTensor {
 
 /**
  * Records the last stage's head over `head.rows` of a step: output RMSNorm, LM head in chunks of
- * plan.lmChunk rows, each row's adjustments, the greedy id of each row into head.greedy, and the
- * top head.topk and log-sum-exp of each top row into act.top (the j-th top row's at
+ * plan.lmChunk rows, each row's adjustments, the greedy id of each row into head.greedy (where
+ * given), and the top head.topk and log-sum-exp (unless head.lse is false) of each top row into
+ * act.top (the j-th top row's at
  * j·topKWords(topk)). Every row gets the bits it gets alone: rows are gathered (when not one
  * contiguous run of act.x) and normed without reading each other.
  */
@@ -759,7 +768,7 @@ export function encodeHead(enc: StepEncoder, plan: ForwardPlan, head: StepHead):
       outOffset: topAt.get(r.first)! * words,
       outStride: words,
     });
-    for (const r of runs) logSumExp(enc, top, rowsOf(r));
+    if (head.lse !== false) { for (const r of runs) logSumExp(enc, top, rowsOf(r)); }
     for (const { a, offset } of adjusted((a) => a.words)) {
       logitAdjust(enc, logits, {
         n: V,
@@ -769,11 +778,13 @@ export function encodeHead(enc: StepEncoder, plan: ForwardPlan, head: StepHead):
         maskOffset: a.maskAt,
       });
     }
-    argmax(enc, { src: act.logits, scratch: act.argmaxScratch, out: head.greedy.buffer }, {
-      n: V,
-      rows,
-      outOffset: head.greedy.offset + c0,
-    });
+    if (head.greedy) {
+      argmax(enc, { src: act.logits, scratch: act.argmaxScratch, out: head.greedy.buffer }, {
+        n: V,
+        rows,
+        outOffset: head.greedy.offset + c0,
+      });
+    }
     for (const r of runs) topK(enc, top, rowsOf(r));
   }
 }
