@@ -6,8 +6,9 @@
 // its high two in another (shared with three), at offsets that alternate between word alignments:
 // a value took two misaligned word pairs and about a dozen bit operations, which held the LM head
 // (417 MB of the bench model's 1.7 GB a token) at ~0.9 TB/s. The GPU block is 288 bytes: the 256
-// values q (0..63) a byte each in element order, d (f16), the 16 int8 scales (scale e/16 for
-// element e), zeros to a 16-byte multiple. The values are the file's: d·sc·(q − 32).
+// values q (0..63) a byte each in element order, the 16 int8 scales (scale e/16 for element e),
+// d (f16), zeros to a 16-byte multiple, so a decode product loads a chunk in 16-byte words. The
+// values are the file's: d·sc·(q − 32).
 
 import { GgmlType, rowBytes } from "../quant/ggml_types.ts";
 
@@ -63,9 +64,9 @@ export function repackRows(type: GgmlType, src: Uint8Array, dst: Uint8Array): vo
         }
       }
     }
-    dst[o + 256] = src[s + 208];
-    dst[o + 257] = src[s + 209];
-    dst.set(src.subarray(s + 192, s + 208), o + 258);
+    dst.set(src.subarray(s + 192, s + 208), o + 256);
+    dst[o + 272] = src[s + 208];
+    dst[o + 273] = src[s + 209];
     dst.fill(0, o + 274, o + Q6_K_GPU_BLOCK);
   }
 }

@@ -11,8 +11,8 @@ import { gpuRowBytes, gpuTensorBytes, Q6_K_GPU_BLOCK, repackRows } from "./weigh
 /** Element e of a GPU-layout Q6_K block at `o`: (d·sc)·(q − 32), in f32 as the shader rounds. */
 function gpuQ6K(bytes: Uint8Array, o: number, e: number): number {
   const view = new DataView(bytes.buffer, bytes.byteOffset);
-  const d = view.getFloat16(o + 256, true);
-  const sc = view.getInt8(o + 258 + (e >> 4));
+  const d = view.getFloat16(o + 272, true);
+  const sc = view.getInt8(o + 256 + (e >> 4));
   return Math.fround(Math.fround(d * sc) * (bytes[o + e] - 32));
 }
 

@@ -2,7 +2,8 @@
 // Matches engine/quant/dequant.ts (llama.cpp dequantize_row_*) exactly; docs/model_arch.md §6.
 // Contract: the including shader declares `var<storage, read> w: array<u32>` (the weight bytes;
 // rows start at any even byte offset, IQ4_XS rows at a multiple of 4: whole 136-byte blocks from
-// the start of w; Q6_K in its GPU layout, engine/gpu/weight_layout.ts, rows at a multiple of 16) and defines exactly one TYPE_<name> flag; or, with TYPE_F32 and W_VEC4,
+// the start of w; Q6_K in its GPU layout, engine/gpu/weight_layout.ts, rows at a multiple of 16)
+// and defines exactly one TYPE_<name> flag; or, with TYPE_F32 or TYPE_Q6_K and W_VEC4,
 // `w: array<vec4<u32>>` (rows at 16-byte offsets: one load a vec4).
 // Provides BLOCK_ELEMS, BLOCK_BYTES and dequant32(row_byte, c): elements 32c..32c+31 of the row
 // starting at byte `row_byte`, as 8 vec4 (element 32c+4v+j is component j of vec4 v). F32, Q8_0
@@ -427,9 +428,10 @@ fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
 #ifdef TYPE_Q6_K
 const BLOCK_ELEMS = 256u;
 // The GPU's Q6_K block (engine/gpu/weight_layout.ts repacks the file's at upload): the 256 values
-// q (0..63) a byte each in element order, d (f16) at byte 256, the int8 scales at 258 (scale e/16
-// for element e), padding to 288, so rows lie at 16-byte offsets. A value is d·sc·(q − 32) with
-// d·sc first, as llama.cpp's dequantize_row_q6_K and engine/quant/dequant.ts round it.
+// q (0..63) a byte each in element order, the int8 scales at byte 256 (scale e/16 for element e),
+// d (f16) at 272, padding to 288, so rows lie at 16-byte offsets; under W_VEC4 a chunk is two
+// 16-byte loads of values, one of scales and one for d. A value is d·sc·(q − 32) with d·sc first,
+// as llama.cpp's dequantize_row_q6_K and engine/quant/dequant.ts round it.
 const BLOCK_BYTES = 288u;
 
 // Four values of one word, q − 32 exactly (2^23 + q less 2^23 + 32), times the scale d·sc.
@@ -440,16 +442,29 @@ fn q6k4(q: u32, dsc: f32) -> vec4<f32> {
 fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
   let b = row_byte + (c >> 3u) * BLOCK_BYTES;
   let sub = c & 7u;
-  let q = (b >> 2u) + 8u * sub;
-  let d = whalf(b + 256u);
+#ifdef W_VEC4
+  let lo = w[(b >> 4u) + 2u * sub];
+  let hi = w[(b >> 4u) + 2u * sub + 1u];
+  let sv = w[(b >> 4u) + 16u];
+  let d = unpack2x16float(w[(b >> 4u) + 17u].x).x;
+  let sp = select(select(sv.x, sv.y, sub >= 2u), select(sv.z, sv.w, sub >= 6u), sub >= 4u);
+  let scw = bitcast<i32>(sp >> ((sub & 1u) * 16u));
+  let q = array<u32, 8>(lo.x, lo.y, lo.z, lo.w, hi.x, hi.y, hi.z, hi.w);
+#else
+  let at = (b >> 2u) + 8u * sub;
+  let d = whalf(b + 272u);
   // Both scales from the halfword at an even offset.
-  let s2 = b + 258u + 2u * sub;
+  let s2 = b + 256u + 2u * sub;
   let scw = bitcast<i32>(w[s2 >> 2u] >> ((s2 & 2u) * 8u));
+  let q = array<u32, 8>(
+    w[at], w[at + 1u], w[at + 2u], w[at + 3u], w[at + 4u], w[at + 5u], w[at + 6u], w[at + 7u],
+  );
+#endif
   let d0 = d * f32((scw << 24u) >> 24u);
   let d1 = d * f32((scw << 16u) >> 24u);
   return array<vec4<f32>, 8>(
-    q6k4(w[q], d0), q6k4(w[q + 1u], d0), q6k4(w[q + 2u], d0), q6k4(w[q + 3u], d0),
-    q6k4(w[q + 4u], d1), q6k4(w[q + 5u], d1), q6k4(w[q + 6u], d1), q6k4(w[q + 7u], d1),
+    q6k4(q[0], d0), q6k4(q[1], d0), q6k4(q[2], d0), q6k4(q[3], d0),
+    q6k4(q[4], d1), q6k4(q[5], d1), q6k4(q[6], d1), q6k4(q[7], d1),
   );
 }
 #endif

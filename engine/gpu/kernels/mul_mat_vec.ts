@@ -172,8 +172,8 @@ export const MUL_MAT_VEC: KernelFamily<MulMatVecKey> = {
     if (v.type === GgmlType.IQ4_NL || v.type === GgmlType.IQ4_XS) {
       defines.IQ4_TABLE_WORKGROUP = true;
     }
-    // One 16-byte load per vec4 of an F32 row instead of four of 4 bytes.
-    if (v.type === GgmlType.F32) defines.W_VEC4 = true;
+    // One 16-byte load per vec4 of an F32 row (or 16 values of Q6_K) instead of four of 4 bytes.
+    if (v.type === GgmlType.F32 || v.type === GgmlType.Q6_K) defines.W_VEC4 = true;
     if (v.id) defines.ID = true;
     if (v.swiglu) defines.X_SWIGLU = true;
     if (v.add) defines.ADD = true;
