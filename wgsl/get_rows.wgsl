@@ -38,7 +38,7 @@ fn main(
       id >= params.row_first + params.row_count) {
     return;
   }
-  let row_byte = (id - params.row_first) * ((params.cols / BLOCK_ELEMS) * BLOCK_BYTES);
+  let row_byte = (id - params.row_first) * bytes_of_row(params.cols);
   let v = dequant32(row_byte, c);
   let o = t * params.cols + 32u * c;
   for (var i = 0u; i < 8u; i++) {

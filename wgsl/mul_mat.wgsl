@@ -65,7 +65,7 @@ fn put(i: u32, v: f32) {
 }
 
 fn row_bytes() -> u32 {
-  return (params.k / BLOCK_ELEMS) * BLOCK_BYTES;
+  return bytes_of_row(params.k);
 }
 
 // The workgroup's row tile: the grid folds tiles over x and y, so indices past params.row_tiles

@@ -282,7 +282,7 @@ fn prod(a: MatA, b: MatA, hi: MatB, lo: MatB, his: MatB, c: MatC) -> MatC {
 }
 
 fn row_bytes() -> u32 {
-  return (params.k / BLOCK_ELEMS) * BLOCK_BYTES;
+  return bytes_of_row(params.k);
 }
 
 fn put(i: u32, v: f32) {

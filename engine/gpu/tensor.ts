@@ -217,9 +217,9 @@ async function uploadRows(
     const file = new Uint8Array(rows * fileRb);
     await read(file, 0);
     whole = new Uint8Array(rows * rb);
-    repackRows(type, permuteRows(file, order, fileRb), whole);
+    repackRows(type, cols, permuteRows(file, order, fileRb), whole);
   }
-  const readGpu = isRepacked(type) ? repackedReader(type, read, fileRb, rb) : read;
+  const readGpu = isRepacked(type) ? repackedReader(type, cols, read) : read;
   const parts: TensorPart[] = [];
   let bytes = 0;
   for (const p of plan) {
@@ -243,14 +243,16 @@ async function uploadRows(
  * A reader of GPU-layout bytes over one of file bytes: the whole rows a range touches, read and
  * repacked, of which the range is copied out.
  */
-function repackedReader(type: GgmlType, read: ReadInto, fileRb: number, rb: number): ReadInto {
+function repackedReader(type: GgmlType, cols: number, read: ReadInto): ReadInto {
+  const fileRb = rowBytes(type, cols);
+  const rb = gpuRowBytes(type, cols);
   return async (dst, start) => {
     const first = Math.floor(start / rb);
     const end = Math.ceil((start + dst.length) / rb);
     const file = new Uint8Array(new ArrayBuffer((end - first) * fileRb));
     await read(file, first * fileRb);
     const gpu = new Uint8Array((end - first) * rb);
-    repackRows(type, file, gpu);
+    repackRows(type, cols, file, gpu);
     const from = start - first * rb;
     dst.set(gpu.subarray(from, from + dst.length));
   };

@@ -2,11 +2,12 @@
 // Matches engine/quant/dequant.ts (llama.cpp dequantize_row_*) exactly; docs/model_arch.md §6.
 // Contract: the including shader declares `var<storage, read> w: array<u32>` (the weight bytes;
 // rows start at any even byte offset, IQ4_XS rows at a multiple of 4: whole 136-byte blocks from
-// the start of w; Q6_K in its GPU layout, engine/gpu/weight_layout.ts, rows at a multiple of 16)
-// and defines exactly one TYPE_<name> flag; or, with TYPE_F32 or TYPE_Q6_K and W_VEC4,
-// `w: array<vec4<u32>>` (rows at 16-byte offsets: one load a vec4).
-// Provides BLOCK_ELEMS, BLOCK_BYTES and dequant32(row_byte, c): elements 32c..32c+31 of the row
-// starting at byte `row_byte`, as 8 vec4 (element 32c+4v+j is component j of vec4 v). F32, Q8_0
+// the start of w; Q8_0 and Q6_K in their GPU layouts, engine/gpu/weight_layout.ts, rows at a
+// multiple of 16) and defines exactly one TYPE_<name> flag; or, with TYPE_F32, TYPE_Q8_0 or
+// TYPE_Q6_K and W_VEC4, `w: array<vec4<u32>>` (rows at 16-byte offsets: one load a vec4).
+// Provides BLOCK_ELEMS, BLOCK_BYTES, bytes_of_row(k) and dequant32(row_byte, c): elements
+// 32c..32c+31 of the row starting at byte `row_byte`, as 8 vec4 (element 32c+4v+j is component j
+// of vec4 v). F32, Q8_0
 // and IQ4_XS also split it as decode32(load32(row_byte, c)): load32 only loads (a Raw of words
 // and shifts), so a tile can hold the next chunk's words while it computes (wgsl/mul_mat.wgsl).
 // Optional IQ4_TABLE_WORKGROUP (IQ4_NL, IQ4_XS): the lookups read the workgroup copy iq4_table,
@@ -189,47 +190,42 @@ fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
 #endif
 
 #ifdef TYPE_Q8_0
-const BLOCK_ELEMS = 32u;
-const BLOCK_BYTES = 34u;
-// Blocks alternate between 4- and 2-byte alignment, so neighbouring lanes would take different
-// branches of wword: the 32 quants are instead shifted out of the 9 words that cover them
-// (sh = 0 or 16; the double shift keeps every shift below 32), without a branch.
+// The GPU's Q8_0 (engine/gpu/weight_layout.ts repacks the file's at upload): eight of the file's
+// blocks as one of 272 bytes, their 256 quants in element order, then their eight d (f16); a row
+// ends in a whole such block (zeros past its values), so rows lie at 16-byte offsets. A chunk is
+// eight aligned words of quants and the word holding its d (under W_VEC4: two 16-byte loads and
+// one), where the file's 34-byte blocks needed nine misaligned words shifted into place.
+const BLOCK_ELEMS = 256u;
+const BLOCK_BYTES = 272u;
 struct Raw {
   dw: u32,
   dsh: u32,
-  q0: u32,
-  q1: u32,
-  q2: u32,
-  q3: u32,
-  q4: u32,
-  q5: u32,
-  q6: u32,
-  q7: u32,
-  q8: u32,
-  sh: u32,
+  q0: vec4<u32>,
+  q1: vec4<u32>,
 }
 
 fn load32(row_byte: u32, c: u32) -> Raw {
-  let b = row_byte + c * BLOCK_BYTES;
-  let i = (b + 2u) >> 2u;
+  let b = row_byte + (c >> 3u) * BLOCK_BYTES;
+  let j = c & 7u;
+#ifdef W_VEC4
+  let dv = w[(b >> 4u) + 16u];
+  let dw = select(select(dv.x, dv.y, j >= 2u), select(dv.z, dv.w, j >= 6u), j >= 4u);
+  return Raw(dw, (j & 1u) * 16u, w[(b >> 4u) + 2u * j], w[(b >> 4u) + 2u * j + 1u]);
+#else
+  let i = (b >> 2u) + 8u * j;
   return Raw(
-    w[b >> 2u], (b & 2u) * 8u,
-    w[i], w[i + 1u], w[i + 2u], w[i + 3u], w[i + 4u], w[i + 5u], w[i + 6u], w[i + 7u], w[i + 8u],
-    ((b + 2u) & 3u) * 8u,
+    w[(b >> 2u) + 64u + (j >> 1u)], (j & 1u) * 16u,
+    vec4<u32>(w[i], w[i + 1u], w[i + 2u], w[i + 3u]),
+    vec4<u32>(w[i + 4u], w[i + 5u], w[i + 6u], w[i + 7u]),
   );
-}
-
-// Four quants shifted out of the words lo and hi, times d.
-fn q8x4(lo: u32, hi: u32, sh: u32, d: f32) -> vec4<f32> {
-  return i8x4(shifted(lo, hi, sh)) * d;
+#endif
 }
 
 fn decode32(r: Raw) -> array<vec4<f32>, 8> {
   let d = unpack2x16float(r.dw >> r.dsh).x;
   return array<vec4<f32>, 8>(
-    q8x4(r.q0, r.q1, r.sh, d), q8x4(r.q1, r.q2, r.sh, d), q8x4(r.q2, r.q3, r.sh, d),
-    q8x4(r.q3, r.q4, r.sh, d), q8x4(r.q4, r.q5, r.sh, d), q8x4(r.q5, r.q6, r.sh, d),
-    q8x4(r.q6, r.q7, r.sh, d), q8x4(r.q7, r.q8, r.sh, d),
+    i8x4(r.q0.x) * d, i8x4(r.q0.y) * d, i8x4(r.q0.z) * d, i8x4(r.q0.w) * d,
+    i8x4(r.q1.x) * d, i8x4(r.q1.y) * d, i8x4(r.q1.z) * d, i8x4(r.q1.w) * d,
   );
 }
 
@@ -508,3 +504,8 @@ fn dequant32(row_byte: u32, c: u32) -> array<vec4<f32>, 8> {
   return decode32(load32(row_byte, c));
 }
 #endif
+
+// Bytes of a row of k values: whole blocks (Q8_0's last GPU block may hold fewer than 256 values).
+fn bytes_of_row(k: u32) -> u32 {
+  return ((k + BLOCK_ELEMS - 1u) / BLOCK_ELEMS) * BLOCK_BYTES;
+}

@@ -24,6 +24,9 @@ export interface MatVecLayout {
   readonly burst?: 2 | 4;
 }
 
+/** Types whose GPU rows lie at 16-byte offsets (engine/gpu/weight_layout.ts), loaded as vec4s. */
+const VEC4_TYPES: readonly GgmlType[] = [GgmlType.F32, GgmlType.Q8_0, GgmlType.Q6_K];
+
 /** Weight types whose dequantizer splits into loads and decoding (dequant.wgsl load32). */
 export const PREFETCH_TYPES: readonly GgmlType[] = [GgmlType.F32, GgmlType.Q8_0, GgmlType.IQ4_XS];
 
@@ -172,8 +175,8 @@ export const MUL_MAT_VEC: KernelFamily<MulMatVecKey> = {
     if (v.type === GgmlType.IQ4_NL || v.type === GgmlType.IQ4_XS) {
       defines.IQ4_TABLE_WORKGROUP = true;
     }
-    // One 16-byte load per vec4 of an F32 row (or 16 values of Q6_K) instead of four of 4 bytes.
-    if (v.type === GgmlType.F32 || v.type === GgmlType.Q6_K) defines.W_VEC4 = true;
+    // 16-byte loads (4 values of F32, 16 of Q8_0 and Q6_K) instead of four of 4 bytes.
+    if (VEC4_TYPES.includes(v.type)) defines.W_VEC4 = true;
     if (v.id) defines.ID = true;
     if (v.swiglu) defines.X_SWIGLU = true;
     if (v.add) defines.ADD = true;
