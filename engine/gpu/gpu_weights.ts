@@ -15,7 +15,6 @@ import type { HParams } from "../hparams.ts";
 import { dequantize } from "../quant/dequant.ts";
 import { dummyStorage, FillStaging, formatBytes, type GpuMemory } from "./buffers.ts";
 import { type GpuTensor, uploadConcat, type UploadOptions, uploadTensor } from "./tensor.ts";
-import { gpuTensorBytes } from "./weight_layout.ts";
 
 /** A matrix whose output rows land at `offset` of a wider activation row. */
 export interface Projection {
@@ -394,7 +393,7 @@ export async function loadStageWeights(
   options: LoadStageOptions,
 ): Promise<StageWeights> {
   const { first, end } = options;
-  // The stage's tensor bytes on the GPU size the progress bar.
+  // The stage's tensor bytes size the progress bar.
   const withMtp = !!options.mtp && end === hp.nLayer && hasMtpBlock(model, hp.nLayer);
   const names = stageTensorNames(model, hp.nLayer, { first, end });
   if (withMtp) {
@@ -403,10 +402,7 @@ export async function loadStageWeights(
     if (first !== 0) names.push("token_embd.weight");
   }
   const total = [...new Set(names)]
-    .reduce((s, n) => {
-      const t = model.tensors.get(n);
-      return s + (t ? gpuTensorBytes(t.type, t.shape) : 0);
-    }, 0);
+    .reduce((s, n) => s + (model.tensors.get(n)?.nbytes ?? 0), 0);
   const l = new Loader(mem, model, hp, options, total);
   const layers: LayerWeights[] = [];
   for (let il = first; il < end; il++) layers.push(await layer(l, il));

@@ -306,6 +306,18 @@ export function collectVariants(ctx: GpuContext, record: () => void): Set<string
 }
 
 /**
+ * A variant the weight loader runs (wgsl/repack.wgsl), built now if missing: not a step's, so
+ * never reported as built late (lateKernels).
+ */
+export function loaderKernel<K>(ctx: GpuContext, family: KernelFamily<K>, key: K): Kernel {
+  let kernel: Kernel | undefined;
+  collect(ctx, false, () => {
+    kernel = kernelFor(ctx, family, key);
+  });
+  return kernel!;
+}
+
+/**
  * Starts compiling, with createComputePipelineAsync, every variant `record` asks for that is
  * not built yet, and returns at once. `record` must only record: its dispatches get kernels
  * without pipelines, so what it records cannot be encoded. A stage records its steps against

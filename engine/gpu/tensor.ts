@@ -7,11 +7,13 @@
 
 import type { GgufModel } from "../gguf/gguf_model.ts";
 import { GgmlType, rowBytes, typeName } from "../quant/ggml_types.ts";
-import { gpuRowBytes, isRepacked, repackRows } from "./weight_layout.ts";
+import { repackRows } from "./kernels/repack.ts";
+import { gpuRowBytes, isRepacked } from "./weight_layout.ts";
 import {
   dummyStorage,
   type Fill,
   type FillStaging,
+  fillStorage,
   type GpuMemory,
   paddedSize,
 } from "./buffers.ts";
@@ -216,46 +218,42 @@ async function uploadRows(
   if (order) {
     const file = new Uint8Array(rows * fileRb);
     await read(file, 0);
-    whole = new Uint8Array(rows * rb);
-    repackRows(type, cols, permuteRows(file, order, fileRb), whole);
+    whole = permuteRows(file, order, fileRb);
   }
-  const readGpu = isRepacked(type) ? repackedReader(type, cols, read) : read;
   const parts: TensorPart[] = [];
   let bytes = 0;
   for (const p of plan) {
-    const first = p.firstRow * rb;
+    const first = p.firstRow * fileRb;
     const fill: Fill = whole
       ? (dst, at) => Promise.resolve(dst.set(whole.subarray(first + at, first + at + dst.length)))
-      : (dst, at) => readGpu(dst, first + at);
-    const buffer = await mem.fill(`${name}[${p.firstRow}+${p.rows}]`, p.rows * rb, fill, {
+      : (dst, at) => read(dst, first + at);
+    const label = `${name}[${p.firstRow}+${p.rows}]`;
+    const fillOptions = {
       padding: PART_PADDING,
       staging: options.staging,
       onPiece: options.onBytes,
       mapped: options.mapped,
-    });
+    };
+    let buffer: GPUBuffer;
+    if (isRepacked(type)) {
+      // The file's rows go up as they are, and the GPU lays them out: the host only reads.
+      const stored = await fillStorage(
+        ctx,
+        `${label} as stored`,
+        p.rows * fileRb,
+        fill,
+        fillOptions,
+      );
+      buffer = mem.storage(label, p.rows * rb + PART_PADDING);
+      repackRows(ctx, type, cols, p.rows, stored, buffer);
+      stored.destroy();
+    } else {
+      buffer = await mem.fill(label, p.rows * rb, fill, fillOptions);
+    }
     parts.push({ buffer, firstRow: p.firstRow, rows: p.rows });
     bytes += buffer.size;
   }
   return { name, type, cols, matrixRows, experts, rowBytes: rb, bytes, parts };
-}
-
-/**
- * A reader of GPU-layout bytes over one of file bytes: the whole rows a range touches, read and
- * repacked, of which the range is copied out.
- */
-function repackedReader(type: GgmlType, cols: number, read: ReadInto): ReadInto {
-  const fileRb = rowBytes(type, cols);
-  const rb = gpuRowBytes(type, cols);
-  return async (dst, start) => {
-    const first = Math.floor(start / rb);
-    const end = Math.ceil((start + dst.length) / rb);
-    const file = new Uint8Array(new ArrayBuffer((end - first) * fileRb));
-    await read(file, first * fileRb);
-    const gpu = new Uint8Array((end - first) * rb);
-    repackRows(type, cols, file, gpu);
-    const from = start - first * rb;
-    dst.set(gpu.subarray(from, from + dst.length));
-  };
 }
 
 function permuteRows(src: Uint8Array, order: Uint32Array, rb: number): Uint8Array {

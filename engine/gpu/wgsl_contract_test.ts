@@ -31,6 +31,8 @@ import {
   MUL_MAT_MMA,
 } from "./kernels/mul_mat_mma.ts";
 import { MUL_MAT_VEC, type MulMatVecKey, workgroupBytes } from "./kernels/mul_mat_vec.ts";
+import { REPACK } from "./kernels/repack.ts";
+import { GgmlType } from "../quant/ggml_types.ts";
 import { RMS_NORM } from "./kernels/rms_norm.ts";
 import { TOPK } from "./kernels/topk.ts";
 
@@ -144,6 +146,7 @@ const KEYS = new Map<string, readonly unknown[] | ((t: KernelTarget) => readonly
     [false, true].flatMap((swiglu) => [false, true].map((split) => ({ swiglu, split }))),
   ],
   [GET_ROWS.file, MUL_MAT_TYPES],
+  [REPACK.file, [GgmlType.Q8_0, GgmlType.Q6_K]],
   [MOE_GATHER.file, ["count", "scan", "place"]],
   [TOPK.file, [false, true]],
   [ATTENTION.file, [64, 128, 256].flatMap((dh) => [1, 4, 8].map((tq) => ({ dh, tq })))],

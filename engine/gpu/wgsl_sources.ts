@@ -16,6 +16,7 @@ import mulMat from "../../wgsl/mul_mat.wgsl" with { type: "text" };
 import mulMatMma from "../../wgsl/mul_mat_mma.wgsl" with { type: "text" };
 import mulMatVec from "../../wgsl/mul_mat_vec.wgsl" with { type: "text" };
 import qkNormRope from "../../wgsl/qk_norm_rope.wgsl" with { type: "text" };
+import repack from "../../wgsl/repack.wgsl" with { type: "text" };
 import rmsNorm from "../../wgsl/rms_norm.wgsl" with { type: "text" };
 import sample from "../../wgsl/sample.wgsl" with { type: "text" };
 import ssmConv from "../../wgsl/ssm_conv.wgsl" with { type: "text" };
@@ -43,6 +44,7 @@ export const WGSL_SOURCES: ReadonlyMap<string, string> = new Map([
   ["mul_mat_mma.wgsl", mulMatMma],
   ["mul_mat_vec.wgsl", mulMatVec],
   ["qk_norm_rope.wgsl", qkNormRope],
+  ["repack.wgsl", repack],
   ["rms_norm.wgsl", rmsNorm],
   ["sample.wgsl", sample],
   ["ssm_conv.wgsl", ssmConv],
