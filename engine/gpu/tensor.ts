@@ -1,4 +1,5 @@
-// Weight tensors in GPU memory, still quantized, split into parts that each fit one binding.
+// Weight tensors in GPU memory, still quantized (Q8_0 and Q6_K in the layouts of weight_layout.ts,
+// which wgsl/repack.wgsl writes), split into parts that each fit one binding.
 // Filled by engine/gpu/gpu_weights.ts into the stage's GpuMemory; read by the kernels
 // (engine/gpu/kernels/*) part by part.
 //
