@@ -1,6 +1,7 @@
 // Kernel bench of the decode matrix-vector products (engine/gpu/kernels/mul_mat_vec.ts): every
 // layout on the bench model's real shapes, each first checked against the CPU dequantizer and,
-// bit for bit, against the default layout, then timed back to back on the GPU. Prints
+// bit for bit, against the default layout, then timed back to back on the GPU, a shape's variants
+// in interleaved rounds. Prints
 // shape | variant | µs | GB/s | % of a copy's bandwidth measured in the same run (or --peak-gbs).
 //
 //   deno run -A bench/kernels/decode_matvec.ts --gpu dawn --shapes full [--out r.json]
@@ -344,6 +345,50 @@ export function median(v: number[]): number {
   return s[Math.floor(s.length / 2)];
 }
 
+/** How the products of a shape are timed: passes of about passUs, at most `most` dispatches. */
+export interface RoundTiming {
+  readonly passUs: number;
+  readonly most: number;
+  readonly runs: number;
+}
+
+/** A product to time: `recordN` records n of them, encoded for `ctx` (its features pick kernels). */
+export interface TimedProduct {
+  readonly ctx: GpuContext;
+  readonly recordN: (enc: StepEncoder, n: number) => void;
+}
+
+/**
+ * GPU µs a product of each of `products`, timed in interleaved rounds: each round times every
+ * product once, so a change of the GPU's clocks during the runs falls on all of them alike (timed
+ * one after the other, the first of a shape measured up to 2.3× the same kernel timed later: the
+ * LM head's layout at 1034-1186 µs first against 458 in the model, decode_matvec on the H100 at
+ * 61e5a5f and 5bb97a3; decode_steps 1.5× at 7c67105). Each product's pass holds about `passUs`
+ * of it, after a probe and an untimed pass; the median round is kept.
+ */
+export async function timeInRounds(
+  arena: ParamArena,
+  timer: ReturnType<typeof createStepTimer>,
+  products: readonly TimedProduct[],
+  o: RoundTiming,
+): Promise<number[]> {
+  const counts: number[] = [];
+  for (const { ctx, recordN } of products) {
+    const probe = await timeDispatches(ctx, arena, timer, (enc) => recordN(enc, 2)) / 2;
+    const n = Math.max(2, Math.min(o.most, Math.round(o.passUs / probe)));
+    await timeDispatches(ctx, arena, timer, (enc) => recordN(enc, n));
+    counts.push(n);
+  }
+  const us: number[][] = products.map(() => []);
+  for (let round = 0; round < o.runs; round++) {
+    for (const [i, { ctx, recordN }] of products.entries()) {
+      const n = counts[i];
+      us[i].push(await timeDispatches(ctx, arena, timer, (enc) => recordN(enc, n)) / n);
+    }
+  }
+  return us.map(median);
+}
+
 export interface VariantResult {
   readonly shape: string;
   readonly variant: string;
@@ -600,7 +645,7 @@ const DECODE_MATVEC = {
     top: flag(whole(1), "layouts taken from --top-from", 6),
     dispatches: flag(whole(1), "back-to-back dispatches a timed pass at most", 200),
     "pass-us": flag(whole(1), "GPU microseconds a timed pass aims at (fewer dispatches)", 8000),
-    runs: flag(whole(1), "timed passes per variant (the median is kept)", 5),
+    runs: flag(whole(1), "timed rounds, each timing every variant once (the median is kept)", 5),
     "copy-mb": flag(whole(1), "size of the copy that measures bandwidth", 1024),
     "peak-gbs": flag(
       whole(1),
@@ -627,6 +672,11 @@ async function main(values: FlagValues<typeof DECODE_MATVEC.flags>): Promise<voi
   const timer = createStepTimer(mem);
   if (!timer) console.log("no timestamp-query: times are wall clock per pass");
   const arena = new ParamArena(mem, 16);
+  const timing: RoundTiming = {
+    passUs: values["pass-us"],
+    most: values.dispatches,
+    runs: values.runs,
+  };
   const top = values["top-from"]
     ? JSON.parse(await Deno.readTextFile(values["top-from"])) as { results: VariantResult[] }
     : undefined;
@@ -643,14 +693,8 @@ async function main(values: FlagValues<typeof DECODE_MATVEC.flags>): Promise<voi
     const shapeEnd = elapsed() + (values["deadline-s"] - elapsed()) / (shapes.length - at);
     const shapeMem = new GpuMemory(ctx);
     const s = await prepare(ctx, shapeMem, shape);
-    // Fewer dispatches per pass for shapes that take long.
     const id = shape.experts !== undefined;
     const chosen = decodeLayout(shape.rows, id);
-    const probe = await timeDispatches(ctx, arena, timer, (enc) => record(enc, s, chosen, 4));
-    const n = Math.max(
-      8,
-      Math.min(values.dispatches, Math.round(values["pass-us"] / (probe / 4))),
-    );
     // The default layout first: the others are checked bit for bit against it.
     let decodes = [chosen, ...layouts(values.layouts).filter((l) => !sameLayout(l, chosen))];
     if (top) {
@@ -670,42 +714,49 @@ async function main(values: FlagValues<typeof DECODE_MATVEC.flags>): Promise<voi
         runs.push({ decode, target: noSubgroups, name: `${layoutName(decode)} nosg` });
       }
     }
+    // Every variant checked first, then the ones that passed timed in interleaved rounds.
     let base: Float32Array | undefined;
+    const checked: { run: (typeof runs)[number]; result: VariantResult }[] = [];
     for (const run of runs) {
+      let result: VariantResult;
       if (elapsed() > shapeEnd) {
-        results.push({ shape: shape.name, variant: run.name, check: "skipped: deadline" });
-        continue;
-      }
-      const runCtx = run.target;
-      const key: MulMatVecKey = {
-        type: shape.type,
-        layout: run.decode,
-        id,
-        swiglu: shape.swiglu,
-        add: shape.add,
-        norm: shape.norm,
-      };
-      const verdict0 = await compiles(runCtx, key, shape.sum === true);
-      if (verdict0 !== "ok") {
-        const result = { shape: shape.name, variant: run.name, check: verdict0 };
-        results.push(result);
-        console.log(line(result));
-        continue;
-      }
-      const { out, verdict } = await check(runCtx, s, arena, run.decode, base);
-      if (run.decode === chosen && verdict === "ok") base ??= out;
-      let result: VariantResult = { shape: shape.name, variant: run.name, check: verdict };
-      if (verdict === "ok") {
-        const us: number[] = [];
-        const timed = (enc: StepEncoder) => record(enc, s, run.decode, n);
-        await timeDispatches(runCtx, arena, timer, timed);
-        for (let i = 0; i < values.runs; i++) {
-          us.push((await timeDispatches(runCtx, arena, timer, timed)) / n);
+        result = { shape: shape.name, variant: run.name, check: "skipped: deadline" };
+      } else {
+        const key: MulMatVecKey = {
+          type: shape.type,
+          layout: run.decode,
+          id,
+          swiglu: shape.swiglu,
+          add: shape.add,
+          norm: shape.norm,
+        };
+        let verdict = await compiles(run.target, key, shape.sum === true);
+        if (verdict === "ok") {
+          const checkedOut = await check(run.target, s, arena, run.decode, base);
+          verdict = checkedOut.verdict;
+          if (run.decode === chosen && verdict === "ok") base ??= checkedOut.out;
         }
-        const t = median(us);
-        const gbs = s.bytes / t / 1e3;
-        result = { ...result, us: t, gbs, pctPeak: (100 * gbs) / peakGbs };
+        result = { shape: shape.name, variant: run.name, check: verdict };
       }
+      checked.push({ run, result });
+    }
+    const timed = checked.filter((c) => c.result.check === "ok");
+    const us = await timeInRounds(
+      arena,
+      timer,
+      timed.map(({ run }) => ({
+        ctx: run.target,
+        recordN: (enc: StepEncoder, n: number) => record(enc, s, run.decode, n),
+      })),
+      timing,
+    );
+    const timedUs = new Map(timed.map((c, i) => [c, us[i]]));
+    for (const c of checked) {
+      const t = timedUs.get(c);
+      const gbs = t === undefined ? undefined : s.bytes / t / 1e3;
+      const result: VariantResult = t === undefined
+        ? c.result
+        : { ...c.result, us: t, gbs, pctPeak: (100 * gbs!) / peakGbs };
       results.push(result);
       console.log(line(result));
     }

@@ -57,8 +57,9 @@ import {
   median,
   randomF32,
   ROTATE_BYTES,
+  type RoundTiming,
   sameLayout,
-  timeDispatches,
+  timeInRounds,
   uploadRotated,
 } from "./decode_matvec.ts";
 
@@ -401,46 +402,9 @@ function timeProduct(
   arena: ParamArena,
   timer: ReturnType<typeof createStepTimer>,
   recordN: (enc: StepEncoder, n: number) => void,
-  o: Timing,
+  o: RoundTiming,
 ): Promise<number> {
-  return timeInRounds(ctx, arena, timer, [recordN], o).then(([us]) => us);
-}
-
-interface Timing {
-  readonly passUs: number;
-  readonly most: number;
-  readonly runs: number;
-}
-
-/**
- * GPU µs a product of each of `products` (as recordN records n of them), timed in interleaved
- * rounds: each round times every product once, so a change of the GPU's clocks during the runs
- * falls on all of them alike (timed one after the other, the first of a step size measured up to
- * 1.5× the same kernel timed later, decode_steps on the H100 at 7c67105). Each product's pass
- * holds about `passUs` of it, after a probe and an untimed pass; the median round is kept.
- */
-async function timeInRounds(
-  ctx: GpuContext,
-  arena: ParamArena,
-  timer: ReturnType<typeof createStepTimer>,
-  products: readonly ((enc: StepEncoder, n: number) => void)[],
-  o: Timing,
-): Promise<number[]> {
-  const counts: number[] = [];
-  for (const recordN of products) {
-    const probe = await timeDispatches(ctx, arena, timer, (enc) => recordN(enc, 2)) / 2;
-    const n = Math.max(2, Math.min(o.most, Math.round(o.passUs / probe)));
-    await timeDispatches(ctx, arena, timer, (enc) => recordN(enc, n));
-    counts.push(n);
-  }
-  const us: number[][] = products.map(() => []);
-  for (let round = 0; round < o.runs; round++) {
-    for (const [i, recordN] of products.entries()) {
-      const n = counts[i];
-      us[i].push(await timeDispatches(ctx, arena, timer, (enc) => recordN(enc, n)) / n);
-    }
-  }
-  return us.map(median);
+  return timeInRounds(arena, timer, [{ ctx, recordN }], o).then(([us]) => us);
 }
 
 const DECODE_STEPS = {
@@ -486,7 +450,11 @@ async function main(values: FlagValues<typeof DECODE_STEPS.flags>): Promise<void
   const all = values.shapes === "full" ? fullShapes() : tinyShapes();
   const only = values.only?.split(",");
   const shapes = only ? all.filter((s) => only.some((o) => s.name.includes(o))) : all;
-  const timing: Timing = { passUs: values["pass-us"], most: values.dispatches, runs: values.runs };
+  const timing: RoundTiming = {
+    passUs: values["pass-us"],
+    most: values.dispatches,
+    runs: values.runs,
+  };
   const results: Result[] = [];
   /** µs of moe_gather by T: every gathered product of a layer shares one. */
   const gatherUs = new Map<number, number>();
@@ -534,10 +502,12 @@ async function main(values: FlagValues<typeof DECODE_STEPS.flags>): Promise<void
       }
       const timed = checked.filter((c) => c.result.check === "ok");
       const us = await timeInRounds(
-        ctx,
         arena,
         timer,
-        timed.map(({ v }) => (enc: StepEncoder, n: number) => record(enc, w, s, v, n)),
+        timed.map(({ v }) => ({
+          ctx,
+          recordN: (enc: StepEncoder, n: number) => record(enc, w, s, v, n),
+        })),
         timing,
       );
       const timedUs = new Map(timed.map((c, i) => [c, us[i]]));
