@@ -245,9 +245,12 @@ async function uploadRows(
         fill,
         fillOptions,
       );
-      buffer = mem.storage(label, p.rows * rb + PART_PADDING);
-      repackRows(ctx, type, cols, p.rows, stored, buffer);
-      stored.destroy();
+      try {
+        buffer = mem.storage(label, p.rows * rb + PART_PADDING);
+        repackRows(ctx, type, cols, p.rows, stored, buffer);
+      } finally {
+        stored.destroy();
+      }
     } else {
       buffer = await mem.fill(label, p.rows * rb, fill, fillOptions);
     }
