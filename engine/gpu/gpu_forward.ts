@@ -655,11 +655,8 @@ export interface StepHead {
   readonly rows: readonly HeadRow[];
   /** Candidates of every top row (1..MAX_TOPK; unused without top rows). */
   readonly topk: number;
-  /**
-   * Greedy id of rows[i] at element offset + i; absent, no argmax runs (a sampled fused step,
-   * whose draw writes the id).
-   */
-  readonly greedy?: { readonly buffer: GPUBuffer; readonly offset: number };
+  /** Greedy id of rows[i] at element offset + i. */
+  readonly greedy: { readonly buffer: GPUBuffer; readonly offset: number };
   /**
    * The top rows' log-sum-exp (default true); false where nothing reads it (a sampled fused step
    * before the last draws from the candidates alone).
@@ -686,11 +683,10 @@ function rowTable(buffer: GPUBuffer, cols: number): GpuTensor {
 
 /**
  * Records the last stage's head over `head.rows` of a step: output RMSNorm, LM head in chunks of
- * plan.lmChunk rows, each row's adjustments, the greedy id of each row into head.greedy (where
- * given), and the top head.topk and log-sum-exp (unless head.lse is false) of each top row into
- * act.top (the j-th top row's at
- * j·topKWords(topk)). Every row gets the bits it gets alone: rows are gathered (when not one
- * contiguous run of act.x) and normed without reading each other.
+ * plan.lmChunk rows, each row's adjustments, the greedy id of each row into head.greedy, and the
+ * top head.topk and log-sum-exp (unless head.lse is false) of each top row into act.top (the j-th
+ * top row's at j·topKWords(topk)). Every row gets the bits it gets alone: rows are gathered (when
+ * not one contiguous run of act.x) and normed without reading each other.
  */
 export function encodeHead(enc: StepEncoder, plan: ForwardPlan, head: StepHead): void {
   const { hp, act, weights } = plan;
@@ -778,13 +774,11 @@ export function encodeHead(enc: StepEncoder, plan: ForwardPlan, head: StepHead):
         maskOffset: a.maskAt,
       });
     }
-    if (head.greedy) {
-      argmax(enc, { src: act.logits, scratch: act.argmaxScratch, out: head.greedy.buffer }, {
-        n: V,
-        rows,
-        outOffset: head.greedy.offset + c0,
-      });
-    }
+    argmax(enc, { src: act.logits, scratch: act.argmaxScratch, out: head.greedy.buffer }, {
+      n: V,
+      rows,
+      outOffset: head.greedy.offset + c0,
+    });
     for (const r of runs) topK(enc, top, rowsOf(r));
   }
 }

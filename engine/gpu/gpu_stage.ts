@@ -1167,11 +1167,12 @@ export class GpuStage implements Stage {
       encodeLayers(enc, this.#plan, seqs, s);
       const top = (last || sampled) && k > 0;
       const adjust = pairs ? { maskAt: 0, words: 0, biasAt: 0, pairs } : undefined;
-      // A sampled step's draw writes its id, and only the last step's log-sum-exp is read.
+      // Only the last step's log-sum-exp is read. A sampled step's draw overwrites the argmax,
+      // which stays the id where it finds no candidate (as the head's sampler has it).
       encodeHead(enc, this.#plan, {
         rows: [{ row: 0, top, adjust }],
         topk: top ? k : 0,
-        greedy: sampled ? undefined : { buffer: act.ids, offset: s + 1 },
+        greedy: { buffer: act.ids, offset: s + 1 },
         lse: last,
       });
       if (sampled) {
