@@ -29,8 +29,8 @@
 //   (x = silu(g)·u with u at g + up_offset), ADD (y += result), NORM (x is the raw residual row and the product uses RMSNorm(x)·nw, the scale
 //   from _include/rms.wgsl as wgsl/rms_norm.wgsl computes it), IQ4_TABLE_WORKGROUP
 //   (dequant.wgsl), SUBGROUPS (with REG_CLASSES: a row's class partials combined by subgroup
-//   shuffles in class order), W_VEC4 (F32, Q8_0, Q6_K: w bound as vec4s, one load each), PAIR_F32
-//   (a second product y2 = W2·x on the same input in the same dispatch, W2 F32: tiles past row_tiles take
+//   shuffles in class order), W_VEC4 (F32, Q8_0, Q6_K: w bound as vec4s), PAIR_F32 (a second
+//   product y2 = W2·x on the same input in the same dispatch, W2 F32: tiles past row_tiles take
 //   its rows, with the same layout and order, so each output has the bits it has alone; the MoE
 //   router beside the shared expert's gate|up; not with ID, X_SWIGLU or ADD), CONV (one token:
 //   outputs below conv_channels are also the DeltaNet's raw conv inputs; each goes through the

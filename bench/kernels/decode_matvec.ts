@@ -352,7 +352,7 @@ export interface RoundTiming {
   readonly runs: number;
 }
 
-/** A product to time: `recordN` records n of them, encoded for `ctx` (its features pick kernels). */
+/** A product to time: `recordN` records n of them, for `ctx` (whose features pick the kernels). */
 export interface TimedProduct {
   readonly ctx: GpuContext;
   readonly recordN: (enc: StepEncoder, n: number) => void;

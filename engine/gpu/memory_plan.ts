@@ -1,10 +1,11 @@
 // The GPU memory a stage will hold, from the model's header alone: weights by kind, state per slot,
 // snapshots, activations. Read by tools/plan.ts before deploying; checked against GpuStage.memory.
 //
-// Weights follow gpu_weights.ts's upload: matrices stay in their stored type (Q6_K in its GPU
-// layout, weight_layout.ts), joined into one buffer where the loader joins same-typed projections;
-// small vectors become f32. Every buffer is padded as buffers.ts pads it. A matrix larger than the device's binding limit is uploaded in
-// parts, each with its own padding: the plan counts one part, a few bytes under such a stage.
+// Weights follow gpu_weights.ts's upload: matrices stay in their stored type (Q8_0 and Q6_K in
+// their GPU layouts, weight_layout.ts), joined into one buffer where the loader joins same-typed
+// projections; small vectors become f32. Every buffer is padded as buffers.ts pads it. A matrix
+// larger than the device's binding limit is uploaded in parts, each with its own padding: the plan
+// counts one part, a few bytes under such a stage.
 
 import type { GgufModel } from "../gguf/gguf_model.ts";
 import { hasMtpBlock, type LayerSpan } from "../gguf/stage_shard.ts";
@@ -77,7 +78,7 @@ class Tally {
     return gpuTensorBytes(t.type, t.shape);
   }
 
-  /** A matrix uploaded in its GPU layout, with the word past its last row the dequantizer may read. */
+  /** A matrix in its GPU layout, with the word past its last row the dequantizer may read. */
   matrix(kind: string, name: string): void {
     this.#add(kind, this.#stored(name) + 4);
   }

@@ -426,8 +426,8 @@ const BLOCK_ELEMS = 256u;
 // The GPU's Q6_K block (engine/gpu/weight_layout.ts repacks the file's at upload): the 256 values
 // q (0..63) a byte each in element order, the int8 scales at byte 256 (scale e/16 for element e),
 // d (f16) at 272, padding to 288, so rows lie at 16-byte offsets; under W_VEC4 a chunk is two
-// 16-byte loads of values, one of scales and one for d. A value is d·sc·(q − 32) with d·sc first,
-// as llama.cpp's dequantize_row_q6_K and engine/quant/dequant.ts round it.
+// 16-byte loads of values, one of scales and one for d. A value is d·sc·(q − 32) with d·sc
+// first, as llama.cpp's dequantize_row_q6_K and engine/quant/dequant.ts round it.
 const BLOCK_BYTES = 288u;
 
 // Four values of one word, q − 32 exactly (2^23 + q less 2^23 + 32), times the scale d·sc.
