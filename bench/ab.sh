@@ -10,8 +10,11 @@
 #                (carry [".gpu", ".scratch/base", ...]; makes /tmp/m.gguf unless it is there; each
 #                round runs every base in order, then the tree; writes $OUT/engine-<n>-<sha>.json
 #                and prints each run's tok/s lines and open seconds)
-# Default flags: --only engine --pp 512 --concurrency 4 --tg-at 0 --drafts 0 --no-split --slots 1
-# --runs 1 --deadline-s 60 (about 55 s a run on an H100); PAIRS defaults to 2.
+# Default flags: --only engine --pp 64 --concurrency 4 --tg-at 0 --drafts 0 --no-split --slots 1
+# --runs 3 --deadline-s 60 (about 55 s a run on an H100): three timed runs a figure, since one
+# process's runs agreed within 3% on the H100 where single runs scattered by 30% on an H200;
+# PAIRS (rounds) defaults to 2. The device carries 64 MiB: carry .gpu without peers.tar.xz
+# (.gpu/setup.sh, .gpu/debs, .gpu/deno.xz, .gpu/node_modules.tar.xz) beside two bases or more.
 set -uo pipefail
 
 case ${1:-} in
@@ -52,7 +55,7 @@ run)
     $DENO run -A tools/make_model.ts --preset qwen35moe-35b --arch qwen35moe --quant iq4_xs \
       --out /tmp/m.gguf >/tmp/make.txt 2>&1 && sync || { tail -5 /tmp/make.txt; exit 1; }
   fi
-  flags=(--only engine --pp 512 --concurrency 4 --tg-at 0 --drafts 0 --no-split --slots 1 --runs 1
+  flags=(--only engine --pp 64 --concurrency 4 --tg-at 0 --drafts 0 --no-split --slots 1 --runs 3
     --deadline-s 60)
   [ $# -gt 0 ] && flags=("$@")
   n=0
