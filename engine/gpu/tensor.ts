@@ -35,7 +35,7 @@ export interface GpuTensor {
   readonly matrixRows: number;
   /** Matrices stacked (GGUF shape[2], 1 for a plain matrix). */
   readonly experts: number;
-  /** Bytes of a row in GPU memory (weight_layout.ts: the file's, or Q6_K's repacked block). */
+  /** Bytes of a row in GPU memory (weight_layout.ts: the file's, or Q8_0's and Q6_K's GPU layouts). */
   readonly rowBytes: number;
   /** Bytes of GPU memory the parts take. */
   readonly bytes: number;

@@ -33,12 +33,6 @@ fn wword(b: u32) -> u32 {
   return (w[i] >> s) | (w[i + 1u] << (32u - s));
 }
 
-// The 4 bytes at byte sh/8 (0 or 2) of the word pair (lo, hi); the double shift keeps every
-// shift below 32.
-fn shifted(lo: u32, hi: u32, sh: u32) -> u32 {
-  return (lo >> sh) | ((hi << 16u) << (16u - sh));
-}
-
 // The f16 at an even byte offset, as f32.
 fn whalf(b: u32) -> f32 {
   return unpack2x16float(w[b >> 2u] >> ((b & 2u) * 8u)).x;
