@@ -4,6 +4,7 @@
 import {
   generateModel,
   type Layout,
+  MAX_LAYERS,
   modelFileStem,
   type ModelSpec,
   planModel,
@@ -41,6 +42,10 @@ const MAKE_MODEL = {
       "each token's greedy continuation is the next id and the MTP block agrees by construction " +
         "(speculative decoding's best case; the products cost what a random model's do)",
     ),
+    layers: flag(
+      whole(1),
+      `blocks in the main stack instead of the preset's (at most ${MAX_LAYERS}): its widths, another depth`,
+    ),
     out: flag(text("PATH"), "the output file (default models/<name>.gguf)"),
   },
 } satisfies Command<FlagTable>;
@@ -59,6 +64,7 @@ async function main(values: FlagValues<typeof MAKE_MODEL.flags>): Promise<void> 
     tied: values.tied,
     mtp: values.mtp,
     predictable: values.predictable,
+    layers: values.layers,
   };
   const split = values.split;
   const out = values.out ?? `models/${modelFileStem(spec)}.gguf`;

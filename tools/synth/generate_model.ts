@@ -44,7 +44,17 @@ export interface ModelSpec {
    * Needs an untied head.
    */
   readonly predictable?: boolean;
+  /**
+   * Blocks in the main stack instead of the preset's (1..MAX_LAYERS): the preset's widths with
+   * another depth, e.g. a tiny model with the bench model's 40 layers, whose steps record as many
+   * dispatches as the bench model's (bench/host_cost.ts). The first layers' tensors are the
+   * preset's bytes.
+   */
+  readonly layers?: number;
 }
+
+/** Most blocks ModelSpec.layers asks for (the published shapes have 40 and 48). */
+export const MAX_LAYERS = 256;
 
 /**
  * The scale of every block's output projections in a predictable model: small enough that the
@@ -338,14 +348,21 @@ function vocabOf(p: Preset): Vocab {
 
 /** Metadata and tensor list of the model `spec` describes; nothing is drawn or written. */
 export function planModel(spec: ModelSpec): ModelPlan {
-  const p = PRESETS[spec.preset];
-  if (!p) {
+  const preset = PRESETS[spec.preset];
+  if (!preset) {
     throw new RangeError(
       `Cannot plan a model for preset "${spec.preset}": use one of ${
         Object.keys(PRESETS).join(", ")
       }`,
     );
   }
+  const layers = spec.layers ?? preset.nLayer;
+  if (!Number.isInteger(layers) || layers < 1 || layers > MAX_LAYERS) {
+    throw new RangeError(
+      `Cannot plan a model of ${spec.layers} layers: expected a whole number from 1 to ${MAX_LAYERS}`,
+    );
+  }
+  const p = { ...preset, nLayer: layers };
   const quant = spec.quant ?? "f32";
   if (!QUANTS.includes(quant)) {
     throw new RangeError(
@@ -425,6 +442,7 @@ export function modelFileStem(spec: ModelSpec): string {
   const parts: string[] = [spec.preset, spec.arch];
   if (spec.arch === "qwen3next") parts.push(spec.layout ?? "split");
   parts.push(spec.quant ?? "f32", `seed${spec.seed ?? 1}`);
+  if (spec.layers !== undefined) parts.push(`layers${spec.layers}`);
   if (spec.tied) parts.push("tied");
   if (spec.mtp) parts.push("mtp");
   if (spec.predictable) parts.push("predictable");

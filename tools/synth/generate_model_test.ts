@@ -248,6 +248,30 @@ Deno.test("an MTP block is one more full-attention block plus its four nextn ten
   );
 });
 
+Deno.test("--layers deepens a preset: more blocks of the same widths, the first ones' bytes kept", async () => {
+  await withModel({ preset: "tiny", arch: "qwen35moe", quant: "q8_0", layers: 9 }, async (deep) => {
+    await withModel({ preset: "tiny", arch: "qwen35moe", quant: "q8_0" }, async (plain) => {
+      const hp = readHParams(deep.metadata);
+      assert.equal(hp.nLayer, 9);
+      assert.equal(hp.D, TINY.D);
+      // Every fourth block is full attention, as in the preset (interval 4): blocks 3 and 7.
+      assert.deepEqual(
+        [...Array(9).keys()].filter((i) => deep.tensors.has(`blk.${i}.attn_q.weight`)),
+        [3, 7],
+      );
+      for (const name of plain.tensors.keys()) {
+        assert.deepEqual(await deep.readTensor(name), await plain.readTensor(name), name);
+      }
+    });
+  });
+  for (const layers of [0, 1.5, 257]) {
+    assert.throws(
+      () => planModel({ preset: "tiny", arch: "qwen35moe", layers }),
+      /Cannot plan a model of .* layers: expected a whole number from 1 to 256/,
+    );
+  }
+});
+
 Deno.test("q4_k_m and iq4_xs put the brief's types on each tensor class", () => {
   const types = (quant: "q4_k_m" | "iq4_xs") =>
     new Map(
