@@ -110,6 +110,12 @@ interface DeviceCache {
   recording: { readonly names: Set<string>; readonly ahead: boolean } | undefined;
   /** Variants built synchronously outside any recording: a step that stalled to compile. */
   readonly late: string[];
+  /**
+   * Each family's variants by their key's JSON (keys are plain data): a decode step asks for ~340,
+   * and building each one's defines and name again cost 10-15% of the step's host work where its
+   * key's JSON costs little (bench/host_cost.ts).
+   */
+  readonly variants: Map<KernelFamily<never>, Map<string, Variant>>;
 }
 const caches = new WeakMap<GPUDevice, DeviceCache>();
 
@@ -123,6 +129,7 @@ function cacheOf(device: GPUDevice): DeviceCache {
       ahead: new Map(),
       recording: undefined,
       late: [],
+      variants: new Map(),
     };
     caches.set(device, c);
   }
@@ -266,8 +273,13 @@ function buildAhead(ctx: GpuContext, family: KernelFamily<unknown>, v: Variant):
  * reused without comparing defines: this runs per dispatch.
  */
 export function kernelFor<K>(ctx: GpuContext, family: KernelFamily<K>, key: K): Kernel {
-  const v = family.variant(ctx, key);
   const cache = cacheOf(ctx.device);
+  let known = cache.variants.get(family);
+  if (!known) cache.variants.set(family, known = new Map());
+  // A void key (one-variant families) has no JSON.
+  const json = JSON.stringify(key) ?? "";
+  let v = known.get(json);
+  if (!v) known.set(json, v = family.variant(ctx, key));
   const recording = cache.recording;
   recording?.names.add(v.name);
   let kernel = cache.kernels.get(v.name);
