@@ -20,6 +20,7 @@ const ENTRIES = [
   "bench/profile.ts",
   "bench/stage_bench.ts",
   "bench/compile_times.ts",
+  "bench/host_cost.ts",
   "tools/gguf/gguf_dump.ts",
   "tools/fixtures/record.ts",
 ];
