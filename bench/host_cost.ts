@@ -8,11 +8,13 @@
 // model's types) deepened to --layers blocks, so a step records as many dispatches as the bench
 // model's. A fused step is one of decodeFused's FUSED_STEPS; a shared step runs one token of each
 // of S slots (the concurrent figures' steps), each asking for its top 40 as sampled runs do.
-// --profile adds the host functions that took the most time (V8's sampling profiler).
+// --profile adds the host functions that took the most time (V8's sampling profiler) in the fused
+// greedy steps and in the shared steps of the most slots.
 
 import { Session } from "node:inspector/promises";
 import { openGpu } from "../engine/gpu/device.ts";
 import { type GpuStage, openGpuStage } from "../engine/gpu/gpu_stage.ts";
+import { defaultMaxBatch } from "../engine/stage.ts";
 import { openGguf } from "../engine/gguf/read.ts";
 import { FUSED_STEPS } from "../lib/scheduler/scheduler.ts";
 import {
@@ -133,6 +135,12 @@ async function profiled(work: () => Promise<void>): Promise<string[]> {
   );
 }
 
+/** Prints a workload's profile lines (profiled) under its name. */
+function printProfile(workload: string, lines: readonly string[]): void {
+  console.log(`  ${workload}, self time by function:`);
+  for (const line of lines) console.log(`    ${line}`);
+}
+
 async function main(flags: HostCostFlags): Promise<void> {
   // Dawn reads its options when it loads, at the first openGpu.
   if (Deno.env.get("TANDEM_DAWN_OPTIONS") === undefined) {
@@ -155,15 +163,20 @@ async function main(flags: HostCostFlags): Promise<void> {
       layers: flags.layers,
     });
     const model = await openGguf(path);
-    // Each timed or warm-up call takes a step's positions (Dawn's null device holds ~1 GB).
-    const open = (slots: number, perCall: number) =>
-      openGpuStage(model, gpu, {
+    // Each timed or warm-up call takes a step's positions (Dawn's null device holds ~1 GB). A
+    // step holds at most maxBatch rows, which defaults to ctx: below one row a slot, a shared
+    // step would go as two and the figure would time those.
+    const open = (slots: number, perCall: number) => {
+      const ctx = 2 * flags.runs * perCall + 2;
+      return openGpuStage(model, gpu, {
         first: 0,
         end: flags.layers,
         slots,
-        ctx: 2 * flags.runs * perCall + 2,
+        ctx,
+        maxBatch: Math.max(slots, defaultMaxBatch(ctx)),
         log: () => {},
       });
+    };
     console.log(
       `host cost, tiny qwen35moe iq4_xs of ${flags.layers} layers on ${gpu.summary}, ` +
         `${flags.runs} calls each (ms a step):`,
@@ -175,13 +188,17 @@ async function main(flags: HostCostFlags): Promise<void> {
     console.log(costLine("fused sampled", await fusedCost(one, at, flags.runs, true)));
     if (flags.profile) {
       const lines = await profiled(async () => void await fusedCost(one, at, flags.runs, false));
-      console.log("  fused greedy, self time by function:");
-      for (const line of lines) console.log(`    ${line}`);
+      printProfile("fused greedy", lines);
     }
     one.close();
+    const most = Math.max(...flags.slots);
     for (const s of flags.slots) {
       const stage = await open(s, 1);
       console.log(costLine(`shared, ${s} slots`, await sharedCost(stage, flags.runs)));
+      if (flags.profile && s === most) {
+        const lines = await profiled(async () => void await sharedCost(stage, flags.runs));
+        printProfile(`shared, ${s} slots`, lines);
+      }
       stage.close();
     }
     model.close();
