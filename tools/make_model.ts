@@ -43,8 +43,8 @@ const MAKE_MODEL = {
         "(speculative decoding's best case; the products cost what a random model's do)",
     ),
     layers: flag(
-      whole(1),
-      `blocks in the main stack instead of the preset's (at most ${MAX_LAYERS}): its widths, another depth`,
+      whole(1, MAX_LAYERS),
+      "blocks in the main stack instead of the preset's: its widths, another depth",
     ),
     out: flag(text("PATH"), "the output file (default models/<name>.gguf)"),
   },
