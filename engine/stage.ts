@@ -191,6 +191,14 @@ export interface FusedOptions extends Pick<StageRunOptions, "topk" | "mtp"> {
   readonly bias?: readonly LogitBias[];
 }
 
+/** One sequence of Stage.decodeFusedMany: its slot, the token at its position, its options. */
+export interface FusedSequence {
+  readonly slot: number;
+  readonly id: number;
+  readonly base: number;
+  readonly options?: FusedOptions;
+}
+
 /** A stage's layers and the sizes it was opened with; a worker's HELLO states the same. */
 export interface StageShape {
   /** First layer owned (0 on the stage that embeds tokens). */
@@ -255,6 +263,14 @@ export const DEFAULT_SLOTS = 4;
  */
 export const DEFAULT_CTX = 32768;
 
+/**
+ * Most steps of one Stage.decodeFusedMany call of `sequences` rows on a stage of `maxBatch`: the
+ * call's ids, every step's row of each and the next step's, fit a run's maxBatch + 1.
+ */
+export function fusedManyMostSteps(maxBatch: number, sequences: number): number {
+  return Math.floor((maxBatch + 1) / sequences) - 1;
+}
+
 export interface Stage extends StageShape {
   /**
    * Runs positions [base, base+n) of `slot`. base == 0 resets the slot; otherwise base must
@@ -281,6 +297,14 @@ export interface Stage extends StageShape {
     steps: number,
     options?: FusedOptions,
   ): Promise<LastOutput>;
+  /**
+   * Optional, decodeFused for several slots at once: `steps` tokens of each sequence in one
+   * submission, every step one shared step of all of them, each row's argmax or draw fed to its
+   * next step on the device. Each sequence gets the tokens and top-k decodeFused gives it alone
+   * (a row's bits do not depend on the rows beside it). At most fusedManyMostSteps(maxBatch,
+   * seqs.length) steps.
+   */
+  decodeFusedMany?(seqs: readonly FusedSequence[], steps: number): Promise<LastOutput[]>;
   /**
    * Optional, for a stage that owns the whole model and its MTP block (opened with `mtp`): up to
    * `k` tokens the MTP head drafts to follow `id`, the token the slot's next run starts with at

@@ -214,7 +214,12 @@ gpuTest("sample() draws the id the head's sampler draws from the same candidates
     const out = upload(ctx, new Uint32Array(draws).fill(GREEDY));
     await submit(ctx, (enc) => {
       for (let s = 0; s < draws; s++) {
-        sample(enc, { top, draws: drawsBuffer, out }, { topOffset: 0, draw: s, outOffset: s });
+        sample(enc, { top, draws: drawsBuffer, out }, {
+          topOffset: 0,
+          drawsOffset: 0,
+          draw: s,
+          outOffset: s,
+        });
       }
     });
     const got = await readU32(ctx, out, draws);

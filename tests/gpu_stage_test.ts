@@ -11,7 +11,7 @@ import { readHParams } from "../engine/hparams.ts";
 import { runPipeline } from "../engine/pipeline.ts";
 import { argmaxTopK } from "../engine/reference/logits.ts";
 import { openReferenceStage } from "../engine/reference/reference_stage.ts";
-import type { Stage, StageOutput, StageRunOptions } from "../engine/stage.ts";
+import type { FusedOptions, Stage, StageOutput, StageRunOptions } from "../engine/stage.ts";
 import { sampleToken, SplitMix64 } from "../lib/sampling/sample.ts";
 import { gpuTest } from "./_gpu.ts";
 import type { TestModelSpec } from "./_models.ts";
@@ -692,6 +692,75 @@ gpuTest(
             }),
           /topk ≥ 1/,
         );
+      } finally {
+        stage.close();
+      }
+    });
+  },
+);
+
+gpuTest(
+  "GPU stage decodeFusedMany() gives each sequence what decodeFused gives it alone",
+  async (gpu) => {
+    const params = { temperature: 1.5, topK: 12, topP: 0.95 };
+    await withModel({ arch: "qwen35moe" }, async (model) => {
+      const prompts = [7, 5, 6, 4].map((n, i) => prompt(model, n, 8 + i));
+      const [stage] = await openChain(gpu, model, [], { slots: 4, maxBatch: 16 });
+      const rng = new SplitMix64(5n);
+      const draws = Uint32Array.from({ length: 3 }, () => rng.nextU32());
+      // Greedy with a top-k, sampled, and two sequences whose biases pick their tokens: each
+      // reads its own bias records.
+      const options: FusedOptions[] = [
+        { topk: TOPK },
+        { topk: params.topK, sampling: { params, draws } },
+        { bias: [{ id: 3, bias: 1000 }] },
+        { bias: [{ id: 5, bias: 1000 }] },
+      ];
+      const prefill = async () => {
+        const lasts: number[] = [];
+        for (const [slot, ids] of prompts.entries()) {
+          const out = await session([stage], slot, ids, 0);
+          lasts.push(out.ids[out.ids.length - 1]);
+        }
+        return lasts;
+      };
+      try {
+        const lasts = await prefill();
+        const steps = 3;
+        const alone = [];
+        for (const [slot, o] of options.entries()) {
+          alone.push(await stage.decodeFused(slot, lasts[slot], prompts[slot].length, steps, o));
+        }
+        assert.deepEqual([...alone[2].ids, ...alone[3].ids], [3, 3, 3, 5, 5, 5]);
+        await prefill();
+        const many = await stage.decodeFusedMany(
+          options.map((o, slot) => ({
+            slot,
+            id: lasts[slot],
+            base: prompts[slot].length,
+            options: o,
+          })),
+          steps,
+        );
+        assert.deepEqual(many.map((o) => [...o.ids]), alone.map((o) => [...o.ids]));
+        assert.deepEqual(many.map((o) => o.top), alone.map((o) => o.top));
+        assert.deepEqual(many.map((o) => o.lse), alone.map((o) => o.lse));
+        // Every slot moved on by the steps: the next runs continue there, as after decodeFused.
+        for (const [slot, o] of many.entries()) {
+          const next = await stage.run(
+            slot,
+            { kind: "ids", ids: o.ids.subarray(steps - 1) },
+            1,
+            prompts[slot].length + steps,
+          );
+          assert.equal(next.kind, "ids");
+        }
+        const two = (slots: number[]) => slots.map((slot) => ({ slot, id: 1, base: 1 }));
+        await assert.rejects(
+          () => stage.decodeFusedMany(two([1, 1]), 2),
+          /each on a slot of its own/,
+        );
+        await assert.rejects(() => stage.decodeFusedMany(two([0, 1]), 8), /expected 1\.\.7/);
       } finally {
         stage.close();
       }

@@ -3,13 +3,14 @@
 // so it is the id lib/sampling/sample.ts draws from the same candidates and draw, bit for bit.
 // Bindings: 0 top: the row's (f32 bits, id) pairs from top_offset, descending (topk.wgsl), the
 //   candidates first and missing entries (id NONE) after them | 1 draws: samplerWords's
-//   SAMPLER_WORDS words (pairs asked, top-k, scale, cap, top_p, min_p, min_keep), then a u32
-//   draw a step | 2 out: the id at out_offset | 3 params.
+//   SAMPLER_WORDS words from draws_offset (pairs asked, top-k, scale, cap, top_p, min_p,
+//   min_keep), then a u32 draw a step | 2 out: the id at out_offset | 3 params.
 // Dispatch: 1 workgroup. WG = 256: its threads weigh the candidates, thread 0 cuts and draws.
 // Variants: none.
 
 struct Params {
   top_offset: u32,
+  draws_offset: u32,
   draw: u32,
   out_offset: u32,
 }
@@ -96,7 +97,7 @@ var<workgroup> valid: atomic<u32>;
 
 @compute @workgroup_size(WG)
 fn main(@builtin(local_invocation_index) lid: u32) {
-  let asked = min(draws[0], MAXK);
+  let asked = min(draws[params.draws_offset], MAXK);
   // The candidates: the pairs before the first missing one (the cut of top-k applied to them).
   if (lid == 0u) {
     atomicStore(&valid, asked);
@@ -109,10 +110,10 @@ fn main(@builtin(local_invocation_index) lid: u32) {
   }
   workgroupBarrier();
   let found = atomicLoad(&valid);
-  let top_k = draws[1];
+  let top_k = draws[params.draws_offset + 1u];
   let k = select(found, min(top_k, found), top_k > 0u);
-  let scale = draws[2];
-  let cap = draws[3];
+  let scale = draws[params.draws_offset + 2u];
+  let cap = draws[params.draws_offset + 3u];
   // 1 + ceil(log2 k): the best weighs 2^(31 − shift), k weights stay below 2^30.
   let shift = 1u + select(32u - countLeadingZeros(k - 1u), 0u, k <= 1u);
   let best = logit_steps(top[params.top_offset]);
@@ -125,9 +126,9 @@ fn main(@builtin(local_invocation_index) lid: u32) {
   if (lid != 0u || k == 0u || best == -1073741824) {
     return;
   }
-  let top_p = draws[4];
-  let min_p = draws[5];
-  let keep = min(draws[6], k);
+  let top_p = draws[params.draws_offset + 4u];
+  let min_p = draws[params.draws_offset + 5u];
+  let keep = min(draws[params.draws_offset + 6u], k);
   var total = 0u;
   for (var i = 0u; i < k; i++) {
     total += weights[i];
@@ -156,7 +157,7 @@ fn main(@builtin(local_invocation_index) lid: u32) {
     kept += weights[i];
   }
   // The first candidate whose running sum passes floor(u · kept / 2^32).
-  let r = mul_hi(draws[SAMPLER_WORDS + params.draw], kept);
+  let r = mul_hi(draws[params.draws_offset + SAMPLER_WORDS + params.draw], kept);
   var pick = n - 1u;
   mass = 0u;
   for (var i = 0u; i < n; i++) {

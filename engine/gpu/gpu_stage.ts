@@ -27,7 +27,9 @@ import { type HParams, readHParams } from "../hparams.ts";
 import {
   BIAS_RECORD_BYTES,
   encodeBias,
+  fusedManyMostSteps,
   type FusedOptions,
+  type FusedSequence,
   greedyCount,
   type LastOutput,
   type LogitAdjust,
@@ -68,6 +70,7 @@ import {
   encodeLayers,
   type ForwardPlan,
   type GpuLayerState,
+  type HeadAdjust,
   type HeadRow,
   SEQ_WORDS,
   stateStrides,
@@ -174,7 +177,7 @@ export function activationFloats(
     ],
     argmaxScratch: ["argmax scratch", argmaxScratchWords(lmChunk)],
     top: ["top-k", runs * topKWords(MAX_TOPK)],
-    draws: ["sampler draws", SAMPLER_WORDS + T],
+    draws: ["sampler draws", runs * SAMPLER_WORDS + T],
     topScratch: ["top-k scratch", topKScratchWords(V, MAX_TOPK)],
     mmaX: ["tensor-core inputs", mmaFloats],
     mtpBefore: ["mtp hidden rows", mtp ? T * D : 1],
@@ -479,6 +482,26 @@ interface FusedCall {
   readonly sampled: boolean;
   /** Bias records every step applies (act.bias from 0). */
   readonly pairs: number;
+}
+
+/** A decodeFusedMany call: row r of each step is rows[r]. */
+interface FusedManyCall {
+  readonly rows: readonly FusedRow[];
+  readonly steps: number;
+  /** The call's top-k: the largest of its rows' (each row's own k are its first entries). */
+  readonly k: number;
+  /** Words of act.draws a row takes (its sampler constants, then a draw a step). */
+  readonly drawWords: number;
+}
+
+/** One sequence of a decodeFusedMany call, checked. */
+interface FusedRow {
+  readonly slot: number;
+  readonly base: number;
+  readonly k: number;
+  readonly sampled: boolean;
+  /** Its bias records' place in act.bias, where it has any. */
+  readonly adjust: HeadAdjust | undefined;
 }
 
 /** The top-k pairs of a readback's words from `at`, and the log-sum-exp after `stride` pairs. */
@@ -1011,6 +1034,169 @@ export class GpuStage implements Stage {
     return { ids, ...(k ? readTop(data, steps, k, k) : NO_CANDIDATES) };
   }
 
+  /**
+   * decodeFused for several slots at once (Stage.decodeFusedMany): every step one shared step of
+   * the sequences' rows (row r is seqs[r]), each row's argmax or draw written to act.ids where the
+   * next step embeds it; the last step reads back every step's ids and each row's top-k. The MTP
+   * block does not run in it: on a stage that runs one, each sequence needs `mtp: false`.
+   */
+  async decodeFusedMany(
+    seqs: readonly FusedSequence[],
+    steps: number,
+  ): Promise<LastOutput[]> {
+    const started = performance.now();
+    if (this.first !== 0 || !this.#last) {
+      throw new RangeError(
+        `Cannot decode on the GPU alone with stage ${this.first}..${this.end}: it needs the whole model (0..${this.nLayer}); use run per token`,
+      );
+    }
+    if (this.#dispatchProfiler) {
+      throw new RangeError(
+        "Cannot time every dispatch of decodeFusedMany: it submits one command buffer per step; profile single-token runs (bench/profile.ts)",
+      );
+    }
+    const R = seqs.length;
+    if (R < 1 || new Set(seqs.map((q) => q.slot)).size !== R) {
+      throw new RangeError(
+        `Cannot decode sequences on slots ${
+          seqs.map((q) => q.slot).join(", ") || "(none)"
+        } at once: expected one or more, each on a slot of its own`,
+      );
+    }
+    // act.ids (maxBatch + 1 words) holds every step's R ids and the next step's; act.draws
+    // (SAMPLER_WORDS a slot + maxBatch) each row's constants and draws, which fit wherever the
+    // ids do.
+    const { act } = this.#plan;
+    const most = fusedManyMostSteps(this.maxBatch, R);
+    if (!Number.isInteger(steps) || steps < 1 || steps > most) {
+      throw new RangeError(
+        `Cannot decode ${steps} steps of ${R} sequences at once: expected 1..${most} (maxBatch ${this.maxBatch}); take fewer steps a call`,
+      );
+    }
+    const drawWords = SAMPLER_WORDS + steps;
+    const draws = new Uint32Array(R * drawWords);
+    const biases: Uint8Array[] = [];
+    let biasAt = 0;
+    const rows = seqs.map((q, r): FusedRow => {
+      const options = q.options ?? {};
+      const k = this.#topk(options);
+      const sampling = options.sampling;
+      if (sampling && (k < 1 || sampling.draws.length !== steps)) {
+        throw new RangeError(
+          `Cannot sample ${steps} steps of slot ${q.slot} from ${k} candidates with ${sampling.draws.length} draws: a sampled sequence needs topk ≥ 1 and a draw a step`,
+        );
+      }
+      if (this.#mtp && options.mtp !== false) {
+        throw new RangeError(
+          `Cannot run the MTP block for slot ${q.slot} in a fused call of several sequences: pass mtp: false, or decode it alone (decodeFused)`,
+        );
+      }
+      const bias = options.bias ?? [];
+      checkAdjust({ bias }, this.#hp.V);
+      if (sampling) {
+        draws.set(samplerWords(sampling.params, k), r * drawWords);
+        draws.set(sampling.draws, r * drawWords + SAMPLER_WORDS);
+      }
+      const adjust = bias.length ? { maskAt: 0, words: 0, biasAt, pairs: bias.length } : undefined;
+      if (bias.length) biases.push(encodeBias(bias));
+      biasAt += bias.length;
+      return { slot: q.slot, base: q.base, k, sampled: sampling !== undefined, adjust };
+    });
+    if (BIAS_RECORD_BYTES * biasAt > act.bias.size) {
+      throw new RangeError(
+        `Cannot apply ${biasAt} logit-bias records in one step: it holds ${
+          act.bias.size / BIAS_RECORD_BYTES
+        }; decode fewer biased sequences at once`,
+      );
+    }
+    this.#flush();
+    for (const q of seqs) {
+      this.#check(q.slot, { kind: "ids", ids: Uint32Array.of(q.id) }, 1, q.base);
+    }
+    for (const q of rows) {
+      this.#active.delete(q.slot);
+      this.#spans[q.slot] = undefined;
+      // A step a decodeFused call encoded ahead for the slot is not this call's: let it go.
+      this.#ahead(q.slot, "");
+    }
+    this.#write({ kind: "ids", ids: Uint32Array.from(seqs, (q) => q.id) }, 0);
+    if (rows.some((q) => q.sampled)) writeBytes(this.#gpu, act.draws, 0, draws);
+    let at = 0;
+    for (const b of biases) {
+      writeBytes(this.#gpu, act.bias, at, b);
+      at += b.byteLength;
+    }
+    const k = Math.max(...rows.map((q) => q.k));
+    const call: FusedManyCall = { rows, steps, k, drawWords };
+    const done = this.#submit(steps, (s) => this.#prepareFusedMany(call, s), started, {
+      slots: rows.map((q) => q.slot),
+      tokens: R,
+      what: () =>
+        rows.map((q) => `positions ${q.base}..${q.base + steps} of slot ${q.slot}`).join(", "),
+    });
+    for (const q of rows) {
+      this.#pos[q.slot] = q.base + steps;
+      this.#keep(q.slot, q.base + steps - 1, 1, false);
+    }
+    const data = await done;
+    const ids = new Uint32Array(data, 0, steps * R);
+    const stride = k ? topKWords(k) : 0;
+    let top = 0;
+    return rows.map((q, r) => ({
+      ids: Uint32Array.from({ length: steps }, (_, s) => ids[s * R + r]),
+      ...(q.k ? readTop(data, steps * R + stride * top++, q.k, k) : NO_CANDIDATES),
+    }));
+  }
+
+  /**
+   * Step s of decodeFusedMany: embeds act.ids[s·R + r] for row r at its position and writes its
+   * argmax, or where it samples its draw s, to act.ids[(s + 1)·R + r]; a row's top-k is computed
+   * where it samples and on the last step, which reads back every id and those top-k.
+   */
+  #prepareFusedMany(f: FusedManyCall, s: number): Prepared {
+    const { rows, steps, k, drawWords } = f;
+    const { act } = this.#plan;
+    const R = rows.length;
+    const last = s === steps - 1;
+    const tops = rows.map((q) => q.k > 0 && (last || q.sampled));
+    const count = tops.filter((t) => t).length;
+    const words = k ? topKWords(k) : 0;
+    const outputs: Outputs = last
+      ? [[act.ids, 4 * R, 4 * steps * R], [act.top, 0, 4 * count * words]]
+      : [];
+    const seqs = rows.map((q, r) => ({
+      states: this.#sets[q.slot],
+      base: q.base + s,
+      row: r,
+      n: 1,
+    }));
+    const key = `fused many ${rows.map((q) => `${q.slot}@${q.base + s}`).join(",")} ${s}/${steps}`;
+    return this.#prepare(key, seqs, outputs, { start: s === 0, end: last }, (enc) => {
+      encodeLayers(enc, this.#plan, seqs, s * R);
+      // Only the last step's log-sum-exp is read; a row's draw overwrites its argmax, which
+      // stays the id where its top-k holds no candidate (as the head's sampler has it).
+      encodeHead(enc, this.#plan, {
+        rows: rows.map((q, r) => ({ row: r, top: tops[r], adjust: q.adjust })),
+        topk: count ? k : 0,
+        greedy: { buffer: act.ids, offset: (s + 1) * R },
+        lse: last,
+      });
+      let top = 0;
+      rows.forEach((q, r) => {
+        if (!tops[r]) return;
+        if (q.sampled) {
+          sample(enc, { top: act.top, draws: act.draws, out: act.ids }, {
+            topOffset: top * words,
+            drawsOffset: r * drawWords,
+            draw: s,
+            outOffset: (s + 1) * R + r,
+          });
+        }
+        top++;
+      });
+    });
+  }
+
   #topk(options: Pick<StageRunOptions, "topk">): number {
     const topk = options.topk ?? 0;
     checkTopK(topk);
@@ -1178,6 +1364,7 @@ export class GpuStage implements Stage {
       if (sampled) {
         sample(enc, { top: act.top, draws: act.draws, out: act.ids }, {
           topOffset: 0,
+          drawsOffset: 0,
           draw: s,
           outOffset: s + 1,
         });
@@ -1699,6 +1886,7 @@ function recordSteps(
     const { act } = plan;
     sample(enc, { top: act.top, draws: act.draws, out: act.ids }, {
       topOffset: 0,
+      drawsOffset: 0,
       draw: 0,
       outOffset: 1,
     });

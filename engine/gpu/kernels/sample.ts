@@ -13,16 +13,22 @@ export const SAMPLE: KernelFamily<void> = {
 
 /**
  * Records out[outOffset] = the id drawn from the top-k pairs at top[topOffset..] with the
- * constants at the start of `draws` (samplerWords) and the draw after them at `draw`; where every
+ * constants at draws[drawsOffset..] (samplerWords) and the draw after them at `draw`; where every
  * candidate is banned out keeps what it held (the argmax's id).
  */
 export function sample(
   enc: StepEncoder,
   b: { readonly top: BufferRef; readonly draws: BufferRef; readonly out: BufferRef },
-  o: { readonly topOffset: number; readonly draw: number; readonly outOffset: number },
+  o: {
+    readonly topOffset: number;
+    readonly drawsOffset: number;
+    readonly draw: number;
+    readonly outOffset: number;
+  },
 ): void {
   enc.dispatch(SAMPLE, undefined, b, {
     top_offset: o.topOffset,
+    draws_offset: o.drawsOffset,
     draw: o.draw,
     out_offset: o.outOffset,
   }, { tiles: 1 });
