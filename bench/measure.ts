@@ -2,7 +2,12 @@
 // Called by bench/decode.ts for the in-process engine and for the split over loopback TCP.
 
 import { chainMaxBatch, runPipeline } from "../engine/pipeline.ts";
-import type { LastOutput, Stage, StageRunOptions } from "../engine/stage.ts";
+import {
+  fusedManyMostSteps,
+  type LastOutput,
+  type Stage,
+  type StageRunOptions,
+} from "../engine/stage.ts";
 import {
   sampleToken,
   type SamplingParams,
@@ -395,6 +400,55 @@ export async function timeFusedDecode(
     const options = sampling ? { topk: draws.sampling.topK, sampling } : {};
     const { ids } = await stage.decodeFused(slot, fed[pos], pos, k, options);
     fed.set(ids.subarray(0, Math.min(k, n - pos - 1)), pos + 1);
+    pos += k;
+  }
+  return { seconds: (performance.now() - start) / 1000, fed };
+}
+
+/**
+ * timeConcurrentDecode's sequences (slot i from firsts[i] at position 0, drawing from a stream
+ * seeded `seed + i`) decoded together on the device: `steps` shared steps a call (fewer where
+ * the stage's maxBatch holds fewer: fusedManyMostSteps) of
+ * Stage.decodeFusedMany, each row's draw fed to its next step without a readback. Each slot's
+ * tokens are what its per-step run draws (the sampler's integer arithmetic).
+ */
+export async function timeFusedManyDecode(
+  stage: Stage,
+  firsts: readonly number[],
+  n: number,
+  steps: number,
+  sampling: SamplingParams,
+  seed: number,
+): Promise<{ readonly seconds: number; readonly fed: readonly Uint32Array[] }> {
+  if (!stage.decodeFusedMany) {
+    throw new TypeError(
+      `Cannot time fused decoding of several sequences on layers ${stage.first}..${stage.end}: the stage has no decodeFusedMany`,
+    );
+  }
+  const rngs = firsts.map((_, slot) => new SplitMix64(BigInt(seed + slot)));
+  const fed = firsts.map((first) => {
+    const f = new Uint32Array(n);
+    f[0] = first;
+    return f;
+  });
+  const most = Math.min(steps, fusedManyMostSteps(stage.maxBatch, firsts.length));
+  const start = performance.now();
+  for (let pos = 0; pos < n;) {
+    const k = Math.min(most, n - pos);
+    const seqs = fed.map((f, slot) => ({
+      slot,
+      id: f[pos],
+      base: pos,
+      options: {
+        topk: sampling.topK,
+        sampling: {
+          params: sampling,
+          draws: Uint32Array.from({ length: k }, () => rngs[slot].nextU32()),
+        },
+      },
+    }));
+    const outs = await stage.decodeFusedMany(seqs, k);
+    outs.forEach((o, slot) => fed[slot].set(o.ids.subarray(0, Math.min(k, n - pos - 1)), pos + 1));
     pos += k;
   }
   return { seconds: (performance.now() - start) / 1000, fed };

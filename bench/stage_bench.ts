@@ -36,6 +36,7 @@ import {
   timeConcurrentDecode,
   timeDecode,
   timeFusedDecode,
+  timeFusedManyDecode,
   timeMtpDecode,
   timeMtpSampledDecode,
   timePrefill,
@@ -389,14 +390,46 @@ async function manySlotFigures(
   for (const s of options.concurrency) {
     const firsts = Array.from(seededIds(s, vocab, seed + 1));
     const name = `tg${tg}x${s}-sampled`;
+    let stepwise: readonly Uint32Array[] | undefined;
     figures[name] = await measure(
       `tg${tg} sampled on ${s} sequences`,
       tg * s,
       runs,
-      async () => (await timeConcurrentDecode([stage], firsts, tg, BENCH_SAMPLING, seed)).seconds,
+      async () => {
+        const run = await timeConcurrentDecode([stage], firsts, tg, BENCH_SAMPLING, seed);
+        stepwise = run.fed;
+        return run.seconds;
+      },
       deadline,
       log,
     );
+    // The same sequences drawn on the device, FUSED_STEPS shared steps a readback, where the
+    // stage can; their tokens must be the per-step draws'.
+    if (stage.decodeFusedMany && s > 1) {
+      figures[`${name}-fused`] = await measure(
+        `tg${tg} sampled on ${s} sequences, fused on the device`,
+        tg * s,
+        runs,
+        async () => {
+          const run = await timeFusedManyDecode(
+            stage,
+            firsts,
+            tg,
+            FUSED_STEPS,
+            BENCH_SAMPLING,
+            seed,
+          );
+          if (stepwise && run.fed.some((f, i) => f.some((id, j) => id !== stepwise![i][j]))) {
+            throw new Error(
+              `tg${tg} sampled on ${s} sequences on the device drew other tokens than their per-step draws: decodeFusedMany and lib/sampling/sample.ts disagree`,
+            );
+          }
+          return run.seconds;
+        },
+        deadline,
+        log,
+      );
+    }
   }
   return figures;
 }
