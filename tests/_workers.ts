@@ -137,9 +137,29 @@ export async function startLogged(
   };
 }
 
-/** Starts worker.ts and waits until it listens. Throws with its output if it exits first. */
+/**
+ * Tries a port freePort chose this many times: between its probe and the worker's listen, a
+ * test running beside it can take the port (a connection's ephemeral port: seen once in CI).
+ */
+const PORT_TRIES = 3;
+
+/**
+ * Starts worker.ts and waits until it listens. Throws with its output if it exits first; on a
+ * port it chose itself that another process took meanwhile, it tries another.
+ */
 export async function startWorker(options: WorkerOptions): Promise<WorkerProcess> {
-  const port = options.port ?? freePort();
+  for (let tries = 1;; tries++) {
+    const port = options.port ?? freePort();
+    try {
+      return await startOn(options, port);
+    } catch (e) {
+      const taken = e instanceof Error && e.message.includes("the port is in use");
+      if (options.port !== undefined || !taken || tries === PORT_TRIES) throw e;
+    }
+  }
+}
+
+async function startOn(options: WorkerOptions, port: number): Promise<WorkerProcess> {
   const p = await startLogged(workerArgs(options, port), /listening on/);
   return {
     address: `127.0.0.1:${port}`,
