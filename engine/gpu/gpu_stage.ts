@@ -956,16 +956,7 @@ export class GpuStage implements Stage {
     options: FusedOptions = {},
   ): Promise<LastOutput> {
     const started = performance.now();
-    if (this.first !== 0 || !this.#last) {
-      throw new RangeError(
-        `Cannot decode on the GPU alone with stage ${this.first}..${this.end}: it needs the whole model (0..${this.nLayer}); use run per token`,
-      );
-    }
-    if (this.#dispatchProfiler) {
-      throw new RangeError(
-        "Cannot time every dispatch of decodeFused: it submits one command buffer per step; profile single-token runs (bench/profile.ts)",
-      );
-    }
+    this.#checkFused("decodeFused");
     const k = this.#topk(options);
     if (!Number.isInteger(steps) || steps < 1 || steps > this.maxBatch || base + steps > this.ctx) {
       throw new RangeError(
@@ -1045,16 +1036,7 @@ export class GpuStage implements Stage {
     steps: number,
   ): Promise<LastOutput[]> {
     const started = performance.now();
-    if (this.first !== 0 || !this.#last) {
-      throw new RangeError(
-        `Cannot decode on the GPU alone with stage ${this.first}..${this.end}: it needs the whole model (0..${this.nLayer}); use run per token`,
-      );
-    }
-    if (this.#dispatchProfiler) {
-      throw new RangeError(
-        "Cannot time every dispatch of decodeFusedMany: it submits one command buffer per step; profile single-token runs (bench/profile.ts)",
-      );
-    }
+    this.#checkFused("decodeFusedMany");
     const R = seqs.length;
     if (R < 1 || new Set(seqs.map((q) => q.slot)).size !== R) {
       throw new RangeError(
@@ -1195,6 +1177,20 @@ export class GpuStage implements Stage {
         top++;
       });
     });
+  }
+
+  /** A fused call (`what`) needs the whole model and no per-dispatch profiler. */
+  #checkFused(what: string): void {
+    if (this.first !== 0 || !this.#last) {
+      throw new RangeError(
+        `Cannot decode on the GPU alone with stage ${this.first}..${this.end}: it needs the whole model (0..${this.nLayer}); use run per token`,
+      );
+    }
+    if (this.#dispatchProfiler) {
+      throw new RangeError(
+        `Cannot time every dispatch of ${what}: it submits one command buffer per step; profile single-token runs (bench/profile.ts)`,
+      );
+    }
   }
 
   #topk(options: Pick<StageRunOptions, "topk">): number {
