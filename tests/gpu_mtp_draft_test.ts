@@ -237,6 +237,20 @@ gpuTest(
       assert.equal((await stage.draft!(0, 40, 3)).length, 3);
       const fused = await stage.decodeFused!(0, 40, 8, 2, { mtp: false });
       assert.equal((await stage.draft!(0, fused.ids[1], 3)).length, 0);
+      // Several sequences' fused steps never run it: a call is refused until each says so, and
+      // then skips it as decodeFused did, with the same tokens.
+      await stage.run(0, { kind: "ids", ids: PROMPT }, PROMPT.length, 0, { logits: "last" });
+      const many = (options?: { mtp: false }) =>
+        stage.decodeFusedMany!([{ slot: 0, id: 40, base: 8, options }], 2);
+      await assert.rejects(() => many(), /Cannot run the MTP block for slot 0 .*mtp: false/);
+      assert.equal(
+        (await stage.draft!(0, 40, 3)).length,
+        3,
+        "the refused call left the slot as it was",
+      );
+      const [together] = await many({ mtp: false });
+      assert.deepEqual([...together.ids], [...fused.ids]);
+      assert.equal((await stage.draft!(0, together.ids[1], 3)).length, 0);
     } finally {
       stage.close();
       model.close();
