@@ -1057,7 +1057,6 @@ export class GpuStage implements Stage {
     }
     const drawWords = SAMPLER_WORDS + steps;
     const draws = new Uint32Array(R * drawWords);
-    const biases: Uint8Array[] = [];
     let biasAt = 0;
     const rows = seqs.map((q, r): FusedRow => {
       const options = q.options ?? {};
@@ -1080,7 +1079,6 @@ export class GpuStage implements Stage {
         draws.set(sampling.draws, r * drawWords + SAMPLER_WORDS);
       }
       const adjust = bias.length ? { maskAt: 0, words: 0, biasAt, pairs: bias.length } : undefined;
-      if (bias.length) biases.push(encodeBias(bias));
       biasAt += bias.length;
       return { slot: q.slot, base: q.base, k, sampled: sampling !== undefined, adjust };
     });
@@ -1103,11 +1101,8 @@ export class GpuStage implements Stage {
     }
     this.#write({ kind: "ids", ids: Uint32Array.from(seqs, (q) => q.id) }, 0);
     if (rows.some((q) => q.sampled)) writeBytes(this.#gpu, act.draws, 0, draws);
-    let at = 0;
-    for (const b of biases) {
-      writeBytes(this.#gpu, act.bias, at, b);
-      at += b.byteLength;
-    }
+    // Each row's bias records where its adjust says (biasAt in row order, as a shared step's).
+    this.#uploadAdjusts(seqs.map((q) => ({ adjust: { bias: q.options?.bias } })));
     const k = Math.max(...rows.map((q) => q.k));
     const call: FusedManyCall = { rows, steps, k, drawWords };
     const done = this.#submit(steps, (s) => this.#prepareFusedMany(call, s), started, {
